@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: venv test lint unit demo bench-fanout cluster-up cluster-down clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check cpuaccel tests bench
+	$(BIN)/ruff format --check cpuaccel tests bench
+	$(BIN)/mypy
+
+# The multi-node tests start real namespace nodes and need root; CI sets
+# CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there.
+test: lint
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -m "not cluster"
+
+demo: $(STAMP)
+	$(BIN)/cpuaccel check
+
+bench-fanout: $(STAMP)
+	$(BIN)/python bench/fanout.py
+
+cluster-up: $(STAMP)
+	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m cpuaccel.testing.cluster down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,3 @@
+from cpuaccel.cli.main import main
+
+main()

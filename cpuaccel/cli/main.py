@@ -1,0 +1,49 @@
+"""The ``cpuaccel`` command: verbs, and one place that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from cpuaccel import __version__
+from cpuaccel.cli.check import check
+from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+
+EPILOG = """\b
+Examples:
+  cpuaccel check                       # localhost only, no inventory needed
+  cpuaccel check -i inventory.yaml     # every node: reachable, alike, ready?
+  cpuaccel check -i inventory.yaml --limit 'workers:!node3' --json
+
+\b
+Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
+"""
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="cpuaccel")
+def cli() -> None:
+    """Provision Intel Xeon nodes, sync code to them, and launch PyTorch training with MPI."""
+
+
+cli.add_command(check)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except CpuaccelError as exc:
+        from cpuaccel import ui
+
+        ui.stderr().print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,91 @@
+"""Options shared by every verb that talks to hosts, with Ansible's names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from cpuaccel.api.host import Host
+from cpuaccel.api.inventory import Inventory, parse_extra_vars
+from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
+from cpuaccel.executor import DEFAULT_FORKS
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the shared options select: the inventory, its chosen hosts, how to connect."""
+
+    inventory: Inventory
+    hosts: list[Host]
+    forks: int
+    connect: ConnectOptions
+
+
+def host_options(func: F) -> F:
+    decorators = [
+        click.option(
+            "-i",
+            "--inventory",
+            "inventory_path",
+            metavar="FILE",
+            help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
+            "./inventory.yaml, else localhost only.",
+        ),
+        click.option(
+            "-l", "--limit", metavar="PATTERN", help="Select hosts: names, groups, globs, !excl."
+        ),
+        click.option(
+            "-e",
+            "--extra-vars",
+            "extra_vars",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Set a variable on every host, over the inventory (repeatable; @file.yaml).",
+        ),
+        click.option(
+            "-f",
+            "--forks",
+            type=click.IntRange(1, 1024),
+            default=DEFAULT_FORKS,
+            show_default=True,
+            help="Hosts worked on at once.",
+        ),
+        click.option(
+            "-T",
+            "--timeout",
+            type=click.FloatRange(0.1, 3600),
+            default=DEFAULT_CONNECT_TIMEOUT,
+            show_default=True,
+            help="Seconds to wait for a host to connect.",
+        ),
+        click.option(
+            "--no-host-key-checking",
+            is_flag=True,
+            help="Accept unknown host keys (like ansible_host_key_checking: false). Unsafe.",
+        ),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def resolve_target(
+    inventory_path: str | None,
+    limit: str | None,
+    extra_vars: tuple[str, ...],
+    forks: int,
+    timeout: float,
+    no_host_key_checking: bool,
+) -> Target:
+    inventory = Inventory.discover(inventory_path, parse_extra_vars(extra_vars))
+    hosts = inventory.select(limit)
+    connect = ConnectOptions(
+        connect_timeout=timeout,
+        host_key_checking=False if no_host_key_checking else None,
+    )
+    return Target(inventory, hosts, forks, connect)

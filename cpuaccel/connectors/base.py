@@ -1,0 +1,99 @@
+"""What every connector offers: run a command on one host and collect its result."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from cpuaccel.api.host import Host
+from cpuaccel.errors import HostError
+
+DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds, as Ansible's and pdsh's defaults
+DEFAULT_COMMAND_TIMEOUT = 120.0
+
+
+class Unreachable(HostError):
+    """The host could not be connected to or authenticated against."""
+
+
+class HostKeyError(Unreachable):
+    """The host's key is unknown or changed: connecting could hand secrets to an impostor."""
+
+
+class CommandTimeout(HostError):
+    """A command did not finish within its timeout."""
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT
+    # None: each host's own setting (checked unless the inventory turns it off).
+    host_key_checking: bool | None = None
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    host: str
+    command: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Connector(abc.ABC):
+    """A connection to one host. Use as a context manager; commands are argv lists."""
+
+    def __init__(self, host: Host, options: ConnectOptions) -> None:
+        self.host = host
+        self.options = options
+
+    @abc.abstractmethod
+    def connect(self) -> None:
+        """Open the connection; raises Unreachable (or HostKeyError) with the reason."""
+
+    @abc.abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run argv on the host and wait; raises CommandTimeout past the timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Connector:
+        self.connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:
+    """The connector a host's ``ansible_connection`` asks for."""
+    options = options or ConnectOptions()
+    if host.is_local:
+        from cpuaccel.connectors.local import LocalConnector
+
+        return LocalConnector(host, options)
+    from cpuaccel.connectors.ssh import SSHConnector
+
+    return SSHConnector(host, options)

@@ -1,0 +1,204 @@
+"""SSH connector: a Fabric Connection (paramiko) with host keys checked by default.
+
+Fabric opens the connection (ssh_config, gateways, keys). Commands are driven on a
+paramiko channel directly, because we need what Fabric's ``run`` does not give: an EOF
+after stdin (the fact probe is sent that way), a hard per-command deadline, and no
+inline ``export`` of environment values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import paramiko
+from fabric import Connection
+
+from cpuaccel.connectors import commandline
+from cpuaccel.connectors.base import (
+    CommandResult,
+    CommandTimeout,
+    Connector,
+    HostKeyError,
+    Unreachable,
+)
+
+_READ_CHUNK = 1 << 16
+
+
+class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
+    """Refuse hosts whose key is not in known_hosts, saying how to trust them."""
+
+    def __init__(self, host_name: str, known_hosts: list[str]) -> None:
+        self.host_name = host_name
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_name()
+        files = ", ".join(self.known_hosts) or "~/.ssh/known_hosts"
+        raise HostKeyError(
+            self.host_name,
+            f"host key of {hostname} is not known ({key.get_name()} {fingerprint}; "
+            f"looked in {files})",
+            hint=(
+                f"check the fingerprint, then add it: ssh-keyscan {hostname} >> "
+                "~/.ssh/known_hosts (or set cpuaccel_known_hosts to your file); "
+                "to skip the check set ansible_host_key_checking: false"
+            ),
+        )
+
+
+class _AcceptAnyKey(paramiko.MissingHostKeyPolicy):
+    """Used only when the user turned host key checking off explicitly."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
+        return None
+
+
+class SSHConnector(Connector):
+    _conn: Connection | None = None
+
+    def _checking(self) -> bool:
+        if self.options.host_key_checking is not None:
+            return self.options.host_key_checking
+        return self.host.host_key_checking
+
+    def connect(self) -> None:
+        host = self.host
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": self.options.connect_timeout,
+            "auth_timeout": self.options.connect_timeout,
+        }
+        if host.key_file:
+            connect_kwargs["key_filename"] = [os.path.expanduser(host.key_file)]
+        conn = Connection(
+            host=host.address,
+            user=host.user,
+            port=host.port,
+            connect_timeout=max(1, round(self.options.connect_timeout)),
+            connect_kwargs=connect_kwargs,
+        )
+        client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys
+        known: list[str] = []
+        if self._checking():
+            client.load_system_host_keys()  # ~/.ssh/known_hosts, read-only
+            known.append("~/.ssh/known_hosts")
+            if host.known_hosts_file:
+                path = os.path.expanduser(host.known_hosts_file)
+                try:
+                    client.load_system_host_keys(path)
+                except OSError as exc:
+                    raise Unreachable(
+                        host.name,
+                        f"cannot read known_hosts file {path}: {exc.strerror}",
+                        hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
+                    ) from None
+                known.append(path)
+            client.set_missing_host_key_policy(_RejectUnknownKey(host.name, known))
+        else:
+            client.set_missing_host_key_policy(_AcceptAnyKey())
+        conn.client = client
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                host.name,
+                f"host key of {host.address} has CHANGED since it was recorded "
+                f"(got {exc.key.get_name()} {exc.key.fingerprint})",
+                hint="if the node was reinstalled, remove its old line with "
+                f"ssh-keygen -R {host.address}; otherwise do not connect",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise Unreachable(
+                host.name,
+                f"authentication failed as {conn.user}@{host.address}: {exc}",
+                hint="check ansible_user and ansible_ssh_private_key_file",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise Unreachable(
+                host.name,
+                f"cannot connect to {host.address}:{host.port}: {reason}",
+                hint="is the host up and sshd running? check ansible_host/ansible_port",
+            ) from None
+        self._conn = conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        if self._conn is None:
+            self.connect()
+        assert self._conn is not None
+        line = commandline.render(argv, env=env, cwd=cwd)
+        timeout = self.options.command_timeout if timeout is None else timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            transport = self._conn.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise Unreachable(self.host.name, "connection closed")
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(line)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = self._collect(chan, deadline, line, timeout)
+            code = chan.recv_exit_status()
+            chan.close()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise Unreachable(
+                self.host.name, f"connection lost while running a command: {exc}"
+            ) from None
+        return CommandResult(
+            host=self.host.name,
+            command=line,
+            exit_code=code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            seconds=time.monotonic() - started,
+        )
+
+    def _collect(
+        self, chan: paramiko.Channel, deadline: float, line: str, timeout: float
+    ) -> tuple[bytes, bytes]:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                chan.close()
+                raise CommandTimeout(
+                    self.host.name, f"command timed out after {timeout:g} s: {line}"
+                )
+            # The channel's fileno is readable when stdout or stderr has data, or at EOF.
+            with contextlib.suppress(OSError, ValueError):  # closed under us: loop checks
+                select.select([chan], [], [], min(remaining, 1.0))
+            while chan.recv_ready():
+                out.append(chan.recv(_READ_CHUNK))
+            while chan.recv_stderr_ready():
+                err.append(chan.recv_stderr(_READ_CHUNK))
+            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                # Drain what arrived between the checks above and the exit status.
+                while chan.recv_ready():
+                    out.append(chan.recv(_READ_CHUNK))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(_READ_CHUNK))
+                if not chan.recv_ready() and not chan.recv_stderr_ready():
+                    return b"".join(out), b"".join(err)

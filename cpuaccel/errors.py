@@ -1,0 +1,61 @@
+"""The errors a user can cause, and the exit codes they map to.
+
+Every error meant for a user derives from CpuaccelError: the CLI prints its message
+(one clear paragraph, no traceback) and exits with its exit_code. Anything else that
+escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+# Documented exit codes (README, "Exit codes").
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # the command ran and found problems of error severity
+EXIT_USAGE = 2  # bad input (inventory, playbook, arguments) or an unreachable host
+
+
+class CpuaccelError(Exception):
+    """An error with a message written for the user."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  fix: {self.hint}"
+        return self.message
+
+
+class InventoryError(CpuaccelError):
+    """The inventory file (or --limit, or -e) is wrong. Names the file and line."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        line: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        where = ""
+        if source is not None:
+            where = f"{source}:{line}: " if line is not None else f"{source}: "
+        super().__init__(f"{where}{message}", hint=hint)
+        self.source = source
+        self.line = line
+
+
+class UsageError(CpuaccelError):
+    """A command-line argument is wrong."""
+
+
+class HostError(CpuaccelError):
+    """Something about one host (connection, host key, command) went wrong."""
+
+    def __init__(self, host: str, message: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{host}: {message}", hint=hint)
+        self.host = host
+        self.reason = message

@@ -1,0 +1,77 @@
+"""Gather facts: one round trip per host, the probe's source sent on stdin."""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.api.host import Host
+from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import HostError
+
+Facts = dict[str, Any]
+PROBE_TIMEOUT = 60.0
+
+
+@functools.cache
+def probe_source() -> bytes:
+    return (Path(__file__).with_name("probe.py")).read_bytes()
+
+
+def is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def names_to_resolve(host: Host, peers: Sequence[Host]) -> list[str]:
+    """The names of the other nodes that this node must resolve for MPI to work."""
+    if host.is_local:
+        return []
+    return [p.name for p in peers if p.name != host.name and not p.is_local and not is_ip(p.name)]
+
+
+def gather(conn: Connector, resolve: Sequence[str] = ()) -> Facts:
+    """Run the probe with the host's ``cpuaccel_python`` and return its facts.
+
+    ``clock_skew`` is the node's clock minus the controller's, taken at the middle of
+    the round trip so that network and start-up time do not count as skew.
+    """
+    host = conn.host
+    request = json.dumps({"workdir": host.workdir, "setvars": host.setvars, "resolve": [*resolve]})
+    sent = time.time()
+    result = conn.run([host.python, "-", request], stdin=probe_source(), timeout=PROBE_TIMEOUT)
+    received = time.time()
+    if result.exit_code == 127 or "No such file or directory" in result.stderr[:300]:
+        raise HostError(
+            host.name,
+            f"cpuaccel_python {host.python!r} was not found on the node",
+            hint="set cpuaccel_python to the node's interpreter, or run cpuaccel provision",
+        )
+    if not result.ok:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise HostError(
+            host.name,
+            f"the fact probe failed with exit code {result.exit_code}: {last}",
+            hint=f"check that {host.python} is Python 3.8 or newer",
+        )
+    try:
+        facts: Facts = json.loads(result.stdout)
+    except ValueError:
+        raise HostError(
+            host.name,
+            "the fact probe printed something that is not JSON "
+            f"(first bytes: {result.stdout[:80]!r})",
+            hint="a login script on the node may print text; make it quiet for "
+            "non-interactive shells",
+        ) from None
+    facts["clock_skew"] = facts["time"] - (sent + received) / 2
+    facts["probe_seconds"] = result.seconds
+    return facts

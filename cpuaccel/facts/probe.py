@@ -1,0 +1,255 @@
+"""The fact probe: sent as source to each node and run by the node's Python.
+
+It must run on any Python 3.8+ with the standard library alone (the node may have
+nothing installed yet), finish in well under a second, and print one JSON object.
+It never imports torch or MPI: package versions come from their metadata, and the MPI
+flavour from the launcher file's contents, because importing or starting them costs
+seconds per node.
+
+Input: one JSON argument {"workdir": str, "setvars": str|null, "resolve": [names]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from typing import Any
+
+PACKAGES = {
+    "torch": "torch",
+    "intel_extension_for_pytorch": "intel-extension-for-pytorch",
+    "oneccl_bindings_for_pytorch": "oneccl_bind_pt",
+    "impi_rt": "impi-rt",
+    "mpi4py": "mpi4py",
+    "accelerate": "accelerate",
+    "cpuaccel": "cpuaccel",
+}
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
+
+
+def package_versions() -> dict[str, str | None]:
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8: report what we cannot see as absent
+        return {key: None for key in PACKAGES}
+    found = {}
+    for key, dist in PACKAGES.items():
+        version = None
+        for name in (dist, dist.replace("-", "_"), dist.replace("_", "-")):
+            try:
+                version = metadata.version(name)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        found[key] = version
+    return found
+
+
+def read(path: str, limit: int | None = None) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit) if limit else f.read()
+    except OSError:
+        return b""
+
+
+def mpi_flavour(path: str) -> str:
+    """Intel MPI, MPICH or Open MPI, told from the launcher file's own bytes."""
+    real = os.path.realpath(path)
+    base = os.path.basename(real)
+    if base in ("orterun", "prterun", "prte") or base.startswith("mpirun.openmpi"):
+        return "openmpi"
+    data = read(real, 16 << 20)
+    if b"I_MPI_" in data or b"Intel(R) MPI" in data or b"Intel Corporation" in data:
+        return "impi"
+    if b"Open MPI" in data or b"OpenRTE" in data or b"PRRTE" in data:
+        return "openmpi"
+    if b"HYDRA" in data or b"mpich" in data.lower() or base == "mpiexec.hydra":
+        return "mpich"
+    return "unknown"
+
+
+def mpi_launchers() -> list[dict[str, str]]:
+    candidates = [
+        os.path.join(os.path.dirname(sys.executable), "mpirun"),
+        shutil.which("mpirun"),
+        shutil.which("mpirun.mpich"),
+        shutil.which("mpirun.openmpi"),
+    ]
+    seen = set()
+    launchers = []
+    for path in candidates:
+        if not path or not os.access(path, os.X_OK):
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        seen.add(real)
+        launchers.append({"path": path, "flavour": mpi_flavour(path)})
+    return launchers
+
+
+def find_setvars(configured: str | None) -> dict[str, Any]:
+    if configured:
+        path = os.path.expanduser(configured)
+        return {"path": path, "configured": True, "exists": os.path.isfile(path)}
+    candidates = [
+        "/opt/intel/oneapi/setvars.sh",
+        os.path.expanduser("~/intel/oneapi/setvars.sh"),
+        os.path.join(sys.prefix, "env", "setvars.sh"),
+    ]
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("oneccl_bindings_for_pytorch")
+        if spec is not None and spec.origin:
+            candidates.insert(0, os.path.join(os.path.dirname(spec.origin), "env", "setvars.sh"))
+    except (ImportError, ValueError):
+        pass
+    for path in candidates:
+        if os.path.isfile(path):
+            return {"path": path, "configured": False, "exists": True}
+    return {"path": None, "configured": False, "exists": False}
+
+
+def cpu_topology() -> dict[str, Any]:
+    info = read("/proc/cpuinfo").decode(errors="replace")
+    model: str | None = None
+    flags: set[str] = set()
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    cores, sockets = set(), set()
+    base = "/sys/devices/system/cpu"
+    try:
+        cpus = [d for d in os.listdir(base) if d.startswith("cpu") and d[3:].isdigit()]
+    except OSError:
+        cpus = []
+    for cpu in cpus:
+        topo = os.path.join(base, cpu, "topology")
+        pkg = read(os.path.join(topo, "physical_package_id")).strip()
+        core = read(os.path.join(topo, "core_id")).strip()
+        if pkg:
+            sockets.add(pkg)
+            cores.add((pkg, core))
+    try:
+        numa = [d for d in os.listdir("/sys/devices/system/node") if d[4:].isdigit()]
+    except OSError:
+        numa = []
+    allowed: int | None
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except AttributeError:
+        allowed = os.cpu_count()
+    return {
+        "model": model,
+        "logical_cpus": os.cpu_count(),
+        "allowed_cpus": allowed,
+        "physical_cores": len(cores) or os.cpu_count(),
+        "sockets": len(sockets) or 1,
+        "numa_nodes": len(numa) or 1,
+        "isa": {flag: flag in flags for flag in ISA_FLAGS},
+    }
+
+
+def memory() -> dict[str, int | None]:
+    values = {}
+    for line in read("/proc/meminfo").decode(errors="replace").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("MemTotal", "MemAvailable"):
+            values[key] = int(rest.split()[0]) * 1024
+    return {"total": values.get("MemTotal"), "available": values.get("MemAvailable")}
+
+
+def disk(workdir: str) -> dict[str, Any]:
+    path = workdir
+    while path and not os.path.exists(path):
+        path = os.path.dirname(path)
+    try:
+        usage = shutil.disk_usage(path or "/")
+    except OSError:
+        return {"path": path, "free": None}
+    return {"path": path, "free": usage.free, "exists": os.path.isdir(workdir)}
+
+
+def own_addresses() -> list[str]:
+    """IPv4 addresses of this node's interfaces (to check how others resolve its name)."""
+    addresses = []
+    try:
+        import fcntl
+        import struct
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for _, name in socket.if_nameindex():
+            try:
+                packed = struct.pack("256s", name.encode()[:15])
+                raw = fcntl.ioctl(sock.fileno(), 0x8915, packed)  # SIOCGIFADDR
+                addresses.append(socket.inet_ntoa(raw[20:24]))
+            except OSError:
+                continue
+        sock.close()
+    except (ImportError, OSError):
+        pass
+    return addresses
+
+
+def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
+    answers: dict[str, dict[str, Any]] = {}
+    for name in names:
+        try:
+            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+            found = sorted({str(info[4][0]) for info in infos})
+            answers[name] = {"addresses": found, "error": None}
+        except (OSError, UnicodeError) as exc:
+            answers[name] = {"addresses": [], "error": str(exc)}
+    return answers
+
+
+def os_release() -> str:
+    for line in read("/etc/os-release").decode(errors="replace").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return platform.platform()
+
+
+def gather(request: dict[str, Any]) -> dict[str, Any]:
+    workdir = os.path.expanduser(request.get("workdir") or "~/cpuaccel")
+    return {
+        "hostname": socket.gethostname(),
+        "os": os_release(),
+        "kernel": platform.release(),
+        "python": {
+            "version": platform.python_version(),
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+        },
+        "packages": package_versions(),
+        "mpi": {"launchers": mpi_launchers()},
+        "setvars": find_setvars(request.get("setvars")),
+        "cpu": cpu_topology(),
+        "memory": memory(),
+        "workdir": workdir,
+        "disk": disk(workdir),
+        "addresses": own_addresses(),
+        "resolve": resolve(request.get("resolve") or []),
+        "time": time.time(),
+    }
+
+
+def main() -> None:
+    request = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+    sys.stdout.write(json.dumps(gather(request)))
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Find what would make a distributed job hang or misbehave, across hosts' facts.
+
+Mixed versions and names that do not resolve are the classic silent hangs of
+multi-node training (field notes): they are errors here, found before a job starts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cpuaccel.executor import HostResult, Status
+from cpuaccel.facts.gather import Facts, is_ip
+
+ERROR = "error"
+WARNING = "warning"
+MAX_CLOCK_SKEW = 2.0  # seconds
+
+
+@dataclass(frozen=True)
+class Problem:
+    severity: str
+    host: str | None
+    message: str
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mpi_flavour(facts: Facts) -> str | None:
+    launchers = facts.get("mpi", {}).get("launchers") or []
+    return str(launchers[0]["flavour"]) if launchers else None
+
+
+def _version(facts: Facts, package: str) -> str | None:
+    value = facts.get("packages", {}).get(package)
+    return str(value) if value is not None else None
+
+
+# What must be identical on every node, and how bad a difference is. Python, torch,
+# cpuaccel and the MPI flavour hang or crash a job when mixed.
+DRIFT_CHECKS: tuple[tuple[str, str, Callable[[Facts], str | None]], ...] = (
+    ("Python", ERROR, lambda f: f.get("python", {}).get("version")),
+    ("torch", ERROR, lambda f: _version(f, "torch")),
+    ("cpuaccel", ERROR, lambda f: _version(f, "cpuaccel")),
+    ("MPI flavour", ERROR, mpi_flavour),
+    ("impi-rt", WARNING, lambda f: _version(f, "impi_rt")),
+    ("mpi4py", WARNING, lambda f: _version(f, "mpi4py")),
+    ("accelerate", WARNING, lambda f: _version(f, "accelerate")),
+    ("intel_extension_for_pytorch", WARNING, lambda f: _version(f, "intel_extension_for_pytorch")),
+    ("oneccl_bindings_for_pytorch", WARNING, lambda f: _version(f, "oneccl_bindings_for_pytorch")),
+)
+
+
+def drift(facts_by_host: dict[str, Facts]) -> list[Problem]:
+    """One problem per host that differs from the majority, naming both versions."""
+    problems: list[Problem] = []
+    for label, severity, read in DRIFT_CHECKS:
+        by_value: dict[str | None, list[str]] = defaultdict(list)
+        for name, facts in facts_by_host.items():
+            by_value[read(facts)].append(name)
+        if len(by_value) < 2:
+            continue
+        # The majority is the reference; ties go to the value of the first host listed.
+        order = list(facts_by_host)
+        reference = max(by_value, key=lambda v: (len(by_value[v]), -order.index(by_value[v][0])))
+        ref_hosts = ", ".join(by_value[reference])
+        for value, hosts in by_value.items():
+            if value == reference:
+                continue
+            for host in hosts:
+                problems.append(
+                    Problem(
+                        severity,
+                        host,
+                        f"{label} {value or 'absent'} here, but {reference or 'absent'} on "
+                        f"{ref_hosts}",
+                        hint="install the same version on every node (cpuaccel provision), or "
+                        "point cpuaccel_python at the same environment",
+                    )
+                )
+    return problems
+
+
+def resolution(facts_by_host: dict[str, Facts]) -> list[Problem]:
+    """Every node must resolve every other node's name to one of that node's addresses."""
+    problems: list[Problem] = []
+    for name, facts in facts_by_host.items():
+        for peer, answer in (facts.get("resolve") or {}).items():
+            if answer.get("error"):
+                problems.append(
+                    Problem(
+                        ERROR,
+                        name,
+                        f"cannot resolve {peer}: {answer['error']}",
+                        hint=f"add {peer} to /etc/hosts (or DNS) on {name}; MPI's launcher "
+                        "connects by name",
+                    )
+                )
+                continue
+            peer_facts = facts_by_host.get(peer)
+            expected = set(peer_facts.get("addresses") or []) if peer_facts else set()
+            got = set(answer.get("addresses") or [])
+            if expected and not got & expected:
+                problems.append(
+                    Problem(
+                        ERROR,
+                        name,
+                        f"resolves {peer} to {', '.join(sorted(got))}, but {peer}'s addresses "
+                        f"are {', '.join(sorted(a for a in expected if a != '127.0.0.1'))}",
+                        hint=f"fix the entry for {peer} in /etc/hosts (or DNS) on {name}",
+                    )
+                )
+    return problems
+
+
+def clock_skew(facts_by_host: dict[str, Facts]) -> list[Problem]:
+    problems = []
+    for name, facts in facts_by_host.items():
+        skew = facts.get("clock_skew")
+        if isinstance(skew, (int, float)) and abs(skew) > MAX_CLOCK_SKEW:
+            problems.append(
+                Problem(
+                    WARNING,
+                    name,
+                    f"clock is {skew:+.1f} s off the controller's",
+                    hint="run NTP (chrony or systemd-timesyncd) on every node; skewed clocks "
+                    "confuse timeouts and logs",
+                )
+            )
+    return problems
+
+
+def bf16_support(facts_by_host: dict[str, Facts]) -> list[Problem]:
+    """A job runs at the pace of its slowest rank: bf16 hardware on some nodes only."""
+    have = {
+        name: bool(facts.get("cpu", {}).get("isa", {}).get("amx_bf16"))
+        or bool(facts.get("cpu", {}).get("isa", {}).get("avx512_bf16"))
+        for name, facts in facts_by_host.items()
+    }
+    if all(have.values()) or not any(have.values()):
+        return []
+    return [
+        Problem(
+            WARNING,
+            name,
+            "no AMX-BF16 or AVX512-BF16: bf16 runs slowly here while other nodes have it",
+            hint="use fp32, or leave this node out with --limit",
+        )
+        for name, ok in have.items()
+        if not ok
+    ]
+
+
+def unreachable(results: Sequence[HostResult[Facts]]) -> list[Problem]:
+    problems = []
+    for r in results:
+        if r.status is Status.OK:
+            continue
+        severity = ERROR
+        problems.append(Problem(severity, r.host.name, r.error or r.status.value, r.hint))
+    return problems
+
+
+def find_problems(results: Sequence[HostResult[Facts]]) -> list[Problem]:
+    """All problems across hosts: unreachable first, then drift, names, clocks, bf16."""
+    facts_by_host = {r.host.name: r.value for r in results if r.ok and r.value is not None}
+    problems = unreachable(results)
+    problems += drift(facts_by_host)
+    problems += resolution(facts_by_host)
+    problems += clock_skew(facts_by_host)
+    problems += bf16_support(facts_by_host)
+    return problems
+
+
+__all__ = ["ERROR", "WARNING", "Problem", "find_problems", "is_ip"]

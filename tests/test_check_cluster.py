@@ -1,0 +1,176 @@
+"""`cpuaccel check` and the SSH core against real nodes (namespaces with their own sshd)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpuaccel.api.inventory import Inventory
+from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
+from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.testing.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def cpuaccel(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cpuaccel", *args],
+        capture_output=True,
+        text=True,
+        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        timeout=120,
+    )
+
+
+def check_json(*args: str) -> tuple[int, dict[str, Any]]:
+    proc = cpuaccel("check", "--json", *args)
+    assert not proc.stderr.strip() or "Traceback" not in proc.stderr, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_check_reports_each_nodes_own_facts(cluster: Cluster) -> None:
+    code, report = check_json("-i", str(cluster.inventory_path))
+    assert code == 0, report["problems"]
+    assert report["problems"] == []
+    assert sorted(report["hosts"]) == ["node1", "node2", "node3"]
+    for name, entry in report["hosts"].items():
+        assert entry["reachable"] is True and entry["error"] is None
+        facts = entry["facts"]
+        assert facts["hostname"] == name
+        assert facts["python"]["executable"] == sys.executable
+        assert facts["packages"]["torch"].startswith("2.13.0")
+        assert facts["mpi"]["launchers"][0]["flavour"] == "impi"
+        node = next(n for n in cluster.nodes if n.name == name)
+        assert node.address in facts["addresses"]
+        # Every node resolved the two others by name, to their own addresses.
+        others = {n.name: n.address for n in cluster.nodes if n.name != name}
+        assert {k: v["addresses"] for k, v in facts["resolve"].items()} == {
+            k: [v] for k, v in others.items()
+        }
+
+
+def test_check_table_names_every_node(cluster: Cluster) -> None:
+    proc = cpuaccel("check", "-i", str(cluster.inventory_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for node in cluster.nodes:
+        row = next(line for line in lines if line.startswith(node.name + " "))
+        assert row.split()[1:3] == ["ok", node.name]
+    assert "3 reachable, 0 unreachable; 0 error(s)" in proc.stdout
+
+
+def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster) -> None:
+    with cluster.sshd_stopped("node2"):
+        code, report = check_json("-i", str(cluster.inventory_path))
+        table = cpuaccel("check", "-i", str(cluster.inventory_path))
+    assert code == 2
+    assert report["hosts"]["node2"]["reachable"] is False
+    assert "refused" in report["hosts"]["node2"]["error"].lower()
+    for name in ("node1", "node3"):
+        assert report["hosts"][name]["facts"]["hostname"] == name
+    assert [p["host"] for p in report["problems"]] == ["node2"]
+    assert table.returncode == 2
+    assert any(
+        line.startswith("node2 ") and "unreachable" in line for line in table.stdout.splitlines()
+    )
+    assert "Traceback" not in table.stderr
+
+
+def test_version_drift_on_one_node_is_an_error_naming_it(cluster: Cluster, tmp_path: Path) -> None:
+    other_python = "/usr/bin/python3"  # Debian's, beside the venv's: no torch, no cpuaccel
+    inv = cluster.write_inventory(
+        tmp_path / "drift.yaml", host_overrides={"node3": {"cpuaccel_python": other_python}}
+    )
+    code, report = check_json("-i", str(inv))
+    assert code == 1
+    drift = [p for p in report["problems"] if p["severity"] == "error"]
+    assert drift and {p["host"] for p in drift} == {"node3"}
+    messages = " ".join(p["message"] for p in drift)
+    assert "torch absent here, but 2.13.0" in messages
+    assert "cpuaccel absent here" in messages
+    assert report["hosts"]["node3"]["facts"]["python"]["executable"] == other_python
+
+
+def test_missing_interpreter_is_reported_for_that_node(cluster: Cluster, tmp_path: Path) -> None:
+    inv = cluster.write_inventory(
+        tmp_path / "nopy.yaml", host_overrides={"node1": {"cpuaccel_python": "/nonexistent/py"}}
+    )
+    code, report = check_json("-i", str(inv))
+    assert code == 1
+    entry = report["hosts"]["node1"]
+    assert entry["reachable"] is True and entry["status"] == "failed"
+    assert "/nonexistent/py" in entry["error"]
+    assert report["hosts"]["node2"]["facts"]["hostname"] == "node2"
+
+
+def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = cluster.write_inventory(
+        tmp_path / "unknown.yaml",
+        cpuaccel_known_hosts=str(empty),
+        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(empty),
+    )
+    proc = cpuaccel("check", "-i", str(inv), "--limit", "node1")
+    assert proc.returncode == 2
+    assert "host key of" in proc.stdout and "is not known" in proc.stdout
+    assert "ssh-keyscan" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    insecure = cpuaccel("check", "-i", str(inv), "--limit", "node1", "--no-host-key-checking")
+    assert insecure.returncode == 0, insecure.stdout
+
+
+def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    key = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    node1 = cluster.nodes[0]
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        f"{node1.address} {Path(str(key) + '.pub').read_text().split()[0]} "
+        f"{Path(str(key) + '.pub').read_text().split()[1]}\n"
+    )
+    inv = cluster.write_inventory(
+        tmp_path / "changed.yaml",
+        cpuaccel_known_hosts=str(known),
+        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(known),
+    )
+    proc = cpuaccel("check", "-i", str(inv), "--limit", "node1")
+    assert proc.returncode == 2
+    assert "CHANGED" in proc.stdout
+
+
+def _ssh(cluster: Cluster, name: str) -> SSHConnector:
+    host = Inventory.load(cluster.inventory_path).hosts[name]
+    return SSHConnector(host, ConnectOptions(command_timeout=30))
+
+
+def test_remote_arguments_and_env_arrive_literally(cluster: Cluster) -> None:
+    marker = f"/tmp/cpxl-test-{uuid.uuid4().hex}"
+    words = [f"$(touch {marker})", f"`touch {marker}`", 'it\'s "q"', "a b\nc", "*", "$HOME"]
+    value = f"'$(touch {marker})' \"x\" $HOME"
+    code = "import os, sys, json; print(json.dumps([sys.argv[1:], os.environ['V']]))"
+    with _ssh(cluster, "node2") as conn:
+        result = conn.run([sys.executable, "-c", code, *words], env={"V": value})
+    assert result.ok, result.stderr
+    assert json.loads(result.stdout) == [words, value]
+    assert not Path(marker).exists()
+    inside = cluster.exec("node2", ["test", "-e", marker])
+    assert inside.returncode != 0
+
+
+def test_remote_stdin_exit_code_and_timeout(cluster: Cluster) -> None:
+    with _ssh(cluster, "node3") as conn:
+        echoed = conn.run(["cat"], stdin=b"payload\n" * 10000)
+        assert echoed.stdout == "payload\n" * 10000
+        failed = conn.run(["sh", "-c", "echo oops >&2; exit 5"])
+        assert (failed.exit_code, failed.stderr.strip()) == (5, "oops")
+        with pytest.raises(CommandTimeout):
+            conn.run(["sleep", "5"], timeout=0.5)
+        assert conn.run(["hostname"]).stdout.strip() == "node3"

@@ -1,0 +1,87 @@
+"""The command line as a user meets it: help, version, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpuaccel import __version__
+
+
+def cpuaccel(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
+    return subprocess.run(
+        [sys.executable, "-m", "cpuaccel", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**base, "NO_COLOR": "1", **env},
+        timeout=60,
+    )
+
+
+def test_version_and_help_with_examples() -> None:
+    assert cpuaccel("--version").stdout.strip() == f"cpuaccel, version {__version__}"
+    top = cpuaccel("--help")
+    assert top.returncode == 0 and "Examples:" in top.stdout and "Exit codes" in top.stdout
+    sub = cpuaccel("check", "--help")
+    assert sub.returncode == 0 and "cpuaccel check -i inventory.yaml" in sub.stdout
+    assert "--limit" in sub.stdout and "--json" in sub.stdout
+
+
+def test_check_without_inventory_runs_on_localhost(tmp_path: Path) -> None:
+    proc = cpuaccel("check", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert list(report["hosts"]) == ["localhost"]
+    facts = report["hosts"]["localhost"]["facts"]
+    assert facts["python"]["executable"] == sys.executable
+    assert report["problems"] == []
+
+
+def test_plain_output_has_no_colour_codes(tmp_path: Path) -> None:
+    proc = cpuaccel("check", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "\x1b[" not in proc.stdout and "localhost" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("all:\n  hosts:\n    a: {ansible_port: twenty}\n", ["inv.yaml:3", "port"]),
+        ("all:\n  hosts: [a\n", ["inv.yaml:", "YAML"]),
+        ("hosts:\n  a:\n", ["inv.yaml:1", "all:"]),
+    ],
+)
+def test_bad_inventory_is_one_message_exit_2(tmp_path: Path, text: str, words: list[str]) -> None:
+    (tmp_path / "inv.yaml").write_text(text)
+    proc = cpuaccel("check", "-i", str(tmp_path / "inv.yaml"))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ")
+    for word in words:
+        assert word in proc.stderr
+    assert "fix:" in proc.stderr
+
+
+def test_limit_matching_nothing_and_bad_arguments(tmp_path: Path) -> None:
+    nothing = cpuaccel("check", "--limit", "nosuchhost", cwd=tmp_path)
+    assert nothing.returncode == 2 and "nosuchhost" in nothing.stderr
+    assert "Traceback" not in nothing.stderr
+    bad_forks = cpuaccel("check", "--forks", "0", cwd=tmp_path)
+    assert bad_forks.returncode == 2 and "--forks" in bad_forks.stderr
+    bad_extra = cpuaccel("check", "-e", "novalue", cwd=tmp_path)
+    assert bad_extra.returncode == 2 and "novalue" in bad_extra.stderr
+
+
+def test_inventory_from_environment_variable(tmp_path: Path) -> None:
+    inv = tmp_path / "env-inv.yaml"
+    inv.write_text("all:\n  hosts:\n    localhost:\n")
+    proc = cpuaccel("check", "--json", cwd=tmp_path, CPUACCEL_INVENTORY=str(inv))
+    assert proc.returncode == 0, proc.stderr
+    assert list(json.loads(proc.stdout)["hosts"]) == ["localhost"]

@@ -1,0 +1,67 @@
+"""The parallel core on local hosts: bounded, isolated failures, inventory order."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cpuaccel.api.host import Host
+from cpuaccel.connectors.base import Connector, Unreachable
+from cpuaccel.errors import HostError
+from cpuaccel.executor import HostResult, Status, run_on_hosts
+
+LOCAL = {"ansible_connection": "local"}
+
+
+def hosts(n: int) -> list[Host]:
+    return [Host(f"h{i}", LOCAL) for i in range(n)]
+
+
+def test_results_keep_inventory_order_and_failures_stay_local() -> None:
+    def action(conn: Connector) -> str:
+        if conn.host.name == "h1":
+            raise HostError("h1", "broken", hint="mend it")
+        if conn.host.name == "h2":
+            raise Unreachable("h2", "gone")
+        if conn.host.name == "h3":
+            raise RuntimeError("a bug")
+        return conn.run(["echo", conn.host.name]).stdout.strip()
+
+    seen: list[str] = []
+    results = run_on_hosts(hosts(5), action, forks=2, on_result=lambda r: seen.append(r.host.name))
+    assert [r.host.name for r in results] == ["h0", "h1", "h2", "h3", "h4"]
+    assert sorted(seen) == ["h0", "h1", "h2", "h3", "h4"]
+    by = {r.host.name: r for r in results}
+    assert (by["h0"].status, by["h0"].value) == (Status.OK, "h0")
+    assert (by["h1"].status, by["h1"].error, by["h1"].hint) == (Status.FAILED, "broken", "mend it")
+    assert (by["h2"].status, by["h2"].error) == (Status.UNREACHABLE, "gone")
+    assert by["h3"].status is Status.FAILED and "RuntimeError: a bug" in str(by["h3"].error)
+    assert by["h4"].value == "h4"
+
+
+@pytest.mark.parametrize("forks", [1, 3])
+def test_forks_bounds_concurrency(forks: int) -> None:
+    lock = threading.Lock()
+    running = 0
+    peak = 0
+
+    def action(conn: Connector) -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+
+    results: list[HostResult[None]] = run_on_hosts(hosts(8), action, forks=forks)
+    assert all(r.ok for r in results)
+    assert peak == forks
+
+
+def test_no_hosts_and_bad_forks() -> None:
+    assert run_on_hosts([], lambda c: None) == []
+    with pytest.raises(ValueError):
+        run_on_hosts(hosts(1), lambda c: None, forks=0)
