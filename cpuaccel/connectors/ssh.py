@@ -11,12 +11,14 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import paramiko
 from fabric import Connection
+from paramiko.ssh_exception import NoValidConnectionsError
 
 from cpuaccel.connectors import commandline
 from cpuaccel.connectors.base import (
@@ -57,6 +59,15 @@ class _AcceptAnyKey(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
         return None
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's words for a failed connect ("Connection refused"), not paramiko's wrapper."""
+    if isinstance(exc, NoValidConnectionsError) and exc.errors:
+        exc = next(iter(exc.errors.values()))
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "timed out"
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 class SSHConnector(Connector):
@@ -121,10 +132,9 @@ class SSHConnector(Connector):
                 hint="check ansible_user and ansible_ssh_private_key_file",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise Unreachable(
                 host.name,
-                f"cannot connect to {host.address}:{host.port}: {reason}",
+                f"cannot connect to {host.address}:{host.port}: {_reason(exc)}",
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn

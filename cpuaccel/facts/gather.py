@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import ipaddress
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,29 +45,31 @@ def gather(conn: Connector, resolve: Sequence[str] = ()) -> Facts:
     the round trip so that network and start-up time do not count as skew.
     """
     host = conn.host
-    request = json.dumps({"workdir": host.workdir, "setvars": host.setvars, "resolve": [*resolve]})
+    argv = [host.python, "-", host.workdir, host.setvars or "", *resolve]
     sent = time.time()
-    result = conn.run([host.python, "-", request], stdin=probe_source(), timeout=PROBE_TIMEOUT)
+    result = conn.run(argv, stdin=probe_source(), timeout=PROBE_TIMEOUT)
     received = time.time()
-    if result.exit_code == 127 or "No such file or directory" in result.stderr[:300]:
+    last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+    if result.exit_code in (126, 127):  # the shell's "not found" / "not executable"
         raise HostError(
             host.name,
-            f"cpuaccel_python {host.python!r} was not found on the node",
+            f"cpuaccel_python {host.python!r} cannot be run on the node: {last}",
             hint="set cpuaccel_python to the node's interpreter, or run cpuaccel provision",
         )
     if not result.ok:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise HostError(
             host.name,
             f"the fact probe failed with exit code {result.exit_code}: {last}",
             hint=f"check that {host.python} is Python 3.8 or newer",
         )
     try:
-        facts: Facts = json.loads(result.stdout)
-    except ValueError:
+        facts = ast.literal_eval(result.stdout.strip())  # literals only: never code
+        if not isinstance(facts, dict):
+            raise ValueError("not a dict")
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise HostError(
             host.name,
-            "the fact probe printed something that is not JSON "
+            "the fact probe printed something that is not its report "
             f"(first bytes: {result.stdout[:80]!r})",
             hint="a login script on the node may print text; make it quiet for "
             "non-interactive shells",

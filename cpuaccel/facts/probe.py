@@ -6,19 +6,24 @@ It never imports torch or MPI: package versions come from their metadata, and th
 flavour from the launcher file's contents, because importing or starting them costs
 seconds per node.
 
-Input: one JSON argument {"workdir": str, "setvars": str|null, "resolve": [names]}.
+Input: argv WORKDIR SETVARS NAME... (SETVARS may be empty); the names are those of
+the other nodes, to resolve. Output: one dict as a Python literal (repr), read by the
+controller with ast.literal_eval: the json module's import alone costs more than the
+probe's own work, and this runs once per node on nodes that share the CPU.
 """
 
 from __future__ import annotations
 
-import json
+# _socket, the C module under socket: socket.py pulls in enum and selectors, which
+# cost a third of the probe's run time on a node that shares its CPU.
+import _socket as socket
 import os
-import platform
-import shutil
-import socket
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing's import costs more than the probe's own work
+    from typing import Any
 
 PACKAGES = {
     "torch": "torch",
@@ -32,21 +37,32 @@ PACKAGES = {
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 
 
+def _normalize(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
 def package_versions() -> dict[str, str | None]:
-    try:
-        from importlib import metadata
-    except ImportError:  # Python < 3.8: report what we cannot see as absent
-        return {key: None for key in PACKAGES}
-    found = {}
-    for key, dist in PACKAGES.items():
-        version = None
-        for name in (dist, dist.replace("-", "_"), dist.replace("_", "-")):
-            try:
-                version = metadata.version(name)
-                break
-            except metadata.PackageNotFoundError:
+    """Versions from the ``NAME-VERSION.dist-info`` folders on sys.path.
+
+    The folder names carry both (PEP 427), so there is no need for importlib.metadata,
+    whose import alone costs more than the rest of the probe.
+    """
+    wanted = {_normalize(dist): key for key, dist in PACKAGES.items()}
+    found: dict[str, str | None] = {key: None for key in PACKAGES}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
                 continue
-        found[key] = version
+            parts = name.rsplit(".", 1)[0].split("-")
+            if len(parts) < 2:
+                continue
+            key = wanted.get(_normalize(parts[0]))
+            if key is not None and found[key] is None:  # the first on sys.path wins
+                found[key] = parts[1]
     return found
 
 
@@ -56,6 +72,14 @@ def read(path: str, limit: int | None = None) -> bytes:
             return f.read(limit) if limit else f.read()
     except OSError:
         return b""
+
+
+def which(name: str) -> str | None:
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(folder, name)
+        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def mpi_flavour(path: str) -> str:
@@ -77,9 +101,9 @@ def mpi_flavour(path: str) -> str:
 def mpi_launchers() -> list[dict[str, str]]:
     candidates = [
         os.path.join(os.path.dirname(sys.executable), "mpirun"),
-        shutil.which("mpirun"),
-        shutil.which("mpirun.mpich"),
-        shutil.which("mpirun.openmpi"),
+        which("mpirun"),
+        which("mpirun.mpich"),
+        which("mpirun.openmpi"),
     ]
     seen = set()
     launchers = []
@@ -175,10 +199,10 @@ def disk(workdir: str) -> dict[str, Any]:
     while path and not os.path.exists(path):
         path = os.path.dirname(path)
     try:
-        usage = shutil.disk_usage(path or "/")
+        st = os.statvfs(path or "/")
     except OSError:
-        return {"path": path, "free": None}
-    return {"path": path, "free": usage.free, "exists": os.path.isdir(workdir)}
+        return {"path": path, "free": None, "exists": False}
+    return {"path": path, "free": st.f_bavail * st.f_frsize, "exists": os.path.isdir(workdir)}
 
 
 def own_addresses() -> list[str]:
@@ -206,7 +230,8 @@ def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
     answers: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
-            infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+            # bytes, not str: a str name loads the idna codec first
+            infos = socket.getaddrinfo(name.encode(), None, socket.AF_INET, socket.SOCK_STREAM)
             found = sorted({str(info[4][0]) for info in infos})
             answers[name] = {"addresses": found, "error": None}
         except (OSError, UnicodeError) as exc:
@@ -218,17 +243,17 @@ def os_release() -> str:
     for line in read("/etc/os-release").decode(errors="replace").splitlines():
         if line.startswith("PRETTY_NAME="):
             return line.split("=", 1)[1].strip().strip('"')
-    return platform.platform()
+    return " ".join(os.uname()[0:3:2])
 
 
 def gather(request: dict[str, Any]) -> dict[str, Any]:
     workdir = os.path.expanduser(request.get("workdir") or "~/cpuaccel")
     return {
-        "hostname": socket.gethostname(),
+        "hostname": os.uname().nodename,
         "os": os_release(),
-        "kernel": platform.release(),
+        "kernel": os.uname().release,
         "python": {
-            "version": platform.python_version(),
+            "version": ".".join(str(part) for part in sys.version_info[:3]),
             "executable": sys.executable,
             "prefix": sys.prefix,
         },
@@ -246,8 +271,9 @@ def gather(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    request = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
-    sys.stdout.write(json.dumps(gather(request)))
+    args = [*sys.argv[1:], "", ""]
+    request = {"workdir": args[0], "setvars": args[1] or None, "resolve": sys.argv[3:]}
+    sys.stdout.write(repr(gather(request)))
     sys.stdout.write("\n")
 
 

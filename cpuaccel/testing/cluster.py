@@ -1,0 +1,1069 @@
+"""A real multi-node cluster on one machine, for tests and benchmarks.
+
+Each node is a network namespace on a Linux bridge, with its own address, its own sshd,
+its own hostname (UTS namespace), its own ``/etc/hosts`` and a private directory mounted
+over one common path, :data:`NODE_DIR` (mount namespace). The rest of the filesystem
+(the venv, the checkout, /tmp) is shared, like a cluster with an NFS home.
+
+Everything created is named after the cluster id, so several clusters can coexist::
+
+    bridge      cpxl{id}br          address 10.77.{id}.254/24 (the controller side)
+    namespace   cpxl{id}-node{k}    eth0 at 10.77.{id}.{k}/24, hostname node{k}
+    host veth   cpxl{id}v{k}
+    state dir   /tmp/cpxl-{id}/     keys, sshd configs, hosts, known_hosts, inventory.yaml
+    lock        /tmp/cpxl-{id}.lock held by the process that owns a running cluster
+
+Needs root. From Python::
+
+    with Cluster(3) as cluster:
+        cluster.exec("node1", ["hostname"])
+
+From a shell (nodes keep running after ``up`` returns)::
+
+    python -m cpuaccel.testing.cluster up --nodes 3 [--id N]   # prints the inventory path
+    python -m cpuaccel.testing.cluster status [--id N]
+    python -m cpuaccel.testing.cluster down [--id N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+SSHD = "/usr/sbin/sshd"
+NODE_DIR = Path("/srv/cpuaccel-node")
+SKEL_BASHRC = Path("/etc/skel/.bashrc")
+"""The one path that is private to each node (a per-node directory is mounted over it)."""
+WORKDIR = NODE_DIR / "work"
+PRIVSEP_DIR = Path("/run/sshd")
+NETNS_DIR = Path("/run/netns")
+CONTROLLER_NAME = "cpxl-controller"
+CONTROLLER_HOST = 254
+MAX_NODES = 253
+MAX_CLUSTER_ID = 255
+REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setsid", "ssh-keygen", "hostname", "mount")
+
+_STATE_FILE = "state.json"
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not be brought up, inspected or torn down."""
+
+
+# --------------------------------------------------------------------------- names
+
+
+def bridge_name(cluster_id: int) -> str:
+    return f"cpxl{cluster_id}br"
+
+
+def namespace_name(cluster_id: int, index: int) -> str:
+    return f"cpxl{cluster_id}-node{index}"
+
+
+def veth_name(cluster_id: int, index: int) -> str:
+    return f"cpxl{cluster_id}v{index}"
+
+
+def node_address(cluster_id: int, index: int) -> str:
+    return f"10.77.{cluster_id}.{index}"
+
+
+def controller_address(cluster_id: int) -> str:
+    return node_address(cluster_id, CONTROLLER_HOST)
+
+
+def state_dir_for(cluster_id: int, state_root: Path = Path("/tmp")) -> Path:
+    return state_root / f"cpxl-{cluster_id}"
+
+
+def lock_path_for(cluster_id: int, state_root: Path = Path("/tmp")) -> Path:
+    return state_root / f"cpxl-{cluster_id}.lock"
+
+
+def _check_id(cluster_id: int) -> None:
+    if not 0 <= cluster_id <= MAX_CLUSTER_ID:
+        raise ValueError(f"cluster id must be in 0..{MAX_CLUSTER_ID}, got {cluster_id}")
+
+
+def unavailable_reason() -> str | None:
+    """Why namespace clusters cannot run here, or None if they can."""
+    if os.geteuid() != 0:
+        return (
+            f"needs root to create network namespaces and start sshd (running as uid "
+            f"{os.geteuid()})"
+        )
+    missing = [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
+    if not Path(SSHD).exists():
+        missing.append(SSHD)
+    if missing:
+        return f"missing tools for the namespace cluster: {', '.join(missing)}"
+    return None
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _run(argv: Sequence[str], *, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a setup command; raise ClusterError with its stderr if it fails."""
+    proc = subprocess.run(
+        list(argv), input=input, capture_output=True, text=True, check=False, timeout=60
+    )
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()
+        raise ClusterError(f"{shlex.join(argv)} failed ({proc.returncode}): {detail}")
+    return proc
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _all_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _stat_fields(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgid) of a process, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may contain anything, so split after it.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def _alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _netns_inode(namespace: str) -> int | None:
+    try:
+        return (NETNS_DIR / namespace).stat().st_ino
+    except OSError:
+        return None
+
+
+def _pids_in_netns(inode: int) -> set[int]:
+    wanted = f"net:[{inode}]"
+    found: set[int] = set()
+    for pid in _all_pids():
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") == wanted:
+                found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid in _all_pids():
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            children.setdefault(fields[1], []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _sshd_config_of(pid: int) -> Path | None:
+    """The `-f` config of an sshd process, read from /proc, or None if pid is no such sshd.
+
+    Handles both a plain command line and the title sshd sets on its listener
+    (``sshd: /usr/sbin/sshd -D -e -f CONF [listener] ...``).
+    """
+    tokens = " ".join(_cmdline(pid)).split()
+    if not tokens:
+        return None
+    if tokens[0] == "sshd:":
+        tokens = tokens[1:]
+    if not tokens or tokens[0] != SSHD:
+        return None
+    for flag, value in itertools.pairwise(tokens):
+        if flag == "-f":
+            return Path(value)
+    return None
+
+
+def _is_our_sshd(pid: int, config: Path) -> bool:
+    """True if pid is a live sshd started with this exact config file."""
+    return _alive(pid) and _sshd_config_of(pid) == config
+
+
+def _names_state_dir(pid: int, state_dir: Path) -> bool:
+    """True if pid is an sshd whose -f config lives in state_dir (checked on /proc)."""
+    config = _sshd_config_of(pid)
+    return config is not None and config.is_relative_to(state_dir)
+
+
+def _terminate(pids: Iterable[int], groups: Iterable[int] = (), timeout: float = 3.0) -> None:
+    """SIGTERM the processes and process groups, wait, then SIGKILL what is left."""
+    targets = set(pids)
+    group_list = list(groups)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in group_list:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            targets = {pid for pid in targets if _alive(pid)}
+            if not targets:
+                return
+            time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+def _list_netns(cluster_id: int) -> list[str]:
+    pattern = re.compile(rf"^cpxl{cluster_id}-node\d+$")
+    try:
+        names = os.listdir(NETNS_DIR)
+    except OSError:
+        names = []
+    return sorted(name for name in names if pattern.match(name))
+
+
+def _list_links(cluster_id: int) -> list[str]:
+    pattern = re.compile(rf"^cpxl{cluster_id}(br|v\d+)$")
+    try:
+        names = os.listdir("/sys/class/net")
+    except OSError:
+        names = []
+    return sorted(name for name in names if pattern.match(name))
+
+
+def _stale_processes(cluster_id: int, state_root: Path) -> set[int]:
+    state_dir = state_dir_for(cluster_id, state_root)
+    found: set[int] = set()
+    for namespace in _list_netns(cluster_id):
+        inode = _netns_inode(namespace)
+        if inode is not None:
+            found |= _pids_in_netns(inode)
+    found |= {pid for pid in _all_pids() if _names_state_dir(pid, state_dir)}
+    found.discard(os.getpid())
+    return found
+
+
+def leftovers(cluster_id: int, state_root: Path = Path("/tmp")) -> dict[str, list[str]]:
+    """What exists on this machine for a cluster id: namespaces, links, processes, state dir."""
+    _check_id(cluster_id)
+    state_dir = state_dir_for(cluster_id, state_root)
+    return {
+        "namespaces": _list_netns(cluster_id),
+        "links": _list_links(cluster_id),
+        "processes": [
+            f"{pid} {shlex.join(_cmdline(pid))}"
+            for pid in sorted(_stale_processes(cluster_id, state_root))
+            if _alive(pid)
+        ],
+        "state_dir": [str(state_dir)] if state_dir.exists() else [],
+    }
+
+
+def cleanup_stale(cluster_id: int, state_root: Path = Path("/tmp")) -> None:
+    """Remove everything named after this cluster id, and nothing else.
+
+    Kills every process inside the id's namespaces and every sshd whose ``-f`` config lives
+    in its state dir (both checked on /proc before killing), then deletes its links,
+    namespaces and state dir. Does not take the lock: callers that care do.
+    """
+    _check_id(cluster_id)
+    state_dir = state_dir_for(cluster_id, state_root)
+    pids = _stale_processes(cluster_id, state_root)
+    # sshd listeners were started with setsid: their process group is theirs alone.
+    groups = [pid for pid in pids if (f := _stat_fields(pid)) is not None and f[2] == pid]
+    _terminate(pids, groups)
+    # Delete the host-side veths before the namespaces: namespace teardown is
+    # asynchronous in the kernel, `ip link del` is not.
+    links = _list_links(cluster_id)
+    for link in sorted(links, key=lambda name: name.endswith("br")):
+        with contextlib.suppress(ClusterError):
+            _run(["ip", "link", "del", link])
+    for namespace in _list_netns(cluster_id):
+        with contextlib.suppress(ClusterError):
+            _run(["ip", "netns", "del", namespace])
+    if state_dir.is_dir() and not state_dir.is_symlink():
+        shutil.rmtree(state_dir, ignore_errors=True)
+    left = {kind: items for kind, items in leftovers(cluster_id, state_root).items() if items}
+    if left:
+        raise ClusterError(f"cluster {cluster_id}: could not remove {left}")
+
+
+# --------------------------------------------------------------------------- lock
+
+
+class _Lock:
+    """An flock on state_root/cpxl-{id}.lock, held while a process owns a cluster."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = ""
+                with contextlib.suppress(OSError, ValueError):
+                    owner = os.read(fd, 64).decode().strip()
+                os.close(fd)
+                raise ClusterError(
+                    f"{self.path} is held by a running process (pid {owner or '?'}): that "
+                    "cluster id is in use; pick another id or stop that process first"
+                ) from None
+            # The file may have been unlinked by its previous owner between open and flock.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self, *, remove: bool) -> None:
+        if self._fd is None:
+            return
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        os.close(self._fd)
+        self._fd = None
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    address: str
+    namespace: str
+    pid: int | None
+    """pid of the node's sshd listener, None while it is stopped."""
+    private_dir: Path
+    """Host-side path of the directory mounted over NODE_DIR inside the node."""
+
+
+class _FlowDict(dict[str, Any]):
+    """A mapping written in YAML flow style (``{ansible_host: 10.77.0.1}``)."""
+
+
+class _InventoryDumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_flow(dumper: yaml.SafeDumper, data: _FlowDict) -> yaml.Node:
+    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
+
+
+_InventoryDumper.add_representer(_FlowDict, _represent_flow)
+
+
+class Cluster:
+    """N namespace nodes with sshd, a generated key pair, known_hosts and inventory."""
+
+    def __init__(
+        self,
+        nodes: int,
+        cluster_id: int = 0,
+        state_root: Path = Path("/tmp"),
+        fresh_bashrc: bool = True,
+    ) -> None:
+        _check_id(cluster_id)
+        self.fresh_bashrc = fresh_bashrc
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {nodes}")
+        self.cluster_id = cluster_id
+        self.state_root = Path(state_root)
+        self.state_dir = state_dir_for(cluster_id, self.state_root)
+        self.key_path = self.state_dir / "id_ed25519"
+        self.known_hosts_path = self.state_dir / "known_hosts"
+        self.inventory_path = self.state_dir / "inventory.yaml"
+        self.hosts_path = self.state_dir / "hosts"
+        self.bridge = bridge_name(cluster_id)
+        self.controller_address = controller_address(cluster_id)
+        self.python = sys.executable
+        self.nodes = [
+            Node(
+                index=k,
+                name=f"node{k}",
+                address=node_address(cluster_id, k),
+                namespace=namespace_name(cluster_id, k),
+                pid=None,
+                private_dir=self.state_dir / "nodes" / f"node{k}",
+            )
+            for k in range(1, nodes + 1)
+        ]
+        self._lock = _Lock(lock_path_for(cluster_id, self.state_root))
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __repr__(self) -> str:
+        return f"Cluster(nodes={len(self.nodes)}, cluster_id={self.cluster_id})"
+
+    # ---- lookup and paths
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"no node {name!r} in {self!r} (nodes: {self.names})")
+
+    @property
+    def names(self) -> list[str]:
+        return [node.name for node in self.nodes]
+
+    def sshd_config_path(self, name: str) -> Path:
+        return self.state_dir / "sshd" / f"{name}.conf"
+
+    def host_key_path(self, name: str) -> Path:
+        return self.state_dir / "sshd" / f"{name}_host_ed25519_key"
+
+    def pid_path(self, name: str) -> Path:
+        return self.state_dir / f"{name}.pid"
+
+    def log_path(self, name: str) -> Path:
+        return self.state_dir / f"{name}.log"
+
+    def ssh_args(self) -> list[str]:
+        """`ssh` options that log in to any node strictly (append `root@ADDRESS cmd`)."""
+        return [
+            "-i",
+            str(self.key_path),
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts_path}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=10",
+        ]
+
+    def ssh_argv(self, name: str, *command: str) -> list[str]:
+        """A full system-ssh command line running `command` on node `name` as root."""
+        return ["ssh", *self.ssh_args(), f"root@{self.node(name).address}", *command]
+
+    # ---- lifecycle
+
+    def __enter__(self) -> Cluster:
+        if not self.running:
+            self.up()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.down()
+
+    @property
+    def running(self) -> bool:
+        return bool(self._procs) or any(node.pid is not None for node in self.nodes)
+
+    def up(self, timeout: float | None = None) -> Cluster:
+        """Clean leftovers of this id, create the nodes, and wait until each sshd answers.
+
+        `timeout` bounds the wait for sshd (default 10 s + 0.5 s per node).
+        """
+        reason = unavailable_reason()
+        if reason is not None:
+            raise ClusterError(f"cannot start a namespace cluster: {reason}")
+        if self.running:
+            self.down()  # up() again means a fresh cluster
+        self._lock.acquire()
+        try:
+            cleanup_stale(self.cluster_id, self.state_root)
+            self._write_files()
+            self._create_network()
+            for node in self.nodes:
+                self._spawn_sshd(node)
+            self._wait_for_sshd(self.nodes, timeout)
+            self._save_state()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        """Kill this cluster's processes; delete its namespaces, links and state dir.
+
+        Idempotent. Kills the sshd listeners it started (verified on /proc) with their process
+        groups, and every process inside the nodes' network namespaces (sessions, strays).
+        """
+        if not self._lock.held:
+            self._lock.acquire()
+        pids: set[int] = set()
+        groups: list[int] = []
+        for node in self.nodes:
+            if node.pid is not None and _is_our_sshd(node.pid, self.sshd_config_path(node.name)):
+                pids.add(node.pid)
+                groups.append(node.pid)
+            inode = _netns_inode(node.namespace)
+            if inode is not None:
+                pids |= _pids_in_netns(inode)
+        pids.discard(os.getpid())
+        _terminate(pids, groups)
+        self._reap()
+        for node in self.nodes:
+            node.pid = None
+        try:
+            cleanup_stale(self.cluster_id, self.state_root)
+        finally:
+            self._lock.release(remove=True)
+
+    def _reap(self) -> None:
+        for proc in self._procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+        self._procs.clear()
+
+    # ---- files
+
+    def _write_files(self) -> None:
+        for path in (self.state_dir, self.state_dir / "sshd", self.state_dir / "nodes"):
+            path.mkdir(parents=True, exist_ok=True)
+        PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        # The mount point must exist; it stays empty on the host side.
+        NODE_DIR.mkdir(parents=True, exist_ok=True)
+        keygens = [self._keygen(self.key_path, f"cpxl{self.cluster_id}-user")]
+        for node in self.nodes:
+            node.private_dir.mkdir(parents=True, exist_ok=True)
+            keygens.append(self._keygen(self.host_key_path(node.name), node.name))
+        for proc, path in keygens:
+            _, err = proc.communicate(timeout=60)
+            if proc.returncode != 0:
+                raise ClusterError(f"ssh-keygen for {path} failed: {err.strip()}")
+
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines.append(f"{self.controller_address} {CONTROLLER_NAME}")
+        lines += [f"{node.address} {node.name}" for node in self.nodes]
+        self.hosts_path.write_text("\n".join(lines) + "\n")
+
+        known = []
+        for node in self.nodes:
+            key_type, key = (
+                self.host_key_path(node.name).with_suffix(".pub").read_text().split()[:2]
+            )
+            known.append(f"{node.name},{node.address} {key_type} {key}")
+        self.known_hosts_path.write_text("\n".join(known) + "\n")
+
+        for node in self.nodes:
+            self.sshd_config_path(node.name).write_text(self._sshd_config(node))
+        self.write_inventory(self.inventory_path)
+
+    @staticmethod
+    def _keygen(path: Path, comment: str) -> tuple[subprocess.Popen[str], Path]:
+        argv = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        return proc, path
+
+    def _sshd_config(self, node: Node) -> str:
+        settings = [
+            ("ListenAddress", node.address),
+            ("Port", "22"),
+            ("HostKey", str(self.host_key_path(node.name))),
+            ("AuthorizedKeysFile", f"{self.key_path}.pub"),
+            ("PermitRootLogin", "prohibit-password"),
+            ("PubkeyAuthentication", "yes"),
+            ("PasswordAuthentication", "no"),
+            ("KbdInteractiveAuthentication", "no"),
+            ("UsePAM", "no"),
+            ("StrictModes", "no"),
+            ("PidFile", "none"),
+            ("MaxSessions", "200"),
+            ("MaxStartups", "200:30:400"),
+            ("PrintMotd", "no"),
+            ("PrintLastLog", "no"),
+            ("UseDNS", "no"),
+            ("X11Forwarding", "no"),
+            ("Subsystem", "sftp internal-sftp"),
+            ("LogLevel", "ERROR"),
+        ]
+        header = f"# {node.name} of test cluster {self.cluster_id} (cpuaccel.testing.cluster)\n"
+        return header + "".join(f"{key} {value}\n" for key, value in settings)
+
+    def write_inventory(
+        self,
+        path: Path | str,
+        host_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        only: Sequence[str] | None = None,
+        **extra_vars: Any,
+    ) -> Path:
+        """Write an Ansible YAML inventory of this cluster to `path` and return it.
+
+        `host_overrides` adds or replaces host vars per node (e.g. another
+        ``cpuaccel_python`` on one node); `only` limits the hosts listed; `extra_vars` adds
+        or replaces group vars under ``all.vars``.
+        """
+        overrides = dict(host_overrides or {})
+        unknown = set(overrides) - set(self.names)
+        if only is not None:
+            unknown |= set(only) - set(self.names)
+        if unknown:
+            raise KeyError(f"no such nodes in {self!r}: {sorted(unknown)}")
+        group_vars: dict[str, Any] = {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.key_path),
+            "ansible_ssh_common_args": (
+                f"-o UserKnownHostsFile={self.known_hosts_path} -o StrictHostKeyChecking=yes"
+            ),
+            # Without it ansible-core probes for an interpreter over ssh, and on a machine
+            # with pyenv in root's login PATH it picks a shim that fails on the nodes. The
+            # caller's venv python is on every node (shared filesystem).
+            "ansible_python_interpreter": self.python,
+            "cpuaccel_python": self.python,
+            "cpuaccel_workdir": str(WORKDIR),
+        }
+        group_vars.update(extra_vars)
+        hosts: dict[str, Any] = {}
+        for node in self.nodes:
+            if only is not None and node.name not in only:
+                continue
+            host = _FlowDict(ansible_host=node.address)
+            host.update(overrides.get(node.name, {}))
+            hosts[node.name] = host
+        document = {"all": {"vars": group_vars, "hosts": hosts}}
+        text = yaml.dump(
+            document, Dumper=_InventoryDumper, sort_keys=False, default_flow_style=False, width=200
+        )
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        return out
+
+    def _save_state(self) -> None:
+        state = {
+            "cluster_id": self.cluster_id,
+            "python": self.python,
+            "nodes": [
+                {"name": n.name, "address": n.address, "namespace": n.namespace, "pid": n.pid}
+                for n in self.nodes
+            ],
+        }
+        (self.state_dir / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    # ---- network
+
+    def _create_network(self) -> None:
+        prefix = f"{self.controller_address}/24"
+        batch = [
+            f"link add {self.bridge} type bridge",
+            f"addr add {prefix} dev {self.bridge}",
+            f"link set {self.bridge} up",
+        ]
+        for node in self.nodes:
+            veth = veth_name(self.cluster_id, node.index)
+            batch += [
+                f"netns add {node.namespace}",
+                f"link add {veth} type veth peer name eth0 netns {node.namespace}",
+                f"link set {veth} master {self.bridge} up",
+            ]
+        _run(["ip", "-batch", "-"], input="\n".join(batch) + "\n")
+        for node in self.nodes:
+            inside = ["link set lo up", f"addr add {node.address}/24 dev eth0", "link set eth0 up"]
+            _run(["ip", "-n", node.namespace, "-batch", "-"], input="\n".join(inside) + "\n")
+
+    # ---- sshd
+
+    def _node_prelude(self, node: Node) -> str:
+        """Shell commands that make a fresh mount+UTS namespace into this node."""
+        prelude = (
+            f"hostname {shlex.quote(node.name)} && "
+            f"mount --bind {shlex.quote(str(self.hosts_path))} /etc/hosts && "
+            f"mount --bind {shlex.quote(str(node.private_dir))} {shlex.quote(str(NODE_DIR))}"
+        )
+        # A fresh node has Debian's default root ~/.bashrc, not this controller's (which
+        # here runs `pyenv init`, ~100 ms of CPU in every SSH command). bash reads
+        # ~/.bashrc for commands run by sshd, so without this every node would pay the
+        # developer machine's shell set-up.
+        bashrc = Path.home() / ".bashrc"
+        if self.fresh_bashrc and bashrc.is_file() and SKEL_BASHRC.is_file():
+            prelude += f" && mount --bind {SKEL_BASHRC} {shlex.quote(str(bashrc))}"
+        return prelude
+
+    def _enter_new_node_argv(self, node: Node, script: str) -> list[str]:
+        return [
+            "ip", "netns", "exec", node.namespace,
+            "unshare", "--mount", "--uts", "--propagation", "private",
+            "sh", "-c", f"{self._node_prelude(node)} && {script}",
+        ]  # fmt: skip
+
+    def _spawn_sshd(self, node: Node) -> None:
+        config = self.sshd_config_path(node.name)
+        script = f"exec {SSHD} -D -e -f {shlex.quote(str(config))}"
+        # The Popen child is never a process group leader, so setsid(1) does not fork:
+        # every link of the chain execs, and the pid we get is sshd's.
+        argv = ["setsid", *self._enter_new_node_argv(node, script)]
+        with self.log_path(node.name).open("ab") as log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                close_fds=True,
+            )  # fmt: skip
+        self._procs[node.name] = proc
+        node.pid = proc.pid
+        self.pid_path(node.name).write_text(f"{proc.pid}\n")
+
+    def _wait_for_sshd(self, nodes: Sequence[Node], timeout: float | None) -> None:
+        limit = timeout if timeout is not None else 10.0 + 0.5 * len(nodes)
+        deadline = time.monotonic() + limit
+        pending = list(nodes)
+        while pending:
+            for node in list(pending):
+                proc = self._procs.get(node.name)
+                if proc is not None and proc.poll() is not None:
+                    raise ClusterError(
+                        f"sshd of {node.name} ({node.namespace}) exited with {proc.returncode}: "
+                        f"{self._log_tail(node.name)}"
+                    )
+                if _ssh_banner(node.address, timeout=0.5):
+                    pending.remove(node)
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                names = ", ".join(f"{n.name} ({n.address})" for n in pending)
+                raise ClusterError(
+                    f"sshd did not answer on port 22 within {limit:.0f}s on: {names}; "
+                    f"log of {pending[0].name}: {self._log_tail(pending[0].name)}"
+                )
+            time.sleep(0.02)
+        for node in nodes:
+            assert node.pid is not None
+            if not _is_our_sshd(node.pid, self.sshd_config_path(node.name)):
+                raise ClusterError(
+                    f"pid {node.pid} of {node.name} is not its sshd: {_cmdline(node.pid)}"
+                )
+
+    def _log_tail(self, name: str) -> str:
+        try:
+            text = self.log_path(name).read_text(errors="replace").strip()
+        except OSError:
+            return "(no log)"
+        return text[-2000:] or "(empty log)"
+
+    def stop_sshd(self, name: str, *, kill_sessions: bool = False) -> None:
+        """Stop a node's sshd so that port 22 refuses connections (the node stays).
+
+        Like stopping the ssh service on a real host, sessions already open survive unless
+        `kill_sessions` is set, which kills every process in the node.
+        """
+        node = self.node(name)
+        pids: set[int] = set()
+        groups: list[int] = []
+        if node.pid is not None and _is_our_sshd(node.pid, self.sshd_config_path(name)):
+            pids.add(node.pid)
+            groups.append(node.pid)
+        if kill_sessions:
+            pids |= set(self.pids(name, include_sshd=True))
+        _terminate(pids, groups)
+        proc = self._procs.pop(name, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+        node.pid = None
+        with contextlib.suppress(FileNotFoundError):
+            self.pid_path(name).unlink()
+        self._save_state()
+
+    def start_sshd(self, name: str, timeout: float = 10.0) -> Node:
+        """Start a node's sshd again (no-op if it runs) and wait until it answers."""
+        node = self.node(name)
+        if node.pid is not None and _alive(node.pid):
+            return node
+        self._procs.pop(name, None)
+        self._spawn_sshd(node)
+        self._wait_for_sshd([node], timeout)
+        self._save_state()
+        return node
+
+    @contextlib.contextmanager
+    def sshd_stopped(self, name: str, *, kill_sessions: bool = False) -> Iterator[Node]:
+        """Within the block, `name` refuses ssh connections; its sshd is back after it."""
+        self.stop_sshd(name, kill_sessions=kill_sessions)
+        try:
+            yield self.node(name)
+        finally:
+            self.start_sshd(name)
+
+    def ensure_running(self) -> list[str]:
+        """Restart any node whose sshd is not running; return the names restarted."""
+        restarted = []
+        for node in self.nodes:
+            if node.pid is None or not _alive(node.pid):
+                node.pid = None
+                self.start_sshd(node.name)
+                restarted.append(node.name)
+        return restarted
+
+    # ---- inspection
+
+    def exec(self, name: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
+        """Run argv inside node `name` (its net, mount and UTS namespaces), not via ssh.
+
+        Keyword arguments go to subprocess.run. Defaults: capture_output and text, no check,
+        timeout 120 s, and the caller's working directory (a shared path).
+        """
+        node = self.node(name)
+        cwd = str(kw.pop("cwd", None) or _cwd_or_root())
+        if not any(key in kw for key in ("stdout", "stderr", "capture_output")):
+            kw["capture_output"] = True
+        if not any(key in kw for key in ("text", "universal_newlines", "encoding", "errors")):
+            kw["text"] = True
+        kw.setdefault("check", False)
+        kw.setdefault("timeout", 120)
+        if node.pid is not None and _alive(node.pid):
+            full = [
+                "nsenter", "--target", str(node.pid), "--net", "--mount", "--uts",
+                f"--wd={cwd}", "--", *argv,
+            ]  # fmt: skip
+        else:
+            # sshd stopped: build the same node view in a fresh mount+UTS namespace.
+            script = f'cd {shlex.quote(cwd)} && exec "$@"'
+            full = [*self._enter_new_node_argv(node, script), "sh", *argv]
+        return subprocess.run(full, **kw)
+
+    def pids(self, name: str, *, include_sshd: bool = False) -> list[int]:
+        """Live processes inside node `name`: its network namespace and sshd's descendants.
+
+        Includes processes that left sshd's tree (daemonised, orphaned). Excludes the sshd
+        listener itself unless `include_sshd`.
+        """
+        node = self.node(name)
+        found: set[int] = set()
+        inode = _netns_inode(node.namespace)
+        if inode is not None:
+            found |= _pids_in_netns(inode)
+        if node.pid is not None:
+            found |= _descendants(node.pid)
+            if include_sshd:
+                found.add(node.pid)
+            else:
+                found.discard(node.pid)
+        found.discard(os.getpid())
+        return sorted(pid for pid in found if _alive(pid))
+
+    def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
+        """Wait until node `name` has no process but its sshd; return what is left."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.pids(name)
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.05)
+
+    def clear_private_dirs(self) -> None:
+        """Empty every node's private directory (what nodes see at NODE_DIR)."""
+        for node in self.nodes:
+            for entry in node.private_dir.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per node: name, address, pid, whether sshd lives and answers."""
+        rows = []
+        for node in self.nodes:
+            alive = node.pid is not None and _is_our_sshd(
+                node.pid, self.sshd_config_path(node.name)
+            )
+            rows.append(
+                {
+                    "name": node.name,
+                    "address": node.address,
+                    "namespace": node.namespace,
+                    "pid": node.pid,
+                    "sshd": alive,
+                    "port22": _ssh_banner(node.address, timeout=0.5),
+                }
+            )
+        return rows
+
+    @classmethod
+    def attach(cls, cluster_id: int = 0, state_root: Path = Path("/tmp")) -> Cluster:
+        """A Cluster object for nodes started by another process (e.g. the `up` command).
+
+        It does not own the lock; its down() still removes everything of that id.
+        """
+        state_file = state_dir_for(cluster_id, state_root) / _STATE_FILE
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ClusterError(f"no running cluster {cluster_id}: {exc}") from None
+        cluster = cls(len(state["nodes"]), cluster_id, state_root)
+        cluster.python = state.get("python", cluster.python)
+        for node, saved in zip(cluster.nodes, state["nodes"], strict=True):
+            pid = saved.get("pid")
+            ok = pid is not None and _is_our_sshd(pid, cluster.sshd_config_path(node.name))
+            node.pid = pid if ok else None
+        return cluster
+
+
+def _cwd_or_root() -> str:
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return "/"
+
+
+def _ssh_banner(address: str, timeout: float) -> bool:
+    """True if an SSH server answers with its banner on address:22."""
+    try:
+        with socket.create_connection((address, 22), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            ok = sock.recv(8).startswith(b"SSH-")
+            # Say who we are before hanging up, or sshd logs an error for each probe.
+            with contextlib.suppress(OSError):
+                sock.sendall(b"SSH-2.0-cpxl-probe\r\n")
+            return ok
+    except OSError:
+        return False
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    cluster = Cluster(args.nodes, args.id, args.state_root)
+    cluster.up()
+    # This process ends here; the nodes keep running and `down` removes them.
+    cluster._lock.release(remove=False)
+    elapsed = time.monotonic() - start
+    print(f"{len(cluster.nodes)} nodes of cluster {args.id} up in {elapsed:.1f}s", file=sys.stderr)
+    print(cluster.inventory_path)
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    lock = _Lock(lock_path_for(args.id, args.state_root))
+    if not args.force:
+        lock.acquire()
+    try:
+        cleanup_stale(args.id, args.state_root)
+    finally:
+        if lock.held:
+            lock.release(remove=True)
+    print(f"cluster {args.id} is down", file=sys.stderr)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    ids = [args.id] if args.id is not None else _known_ids(args.state_root)
+    if not ids:
+        print("no clusters")
+        return 0
+    for cluster_id in ids:
+        try:
+            cluster = Cluster.attach(cluster_id, args.state_root)
+        except ClusterError:
+            left = {k: v for k, v in leftovers(cluster_id, args.state_root).items() if v}
+            print(f"cluster {cluster_id}: not running" + (f"; leftovers: {left}" if left else ""))
+            continue
+        print(f"cluster {cluster_id}: {cluster.inventory_path}")
+        for row in cluster.status():
+            state = "up" if row["sshd"] and row["port22"] else "DOWN"
+            print(f"  {row['name']:<8} {row['address']:<14} pid {row['pid']!s:<8} {state}")
+    return 0
+
+
+def _known_ids(state_root: Path) -> list[int]:
+    ids = set()
+    for path in state_root.glob("cpxl-*"):
+        match = re.fullmatch(r"cpxl-(\d+)", path.name)
+        if match and path.is_dir():
+            ids.add(int(match.group(1)))
+    for name in os.listdir(NETNS_DIR) if NETNS_DIR.is_dir() else []:
+        match = re.fullmatch(r"cpxl(\d+)-node\d+", name)
+        if match:
+            ids.add(int(match.group(1)))
+    return sorted(i for i in ids if i <= MAX_CLUSTER_ID)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cpuaccel.testing.cluster",
+        description="Namespace nodes with sshd on this machine, for tests (needs root).",
+    )
+    parser.add_argument("--state-root", type=Path, default=Path("/tmp"), help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start nodes and print the inventory path")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--id", type=int, default=0, help="cluster id (default 0)")
+    up.set_defaults(func=_cmd_up)
+    down = sub.add_parser("down", help="remove everything of a cluster id")
+    down.add_argument("--id", type=int, default=0, help="cluster id (default 0)")
+    down.add_argument(
+        "--force", action="store_true", help="even if a running process holds its lock"
+    )
+    down.set_defaults(func=_cmd_down)
+    status = sub.add_parser("status", help="show clusters and their nodes")
+    status.add_argument("--id", type=int, default=None, help="only this cluster id")
+    status.set_defaults(func=_cmd_status)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (ClusterError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

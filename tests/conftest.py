@@ -1,0 +1,101 @@
+"""Shared fixtures: a real 3-node namespace cluster for tests marked `cluster`.
+
+Tests marked ``@pytest.mark.cluster`` (or using the ``cluster`` fixture, which marks them)
+need root. Off root they are skipped with the reason; with ``CPUACCEL_REQUIRE_CLUSTER=1``
+(set by CI) they fail with it instead, so a CI run cannot pass by skipping them.
+
+``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
+two test sessions on one machine do not fight over the same names.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cpuaccel.testing.cluster import Cluster, unavailable_reason
+
+REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
+CLUSTER_ID_ENV = "CPUACCEL_TEST_CLUSTER_ID"
+SESSION_NODES = 3
+
+
+def _cluster_required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "") == "1"
+
+
+def _refusal() -> str | None:
+    reason = unavailable_reason()
+    if reason is None:
+        return None
+    if _cluster_required():
+        return f"{REQUIRE_ENV}=1 but the cluster tests cannot run: {reason}"
+    return f"cluster test skipped: {reason} (set {REQUIRE_ENV}=1 to make this a failure)"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Runs before `-m` deselection, so `-m "not cluster"` also drops tests that only use
+    # the fixture.
+    for item in items:
+        if (
+            "cluster" in getattr(item, "fixturenames", ())
+            and item.get_closest_marker("cluster") is None
+        ):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("cluster") is None:
+        return
+    refusal = _refusal()
+    if refusal is None:
+        return
+    if _cluster_required():
+        pytest.fail(refusal, pytrace=False)
+    pytest.skip(refusal)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A 3-node cluster (id 0 by default), started once per session and shared.
+
+    Tests may stop a node's sshd only inside ``with cluster.sshd_stopped(name):``.
+    """
+    refusal = _refusal()
+    if refusal is not None:
+        if _cluster_required():
+            pytest.fail(refusal, pytrace=False)
+        pytest.skip(refusal)
+    cluster_id = int(os.environ.get(CLUSTER_ID_ENV, "0"))
+    with Cluster(SESSION_NODES, cluster_id=cluster_id) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def cluster_inventory(cluster: Cluster) -> Path:
+    """Path of the session cluster's inventory.yaml."""
+    return cluster.inventory_path
+
+
+@pytest.fixture(autouse=True)
+def _cluster_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the shared cluster, bring back any sshd it left stopped."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    try:
+        shared: Cluster = request.getfixturevalue("cluster")
+    except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+        return  # the cluster never came up; its own error is reported already
+    restarted = shared.ensure_running()
+    if restarted:
+        warnings.warn(
+            f"{request.node.nodeid} left sshd stopped on {restarted}; restarted them "
+            "(use `with cluster.sshd_stopped(name):`)",
+            stacklevel=1,
+        )

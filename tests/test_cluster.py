@@ -1,0 +1,342 @@
+"""Tests of the multi-node test bed itself (cpuaccel.testing.cluster)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cpuaccel.testing.cluster import (
+    NODE_DIR,
+    Cluster,
+    ClusterError,
+    bridge_name,
+    leftovers,
+    lock_path_for,
+    namespace_name,
+    veth_name,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRATCH_ID = 7  # a throw-away cluster, so the shared session cluster stays up
+CLI_ID = 8
+
+
+def _connect(address: str, timeout: float = 2.0) -> None:
+    with socket.create_connection((address, 22), timeout=timeout):
+        pass
+
+
+def _wait_for_pid(cluster: Cluster, name: str, pid: int, timeout: float = 5.0) -> list[int]:
+    """Poll cluster.pids(name) until it lists pid; return the last listing."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cluster.pids(name)
+        if pid in found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.02)
+
+
+def _ssh(cluster: Cluster, name: str, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cluster.ssh_argv(name, *command), capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+# --------------------------------------------------------------------------- no root needed
+
+
+def test_names_fit_linux_limits() -> None:
+    assert bridge_name(255) == "cpxl255br"
+    assert namespace_name(0, 3) == "cpxl0-node3"
+    assert veth_name(0, 3) == "cpxl0v3"
+    assert len(veth_name(255, 253)) <= 15
+    assert len(bridge_name(255)) <= 15
+    with pytest.raises(ValueError):
+        Cluster(3, cluster_id=256)
+    with pytest.raises(ValueError):
+        Cluster(0)
+
+
+def test_inventory_format(tmp_path: Path) -> None:
+    cluster = Cluster(3, cluster_id=9, state_root=tmp_path)
+    path = cluster.write_inventory(tmp_path / "default.yaml")
+    inventory = yaml.safe_load(path.read_text())
+    group_vars = inventory["all"]["vars"]
+    assert group_vars == {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(tmp_path / "cpxl-9" / "id_ed25519"),
+        "ansible_ssh_common_args": (
+            f"-o UserKnownHostsFile={tmp_path}/cpxl-9/known_hosts -o StrictHostKeyChecking=yes"
+        ),
+        "ansible_python_interpreter": sys.executable,
+        "cpuaccel_python": sys.executable,
+        "cpuaccel_workdir": "/srv/cpuaccel-node/work",
+    }
+    assert inventory["all"]["hosts"] == {
+        "node1": {"ansible_host": "10.77.9.1"},
+        "node2": {"ansible_host": "10.77.9.2"},
+        "node3": {"ansible_host": "10.77.9.3"},
+    }
+    assert "node1: {ansible_host: 10.77.9.1}" in path.read_text()
+
+    variant = cluster.write_inventory(
+        tmp_path / "variant.yaml",
+        host_overrides={"node2": {"cpuaccel_python": "/opt/other/bin/python"}},
+        only=["node1", "node2"],
+        cpuaccel_workdir="/srv/cpuaccel-node/other",
+    )
+    inventory = yaml.safe_load(variant.read_text())
+    assert inventory["all"]["vars"]["cpuaccel_workdir"] == "/srv/cpuaccel-node/other"
+    assert inventory["all"]["hosts"] == {
+        "node1": {"ansible_host": "10.77.9.1"},
+        "node2": {"ansible_host": "10.77.9.2", "cpuaccel_python": "/opt/other/bin/python"},
+    }
+    with pytest.raises(KeyError):
+        cluster.write_inventory(tmp_path / "bad.yaml", host_overrides={"node9": {}})
+
+
+def test_cluster_tests_skip_off_root_and_fail_when_required() -> None:
+    """The marker logic, checked by running one cluster test without root."""
+    target = "tests/test_cluster.py::test_each_node_has_its_own_hostname"
+    argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", target]
+    if os.geteuid() == 0:
+        # A new user namespace makes the inner run uid 65534 without root's powers, yet it
+        # still reads the same files (unlike switching to a user who cannot reach the venv).
+        argv = ["unshare", "--user", *argv]
+    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_REQUIRE_CLUSTER"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    skipped = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "1 skipped" in skipped.stdout
+    assert "needs root" in skipped.stdout
+
+    env["CPUACCEL_REQUIRE_CLUSTER"] = "1"
+    required = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert required.returncode != 0, required.stdout
+    assert "skipped" not in required.stdout
+    assert "CPUACCEL_REQUIRE_CLUSTER=1 but the cluster tests cannot run" in required.stdout
+    assert "needs root" in required.stdout
+
+
+# --------------------------------------------------------------------------- the shared cluster
+
+
+@pytest.mark.cluster
+def test_each_node_has_its_own_hostname(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        result = cluster.exec(node.name, ["hostname"], check=True)
+        assert result.stdout.strip() == node.name
+    assert cluster.exec("node1", ["hostname"]).stdout != socket.gethostname()
+
+
+@pytest.mark.cluster
+def test_private_dir_is_private(cluster: Cluster) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    inside = f"{NODE_DIR}/{marker}"
+    written = cluster.exec("node2", ["sh", "-c", f"echo node2 > {inside}"])
+    assert written.returncode == 0, written.stderr
+    try:
+        assert cluster.exec("node2", ["cat", inside]).stdout == "node2\n"
+        assert cluster.exec("node3", ["test", "-e", inside]).returncode == 1
+        assert cluster.exec("node1", ["test", "-e", inside]).returncode == 1
+        assert not (NODE_DIR / marker).exists()  # the controller's own view
+        assert (cluster.node("node2").private_dir / marker).read_text() == "node2\n"
+        # The rest of the filesystem is shared, like an NFS home.
+        assert cluster.exec("node3", ["test", "-x", sys.executable]).returncode == 0
+    finally:
+        (cluster.node("node2").private_dir / marker).unlink()
+
+
+@pytest.mark.cluster
+def test_ssh_with_strict_host_key_checking(cluster: Cluster, tmp_path: Path) -> None:
+    for node in cluster.nodes:
+        result = _ssh(cluster, node.name, "hostname")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == node.name
+
+    # The check is real: the same login without the generated known_hosts is refused.
+    empty = tmp_path / "empty_known_hosts"
+    empty.touch()
+    argv = cluster.ssh_argv("node1", "hostname")
+    argv = [a.replace(str(cluster.known_hosts_path), str(empty)) for a in argv]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert refused.returncode == 255
+    assert "Host key verification failed" in refused.stderr
+
+    lines = cluster.known_hosts_path.read_text().splitlines()
+    assert len(lines) == len(cluster.nodes)
+    for node, line in zip(cluster.nodes, lines, strict=True):
+        assert line.startswith(f"{node.name},{node.address} ssh-ed25519 AAAA")
+    assert len({line.split()[2] for line in lines}) == len(lines)  # one host key per node
+
+
+@pytest.mark.cluster
+def test_nodes_resolve_each_other(cluster: Cluster) -> None:
+    for node in cluster.nodes:
+        result = cluster.exec("node1", ["getent", "hosts", node.name], check=True)
+        assert result.stdout.split()[0] == node.address
+    controller = cluster.exec("node2", ["getent", "hosts", "cpxl-controller"], check=True)
+    assert controller.stdout.split()[0] == cluster.controller_address
+    # The host's own /etc/hosts is untouched.
+    assert "node1" not in Path("/etc/hosts").read_text().split()
+
+
+@pytest.mark.cluster
+def test_nodes_ssh_each_other_by_name(cluster: Cluster) -> None:
+    """What Intel MPI's hydra does: from one node, ssh to another by its hostname."""
+    command = ["ssh", *cluster.ssh_args(), "root@node3", "hostname"]
+    result = cluster.exec("node1", command)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "node3"
+
+
+@pytest.mark.cluster
+def test_stop_and_start_sshd(cluster: Cluster) -> None:
+    node = cluster.node("node2")
+    old_pid = node.pid
+    with cluster.sshd_stopped("node2"):
+        assert node.pid is None
+        with pytest.raises(ConnectionRefusedError):
+            _connect(node.address)
+        assert _ssh(cluster, "node2", "true").returncode == 255
+        _connect(cluster.node("node1").address)  # the others stay up
+        # The node itself is still there for inspection.
+        assert cluster.exec("node2", ["hostname"]).stdout.strip() == "node2"
+    assert node.pid is not None and node.pid != old_pid
+    _connect(node.address)
+    result = _ssh(cluster, "node2", "hostname")
+    assert result.stdout.strip() == "node2", result.stderr
+
+
+@pytest.mark.cluster
+def test_pids_sees_stray_processes(cluster: Cluster) -> None:
+    assert cluster.wait_idle("node3") == []
+    sshd_pid = cluster.node("node3").pid
+    assert cluster.pids("node3", include_sshd=True) == [sshd_pid]
+    # A process that outlives its ssh session, detached from sshd's tree.
+    started = _ssh(cluster, "node3", "setsid sleep 312 </dev/null >/dev/null 2>&1 & echo $!")
+    assert started.returncode == 0, started.stderr
+    stray = int(started.stdout.split()[-1])
+    try:
+        assert stray in _wait_for_pid(cluster, "node3", stray)
+        assert cluster.pids("node1") == []
+    finally:
+        cluster.exec("node3", ["kill", str(stray)])
+    assert cluster.wait_idle("node3") == []
+
+
+# --------------------------------------------------------------------------- own clusters
+
+
+def _machine_leftovers(cluster_id: int) -> list[str]:
+    """Independent of the library: what `ip` and /proc show for a cluster id."""
+    found = []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    found += [line for line in netns.stdout.splitlines() if line.startswith(f"cpxl{cluster_id}-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    for line in links.stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name == f"cpxl{cluster_id}br" or name.startswith(f"cpxl{cluster_id}v"):
+            found.append(name)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"/tmp/cpxl-{cluster_id}/".encode() in cmdline and state != "Z":
+            found.append(f"pid {entry}: {cmdline.decode(errors='replace')}")
+    if Path(f"/tmp/cpxl-{cluster_id}").exists():
+        found.append(f"/tmp/cpxl-{cluster_id}")
+    return found
+
+
+@pytest.mark.cluster
+def test_down_leaves_nothing_behind() -> None:
+    hosts_before = Path("/etc/hosts").read_text()
+    scratch = Cluster(2, cluster_id=SCRATCH_ID).up()
+    try:
+        assert _machine_leftovers(SCRATCH_ID)  # sanity: the check sees a live cluster
+        started = _ssh(scratch, "node1", "setsid sleep 313 </dev/null >/dev/null 2>&1 & echo $!")
+        stray = int(started.stdout.split()[-1])
+        assert stray in _wait_for_pid(scratch, "node1", stray)
+        # Two clusters coexist: the scratch one has its own bridge and addresses.
+        assert _ssh(scratch, "node2", "hostname").stdout.strip() == "node2"
+        assert scratch.node("node2").address == f"10.77.{SCRATCH_ID}.2"
+    finally:
+        scratch.down()
+    assert _machine_leftovers(SCRATCH_ID) == []
+    assert (
+        not Path(f"/proc/{stray}").exists()
+        or b"sleep" not in Path(f"/proc/{stray}/cmdline").read_bytes()
+    )
+    assert not lock_path_for(SCRATCH_ID).exists()
+    assert all(not items for items in leftovers(SCRATCH_ID).values())
+    scratch.down()  # idempotent
+    assert Path("/etc/hosts").read_text() == hosts_before
+
+
+@pytest.mark.cluster
+def test_a_live_cluster_id_cannot_be_taken_twice() -> None:
+    with Cluster(1, cluster_id=SCRATCH_ID) as first:
+        with pytest.raises(ClusterError, match="in use"):
+            Cluster(1, cluster_id=SCRATCH_ID).up()
+        assert _ssh(first, "node1", "hostname").stdout.strip() == "node1"
+    assert _machine_leftovers(SCRATCH_ID) == []
+
+
+@pytest.mark.cluster
+def test_cli_up_status_down_and_stale_cleanup() -> None:
+    cli = [sys.executable, "-m", "cpuaccel.testing.cluster"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*cli, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO
+        )
+
+    try:
+        up = run("up", "--nodes", "2", "--id", str(CLI_ID))
+        assert up.returncode == 0, up.stderr
+        inventory = Path(up.stdout.strip())
+        assert inventory == Path(f"/tmp/cpxl-{CLI_ID}/inventory.yaml")
+        hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
+        assert sorted(hosts) == ["node1", "node2"]
+
+        status = run("status", "--id", str(CLI_ID))
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.count(" up") == 2, status.stdout
+
+        # The nodes outlived the `up` process; a new owner of the id cleans them first.
+        attached = Cluster.attach(CLI_ID)
+        old_pids = {node.pid for node in attached.nodes}
+        assert None not in old_pids
+        with Cluster(1, cluster_id=CLI_ID) as fresh:
+            assert _machine_leftovers(CLI_ID)
+            assert {node.pid for node in fresh.nodes}.isdisjoint(old_pids)
+            assert not Path(f"/sys/class/net/{veth_name(CLI_ID, 2)}").exists()
+            assert _ssh(fresh, "node1", "hostname").stdout.strip() == "node1"
+        assert _machine_leftovers(CLI_ID) == []
+
+        up = run("up", "--nodes", "2", "--id", str(CLI_ID))
+        assert up.returncode == 0, up.stderr
+        down = run("down", "--id", str(CLI_ID))
+        assert down.returncode == 0, down.stderr
+        assert _machine_leftovers(CLI_ID) == []
+        assert "not running" in run("status", "--id", str(CLI_ID)).stdout
+    finally:
+        run("down", "--id", str(CLI_ID))
