@@ -8,6 +8,7 @@ import click
 
 from cpuaccel import __version__
 from cpuaccel.cli.check import check
+from cpuaccel.cli.sync import sync_command
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
 
 EPILOG = """\b
@@ -15,6 +16,7 @@ Examples:
   cpuaccel check                       # localhost only, no inventory needed
   cpuaccel check -i inventory.yaml     # every node: reachable, alike, ready?
   cpuaccel check -i inventory.yaml --limit 'workers:!node3' --json
+  cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
 
 \b
 Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
@@ -28,6 +30,7 @@ def cli() -> None:
 
 
 cli.add_command(check)
+cli.add_command(sync_command, name="sync")
 
 
 def main() -> None:

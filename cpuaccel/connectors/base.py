@@ -6,6 +6,7 @@ import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import BinaryIO
 
 from cpuaccel.api.host import Host
 from cpuaccel.errors import HostError
@@ -66,10 +67,13 @@ class Connector(abc.ABC):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | BinaryIO | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run argv on the host and wait; raises CommandTimeout past the timeout."""
+        """Run argv on the host and wait; raises CommandTimeout past the timeout.
+
+        ``stdin`` is sent, then closed: bytes, or a binary file streamed in chunks.
+        """
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import BinaryIO
 
 from cpuaccel.connectors import commandline
 from cpuaccel.connectors.base import CommandResult, CommandTimeout, Connector
@@ -25,7 +26,7 @@ class LocalConnector(Connector):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | BinaryIO | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
         # The same rendered line as over SSH, run by sh: a command behaves alike on a
@@ -41,7 +42,8 @@ class LocalConnector(Connector):
             start_new_session=True,  # its own process group, so a timeout ends all of it
         )
         try:
-            out, err = proc.communicate(stdin or b"", timeout=timeout)
+            data = stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()
+            out, err = proc.communicate(data or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()

@@ -14,7 +14,7 @@ import select
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import paramiko
 from fabric import Connection
@@ -150,7 +150,7 @@ class SSHConnector(Connector):
         *,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | BinaryIO | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
         if self._conn is None:
@@ -166,9 +166,7 @@ class SSHConnector(Connector):
                 raise Unreachable(self.host.name, "connection closed")
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(line)
-            if stdin:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+            self._send(chan, stdin)
             out, err = self._collect(chan, deadline, line, timeout)
             code = chan.recv_exit_status()
             chan.close()
@@ -184,6 +182,18 @@ class SSHConnector(Connector):
             stderr=err.decode(errors="replace"),
             seconds=time.monotonic() - started,
         )
+
+    @staticmethod
+    def _send(chan: paramiko.Channel, stdin: bytes | BinaryIO | None) -> None:
+        try:
+            if isinstance(stdin, bytes):
+                chan.sendall(stdin)
+            elif stdin is not None:
+                while chunk := stdin.read(_READ_CHUNK * 4):
+                    chan.sendall(chunk)
+            chan.shutdown_write()
+        except (OSError, paramiko.SSHException):
+            pass  # the command ended early; its exit status and stderr say why
 
     def _collect(
         self, chan: paramiko.Channel, deadline: float, line: str, timeout: float

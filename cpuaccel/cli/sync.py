@@ -1,0 +1,144 @@
+"""``cpuaccel sync``: make every node's copy of the project identical to the controller's."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.options import host_options, resolve_target
+from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from cpuaccel.executor import HostResult, Status
+from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
+from cpuaccel.sync.manifest import build
+
+EPILOG = """\b
+Examples:
+  cpuaccel sync -i inventory.yaml                 # ./ to {{cpuaccel_workdir}}/<this folder>
+  cpuaccel sync -i inventory.yaml --check         # what would change; changes nothing
+  cpuaccel sync -i inventory.yaml src/ configs/ --dest /scratch/job --delete
+  cpuaccel sync --exclude 'data/*.bin' --json
+
+\b
+Leaves out what .gitignore and .cpuaccelignore ignore, plus .git/, __pycache__/,
+virtualenvs and runs/. One folder: its contents land at the destination; several
+sources or files: each lands below it under its own name.
+
+\b
+Exit codes: 0 every node matches the source; 1 (--check) some node would change;
+2 a node does not match afterwards or is unreachable, or the input was bad.
+"""
+
+
+def default_dest(sources: Sequence[str]) -> str:
+    if len(sources) == 1 and os.path.isdir(sources[0]):
+        name = os.path.basename(os.path.abspath(sources[0]))
+    else:
+        name = os.path.basename(os.getcwd())
+    return "{{ cpuaccel_workdir }}/" + (name or "project")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _line(r: HostResult[NodeReport]) -> str:
+    name = escape(r.host.name)
+    if r.value is None:
+        colour = "red" if r.status is Status.UNREACHABLE else "yellow"
+        hint = f" (fix: {escape(r.hint)})" if r.hint else ""
+        return f"[{colour}]{name}: {r.status.value}[/]: {escape(r.error or '')}{hint}"
+    v = r.value
+    if v.shared_with:
+        state = "matches" if v.in_sync else "[red]DIFFERS[/]"
+        return f"{name}: shares {escape(v.shared_with)}'s filesystem, written once; {state}"
+    verb = "would change" if v.method == "check" else "changed"
+    if not v.changed and not v.deleted:
+        return f"[green]{name}[/]: in sync ({escape(v.dest)}, {r.seconds:.2f} s)"
+    return (
+        f"[yellow]{name}[/]: {len(v.changed)} {verb}, {len(v.deleted)} deleted, "
+        f"{_size(v.bytes)}, {r.seconds:.2f} s ({v.method}) -> {escape(v.dest)}"
+    )
+
+
+@click.command(epilog=EPILOG)
+@host_options
+@click.argument("sources", nargs=-1, type=click.Path())
+@click.option("--dest", metavar="DIR", help="Destination on each node (Jinja2 over host vars).")
+@click.option("--delete", is_flag=True, help="Remove files on the node the source does not have.")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Leave out (gitignore syntax).")
+@click.option("--copy-links", is_flag=True, help="Send what symlinks pointing outside point to.")
+@click.option("--check", is_flag=True, help="Show what would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
+def sync_command(
+    inventory_path: str | None,
+    limit: str | None,
+    extra_vars: tuple[str, ...],
+    forks: int,
+    timeout: float,
+    no_host_key_checking: bool,
+    sources: tuple[str, ...],
+    dest: str | None,
+    delete: bool,
+    exclude: tuple[str, ...],
+    copy_links: bool,
+    check: bool,
+    as_json: bool,
+) -> None:
+    """Push the training code and configs to every node, verified.
+
+    Only what differs moves (content hashes, rsync for large changes); files reach
+    their real paths by rename, so a killed sync leaves no half-written file, and
+    every node checks the result against the controller's manifest.
+    """
+    target = resolve_target(inventory_path, limit, extra_vars, forks, timeout, no_host_key_checking)
+    paths = list(sources) or ["."]
+    source = build(paths, excludes=exclude, copy_links=copy_links)
+    options = SyncOptions(dest or default_dest(paths), delete, check, copy_links)
+    with ui.progress("syncing", len(target.hosts)) as tracker:
+        results = sync(
+            target.hosts,
+            source,
+            options,
+            forks=target.forks,
+            connect=target.connect,
+            on_result=lambda r: tracker.advance(r.host.name),
+        )
+    if as_json:
+        ui.print_json(
+            {
+                "manifest": source.hash,
+                "files": len(source.entries),
+                "hosts": {
+                    r.host.name: {
+                        "status": r.status.value,
+                        "error": r.error,
+                        "seconds": round(r.seconds, 3),
+                        **(r.value.to_json() if r.value else {}),
+                    }
+                    for r in results
+                },
+            }
+        )
+    else:
+        out = ui.stdout()
+        for r in results:
+            out.print(_line(r))
+        matching = sum(bool(r.value and r.value.in_sync) for r in results)
+        out.print(
+            f"{matching}/{len(results)} node(s) match the source "
+            f"({len(source.entries)} entries, manifest {source.hash[:12]})"
+        )
+    if any(not r.ok for r in results):
+        sys.exit(EXIT_USAGE)
+    if all(r.value is not None and r.value.in_sync for r in results):
+        sys.exit(EXIT_OK)
+    sys.exit(EXIT_PROBLEMS if check else EXIT_USAGE)

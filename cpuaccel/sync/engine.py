@@ -1,0 +1,324 @@
+"""Sync one source manifest to many nodes: scan, plan, transfer, verify, record.
+
+Each node costs one connection: the node program scans the destination (hashes cached
+by size, mtime, ctime and inode, so an unchanged tree costs only stats), the controller
+plans what differs, and the changes go over rsync or a tar stream on the same channel.
+Nodes that see the same destination folder (a shared filesystem) are written once.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import posixpath
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import jinja2
+
+from cpuaccel.api.host import Host
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import HostError, UsageError
+from cpuaccel.executor import HostResult, run_on_hosts
+from cpuaccel.sync import remote, transfer
+from cpuaccel.sync.ignore import PRUNE_NAMES
+from cpuaccel.sync.manifest import SourceManifest
+
+REMOTE_TIMEOUT = 3600.0
+
+
+@dataclass
+class NodeReport:
+    """What a sync did (or, with --check, would do) on one node."""
+
+    dest: str
+    changed: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    bytes: int = 0
+    method: str = "none"  # none | rsync | tar | check
+    shared_with: str | None = None
+    in_sync: bool = False
+    mismatches: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dest": self.dest,
+            "changed": self.changed,
+            "deleted": self.deleted,
+            "bytes": self.bytes,
+            "method": self.method,
+            "shared_with": self.shared_with,
+            "in_sync": self.in_sync,
+        }
+
+
+# ---- destination
+
+
+def render_dest(host: Host, template: str, *, delete: bool) -> str:
+    """The destination on one host, templated with its variables and checked."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    context = {**host.vars, "cpuaccel_workdir": host.workdir, "inventory_hostname": host.name}
+    try:
+        dest = env.from_string(template).render(context)
+    except jinja2.TemplateError as exc:
+        raise UsageError(
+            f"--dest {template!r} on {host.name}: {exc}",
+            hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
+        ) from None
+    if "\n" in dest or "\r" in dest or "\0" in dest:
+        raise UsageError(f"--dest on {host.name} holds a newline: {dest!r}", hint="fix --dest")
+    if not (dest.startswith("/") or dest.startswith("~/")):
+        raise UsageError(
+            f"--dest on {host.name} is {dest!r}, not an absolute path",
+            hint="give an absolute path (or one below ~/), e.g. {{ cpuaccel_workdir }}/project",
+        )
+    dest = posixpath.normpath(dest)
+    workdir = posixpath.normpath(host.workdir)
+    if dest in ("/", "~") or dest.count("/") < 1 + dest.startswith("~"):
+        raise UsageError(
+            f"--dest on {host.name} is {dest!r}: refusing to sync into a top-level folder",
+            hint="sync into a folder of its own, e.g. {{ cpuaccel_workdir }}/project",
+        )
+    if delete and (dest == workdir or workdir.startswith(dest + "/")):
+        raise UsageError(
+            f"--delete with --dest {dest!r} on {host.name} would delete inside the workdir "
+            f"{workdir} (runs, other projects)",
+            hint="sync into a folder below the workdir, or leave out --delete",
+        )
+    return dest
+
+
+# ---- the node program
+
+
+@functools.cache
+def _program() -> bytes:
+    return Path(remote.__file__).read_bytes()
+
+
+def call_remote(conn: Connector, mode: str, dest: str, payload: bytes = b"") -> dict[str, Any]:
+    """Run the node program in MODE; ``payload`` follows the program on stdin."""
+    return _call(conn, mode, dest, _program() + payload)
+
+
+def _call(conn: Connector, mode: str, dest: str, stdin: bytes | BinaryIO) -> dict[str, Any]:
+    argv = [conn.host.python, "-c", remote.BOOT, str(len(_program())), mode, dest, *PRUNE_NAMES]
+    result = conn.run(argv, stdin=stdin, timeout=REMOTE_TIMEOUT)
+    if result.exit_code in (126, 127):
+        raise HostError(
+            conn.host.name,
+            f"cpuaccel_python {conn.host.python!r} cannot be run on the node",
+            hint="set cpuaccel_python, or run cpuaccel provision",
+        )
+    if not result.ok:
+        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HostError(
+            conn.host.name,
+            f"syncing to {dest} failed on the node: {last}",
+            hint="check permissions and free disk at the destination",
+        )
+    value = ast.literal_eval(result.stdout.strip())
+    if not isinstance(value, dict):
+        raise HostError(conn.host.name, "the node's sync program answered nonsense")
+    return value
+
+
+# ---- planning
+
+
+def plan(source: SourceManifest, node: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(changed, deleted): what differs from the source, and what the node has extra.
+
+    Extra paths under the source's ignore rules are neither compared nor deleted; a
+    deleted folder takes its contents with it, so only its top is listed.
+    """
+    changed = [rel for rel, entry in source.entries.items() if node.get(rel) != entry]
+    extra = sorted(
+        rel
+        for rel, entry in node.items()
+        if rel not in source.entries and not source.ignored_on_node(rel, entry[0] == "d")
+    )
+    deleted: list[str] = []
+    for rel in extra:
+        if not any(rel.startswith(top + "/") for top in deleted[-1:]):
+            deleted.append(rel)
+    return sorted(changed), deleted
+
+
+def _header(source: SourceManifest, deleted: Sequence[str], tar: bool) -> bytes:
+    header = {"manifest": source.entries, "delete": list(deleted), "tar": tar}
+    return json.dumps(header).encode() + b"\n"
+
+
+# ---- one node
+
+
+class _SharedDestinations:
+    """Elects one writer per filesystem id; the others wait for it and then verify."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._writers: dict[str, tuple[str, threading.Event]] = {}
+
+    def claim(self, fsid: str, host: str) -> tuple[str, threading.Event] | None:
+        """None when host is the writer, else (writer, event set when it is done)."""
+        with self._lock:
+            if fsid not in self._writers:
+                self._writers[fsid] = (host, threading.Event())
+                return None
+            return self._writers[fsid]
+
+    def done(self, fsid: str | None) -> None:
+        if fsid is not None:
+            with self._lock:
+                writer = self._writers.get(fsid)
+            if writer is not None:
+                writer[1].set()
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    dest_template: str
+    delete: bool = False
+    check: bool = False
+    copy_links: bool = False
+
+
+class Syncer:
+    def __init__(
+        self,
+        source: SourceManifest,
+        options: SyncOptions,
+        dests: dict[str, str],
+        connect: ConnectOptions,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        self.source = source
+        self.options = options
+        self.dests = dests
+        self.connect = connect
+        self.on_bytes = on_bytes
+        self.shared = _SharedDestinations()
+
+    def __call__(self, conn: Connector) -> NodeReport:
+        fsid = None
+        try:
+            scanned = call_remote(conn, "look" if self.options.check else "scan", self._dest(conn))
+            fsid = scanned.get("fsid")
+            if fsid is not None:
+                writer = self.shared.claim(fsid, conn.host.name)
+                if writer is not None:
+                    return self._follow(conn, scanned["dest"], *writer)
+            return self._write(conn, scanned)
+        finally:
+            self.shared.done(fsid)
+
+    def _dest(self, conn: Connector) -> str:
+        return self.dests[conn.host.name]
+
+    def _follow(
+        self, conn: Connector, dest: str, writer: str, finished: threading.Event
+    ) -> NodeReport:
+        finished.wait()
+        after = call_remote(conn, "look", dest)
+        mismatches = [
+            rel for rel, entry in self.source.entries.items() if after["entries"].get(rel) != entry
+        ]
+        return NodeReport(
+            dest, shared_with=writer, in_sync=not mismatches, mismatches=mismatches[:50]
+        )
+
+    def _write(self, conn: Connector, scanned: dict[str, Any]) -> NodeReport:
+        dest = scanned["dest"]
+        changed, deleted = plan(self.source, scanned["entries"])
+        if not self.options.delete:
+            deleted = []
+        sent = sum(
+            int(self.source.entries[rel][2])
+            for rel in changed
+            if self.source.entries[rel][0] == "f"
+        )
+        report = NodeReport(dest, changed, deleted, sent)
+        if self.options.check:
+            report.method = "check"
+            report.in_sync = not changed and not deleted
+            return report
+        if not changed and not deleted and scanned.get("recorded") == self.source.hash:
+            report.in_sync = True
+            return report
+        result = self._transfer(conn, scanned, changed, deleted)
+        report.mismatches = list(result["mismatches"])
+        report.in_sync = not report.mismatches
+        report.method = result["method"]
+        if report.mismatches:
+            raise HostError(
+                conn.host.name,
+                f"{len(report.mismatches)} path(s) differ from the source after the sync, "
+                f"e.g. {report.mismatches[0]}",
+                hint="was the source edited during the sync? run cpuaccel sync again",
+            )
+        return report
+
+    def _transfer(
+        self, conn: Connector, scanned: dict[str, Any], changed: list[str], deleted: list[str]
+    ) -> dict[str, Any]:
+        node = scanned["entries"]
+        sent = sum(
+            int(self.source.entries[rel][2])
+            for rel in changed
+            if self.source.entries[rel][0] == "f"
+        )
+        retyped = any(
+            rel in node and node[rel][0] != self.source.entries[rel][0] for rel in changed
+        )
+        use_rsync = (
+            scanned.get("rsync") is not None
+            and transfer.have_local_rsync()
+            and sent >= transfer.RSYNC_MIN_BYTES
+            and not retyped  # rsync will not replace a folder by a file; the tar path does
+        )
+        if use_rsync:
+            transfer.rsync_push(
+                conn.host,
+                self.connect,
+                self.source,
+                changed,
+                scanned["dest"],
+                self.options.copy_links,
+                self.on_bytes,
+            )
+            result = call_remote(
+                conn, "apply", scanned["dest"], _header(self.source, deleted, False)
+            )
+            result["method"] = "rsync"
+            return result
+        stream = transfer.tar_stream(
+            self.source, changed, _program() + _header(self.source, deleted, True)
+        )
+        with stream:
+            result = _call(conn, "apply", scanned["dest"], stream)
+        if self.on_bytes is not None:
+            self.on_bytes(sent)
+        result["method"] = "tar"
+        return result
+
+
+def sync(
+    hosts: Sequence[Host],
+    source: SourceManifest,
+    options: SyncOptions,
+    *,
+    forks: int,
+    connect: ConnectOptions,
+    on_result: Callable[[HostResult[NodeReport]], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> list[HostResult[NodeReport]]:
+    """Sync to every host in parallel. Destinations are checked before any connection."""
+    dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
+    syncer = Syncer(source, options, dests, connect, on_bytes)
+    return run_on_hosts(hosts, syncer, forks=forks, options=connect, on_result=on_result)

@@ -1,0 +1,169 @@
+"""The source side of a sync: what to send, described entry by entry and as one hash."""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.errors import UsageError
+from cpuaccel.sync.ignore import Ignore
+from cpuaccel.sync.remote import Entry, entry_of, manifest_hash
+
+
+@dataclass
+class SourceManifest:
+    entries: dict[str, Entry] = field(default_factory=dict)  # dest-relative path -> entry
+    local: dict[str, str] = field(default_factory=dict)  # dest-relative path -> local path
+    # dest-relative path -> the local folder it is relative to (rsync's source root)
+    root_of: dict[str, str] = field(default_factory=dict)
+    ignores: list[tuple[str, Ignore]] = field(default_factory=list)  # (prefix, rules)
+    hash: str = ""
+
+    def ignored_on_node(self, rel: str, is_dir: bool) -> bool:
+        """Whether a path found on a node falls under the source's ignore rules.
+
+        Such paths are neither compared nor deleted, as rsync protects excluded files.
+        """
+        for prefix, rules in self.ignores:
+            if not prefix:
+                return rules.ignored_anywhere(rel, is_dir)
+            if rel == prefix:
+                return False
+            if rel.startswith(prefix + "/"):
+                return rules.ignored_anywhere(rel[len(prefix) + 1 :], is_dir)
+        return False
+
+
+def _cache_path() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "cpuaccel" / "hashes"
+
+
+def _load_cache() -> dict[str, Any]:
+    try:
+        cache = marshal.loads(_cache_path().read_bytes())
+    except (OSError, EOFError, ValueError, TypeError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
+
+
+def _save_cache(cache: dict[str, Any]) -> None:
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_bytes(marshal.dumps(cache))
+        tmp.replace(path)
+    except OSError:
+        pass  # a cache that cannot be written only costs time
+
+
+def _check_name(path: str) -> None:
+    if "\n" in path or "\r" in path:
+        raise UsageError(
+            f"{path!r}: a file name with a newline cannot be synced safely",
+            hint="rename the file, or exclude it with --exclude or .cpuaccelignore",
+        )
+
+
+class _Builder:
+    def __init__(self, copy_links: bool, excludes: Sequence[str]) -> None:
+        self.copy_links = copy_links
+        self.excludes = list(excludes)
+        self.cache = _load_cache()
+        self.result = SourceManifest()
+
+    def add(self, rel: str, local: str, root: str, st: os.stat_result) -> None:
+        _check_name(local)
+        self.result.entries[rel] = entry_of(local, st, self.cache)
+        self.result.local[rel] = local
+        self.result.root_of[rel] = root
+
+    def tree(self, top: str, root: str, rules: Ignore, tree_real: str) -> None:
+        """Walk top (a folder below root) top-down, keeping what the rules let through."""
+        stack = [top]
+        while stack:
+            folder = stack.pop()
+            with os.scandir(folder) as items:
+                listing = sorted(items, key=lambda e: e.name)
+            for item in listing:
+                local = item.path
+                rel = os.path.relpath(local, root).replace(os.sep, "/")
+                rel_in_tree = os.path.relpath(local, rules.root).replace(os.sep, "/")
+                st = item.stat(follow_symlinks=False)
+                is_dir = stat.S_ISDIR(st.st_mode)
+                if rules.ignored(rel_in_tree, is_dir):
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    target = os.path.realpath(local)
+                    inside = target == tree_real or target.startswith(tree_real + os.sep)
+                    if not inside:
+                        if not self.copy_links:
+                            raise UsageError(
+                                f"{local}: symlink points outside the synced tree "
+                                f"({os.readlink(local)})",
+                                hint="pass --copy-links to send what it points to, or exclude it",
+                            )
+                        try:
+                            st = os.stat(local)
+                        except OSError:
+                            raise UsageError(
+                                f"{local}: symlink is broken ({os.readlink(local)})",
+                                hint="fix or exclude it",
+                            ) from None
+                        is_dir = stat.S_ISDIR(st.st_mode)
+                elif not (is_dir or stat.S_ISREG(st.st_mode)):
+                    continue  # sockets, fifos, devices: nothing a training job ships
+                if is_dir and os.path.exists(os.path.join(local, "pyvenv.cfg")):
+                    continue  # a virtualenv, whatever its name: nodes have their own
+                self.add(rel, local, root, st)
+                if is_dir:
+                    stack.append(local)
+
+
+def build(
+    sources: Sequence[str], *, excludes: Sequence[str] = (), copy_links: bool = False
+) -> SourceManifest:
+    """Describe the sources as they will land below the destination.
+
+    One folder: its contents land at the destination itself. Several sources, or files:
+    each lands below the destination under its own name.
+    """
+    if not sources:
+        raise UsageError("nothing to sync", hint="name a folder or files, or run in your project")
+    paths = [os.path.abspath(s) for s in sources]
+    for given, path in zip(sources, paths, strict=True):
+        if not os.path.lexists(path):
+            raise UsageError(f"{given}: no such file or folder", hint="check the source path")
+        _check_name(path)
+    builder = _Builder(copy_links, excludes)
+    single_dir = len(paths) == 1 and os.path.isdir(paths[0])
+    names: dict[str, str] = {}
+    for given, path in zip(sources, paths, strict=True):
+        if single_dir:
+            root, prefix = path, ""
+        else:
+            prefix = os.path.basename(path.rstrip(os.sep))
+            if prefix in names:
+                raise UsageError(
+                    f"{given} and {names[prefix]} would both land at {prefix}/",
+                    hint="sync them separately with --dest",
+                )
+            names[prefix] = given
+            root = os.path.dirname(path)
+        if os.path.isdir(path):
+            rules = Ignore(path, builder.excludes)
+            builder.result.ignores.append((prefix, rules))
+            if prefix:
+                builder.add(prefix, path, root, os.stat(path))
+            builder.tree(path, root, rules, os.path.realpath(path))
+        else:
+            builder.add(prefix, path, root, os.stat(path))
+    _save_cache(builder.cache)
+    builder.result.hash = manifest_hash(builder.result.entries)
+    return builder.result

@@ -1,0 +1,287 @@
+"""The node side of ``cpuaccel sync``: a stdlib-only program sent over the connection.
+
+It runs as ``python -c BOOT LENGTH MODE DEST [PRUNE...]``: BOOT reads the first LENGTH
+bytes of stdin as this program and runs it, and the rest of stdin is the payload. One
+channel carries program and data, so a sync costs one command per node per phase.
+
+Modes:
+  scan    report DEST's manifest (and clear leftovers of an interrupted sync)
+  look    the same, changing nothing (--check, and run's preflight)
+  apply   payload: one JSON header line, then a tar stream of changed entries.
+          Every file is written to a temporary name and renamed, so a node never holds
+          a half-written file at a real path; then deletions, then verification of
+          every source entry, and the manifest hash is recorded.
+
+The controller imports the entry and hash helpers from here too, so both sides
+describe files the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
+    from typing import Any, BinaryIO, TypeAlias
+
+    Entry: TypeAlias = tuple[Any, ...]  # ("f", mode, size, sha256) | ("l", target) | ("d", mode)
+else:
+    Entry = tuple
+
+BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel-sync','exec'))"
+STATE = ".cpuaccel"  # inside DEST: manifest record, hash cache, fs marker, rsync temp dir
+RECORD = "manifest"
+CACHE = "hashcache"
+FSID = "fsid"
+RSYNC_TMP = "tmp"
+TMP_MARK = ".cpxl-tmp-"
+
+
+def file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                return digest.hexdigest()
+            digest.update(chunk)
+
+
+def entry_of(path: str, st: os.stat_result, cache: dict[str, Any] | None = None) -> Entry:
+    """Describe one path; ``cache`` maps path -> (size, mtime, ctime, ino, digest)."""
+    if stat.S_ISLNK(st.st_mode):
+        return ("l", os.readlink(path))
+    if stat.S_ISDIR(st.st_mode):
+        return ("d", stat.S_IMODE(st.st_mode))
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    cached = cache.get(path) if cache is not None else None
+    if cached is not None and tuple(cached[:4]) == key:
+        digest = cached[4]
+    else:
+        digest = file_digest(path)
+        if cache is not None:
+            cache[path] = (*key, digest)
+    return ("f", stat.S_IMODE(st.st_mode), st.st_size, digest)
+
+
+def manifest_hash(entries: dict[str, Entry]) -> str:
+    """One hash for a whole tree: stable across Python versions and machines."""
+    digest = hashlib.sha256()
+    for path in sorted(entries):
+        digest.update(path.encode("utf-8", "surrogateescape"))
+        digest.update(b"\0" + "\0".join(str(x) for x in entries[path]).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _load_cache(state: str) -> dict[str, Any]:
+    import marshal  # our own file, written by this same program
+
+    try:
+        with open(os.path.join(state, CACHE), "rb") as f:
+            cache = marshal.load(f)
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, EOFError, ValueError, TypeError):
+        return {}
+
+
+def _save_cache(state: str, cache: dict[str, Any]) -> None:
+    import marshal
+
+    _write_atomic(os.path.join(state, CACHE), marshal.dumps(cache))
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}{TMP_MARK}{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_result], int]:
+    """Every path below dest (relative, '/'-separated) with its lstat; clears temp files."""
+    found: dict[str, os.stat_result] = {}
+    cleaned = 0
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            items = list(os.scandir(os.path.join(dest, rel_dir) if rel_dir else dest))
+        except OSError:
+            continue
+        for item in items:
+            rel = rel_dir + "/" + item.name if rel_dir else item.name
+            if rel == STATE or item.name in prune:
+                continue
+            if TMP_MARK in item.name:
+                if clean:
+                    os.unlink(item.path)
+                    cleaned += 1
+                continue
+            st = item.stat(follow_symlinks=False)
+            found[rel] = st
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(rel)
+    return found, cleaned
+
+
+def _fsid(state: str, create: bool) -> str | None:
+    """A random id shared by every node that sees this directory (a shared filesystem)."""
+    path = os.path.join(state, FSID)
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        if not create:
+            return None
+    tmp = f"{path}{TMP_MARK}{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(os.urandom(16).hex())
+    try:
+        os.link(tmp, path)  # atomic and exclusive: the first node to get here wins
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    with open(path) as f:
+        return f.read().strip()
+
+
+def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
+    state = os.path.join(dest, STATE)
+    if create:
+        os.makedirs(os.path.join(state, RSYNC_TMP), exist_ok=True)
+    found, cleaned = _walk(dest, prune, clean=create)
+    tmp = os.path.join(state, RSYNC_TMP)
+    if create:  # rsync's partial files from an interrupted run
+        for name in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, name))
+            cleaned += 1
+    cache = _load_cache(state)
+    entries = {rel: entry_of(os.path.join(dest, rel), st, cache) for rel, st in found.items()}
+    if create:
+        _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest)})
+    record = None
+    try:
+        with open(os.path.join(state, RECORD)) as f:
+            record = f.read().strip() or None
+    except OSError:
+        pass
+    rsync = None
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(folder, "rsync")
+        if folder and os.access(candidate, os.X_OK):
+            rsync = candidate
+            break
+    return {
+        "dest": dest,
+        "exists": os.path.isdir(dest),
+        "entries": entries,
+        "hash": manifest_hash(entries),
+        "recorded": record,
+        "fsid": _fsid(state, create) if os.path.isdir(state) else None,
+        "rsync": rsync,
+        "cleaned": cleaned,
+    }
+
+
+def _inside(dest: str, rel: str) -> str:
+    path = os.path.normpath(os.path.join(dest, rel))
+    if rel.startswith("/") or not path.startswith(dest.rstrip("/") + "/"):
+        raise ValueError(f"refusing a path outside the destination: {rel!r}")
+    if rel.split("/")[0] == STATE:
+        raise ValueError(f"refusing a path inside cpuaccel's state folder: {rel!r}")
+    return path
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _extract(dest: str, stream: BinaryIO) -> int:
+    import tarfile
+
+    written = 0
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            path = _inside(dest, member.name)
+            parent = os.path.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            if member.isdir():
+                if os.path.lexists(path) and not os.path.isdir(path):
+                    _remove(path)
+                os.makedirs(path, exist_ok=True)
+                os.chmod(path, member.mode & 0o7777)
+                continue
+            tmp = os.path.join(
+                parent, "." + os.path.basename(path) + TMP_MARK + os.urandom(4).hex()
+            )
+            if member.issym():
+                os.symlink(member.linkname, tmp)
+            elif member.isfile():
+                source = tar.extractfile(member)
+                assert source is not None
+                with open(tmp, "wb") as out:
+                    while True:
+                        chunk = source.read(1 << 20)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                os.chmod(tmp, member.mode & 0o7777)
+                os.utime(tmp, (member.mtime, member.mtime))
+                written += member.size
+            else:
+                raise ValueError(f"unsupported entry in the stream: {member.name!r}")
+            if os.path.isdir(path) and not os.path.islink(path):
+                _remove(path)  # a folder became a file or a link
+            os.replace(tmp, path)  # atomic: readers see the old file or the new one
+    return written
+
+
+def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
+    import json
+
+    header = json.loads(stream.readline())
+    expected = {k: tuple(v) for k, v in header["manifest"].items()}
+    written = _extract(dest, stream) if header.get("tar") else 0
+    for rel in header.get("delete", []):
+        _remove(_inside(dest, rel))
+    state = os.path.join(dest, STATE)
+    cache = _load_cache(state)
+    mismatches = []
+    actual = {}
+    for rel, want in expected.items():
+        path = os.path.join(dest, rel)
+        try:
+            got = entry_of(path, os.lstat(path), cache)
+        except OSError:
+            got = None
+        actual[rel] = got
+        if got != want:
+            mismatches.append(rel)
+    _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest)})
+    digest = manifest_hash(expected)
+    if not mismatches:
+        _write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
+    return {"hash": digest, "mismatches": sorted(mismatches)[:50], "written": written}
+
+
+def main() -> None:
+    mode, dest = sys.argv[2], os.path.abspath(os.path.expanduser(sys.argv[3]))
+    prune = set(sys.argv[4:])
+    if mode == "apply":
+        result = apply(dest, prune, sys.stdin.buffer)
+    else:
+        result = scan(dest, prune, create=(mode == "scan"))
+    sys.stdout.write(repr(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
