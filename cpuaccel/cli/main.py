@@ -8,6 +8,7 @@ import click
 
 from cpuaccel import __version__
 from cpuaccel.cli.check import check
+from cpuaccel.cli.run import run_command
 from cpuaccel.cli.sync import sync_command
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
 
@@ -17,6 +18,8 @@ Examples:
   cpuaccel check -i inventory.yaml     # every node: reachable, alike, ready?
   cpuaccel check -i inventory.yaml --limit 'workers:!node3' --json
   cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
+  cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
+  cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
 
 \b
 Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
@@ -31,6 +34,7 @@ def cli() -> None:
 
 cli.add_command(check)
 cli.add_command(sync_command, name="sync")
+cli.add_command(run_command, name="run")
 
 
 def main() -> None:

@@ -57,7 +57,8 @@ def host_options(func: F) -> F:
         ),
         click.option(
             "-T",
-            "--timeout",
+            "--connect-timeout",
+            "timeout",
             type=click.FloatRange(0.1, 3600),
             default=DEFAULT_CONNECT_TIMEOUT,
             show_default=True,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
@@ -49,6 +49,28 @@ class CommandResult:
         return self.exit_code == 0
 
 
+class Process(abc.ABC):
+    """A command started on a host and still running: read its lines, then its status."""
+
+    @abc.abstractmethod
+    def lines(self) -> Iterator[tuple[str, str]]:
+        """("out" or "err", line without its newline), until both streams end."""
+
+    @abc.abstractmethod
+    def wait(self) -> int:
+        """Wait for the exit status (after lines() is exhausted)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close stdin and the connection to the process (it learns of it by EOF)."""
+
+
+def split_lines(pending: bytes, chunk: bytes) -> tuple[list[str], bytes]:
+    """Complete lines of pending+chunk, and what is left of an unfinished one."""
+    *lines, rest = (pending + chunk).split(b"\n")
+    return [line.decode(errors="replace") for line in lines], rest
+
+
 class Connector(abc.ABC):
     """A connection to one host. Use as a context manager; commands are argv lists."""
 
@@ -74,6 +96,16 @@ class Connector(abc.ABC):
 
         ``stdin`` is sent, then closed: bytes, or a binary file streamed in chunks.
         """
+
+    @abc.abstractmethod
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        """Start argv and return at once; its stdin stays open until Process.close()."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -2,15 +2,64 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, BinaryIO
 
 from cpuaccel.connectors import commandline
-from cpuaccel.connectors.base import CommandResult, CommandTimeout, Connector
+from cpuaccel.connectors.base import (
+    CommandResult,
+    CommandTimeout,
+    Connector,
+    Process,
+    split_lines,
+)
+
+
+class LocalProcess(Process):
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._readers = [
+            threading.Thread(target=self._read, args=(name, stream), daemon=True)
+            for name, stream in (("out", proc.stdout), ("err", proc.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, name: str, stream: IO[bytes] | None) -> None:
+        assert stream is not None
+        pending = b""
+        while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+            lines, pending = split_lines(pending, chunk)
+            for line in lines:
+                self._queue.put((name, line))
+        if pending:
+            self._queue.put((name, pending.decode(errors="replace")))
+        self._queue.put(None)
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        ended = 0
+        while ended < len(self._readers):
+            item = self._queue.get()
+            if item is None:
+                ended += 1
+            else:
+                yield item
+
+    def wait(self) -> int:
+        return self._proc.wait()
+
+    def close(self) -> None:
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
 
 
 class LocalConnector(Connector):
@@ -19,6 +68,23 @@ class LocalConnector(Connector):
 
     def close(self) -> None:
         pass
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        line = commandline.render(argv, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", line],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # like an SSH session: its own group, away from our ^C
+        )
+        return LocalProcess(proc)
 
     def run(
         self,

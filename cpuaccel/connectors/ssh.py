@@ -13,7 +13,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import paramiko
@@ -26,7 +26,9 @@ from cpuaccel.connectors.base import (
     CommandTimeout,
     Connector,
     HostKeyError,
+    Process,
     Unreachable,
+    split_lines,
 )
 
 _READ_CHUNK = 1 << 16
@@ -68,6 +70,40 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout | TimeoutError):
         return "timed out"
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+class SSHProcess(Process):
+    def __init__(self, chan: paramiko.Channel) -> None:
+        self._chan = chan
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        chan = self._chan
+        pending = {"out": b"", "err": b""}
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                select.select([chan], [], [], 1.0)
+            got = False
+            for name, ready, recv in (
+                ("out", chan.recv_ready, chan.recv),
+                ("err", chan.recv_stderr_ready, chan.recv_stderr),
+            ):
+                while ready():
+                    got = True
+                    lines, pending[name] = split_lines(pending[name], recv(_READ_CHUNK))
+                    for line in lines:
+                        yield name, line
+            if not got and (chan.eof_received or chan.closed):
+                break
+        for name, rest in pending.items():
+            if rest:
+                yield name, rest.decode(errors="replace")
+
+    def wait(self) -> int:
+        return self._chan.recv_exit_status()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, paramiko.SSHException):
+            self._chan.close()
 
 
 class SSHConnector(Connector):
@@ -143,6 +179,26 @@ class SSHConnector(Connector):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        if self._conn is None:
+            self.connect()
+        assert self._conn is not None
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise Unreachable(self.host.name, "connection closed")
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(commandline.render(argv, env=env, cwd=cwd))
+        except (OSError, paramiko.SSHException) as exc:
+            raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
+        return SSHProcess(chan)
 
     def run(
         self,

@@ -38,14 +38,14 @@ def names_to_resolve(host: Host, peers: Sequence[Host]) -> list[str]:
     return [p.name for p in peers if p.name != host.name and not p.is_local and not is_ip(p.name)]
 
 
-def gather(conn: Connector, resolve: Sequence[str] = ()) -> Facts:
+def gather(conn: Connector, resolve: Sequence[str] = (), port: int | None = None) -> Facts:
     """Run the probe with the host's ``cpuaccel_python`` and return its facts.
 
     ``clock_skew`` is the node's clock minus the controller's, taken at the middle of
     the round trip so that network and start-up time do not count as skew.
     """
     host = conn.host
-    argv = [host.python, "-", host.workdir, host.setvars or "", *resolve]
+    argv = [host.python, "-", host.workdir, host.setvars or "", str(port or ""), *resolve]
     sent = time.time()
     result = conn.run(argv, stdin=probe_source(), timeout=PROBE_TIMEOUT)
     received = time.time()

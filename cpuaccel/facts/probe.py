@@ -6,7 +6,8 @@ It never imports torch or MPI: package versions come from their metadata, and th
 flavour from the launcher file's contents, because importing or starting them costs
 seconds per node.
 
-Input: argv WORKDIR SETVARS NAME... (SETVARS may be empty); the names are those of
+Input: argv WORKDIR SETVARS PORT NAME... (SETVARS and PORT may be empty: PORT is a TCP
+port to test for being free, for run's master port); the names are those of
 the other nodes, to resolve. Output: one dict as a Python literal (repr), read by the
 controller with ast.literal_eval: the json module's import alone costs more than the
 probe's own work, and this runs once per node on nodes that share the CPU.
@@ -239,6 +240,18 @@ def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
     return answers
 
 
+def port_free(port: int) -> bool:
+    """Whether a TCP port can be listened on (the master port of a job)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
 def os_release() -> str:
     for line in read("/etc/os-release").decode(errors="replace").splitlines():
         if line.startswith("PRETTY_NAME="):
@@ -266,13 +279,19 @@ def gather(request: dict[str, Any]) -> dict[str, Any]:
         "disk": disk(workdir),
         "addresses": own_addresses(),
         "resolve": resolve(request.get("resolve") or []),
+        "port_free": port_free(request["port"]) if request.get("port") else None,
         "time": time.time(),
     }
 
 
 def main() -> None:
-    args = [*sys.argv[1:], "", ""]
-    request = {"workdir": args[0], "setvars": args[1] or None, "resolve": sys.argv[3:]}
+    args = [*sys.argv[1:], "", "", ""]
+    request = {
+        "workdir": args[0],
+        "setvars": args[1] or None,
+        "port": int(args[2]) if args[2] else None,
+        "resolve": sys.argv[4:],
+    }
     sys.stdout.write(repr(gather(request)))
     sys.stdout.write("\n")
 

@@ -155,7 +155,7 @@ def bf16_support(facts_by_host: dict[str, Facts]) -> list[Problem]:
     ]
 
 
-def unreachable(results: Sequence[HostResult[Facts]]) -> list[Problem]:
+def unreachable(results: Sequence[HostResult[Any]]) -> list[Problem]:
     problems = []
     for r in results:
         if r.status is Status.OK:

@@ -8,19 +8,17 @@ Nodes that see the same destination folder (a shared filesystem) are written onc
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import posixpath
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
 import jinja2
 
 from cpuaccel.api.host import Host
+from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.executor import HostResult, run_on_hosts
@@ -59,6 +57,12 @@ class NodeReport:
 # ---- destination
 
 
+def _normpath(path: str) -> str:
+    path = posixpath.normpath(path)
+    # normpath keeps a leading "//" (POSIX leaves its meaning open); Linux reads it as "/"
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
 def render_dest(host: Host, template: str, *, delete: bool) -> str:
     """The destination on one host, templated with its variables and checked."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
@@ -77,8 +81,8 @@ def render_dest(host: Host, template: str, *, delete: bool) -> str:
             f"--dest on {host.name} is {dest!r}, not an absolute path",
             hint="give an absolute path (or one below ~/), e.g. {{ cpuaccel_workdir }}/project",
         )
-    dest = posixpath.normpath(dest)
-    workdir = posixpath.normpath(host.workdir)
+    dest = _normpath(dest)
+    workdir = _normpath(host.workdir)
     if dest in ("/", "~") or dest.count("/") < 1 + dest.startswith("~"):
         raise UsageError(
             f"--dest on {host.name} is {dest!r}: refusing to sync into a top-level folder",
@@ -96,36 +100,18 @@ def render_dest(host: Host, template: str, *, delete: bool) -> str:
 # ---- the node program
 
 
-@functools.cache
-def _program() -> bytes:
-    return Path(remote.__file__).read_bytes()
-
-
-def call_remote(conn: Connector, mode: str, dest: str, payload: bytes = b"") -> dict[str, Any]:
-    """Run the node program in MODE; ``payload`` follows the program on stdin."""
-    return _call(conn, mode, dest, _program() + payload)
-
-
-def _call(conn: Connector, mode: str, dest: str, stdin: bytes | BinaryIO) -> dict[str, Any]:
-    argv = [conn.host.python, "-c", remote.BOOT, str(len(_program())), mode, dest, *PRUNE_NAMES]
-    result = conn.run(argv, stdin=stdin, timeout=REMOTE_TIMEOUT)
-    if result.exit_code in (126, 127):
-        raise HostError(
-            conn.host.name,
-            f"cpuaccel_python {conn.host.python!r} cannot be run on the node",
-            hint="set cpuaccel_python, or run cpuaccel provision",
-        )
-    if not result.ok:
-        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HostError(
-            conn.host.name,
-            f"syncing to {dest} failed on the node: {last}",
-            hint="check permissions and free disk at the destination",
-        )
-    value = ast.literal_eval(result.stdout.strip())
-    if not isinstance(value, dict):
-        raise HostError(conn.host.name, "the node's sync program answered nonsense")
-    return value
+def call_remote(
+    conn: Connector, mode: str, dest: str, payload: bytes | BinaryIO = b""
+) -> dict[str, Any]:
+    """Run the node program in MODE on DEST; ``payload`` follows it on stdin."""
+    return programs.call(
+        conn,
+        remote,
+        [mode, dest, *PRUNE_NAMES],
+        payload,
+        what=f"syncing to {dest}",
+        timeout=REMOTE_TIMEOUT,
+    )
 
 
 # ---- planning
@@ -139,9 +125,12 @@ def plan(source: SourceManifest, node: dict[str, Any]) -> tuple[list[str], list[
     """
     changed = [rel for rel, entry in source.entries.items() if node.get(rel) != entry]
     extra = sorted(
-        rel
-        for rel, entry in node.items()
-        if rel not in source.entries and not source.ignored_on_node(rel, entry[0] == "d")
+        (
+            rel
+            for rel, entry in node.items()
+            if rel not in source.entries and not source.ignored_on_node(rel, entry[0] == "d")
+        ),
+        key=lambda rel: rel.split("/"),  # a folder right before its contents ("a.txt" after)
     )
     deleted: list[str] = []
     for rel in extra:
@@ -248,7 +237,12 @@ class Syncer:
             report.method = "check"
             report.in_sync = not changed and not deleted
             return report
-        if not changed and not deleted and scanned.get("recorded") == self.source.hash:
+        if (
+            not changed
+            and not deleted
+            and scanned.get("recorded") == self.source.hash
+            and not scanned.get("leftovers")  # apply clears an interrupted sync's files
+        ):
             report.in_sync = True
             return report
         result = self._transfer(conn, scanned, changed, deleted)
@@ -297,11 +291,9 @@ class Syncer:
             )
             result["method"] = "rsync"
             return result
-        stream = transfer.tar_stream(
-            self.source, changed, _program() + _header(self.source, deleted, True)
-        )
+        stream = transfer.tar_stream(self.source, changed, _header(self.source, deleted, True))
         with stream:
-            result = _call(conn, "apply", scanned["dest"], stream)
+            result = call_remote(conn, "apply", scanned["dest"], stream)
         if self.on_bytes is not None:
             self.on_bytes(sent)
         result["method"] = "tar"

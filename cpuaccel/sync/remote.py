@@ -1,16 +1,18 @@
 """The node side of ``cpuaccel sync``: a stdlib-only program sent over the connection.
 
-It runs as ``python -c BOOT LENGTH MODE DEST [PRUNE...]``: BOOT reads the first LENGTH
-bytes of stdin as this program and runs it, and the rest of stdin is the payload. One
-channel carries program and data, so a sync costs one command per node per phase.
+It runs as ``python -c BOOT LENGTH MODE DEST [PRUNE...]`` (cpuaccel.connectors.programs):
+one channel carries program and data, so a sync costs one command per node per phase.
 
 Modes:
-  scan    report DEST's manifest (and clear leftovers of an interrupted sync)
+  scan    report DEST's manifest (creating DEST and its state folder). Temporary files
+          are counted, not removed: on a shared filesystem they may be another node's
+          writes in flight; only the elected writer removes them, in apply.
   look    the same, changing nothing (--check, and run's preflight)
   apply   payload: one JSON header line, then a tar stream of changed entries.
-          Every file is written to a temporary name and renamed, so a node never holds
-          a half-written file at a real path; then deletions, then verification of
-          every source entry, and the manifest hash is recorded.
+          Leftovers of an interrupted sync are cleared first. Every file is written to
+          a temporary name and renamed, so a node never holds a half-written file at a
+          real path; then deletions, then verification of every source entry, and the
+          manifest hash is recorded.
 
 The controller imports the entry and hash helpers from here too, so both sides
 describe files the same way.
@@ -31,7 +33,6 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
 else:
     Entry = tuple
 
-BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel-sync','exec'))"
 STATE = ".cpuaccel"  # inside DEST: manifest record, hash cache, fs marker, rsync temp dir
 RECORD = "manifest"
 CACHE = "hashcache"
@@ -101,7 +102,9 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_result], int]:
-    """Every path below dest (relative, '/'-separated) with its lstat; clears temp files."""
+    """Every path below dest (relative, '/'-separated) with its lstat, and the number of
+    temporary files seen (removed when ``clean``). Virtualenvs are skipped, as the source
+    skips them: a node's own venv is neither compared nor deleted."""
     found: dict[str, os.stat_result] = {}
     cleaned = 0
     stack = [""]
@@ -117,14 +120,38 @@ def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_re
                 continue
             if TMP_MARK in item.name:
                 if clean:
-                    os.unlink(item.path)
-                    cleaned += 1
+                    _unlink_if_there(item.path)
+                cleaned += 1
                 continue
-            st = item.stat(follow_symlinks=False)
-            found[rel] = st
+            try:
+                st = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while we walk (another node's writer, a rotating run)
             if stat.S_ISDIR(st.st_mode):
+                if os.path.exists(os.path.join(item.path, "pyvenv.cfg")):
+                    continue
                 stack.append(rel)
+            found[rel] = st
     return found, cleaned
+
+
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass  # another node of a shared filesystem got there first
+
+
+def _clean(dest: str, prune: set[str]) -> None:
+    """Remove leftovers of an interrupted sync: temporary files and rsync's partials."""
+    _walk(dest, prune, clean=True)
+    tmp = os.path.join(dest, STATE, RSYNC_TMP)
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        _unlink_if_there(os.path.join(tmp, name))
 
 
 def _fsid(state: str, create: bool) -> str | None:
@@ -153,14 +180,18 @@ def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
     state = os.path.join(dest, STATE)
     if create:
         os.makedirs(os.path.join(state, RSYNC_TMP), exist_ok=True)
-    found, cleaned = _walk(dest, prune, clean=create)
-    tmp = os.path.join(state, RSYNC_TMP)
-    if create:  # rsync's partial files from an interrupted run
-        for name in os.listdir(tmp):
-            os.unlink(os.path.join(tmp, name))
-            cleaned += 1
+    found, leftovers = _walk(dest, prune, clean=False)
+    try:  # rsync's partial files from an interrupted run
+        leftovers += len(os.listdir(os.path.join(state, RSYNC_TMP)))
+    except OSError:
+        pass
     cache = _load_cache(state)
-    entries = {rel: entry_of(os.path.join(dest, rel), st, cache) for rel, st in found.items()}
+    entries = {}
+    for rel, st in found.items():
+        try:
+            entries[rel] = entry_of(os.path.join(dest, rel), st, cache)
+        except FileNotFoundError:
+            continue  # removed since the walk
     if create:
         _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest)})
     record = None
@@ -183,7 +214,7 @@ def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
         "recorded": record,
         "fsid": _fsid(state, create) if os.path.isdir(state) else None,
         "rsync": rsync,
-        "cleaned": cleaned,
+        "leftovers": leftovers,
     }
 
 
@@ -191,7 +222,7 @@ def _inside(dest: str, rel: str) -> str:
     path = os.path.normpath(os.path.join(dest, rel))
     if rel.startswith("/") or not path.startswith(dest.rstrip("/") + "/"):
         raise ValueError(f"refusing a path outside the destination: {rel!r}")
-    if rel.split("/")[0] == STATE:
+    if os.path.relpath(path, dest).split(os.sep)[0] == STATE:
         raise ValueError(f"refusing a path inside cpuaccel's state folder: {rel!r}")
     return path
 
@@ -250,6 +281,7 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
 
     header = json.loads(stream.readline())
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
+    _clean(dest, prune)  # only the elected writer applies, so nothing else is in flight
     written = _extract(dest, stream) if header.get("tar") else 0
     for rel in header.get("delete", []):
         _remove(_inside(dest, rel))

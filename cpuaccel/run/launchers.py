@@ -1,0 +1,157 @@
+"""One small class per MPI launcher: the command line it takes and what it reads from env.
+
+The launch shapes follow what each implementation documents (and what Accelerate and
+ipexrun build): hydra's ``-f HOSTFILE -n N -ppn P`` for Intel MPI and MPICH, Open MPI's
+``--hostfile H --map-by ppr:P:node``. Every rank runs ``rank.sh`` and every launcher
+reaches other nodes through the rendered ``ssh.sh``, so the inventory's SSH settings
+apply to MPI's own connections too.
+"""
+
+from __future__ import annotations
+
+import abc
+import posixpath
+from dataclasses import dataclass
+
+from cpuaccel.errors import UsageError
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    mpirun: str
+    hostfile: str
+    world: int
+    ppn: int
+    threads: int  # cores given to each rank
+    ssh_wrapper: str
+    rank_argv: tuple[str, ...]
+    exported: tuple[str, ...]  # variable names the ranks must see
+
+
+class Launcher(abc.ABC):
+    name: str
+    flavour: str  # as the fact probe reports it
+    slots_syntax = False  # hostfile lines "host slots=P" instead of "host"
+
+    @abc.abstractmethod
+    def argv(self, spec: LaunchSpec) -> list[str]: ...
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        """Variables the launcher itself reads (set in launch.sh, not in the ranks)."""
+        return {}
+
+    def default_mpirun(self, python: str) -> str:
+        return "mpirun"
+
+
+class IntelMPI(Launcher):
+    name = flavour = "impi"
+
+    def argv(self, spec: LaunchSpec) -> list[str]:
+        return [
+            spec.mpirun,
+            "-f",
+            spec.hostfile,
+            "-n",
+            str(spec.world),
+            "-ppn",
+            str(spec.ppn),
+            *spec.rank_argv,
+        ]
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        return {
+            "I_MPI_HYDRA_BOOTSTRAP": "ssh",
+            "I_MPI_HYDRA_BOOTSTRAP_EXEC": spec.ssh_wrapper,
+            # Each rank gets its own block of physical cores (OMP_NUM_THREADS of them).
+            "I_MPI_PIN": "1",
+            "I_MPI_PIN_DOMAIN": "omp",
+            "I_MPI_PIN_CELL": "core",
+            "I_MPI_PIN_ORDER": "compact",
+        }
+
+    def default_mpirun(self, python: str) -> str:
+        # impi-rt installs mpirun beside the interpreter of its environment.
+        return posixpath.join(posixpath.dirname(python), "mpirun")
+
+
+class MPICH(Launcher):
+    name = flavour = "mpich"
+
+    def argv(self, spec: LaunchSpec) -> list[str]:
+        return [
+            spec.mpirun,
+            "-f",
+            spec.hostfile,
+            "-n",
+            str(spec.world),
+            "-ppn",
+            str(spec.ppn),
+            "-launcher",
+            "ssh",
+            "-launcher-exec",
+            spec.ssh_wrapper,
+            "-bind-to",
+            f"core:{spec.threads}",
+            *spec.rank_argv,
+        ]
+
+    def default_mpirun(self, python: str) -> str:
+        return "mpirun.mpich"
+
+
+class OpenMPI(Launcher):
+    name = flavour = "openmpi"
+    slots_syntax = True
+
+    def argv(self, spec: LaunchSpec) -> list[str]:
+        exports: list[str] = []
+        for name in spec.exported:  # Open MPI forwards only what -x names
+            exports += ["-x", name]
+        return [
+            spec.mpirun,
+            "--hostfile",
+            spec.hostfile,
+            "-n",
+            str(spec.world),
+            "--map-by",
+            f"ppr:{spec.ppn}:node:PE={spec.threads}",
+            "--bind-to",
+            "core",
+            "--mca",
+            "plm_rsh_agent",
+            spec.ssh_wrapper,
+            *exports,
+            *spec.rank_argv,
+        ]
+
+    def env(self, spec: LaunchSpec) -> dict[str, str]:
+        # Open MPI refuses root unless told twice; containers and test beds run as root.
+        return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+    def default_mpirun(self, python: str) -> str:
+        return "mpirun.openmpi"
+
+
+LAUNCHERS: dict[str, Launcher] = {cls.name: cls() for cls in (IntelMPI, MPICH, OpenMPI)}
+
+
+def get(name: str) -> Launcher:
+    try:
+        return LAUNCHERS[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown launcher {name!r}", hint=f"use one of: auto, {', '.join(LAUNCHERS)}"
+        ) from None
+
+
+def pick(flavours: list[str]) -> Launcher:
+    """--launcher auto: the first launcher the head node has, Intel MPI preferred."""
+    for name in ("impi", "mpich", "openmpi"):
+        if name in flavours:
+            return LAUNCHERS[name]
+    raise UsageError(
+        "no MPI launcher found on the head node",
+        hint="install impi-rt in the node's environment (cpuaccel provision does), "
+        "or set cpuaccel_mpirun",
+    )

@@ -1,0 +1,227 @@
+"""Supervise a launched job: stream its ranks' output, end it cleanly, everywhere.
+
+mpirun runs on the head node (locally when that is the controller) from launch.sh,
+which records its process group. Ending a job — after Ctrl-C, SIGTERM, --timeout, or
+when it ends by itself — means: signal that process group on the head (MPI passes it
+on), then sweep every node for the processes whose environment carries this run's id,
+and verify none is left. Nothing is matched by command line.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from cpuaccel.connectors import programs
+from cpuaccel.connectors.base import ConnectOptions, Connector, Process, connector_for
+from cpuaccel.executor import HostResult, run_on_hosts
+from cpuaccel.run import nodeops
+from cpuaccel.run.plan import RunPlan
+from cpuaccel.run.rundir import RunDir
+from cpuaccel.worker import EXIT_MARKER
+
+LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
+COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT = 130, 143, 124
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    code: int
+
+
+class OutputRouter:
+    """Each line to the terminal, labelled (coloured on a TTY), and to its rank's log."""
+
+    def __init__(self, run_dir: RunDir, out: Console, err: Console) -> None:
+        self.run_dir = run_dir
+        self.out = out
+        self.err = err
+        self.failures: list[Failure] = []
+        # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
+        # lets the remaining ranks run on when a rank on another node exits).
+        self.failed = threading.Event()
+        # While cpuaccel itself ends the job, the launcher's reports of ranks it killed
+        # go to launcher.log only: they are the ending, not news.
+        self.quiet = False
+        self._logs: dict[str, IO[str]] = {}
+        self._lock = threading.Lock()
+
+    def _log(self, name: str) -> IO[str]:
+        if name not in self._logs:
+            self._logs[name] = self.run_dir.log(name).open("a", buffering=1)
+        return self._logs[name]
+
+    def feed(self, stream: str, line: str) -> None:
+        match = LABEL.match(line)
+        with self._lock:
+            if match is None:  # the launcher's own words
+                if "BAD TERMINATION" in line:  # a rank died without reporting (a signal)
+                    self.failed.set()
+                self._log("launcher.log").write(line + "\n")
+                if not self.quiet:
+                    self.err.print(f"[dim]\\[mpirun][/] {escape(line)}")
+                return
+            rank, host, text = int(match[1]), match[2], match[3]
+            self._log(f"rank-{rank}.log").write(text + "\n")
+            if text.startswith(EXIT_MARKER):
+                code = int(text[len(EXIT_MARKER) :].strip() or 1)
+                self.failures.append(Failure(rank, host, code))
+                self.failed.set()
+                return
+            colour = COLOURS[rank % len(COLOURS)]
+            console = self.out if stream == "out" else self.err
+            console.print(f"[{colour}]\\[rank {rank} {escape(host)}][/] {escape(text)}")
+
+    def close(self) -> None:
+        for log in self._logs.values():
+            log.close()
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    reason: str  # completed | failed | interrupted | terminated | timeout
+    seconds: float
+    launcher_exit: int | None
+    first_failure: Failure | None
+    swept: dict[str, Any] = field(default_factory=dict)  # node -> what the sweep ended
+    left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
+
+
+@contextmanager
+def _stop_signals(on_stop: Any) -> Iterator[None]:
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: on_stop(signum, frame))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class Job:
+    def __init__(
+        self,
+        plan: RunPlan,
+        connect: ConnectOptions,
+        run_dir: RunDir,
+        router: OutputRouter,
+        forks: int,
+    ) -> None:
+        self.plan = plan
+        self.connect = connect
+        self.run_dir = run_dir
+        self.router = router
+        self.forks = forks
+        self.stop_reason: str | None = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+            self.router.err.print("[yellow]ending the job on every node...[/]")
+
+    def run(self, timeout: float | None) -> Outcome:
+        started = time.monotonic()
+        head = connector_for(self.plan.head, self.connect)
+        head.connect()
+        try:
+            # setsid -w: a process group of its own (forking only if it must), whose
+            # exit status it passes back.
+            proc = head.start(["setsid", "-w", "/bin/sh", self.plan.path("launch.sh")])
+            reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+            with _stop_signals(self._on_signal):
+                reader.start()
+                signalled = False
+                while reader.is_alive():
+                    reader.join(0.2)
+                    if timeout is not None and time.monotonic() - started > timeout:
+                        self.stop_reason = self.stop_reason or "timeout"
+                    if self.router.failed.is_set():
+                        self.stop_reason = self.stop_reason or "failed"
+                    if self.stop_reason and not signalled:
+                        signalled = True
+                        self.router.quiet = True
+                        self._signal_launcher(signal.SIGTERM)
+                        reader.join(GRACE)
+                        if reader.is_alive():
+                            self._signal_launcher(signal.SIGKILL)
+                launcher_exit = proc.wait()
+                proc.close()
+                swept, left = self.sweep()
+        finally:
+            head.close()
+            self.router.close()
+        return self._outcome(launcher_exit, time.monotonic() - started, swept, left)
+
+    def _pump(self, proc: Process) -> None:
+        for stream, line in proc.lines():
+            self.router.feed(stream, line)
+
+    def _signal_launcher(self, signum: int) -> None:
+        with connector_for(self.plan.head, self.connect) as conn:
+            programs.call(
+                conn,
+                nodeops,
+                ["signal", self.plan.run_id, self.plan.path("launcher.pid"), str(int(signum))],
+                what="signalling the job",
+            )
+
+    def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """End what is left of the job on every node; report what was ended and what stays."""
+
+        def end(conn: Connector) -> dict[str, Any]:
+            return programs.call(
+                conn, nodeops, ["end", self.plan.run_id, "2"], what="ending the job's processes"
+            )
+
+        results: list[HostResult[dict[str, Any]]] = run_on_hosts(
+            self.plan.hosts, end, forks=self.forks, options=self.connect
+        )
+        swept: dict[str, Any] = {}
+        left: dict[str, Any] = {}
+        for r in results:
+            if r.value is None:
+                left[r.host.name] = f"could not check: {r.error}"
+                continue
+            ended = r.value["terminated"] + r.value["killed"]
+            if ended:
+                swept[r.host.name] = ended
+            if r.value["left"]:
+                left[r.host.name] = r.value["left"]
+        return swept, left
+
+    def _outcome(
+        self, launcher_exit: int, seconds: float, swept: dict[str, Any], left: dict[str, Any]
+    ) -> Outcome:
+        first = self.router.failures[0] if self.router.failures else None
+        if self.stop_reason == "interrupted":
+            code, reason = EXIT_INTERRUPTED, "interrupted"
+        elif self.stop_reason == "terminated":
+            code, reason = EXIT_TERMINATED, "terminated"
+        elif self.stop_reason == "timeout":
+            code, reason = EXIT_TIMEOUT, "timeout"
+        elif first is not None:
+            code, reason = first.code, "failed"
+        elif self.stop_reason == "failed":
+            code, reason = launcher_exit or 1, "failed"
+        elif launcher_exit != 0:
+            code, reason = launcher_exit, "failed"
+        else:
+            code, reason = 0, "completed"
+        return Outcome(code, reason, seconds, launcher_exit, first, swept, left)
