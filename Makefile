@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint unit demo bench-fanout cluster-up cluster-down clean
+.PHONY: venv test lint unit demo bench-fanout bench-sync cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -29,9 +29,13 @@ unit: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/cpuaccel check
+	$(BIN)/cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
 
 bench-fanout: $(STAMP)
 	$(BIN)/python bench/fanout.py
+
+bench-sync: $(STAMP)
+	$(BIN)/python bench/sync.py
 
 cluster-up: $(STAMP)
 	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3

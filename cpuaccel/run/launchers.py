@@ -20,9 +20,10 @@ from cpuaccel.errors import UsageError
 class LaunchSpec:
     mpirun: str
     hostfile: str
-    world: int
-    ppn: int
-    threads: int  # cores given to each rank
+    # Placeholders (str) in a dry run, where the nodes' facts are not known.
+    world: int | str
+    ppn: int | str
+    threads: int | str  # cores given to each rank
     ssh_wrapper: str
     rank_argv: tuple[str, ...]
     exported: tuple[str, ...]  # variable names the ranks must see

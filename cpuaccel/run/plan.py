@@ -88,9 +88,9 @@ class RunPlan:
         return LaunchSpec(
             mpirun=self.mpirun,
             hostfile=self.path("hostfile"),
-            world=self.world or 0,
-            ppn=self.ppn or 0,
-            threads=self.threads or 1,
+            world=self.world or f"<{len(self.hosts)} x ppn>",
+            ppn=self.ppn or "<ppn: sockets per node>",
+            threads=self.threads or "<cores per rank>",
             ssh_wrapper=self.path("ssh.sh"),
             rank_argv=("/bin/sh", self.path("rank.sh"), self.request.script, *self.request.args),
             exported=tuple(self.env),
