@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check cpuaccel tests bench
-	$(BIN)/ruff format --check cpuaccel tests bench
+	$(BIN)/ruff check cpuaccel tests bench examples
+	$(BIN)/ruff format --check cpuaccel tests bench examples
 	$(BIN)/mypy
 
 # The multi-node tests start real namespace nodes and need root; CI sets

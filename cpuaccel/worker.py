@@ -2,13 +2,18 @@
 
 It stays tiny, like torchrun's worker-side setup: derive the torch.distributed
 environment from whichever launcher started the process, label this rank's output,
-then run the script as ``__main__`` with ``sys.argv`` as the user wrote it.
+then run the script as ``__main__`` with ``sys.argv`` as the user wrote it. The script
+runs in a child of the rank's own process, which passes signals on to it and reports
+its death by a signal (which the script itself cannot) as the rank's exit code.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import runpy
+import signal
 import socket
 import sys
 from collections.abc import Mapping, MutableMapping
@@ -29,23 +34,29 @@ LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
 )
 DEFAULT_MASTER_PORT = "29500"
 EXIT_MARKER = "[cpuaccel] exit code"
+KILLED_MARKER = "[cpuaccel] killed by"
 
 
 def derive_env(env: Mapping[str, str]) -> dict[str, str]:
     """The torch.distributed variables this process should see, from its launcher's.
 
     torchrun's own variables (RANK, ...) win when present; otherwise the first launcher
-    family whose rank variable is set provides all four. Slurm's per-node task count can
-    read "4(x2)", of which the leading number is the local world size.
+    family whose rank variable is set provides all four. Slurm sets its per-node task
+    count SLURM_NTASKS_PER_NODE only for --ntasks-per-node; otherwise the local world
+    size is this node's entry of SLURM_TASKS_PER_NODE, which reads like "4(x2)" or
+    "3(x2),1" (one count per node, runs of equal counts shortened).
     """
     derived: dict[str, str] = {}
     for rank, size, local_rank, local_size in LAUNCHER_VARS:
         if rank in env:
+            local = env.get(local_size)
+            if local is None and rank == "SLURM_PROCID":
+                local = _slurm_tasks_here(env)
             derived = {
                 "RANK": env[rank],
                 "WORLD_SIZE": env.get(size, "1"),
                 "LOCAL_RANK": env.get(local_rank, "0"),
-                "LOCAL_WORLD_SIZE": env.get(local_size, "1").split("(")[0],
+                "LOCAL_WORLD_SIZE": (local or "1").split("(")[0],
             }
             break
     if not derived:
@@ -56,6 +67,19 @@ def derive_env(env: Mapping[str, str]) -> dict[str, str]:
     derived["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
     derived["MASTER_PORT"] = env.get("MASTER_PORT", DEFAULT_MASTER_PORT)
     return derived
+
+
+def _slurm_tasks_here(env: Mapping[str, str]) -> str | None:
+    """This node's task count from SLURM_TASKS_PER_NODE and SLURM_NODEID, if readable."""
+    counts: list[str] = []
+    try:
+        for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+            count, _, repeat = part.strip().partition("(x")
+            counts += [count] * int(repeat.rstrip(")") or 1)
+        node = int(env.get("SLURM_NODEID", "0"))
+    except ValueError:
+        return None
+    return counts[node] if 0 <= node < len(counts) and counts[node].isdigit() else None
 
 
 def apply_env(env: MutableMapping[str, str]) -> dict[str, str]:
@@ -88,21 +112,86 @@ def run_script(script: str, args: list[str]) -> int:
     return 0
 
 
+# Signals the rank's own process gets from MPI or a terminal, passed on to the script's.
+FORWARDED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when the rank's own process (its parent) dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def _wait_for_script(child: int, label: str) -> int:
+    """The rank's own process: wait for the script's, report its death by a signal.
+
+    A rank killed by a signal (the OOM killer, a segfault, kill -9) cannot say so
+    itself, and MPI launchers report it only when the whole job has ended (Intel MPI's
+    hydra lets the other ranks run on). Its parent can: it prints the exit marker the
+    controller watches for, so the job is ended at once.
+    """
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    _, status = os.waitpid(child, 0)
+    if not os.WIFSIGNALED(status):
+        return os.waitstatus_to_exitcode(status)
+    signum = os.WTERMSIG(status)
+    code = 128 + signum
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    os.write(2, f"{label}{KILLED_MARKER} {name}\n{label}{EXIT_MARKER} {code}\n".encode())
+    return code
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python -m cpuaccel.worker SCRIPT [ARGS...]", file=sys.stderr)
         sys.exit(2)
     derived = apply_env(os.environ)
+    label = ""
     if os.environ.get("CPUACCEL_LABEL_OUTPUT") == "1":
-        _labels.install(f"[rank {derived['RANK']} {socket.gethostname()}] ")
+        label = f"[rank {derived['RANK']} {socket.gethostname()}] "
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    child = os.fork()
+    if child != 0:
+        os._exit(_wait_for_script(child, label) & 0xFF)
+    _die_with_parent(parent)
+    if label:
+        _labels.install(label)
     code = run_script(sys.argv[1], sys.argv[2:])
     if code != 0:
         # The controller reads this to report the first failing rank and its code.
         print(f"{EXIT_MARKER} {code}", file=sys.stderr, flush=True)
+    # What the script registered to run at exit runs while its output is still
+    # labelled; then the interpreter ends as after a plain `python SCRIPT`, which
+    # runs C-level exit hooks too: mpi4py's MPI_Finalize is one, and a rank that
+    # leaves without it makes MPI kill all the others.
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     _labels.finish()
-    os._exit(code & 0xFF if code >= 0 else 1)
+    sys.exit(code & 0xFF if code >= 0 else 1)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 import time
@@ -92,7 +93,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
 
 
 def _copy_files(target: Target, plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
-    payload = repr(files).encode()
+    payload = json.dumps(files).encode()
 
     def write(conn: Connector) -> dict[str, object]:
         return programs.call(

@@ -3,13 +3,13 @@
 The node needs nothing but a Python: the program's source travels on stdin, followed by
 its payload, as ``python -c BOOT LENGTH ARGS...``; BOOT reads LENGTH bytes of stdin as
 the program and runs it, leaving the rest of stdin to the program. The program prints
-one Python literal (its report), read back with ast.literal_eval (literals only).
+one JSON object (its report).
 """
 
 from __future__ import annotations
 
-import ast
 import functools
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -34,10 +34,11 @@ class _Chain:
         self._tail = tail
 
     def read(self, size: int = -1) -> bytes:
+        if size < 0:
+            head, self._head = self._head, b""
+            return head + self._tail.read()
         if self._head:
-            chunk, self._head = (
-                (self._head, b"") if size < 0 else (self._head[:size], self._head[size:])
-            )
+            chunk, self._head = self._head[:size], self._head[size:]
             return chunk
         return self._tail.read(size)
 
@@ -71,8 +72,8 @@ def call(
         last = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise HostError(conn.host.name, f"{what} failed on the node: {last}")
     try:
-        value = ast.literal_eval(result.stdout.strip())
-    except (ValueError, SyntaxError):
+        value = json.loads(result.stdout)
+    except ValueError:
         value = None
     if not isinstance(value, dict):
         raise HostError(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import ast
 import functools
 import ipaddress
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,10 +63,10 @@ def gather(conn: Connector, resolve: Sequence[str] = (), port: int | None = None
             hint=f"check that {host.python} is Python 3.8 or newer",
         )
     try:
-        facts = ast.literal_eval(result.stdout.strip())  # literals only: never code
+        facts = json.loads(result.stdout)
         if not isinstance(facts, dict):
-            raise ValueError("not a dict")
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+            raise ValueError("not an object")
+    except ValueError:
         raise HostError(
             host.name,
             "the fact probe printed something that is not its report "

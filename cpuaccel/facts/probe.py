@@ -8,9 +8,9 @@ seconds per node.
 
 Input: argv WORKDIR SETVARS PORT NAME... (SETVARS and PORT may be empty: PORT is a TCP
 port to test for being free, for run's master port); the names are those of
-the other nodes, to resolve. Output: one dict as a Python literal (repr), read by the
-controller with ast.literal_eval: the json module's import alone costs more than the
-probe's own work, and this runs once per node on nodes that share the CPU.
+the other nodes, to resolve. Output: one JSON object, written by the small encoder
+below: the json module's import alone (it pulls in re) costs more than the probe's own
+work, and this runs once per node, on nodes that may share their CPUs.
 """
 
 from __future__ import annotations
@@ -284,6 +284,29 @@ def gather(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
+_ESCAPES.update({ord("\\"): "\\\\", ord('"'): '\\"'})
+
+
+def to_json(value: Any) -> str:
+    """JSON for the probe's own data: dicts, lists, strings, numbers, booleans, None."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.translate(_ESCAPES) + '"'
+    if isinstance(value, dict):
+        return "{" + ",".join(to_json(str(k)) + ":" + to_json(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple, set)):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    return to_json(str(value))
+
+
 def main() -> None:
     args = [*sys.argv[1:], "", "", ""]
     request = {
@@ -292,7 +315,7 @@ def main() -> None:
         "port": int(args[2]) if args[2] else None,
         "resolve": sys.argv[4:],
     }
-    sys.stdout.write(repr(gather(request)))
+    sys.stdout.write(to_json(gather(request)))
     sys.stdout.write("\n")
 
 

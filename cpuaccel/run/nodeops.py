@@ -2,7 +2,7 @@
 
 Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs):
 
-  write RUN_DIR      payload: repr of {name: (mode, text)}; each file created with its
+  write RUN_DIR      payload: JSON {name: [mode, text]}; each file created with its
                      mode from the start (secret.env is never readable by others), then
                      renamed into place
   procs RUN_ID       the processes of this job on this node
@@ -18,6 +18,7 @@ other people's jobs.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -127,10 +128,7 @@ def end(run_id: str, grace: float) -> dict[str, Any]:
 def main() -> None:
     mode, args = sys.argv[2], sys.argv[3:]
     if mode == "write":
-        import ast
-
-        payload = sys.stdin.buffer.read().decode()
-        result = write(args[0], ast.literal_eval(payload))
+        result = write(args[0], json.loads(sys.stdin.buffer.read()))
     elif mode == "procs":
         result = {"pids": _describe(job_pids(args[0]))}
     elif mode == "signal":
@@ -139,7 +137,7 @@ def main() -> None:
         result = end(args[0], float(args[1]))
     else:
         raise SystemExit(f"unknown mode {mode}")
-    sys.stdout.write(repr(result) + "\n")
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

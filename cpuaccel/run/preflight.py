@@ -45,7 +45,12 @@ class Preflight:
 
 def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
     entries = project.get("entries") or {}
-    return [rel for rel, entry in source.entries.items() if entries.get(rel) != entry]
+    # Compared as tuples: the node's report may carry its entries as lists (JSON).
+    return [
+        rel
+        for rel, entry in source.entries.items()
+        if tuple(entries.get(rel) or ()) != tuple(entry)
+    ]
 
 
 def run_preflight(

@@ -28,7 +28,7 @@ from cpuaccel.executor import HostResult, run_on_hosts
 from cpuaccel.run import nodeops
 from cpuaccel.run.plan import RunPlan
 from cpuaccel.run.rundir import RunDir
-from cpuaccel.worker import EXIT_MARKER
+from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
@@ -77,6 +77,8 @@ class OutputRouter:
                 return
             rank, host, text = int(match[1]), match[2], match[3]
             self._log(f"rank-{rank}.log").write(text + "\n")
+            if self.quiet and text.startswith((EXIT_MARKER, KILLED_MARKER)):
+                return  # a rank that cpuaccel is ending: the ending, not a failure
             if text.startswith(EXIT_MARKER):
                 code = int(text[len(EXIT_MARKER) :].strip() or 1)
                 self.failures.append(Failure(rank, host, code))

@@ -104,7 +104,7 @@ def call_remote(
     conn: Connector, mode: str, dest: str, payload: bytes | BinaryIO = b""
 ) -> dict[str, Any]:
     """Run the node program in MODE on DEST; ``payload`` follows it on stdin."""
-    return programs.call(
+    value = programs.call(
         conn,
         remote,
         [mode, dest, *PRUNE_NAMES],
@@ -112,6 +112,9 @@ def call_remote(
         what=f"syncing to {dest}",
         timeout=REMOTE_TIMEOUT,
     )
+    if "entries" in value:  # entries compare with the source's tuples (JSON gives lists)
+        value["entries"] = {rel: tuple(entry) for rel, entry in value["entries"].items()}
+    return value
 
 
 # ---- planning

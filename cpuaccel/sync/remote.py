@@ -312,7 +312,9 @@ def main() -> None:
         result = apply(dest, prune, sys.stdin.buffer)
     else:
         result = scan(dest, prune, create=(mode == "scan"))
-    sys.stdout.write(repr(result) + "\n")
+    import json
+
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

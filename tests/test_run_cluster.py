@@ -1,0 +1,481 @@
+"""`cpuaccel run` against real nodes (namespaces with their own sshd) with Intel MPI.
+
+Every test runs `cpuaccel run` as a user does: a subprocess whose working folder is a
+project folder of its own (synced to /srv/cpuaccel-node/work/<folder> on the nodes),
+holding a tiny script. Scripts import nothing heavy, to keep each job about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpuaccel.testing.cluster import NODE_DIR, Cluster
+
+pytestmark = pytest.mark.cluster
+
+ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+NODES = ("node1", "node2", "node3")
+LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
+WORKDIR = NODE_DIR / "work"
+
+# Prints "started", then: RANK 3 leaves with code 3 once all six ranks have started
+# (each leaves a flag file in a folder every node shares); the others sleep.
+SLEEPER = """\
+import os, pathlib, sys, time
+rank = int(os.environ["RANK"])
+flags = pathlib.Path(sys.argv[1])
+(flags / f"started-{rank}").touch()
+print("started", flush=True)
+if str(rank) == os.environ.get("FAIL_RANK"):
+    deadline = time.monotonic() + 30
+    while len(list(flags.glob("started-*"))) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if os.environ["FAIL_HOW"] == "exit":
+        sys.exit(3)
+    os.kill(os.getpid(), 9)
+time.sleep(60)
+"""
+
+
+class Run:
+    """One finished `cpuaccel run`."""
+
+    def __init__(self, proc: subprocess.CompletedProcess[str], seconds: float) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.seconds = seconds
+
+    def __repr__(self) -> str:  # what pytest shows when an assertion fails
+        return f"exit {self.code} in {self.seconds:.1f}s\n{self.stdout}\n{self.stderr}"
+
+    @property
+    def run_dir(self) -> Path:
+        found = re.findall(r"^run directory: (.+)$", self.stderr, re.M)
+        assert len(found) == 1, self
+        return Path(found[0])
+
+    def record(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
+        return data
+
+    def ranks(self) -> dict[int, tuple[str, str]]:
+        """rank -> (host of its label, text) of every labelled stdout line."""
+        found: dict[int, tuple[str, str]] = {}
+        for line in self.stdout.splitlines():
+            match = LABELLED.match(line)
+            assert match, f"unlabelled line {line!r} in\n{self}"
+            found[int(match[1])] = (match[2], match[3])
+        return found
+
+
+def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:
+    folder = tmp_path / f"proj-{uuid.uuid4().hex[:10]}"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def cpuaccel_run(project: Path, *args: str, timeout: float = 120) -> Run:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpuaccel", "run", *args],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=ENV,
+        timeout=timeout,
+    )
+    run = Run(proc, time.monotonic() - started)
+    assert "Traceback" not in run.stderr, run
+    return run
+
+
+def job_processes(cluster: Cluster, node: str, run_id: str) -> list[str]:
+    """Processes inside the node whose environment carries this run's id."""
+    marker = f"CPUACCEL_RUN_ID={run_id}".encode()
+    found = []
+    for pid in cluster.pids(node):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker in environ:
+            found.append(f"{pid} {cmd.decode(errors='replace')}")
+    return found
+
+
+def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
+    """No process of the job on any node at once, and soon no process at all but sshd."""
+    for node in NODES:
+        assert job_processes(cluster, node, run_id) == [], node
+    for node in NODES:
+        # Only the sessions of cpuaccel's own connections may take a moment to close.
+        left = cluster.wait_idle(node, timeout=5)
+        assert left == [], (node, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left])
+
+
+@pytest.fixture(scope="module")
+def inventory(cluster: Cluster) -> str:
+    return str(cluster.inventory_path)
+
+
+# ---------------------------------------------------------------- ranks start
+
+
+def test_three_nodes_two_ranks_each(cluster: Cluster, inventory: str, tmp_path: Path) -> None:
+    script = (
+        "import json, os, socket\n"
+        "keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR')\n"
+        "print(json.dumps({**{k: os.environ[k] for k in keys}, 'host': socket.gethostname()}))\n"
+    )
+    proj = make_project(tmp_path, {"script.py": script})
+    run = cpuaccel_run(proj, "-i", inventory, "--nodes", "3", "--ppn", "2", "script.py")
+    assert run.code == 0, run
+    ranks = {r: (host, json.loads(text)) for r, (host, text) in run.ranks().items()}
+    assert sorted(ranks) == [0, 1, 2, 3, 4, 5], run
+    for rank, (label_host, seen) in ranks.items():
+        expected_node = NODES[rank // 2]  # -ppn 2: ranks 0,1 on node1, 2,3 on node2, ...
+        assert int(seen["RANK"]) == rank
+        assert seen["WORLD_SIZE"] == "6"
+        assert seen["LOCAL_RANK"] == str(rank % 2)
+        assert seen["LOCAL_WORLD_SIZE"] == "2"
+        assert seen["MASTER_ADDR"] == "node1"
+        assert label_host == seen["host"] == expected_node
+    for node in NODES:
+        local = {seen["LOCAL_RANK"] for host, seen in ranks.values() if host == node}
+        assert local == {"0", "1"}, node
+    assert "completed: 6 rank(s) on 3 node(s)" in run.stderr
+    # The run directory: one log per rank, the record with the exit code, the command.
+    run_dir = run.run_dir
+    assert run_dir.parent == proj / "runs"
+    for rank, (_, seen) in ranks.items():
+        assert json.loads((run_dir / f"rank-{rank}.log").read_text()) == seen
+    record = run.record()
+    assert record["exit_code"] == 0 and record["reason"] == "completed"
+    assert record["world"] == 6 and record["ppn"] == 2 and record["hosts"] == list(NODES)
+    assert record["launcher"] == "impi"
+    hostfile = f"{WORKDIR}/runs/{record['run_id']}/hostfile"
+    assert record["command"][1:7] == ["-f", hostfile, "-n", "6", "-ppn", "2"]
+    assert (run_dir / "command.txt").is_file() and (run_dir / "hostfile").read_text().split() == [
+        *NODES
+    ]
+    assert_nothing_left(cluster, record["run_id"])
+
+
+def test_arguments_and_env_values_reach_the_script_literally(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    marker = f"/tmp/cpxl-run-marker-{uuid.uuid4().hex}"
+    script = "import json, os, sys\nprint(json.dumps([sys.argv[1:], os.environ['WEIRD']]))\n"
+    proj = make_project(tmp_path, {"script.py": script})
+    args = [
+        "--name", "a b", f"$(touch {marker})", f"`touch {marker}`", f"; touch {marker}",
+        "it's \"q\"", "*", "$HOME", "", "é ü", "x\ty", "l1\nl2", "\\", "--", "-n", "~",
+    ]  # fmt: skip
+    weird = f"$(touch {marker}) 'q' \"d\" $HOME"
+    run = cpuaccel_run(
+        proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "--env", f"WEIRD={weird}",
+        "script.py", *args,
+    )  # fmt: skip
+    assert run.code == 0, run
+    ranks = run.ranks()
+    assert sorted(ranks) == [0, 1, 2]
+    for _, text in ranks.values():
+        assert json.loads(text) == [args, weird]
+    assert not Path(marker).exists()
+    for node in NODES:
+        assert cluster.exec(node, ["test", "-e", marker]).returncode != 0, node
+
+
+# ---------------------------------------------------------------- failures end the job
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "failing"),
+    [("exit", 3, (3, "node2")), ("kill", 128 + signal.SIGKILL, (3, "node2"))],
+    ids=["exit-3", "killed-by-sigkill"],
+)
+def test_a_failing_rank_ends_the_job_everywhere(
+    cluster: Cluster,
+    inventory: str,
+    tmp_path: Path,
+    how: str,
+    code: int,
+    failing: tuple[int, str],
+) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    proj = make_project(tmp_path, {"job.py": SLEEPER})
+    run = cpuaccel_run(
+        proj, "-i", inventory, "--nodes", "3", "--ppn", "2",
+        "--env", "FAIL_RANK=3", "--env", f"FAIL_HOW={how}", "job.py", str(flags),
+    )  # fmt: skip
+    assert run.code == code, run
+    # The others would sleep 60 s: they were ended, not waited for.
+    assert run.seconds < 20, run
+    assert len(list(flags.glob("started-*"))) == 6
+    assert run.stdout.count("started") == 6, run
+    rank, host = failing
+    assert f"first failing rank {rank} on {host} (exit code {code})" in run.stderr
+    record = run.record()
+    assert record["exit_code"] == code and record["reason"] == "failed"
+    assert record["first_failure"] == {"rank": rank, "host": host, "code": code}
+    logs = sorted(p.name for p in run.run_dir.glob("rank-*.log"))
+    assert logs == [f"rank-{r}.log" for r in range(6)]
+    failing_log = (run.run_dir / f"rank-{rank}.log").read_text().splitlines()
+    assert failing_log[-1] == f"[cpuaccel] exit code {code}"
+    if how == "kill":
+        assert "[cpuaccel] killed by SIGKILL" in failing_log
+    assert_nothing_left(cluster, record["run_id"])
+
+
+class Background:
+    """`cpuaccel run` in the background, its output collected line by line."""
+
+    def __init__(self, project: Path, *args: str, new_session: bool = False) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cpuaccel", "run", *args],
+            cwd=project,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=new_session,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while sum(text in line for line in self.out) < count:
+            assert self.proc.poll() is None, self.report()
+            assert time.monotonic() < deadline, self.report()
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60) -> Run:
+        started = time.monotonic()
+        code = self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        done = subprocess.CompletedProcess(
+            self.proc.args, code, "\n".join(self.out) + "\n", "\n".join(self.err) + "\n"
+        )
+        return Run(done, time.monotonic() - started)
+
+    def report(self) -> str:
+        return "\n".join([*self.out, *self.err])
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code", "reason"),
+    [
+        (signal.SIGINT, False, 130, "interrupted"),
+        (signal.SIGINT, True, 130, "interrupted"),  # Ctrl-C at a terminal: the whole group
+        (signal.SIGTERM, False, 143, "terminated"),
+    ],
+    ids=["sigint", "ctrl-c-to-the-group", "sigterm"],
+)
+def test_a_signal_to_cpuaccel_ends_the_job_everywhere(
+    cluster: Cluster,
+    inventory: str,
+    tmp_path: Path,
+    signum: int,
+    to_group: bool,
+    code: int,
+    reason: str,
+) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    proj = make_project(tmp_path, {"job.py": SLEEPER})
+    job = Background(
+        proj, "-i", inventory, "--nodes", "3", "--ppn", "2", "job.py", str(flags),
+        new_session=to_group,
+    )  # fmt: skip
+    try:
+        job.wait_for("started", 6)
+        if to_group:
+            os.killpg(job.proc.pid, signum)
+        else:
+            job.proc.send_signal(signum)
+        run = job.finish(timeout=30)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+            job.proc.wait()
+    assert run.code == code, run
+    assert run.seconds < 15, run
+    record = run.record()
+    assert record["reason"] == reason and record["exit_code"] == code
+    # Ranks that cpuaccel itself ended are not "failing ranks".
+    assert record["first_failure"] is None
+    assert "first failing rank" not in run.stderr
+    assert_nothing_left(cluster, record["run_id"])
+
+
+def test_timeout_ends_the_job_everywhere(cluster: Cluster, inventory: str, tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    proj = make_project(tmp_path, {"job.py": SLEEPER})
+    run = cpuaccel_run(
+        proj, "-i", inventory, "--nodes", "3", "--ppn", "2", "--timeout", "3",
+        "job.py", str(flags),
+    )  # fmt: skip
+    assert run.code == 124, run
+    assert run.seconds < 20, run
+    assert run.stdout.count("started") == 6, run
+    record = run.record()
+    assert record["reason"] == "timeout" and record["exit_code"] == 124
+    assert 3 <= record["seconds"] < 15
+    assert "timeout: 6 rank(s) on 3 node(s)" in run.stderr
+    assert_nothing_left(cluster, record["run_id"])
+
+
+def test_real_mpi_program_runs_to_a_clean_end(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """mpi4py finalizes MPI at interpreter exit: a rank must end like `python SCRIPT`."""
+    script = (
+        "from mpi4py import MPI\n"
+        "comm = MPI.COMM_WORLD\n"
+        "print(comm.Get_rank(), comm.Get_size(), comm.allreduce(comm.Get_rank()))\n"
+    )
+    proj = make_project(tmp_path, {"mpi.py": script})
+    run = cpuaccel_run(proj, "-i", inventory, "--nodes", "3", "--ppn", "2", "mpi.py")
+    assert run.code == 0, run
+    assert {r: text for r, (_, text) in run.ranks().items()} == {r: f"{r} 6 15" for r in range(6)}
+    assert "BAD TERMINATION" not in run.stderr
+    assert_nothing_left(cluster, run.record()["run_id"])
+
+
+# ---------------------------------------------------------------- preflight
+
+
+def test_stale_script_on_one_node_is_synced_or_reported(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    version = uuid.uuid4().hex
+    proj = make_project(tmp_path, {"script.py": f"print('version {version}')\n"})
+    common = ("-i", inventory, "--nodes", "3", "--ppn", "1", "script.py")
+    first = cpuaccel_run(proj, *common)
+    assert first.code == 0, first
+    remote = f"{WORKDIR}/{proj.name}/script.py"
+    changed = cluster.exec("node2", ["sh", "-c", f"echo \"print('STALE')\" > {remote}"])
+    assert changed.returncode == 0, changed.stderr
+    assert cluster.exec("node1", ["cat", remote]).stdout == f"print('version {version}')\n"
+    runs_before = sorted((proj / "runs").iterdir())
+
+    refused = cpuaccel_run(proj, "--no-sync", *common)
+    assert refused.code == 2, refused
+    problems = [line for line in refused.stderr.splitlines() if line.startswith("preflight")]
+    assert len(problems) == 1, refused
+    assert problems[0].startswith("preflight node2: holds a different copy of the project")
+    assert "no job was started" in refused.stderr
+    assert refused.stdout == ""
+    assert sorted((proj / "runs").iterdir()) == runs_before  # no run dir, no rank logs
+    assert cluster.exec("node2", ["cat", remote]).stdout == "print('STALE')\n"
+
+    synced = cpuaccel_run(proj, *common)
+    assert synced.code == 0, synced
+    assert "project differs on node2: syncing it first" in synced.stderr.splitlines()
+    texts = sorted(text for _, text in synced.ranks().values())
+    assert texts == [f"version {version}"] * 3, synced
+    assert cluster.exec("node2", ["cat", remote]).stdout == f"print('version {version}')\n"
+    # In sync now: the next run syncs nothing.
+    again = cpuaccel_run(proj, *common)
+    assert again.code == 0 and "project differs" not in again.stderr, again
+
+
+def test_node_that_cannot_resolve_the_head_is_reported_before_launch(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    # /etc/hosts inside a node is a bind mount of one file shared by all nodes: hide
+    # node1 from node3 alone by mounting another file over it, in node3's namespace.
+    shared = cluster.hosts_path.read_text().splitlines()
+    alt = tmp_path / "hosts-without-node1"
+    alt.write_text("".join(f"{line}\n" for line in shared if not line.endswith(" node1")))
+    proj = make_project(tmp_path, {"script.py": "print('ran')\n"})
+    mounted = cluster.exec("node3", ["mount", "--bind", str(alt), "/etc/hosts"])
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        assert cluster.exec("node3", ["getent", "hosts", "node1"]).returncode != 0
+        assert cluster.exec("node2", ["getent", "hosts", "node1"]).returncode == 0
+        run = cpuaccel_run(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "script.py")
+    finally:
+        unmounted = cluster.exec("node3", ["umount", "/etc/hosts"])
+    assert unmounted.returncode == 0, unmounted.stderr
+    assert cluster.exec("node3", ["getent", "hosts", "node1"]).returncode == 0
+    assert run.code == 2, run
+    problems = [line for line in run.stderr.splitlines() if line.startswith("preflight")]
+    assert len(problems) == 1, run
+    assert problems[0].startswith("preflight node3: cannot resolve node1"), run
+    assert "no job was started" in run.stderr
+    assert run.stdout == ""
+    assert not (proj / "runs").exists()
+
+
+# ---------------------------------------------------------------- secrets
+
+
+def test_secret_env_reaches_ranks_and_no_record(cluster: Cluster, tmp_path: Path) -> None:
+    secret = f"s3cr3t-value-{uuid.uuid4().hex[:8]}"
+    inventory = cluster.write_inventory(
+        tmp_path / "secret.yaml", cpuaccel_secret_env={"API_TOKEN": secret}
+    )
+    script = (
+        "import hashlib, os\nprint(hashlib.sha256(os.environ['API_TOKEN'].encode()).hexdigest())\n"
+    )
+    proj = make_project(tmp_path, {"script.py": script})
+    run = cpuaccel_run(proj, "-i", str(inventory), "--nodes", "3", "--ppn", "2", "script.py")
+    assert run.code == 0, run
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert sorted(run.ranks()) == list(range(6))
+    assert {text for _, text in run.ranks().values()} == {digest}
+    assert secret not in run.stdout + run.stderr
+    record = run.record()
+    assert record["secret_names"] == ["API_TOKEN"] and "API_TOKEN" not in record["env_names"]
+    files = [p for p in run.run_dir.rglob("*") if p.is_file()]
+    assert {"run.json", "env.sh", "launch.sh", "rank-0.log"} <= {p.name for p in files}
+    for path in files:
+        assert secret.encode() not in path.read_bytes(), path
+    assert not (run.run_dir / "secret.env").exists()
+
+    dry = cpuaccel_run(proj, "-i", str(inventory), "--ppn", "2", "--dry-run", "script.py")
+    assert dry.code == 0, dry
+    assert secret not in dry.stdout + dry.stderr
+    assert "API_TOKEN" in dry.stdout
+
+    node_run = f"{WORKDIR}/runs/{record['run_id']}"
+    for node in NODES:
+        stat = cluster.exec(node, ["stat", "-c", "%a %U", f"{node_run}/secret.env"])
+        assert stat.stdout.strip() == "600 root", (node, stat.stderr)
+        env_sh = cluster.exec(node, ["cat", f"{node_run}/env.sh"])
+        assert env_sh.returncode == 0 and "API_TOKEN" not in env_sh.stdout
+        assert secret not in env_sh.stdout
