@@ -464,7 +464,7 @@ def test_node_program_accepts_paths_below_the_destination(rel: str, path: str) -
 
 
 def apply_stream(source: SourceManifest, changed: list[str], deleted: Sequence[str] = ()) -> bytes:
-    with transfer.tar_stream(source, changed, engine._header(source, deleted, True)) as stream:
+    with transfer.tar_stream(source, changed, engine._header(source, deleted, tar=True)) as stream:
         return stream.read()
 
 

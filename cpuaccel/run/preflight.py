@@ -44,6 +44,8 @@ class Preflight:
 
 
 def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
+    if project.get("entries") is None and project.get("hash") == source.hash:
+        return []  # the node holds exactly the source's tree
     entries = project.get("entries") or {}
     # Compared as tuples: the node's report may carry its entries as lists (JSON).
     return [
@@ -69,7 +71,9 @@ def run_preflight(
     def probe(conn: Connector) -> NodeState:
         port = master_port if conn.host.name == head.name else None
         facts = gather(conn, names_to_resolve(conn.host, hosts), port)
-        project = call_remote(conn, "look", project_dest) if check_project else None
+        project = (
+            call_remote(conn, "look", project_dest, expect=source.hash) if check_project else None
+        )
         return NodeState(facts, project)
 
     results = run_on_hosts(hosts, probe, forks=forks, options=connect)

@@ -101,18 +101,26 @@ def render_dest(host: Host, template: str, *, delete: bool) -> str:
 
 
 def call_remote(
-    conn: Connector, mode: str, dest: str, payload: bytes | BinaryIO = b""
+    conn: Connector,
+    mode: str,
+    dest: str,
+    payload: bytes | BinaryIO = b"",
+    expect: str | None = None,
 ) -> dict[str, Any]:
-    """Run the node program in MODE on DEST; ``payload`` follows it on stdin."""
+    """Run the node program in MODE on DEST; ``payload`` follows it on stdin.
+
+    With ``expect`` (a manifest hash), a scan leaves its entries out (None) when the
+    node's tree has exactly that hash: an unchanged node answers in a few bytes.
+    """
     value = programs.call(
         conn,
         remote,
-        [mode, dest, *PRUNE_NAMES],
+        [mode, dest, *([f"--expect={expect}"] if expect else []), *PRUNE_NAMES],
         payload,
         what=f"syncing to {dest}",
         timeout=REMOTE_TIMEOUT,
     )
-    if "entries" in value:  # entries compare with the source's tuples (JSON gives lists)
+    if value.get("entries") is not None:  # compared with the source's tuples (JSON: lists)
         value["entries"] = {rel: tuple(entry) for rel, entry in value["entries"].items()}
     return value
 
@@ -142,8 +150,17 @@ def plan(source: SourceManifest, node: dict[str, Any]) -> tuple[list[str], list[
     return sorted(changed), deleted
 
 
-def _header(source: SourceManifest, deleted: Sequence[str], tar: bool) -> bytes:
-    header = {"manifest": source.entries, "delete": list(deleted), "tar": tar}
+def _header(
+    source: SourceManifest, deleted: Sequence[str], *, tar: bool, trusted: Sequence[str] = ()
+) -> bytes:
+    """The apply request: the manifest to verify against, what to delete, and which
+    entries rsync delivered (verified by rsync's own checksums, see remote.apply)."""
+    header = {
+        "manifest": source.entries,
+        "delete": list(deleted),
+        "tar": tar,
+        "trusted": list(trusted),
+    }
     return json.dumps(header).encode() + b"\n"
 
 
@@ -200,7 +217,10 @@ class Syncer:
     def __call__(self, conn: Connector) -> NodeReport:
         fsid = None
         try:
-            scanned = call_remote(conn, "look" if self.options.check else "scan", self._dest(conn))
+            mode = "look" if self.options.check else "scan"
+            scanned = call_remote(conn, mode, self._dest(conn), expect=self.source.hash)
+            if scanned["entries"] is None:  # exactly the source's tree
+                scanned["entries"] = self.source.entries
             fsid = scanned.get("fsid")
             if fsid is not None:
                 writer = self.shared.claim(fsid, conn.host.name)
@@ -217,9 +237,10 @@ class Syncer:
         self, conn: Connector, dest: str, writer: str, finished: threading.Event
     ) -> NodeReport:
         finished.wait()
-        after = call_remote(conn, "look", dest)
+        after = call_remote(conn, "look", dest, expect=self.source.hash)
+        entries = after["entries"] if after["entries"] is not None else self.source.entries
         mismatches = [
-            rel for rel, entry in self.source.entries.items() if after["entries"].get(rel) != entry
+            rel for rel, entry in self.source.entries.items() if entries.get(rel) != entry
         ]
         return NodeReport(
             dest, shared_with=writer, in_sync=not mismatches, mismatches=mismatches[:50]
@@ -289,12 +310,11 @@ class Syncer:
                 self.options.copy_links,
                 self.on_bytes,
             )
-            result = call_remote(
-                conn, "apply", scanned["dest"], _header(self.source, deleted, False)
-            )
+            header = _header(self.source, deleted, tar=False, trusted=changed)
+            result = call_remote(conn, "apply", scanned["dest"], header)
             result["method"] = "rsync"
             return result
-        stream = transfer.tar_stream(self.source, changed, _header(self.source, deleted, True))
+        stream = transfer.tar_stream(self.source, changed, _header(self.source, deleted, tar=True))
         with stream:
             result = call_remote(conn, "apply", scanned["dest"], stream)
         if self.on_bytes is not None:

@@ -91,7 +91,7 @@ def _load_cache(state: str) -> dict[str, Any]:
 def _save_cache(state: str, cache: dict[str, Any]) -> None:
     import marshal
 
-    _write_atomic(os.path.join(state, CACHE), marshal.dumps(cache))
+    _write_atomic(os.path.join(state, CACHE), marshal.dumps(dict(cache)))
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -176,7 +176,34 @@ def _fsid(state: str, create: bool) -> str | None:
         return f.read().strip()
 
 
-def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
+class _Cache(dict):  # type: ignore[type-arg]
+    """path -> (size, mtime, ctime, ino, digest); knows whether it needs writing back."""
+
+    dirty = False
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.dirty = True
+        super().__setitem__(key, value)
+
+
+def _entries(
+    dest: str, found: dict[str, os.stat_result], cache: dict[str, Any]
+) -> tuple[dict[str, Entry], _Cache]:
+    """Entries of the found paths, and the cache trimmed to them (dirty when it changed)."""
+    kept = _Cache({os.path.join(dest, rel): cache[os.path.join(dest, rel)]
+                   for rel in found if os.path.join(dest, rel) in cache})  # fmt: skip
+    kept.dirty = len(kept) != len(cache)
+    entries = {}
+    for rel, st in found.items():
+        try:
+            entries[rel] = entry_of(os.path.join(dest, rel), st, kept)
+        except FileNotFoundError:
+            continue  # removed since the walk
+    return entries, kept
+
+
+def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) -> dict[str, Any]:
+    """DEST's entries and hash; the entries are left out when the hash is ``expect``."""
     state = os.path.join(dest, STATE)
     if create:
         os.makedirs(os.path.join(state, RSYNC_TMP), exist_ok=True)
@@ -185,15 +212,10 @@ def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
         leftovers += len(os.listdir(os.path.join(state, RSYNC_TMP)))
     except OSError:
         pass
-    cache = _load_cache(state)
-    entries = {}
-    for rel, st in found.items():
-        try:
-            entries[rel] = entry_of(os.path.join(dest, rel), st, cache)
-        except FileNotFoundError:
-            continue  # removed since the walk
-    if create:
-        _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest)})
+    entries, cache = _entries(dest, found, _load_cache(state))
+    if create and cache.dirty:
+        _save_cache(state, cache)
+    digest = manifest_hash(entries)
     record = None
     try:
         with open(os.path.join(state, RECORD)) as f:
@@ -209,8 +231,9 @@ def scan(dest: str, prune: set[str], create: bool) -> dict[str, Any]:
     return {
         "dest": dest,
         "exists": os.path.isdir(dest),
-        "entries": entries,
-        "hash": manifest_hash(entries),
+        # The controller needs the entries only to plan a change.
+        "entries": None if digest == expect else entries,
+        "hash": digest,
         "recorded": record,
         "fsid": _fsid(state, create) if os.path.isdir(state) else None,
         "rsync": rsync,
@@ -287,6 +310,17 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
         _remove(_inside(dest, rel))
     state = os.path.join(dest, STATE)
     cache = _load_cache(state)
+    # Files rsync delivered were checked by rsync itself (a whole-file checksum of what
+    # it wrote, against the sender's): their type, mode and size are checked here, and
+    # their digests taken from the manifest, instead of reading them all again.
+    for rel in header.get("trusted", []):
+        want, path = expected.get(rel), os.path.join(dest, rel)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if want and want[0] == "f" and stat.S_ISREG(st.st_mode) and st.st_size == want[2]:
+            cache[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, want[3])
     mismatches = []
     actual = {}
     for rel, want in expected.items():
@@ -298,7 +332,7 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
         actual[rel] = got
         if got != want:
             mismatches.append(rel)
-    _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest)})
+    _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest + "/")})
     digest = manifest_hash(expected)
     if not mismatches:
         _write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
@@ -307,11 +341,12 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
 
 def main() -> None:
     mode, dest = sys.argv[2], os.path.abspath(os.path.expanduser(sys.argv[3]))
-    prune = set(sys.argv[4:])
+    expect = next((a[9:] for a in sys.argv[4:] if a.startswith("--expect=")), None)
+    prune = {a for a in sys.argv[4:] if not a.startswith("--")}
     if mode == "apply":
         result = apply(dest, prune, sys.stdin.buffer)
     else:
-        result = scan(dest, prune, create=(mode == "scan"))
+        result = scan(dest, prune, create=(mode == "scan"), expect=expect)
     import json
 
     sys.stdout.write(json.dumps(result) + "\n")
