@@ -54,7 +54,7 @@ def test_four_machines_sixteen_processes_bf16_is_one_line(tmp_path: Path) -> Non
                 "--ppn",
                 "4",
                 "train.py",
-            ],  # fmt: skip
+            ],
             cwd=project,
             capture_output=True,
             text=True,
