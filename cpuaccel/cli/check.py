@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options, resolve_target
+from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.executor import HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
@@ -54,12 +54,7 @@ def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem])
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def check(
-    inventory_path: str | None,
-    limit: str | None,
-    extra_vars: tuple[str, ...],
-    forks: int,
-    timeout: float,
-    no_host_key_checking: bool,
+    target: Target,
     as_json: bool,
 ) -> None:
     """Gather facts from every node in parallel and report what differs.
@@ -67,7 +62,6 @@ def check(
     Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
     cannot resolve, clock skew and missing bf16 hardware, before any job can hang on them.
     """
-    target = resolve_target(inventory_path, limit, extra_vars, forks, timeout, no_host_key_checking)
     results = gather_all(target)
     problems = find_problems(results)
     if as_json:

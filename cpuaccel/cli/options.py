@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,7 +27,28 @@ class Target:
     connect: ConnectOptions
 
 
+_OPTION_NAMES = (
+    "inventory_path",
+    "limit",
+    "extra_vars",
+    "forks",
+    "timeout",
+    "no_host_key_checking",
+)
+
+
 def host_options(func: F) -> F:
+    """Add the shared options; the command receives them as one ``target: Target``.
+
+    The target is resolved (the inventory read, --limit applied) before the command's
+    body runs, so a bad inventory stops every verb the same way.
+    """
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in _OPTION_NAMES}
+        return func(target=resolve_target(**given), **kwargs)
+
     decorators = [
         click.option(
             "-i",
@@ -71,8 +93,8 @@ def host_options(func: F) -> F:
         ),
     ]
     for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+        command = decorator(command)
+    return command  # type: ignore[return-value]
 
 
 def resolve_target(

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.api.host import Host
-from cpuaccel.cli.options import Target, host_options, resolve_target
+from cpuaccel.cli.options import Target, host_options
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
@@ -141,12 +141,7 @@ def _copy_files(target: Target, plan: RunPlan, files: dict[str, tuple[int, str]]
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
-    inventory_path: str | None,
-    limit: str | None,
-    extra_vars: tuple[str, ...],
-    forks: int,
-    timeout: float,
-    no_host_key_checking: bool,
+    target: Target,
     nodes: int | None,
     ppn: int | None,
     launcher: str,
@@ -159,7 +154,6 @@ def run_command(
     script_args: tuple[str, ...],
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
-    target = resolve_target(inventory_path, limit, extra_vars, forks, timeout, no_host_key_checking)
     project = Path.cwd().resolve()
     request = RunRequest(
         script=_script_in_project(script, project),

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import host_options, resolve_target
+from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
@@ -79,12 +79,7 @@ def _line(r: HostResult[NodeReport]) -> str:
 @click.option("--check", is_flag=True, help="Show what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
 def sync_command(
-    inventory_path: str | None,
-    limit: str | None,
-    extra_vars: tuple[str, ...],
-    forks: int,
-    timeout: float,
-    no_host_key_checking: bool,
+    target: Target,
     sources: tuple[str, ...],
     dest: str | None,
     delete: bool,
@@ -99,7 +94,6 @@ def sync_command(
     their real paths by rename, so a killed sync leaves no half-written file, and
     every node checks the result against the controller's manifest.
     """
-    target = resolve_target(inventory_path, limit, extra_vars, forks, timeout, no_host_key_checking)
     paths = list(sources) or ["."]
     source = build(paths, excludes=exclude, copy_links=copy_links)
     options = SyncOptions(dest or default_dest(paths), delete, check, copy_links)

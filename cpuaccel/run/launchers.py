@@ -45,20 +45,17 @@ class Launcher(abc.ABC):
         return "mpirun"
 
 
+def _hydra(spec: LaunchSpec, *options: str) -> list[str]:
+    """The command shape of hydra, the process manager of Intel MPI and MPICH."""
+    placement = ["-f", spec.hostfile, "-n", str(spec.world), "-ppn", str(spec.ppn)]
+    return [spec.mpirun, *placement, *options, *spec.rank_argv]
+
+
 class IntelMPI(Launcher):
     name = flavour = "impi"
 
     def argv(self, spec: LaunchSpec) -> list[str]:
-        return [
-            spec.mpirun,
-            "-f",
-            spec.hostfile,
-            "-n",
-            str(spec.world),
-            "-ppn",
-            str(spec.ppn),
-            *spec.rank_argv,
-        ]
+        return _hydra(spec)  # bootstrap and pinning are read from the environment
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
         return {
@@ -80,22 +77,11 @@ class MPICH(Launcher):
     name = flavour = "mpich"
 
     def argv(self, spec: LaunchSpec) -> list[str]:
-        return [
-            spec.mpirun,
-            "-f",
-            spec.hostfile,
-            "-n",
-            str(spec.world),
-            "-ppn",
-            str(spec.ppn),
-            "-launcher",
-            "ssh",
-            "-launcher-exec",
-            spec.ssh_wrapper,
-            "-bind-to",
-            f"core:{spec.threads}",
-            *spec.rank_argv,
-        ]
+        return _hydra(
+            spec,
+            *("-launcher", "ssh", "-launcher-exec", spec.ssh_wrapper),
+            *("-bind-to", f"core:{spec.threads}"),
+        )
 
     def default_mpirun(self, python: str) -> str:
         return "mpirun.mpich"
