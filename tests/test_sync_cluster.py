@@ -583,3 +583,28 @@ def test_copy_links_with_rsync(env: Env) -> None:
     for name in NODES:
         tree = env.node(name)
         assert tree is not None and tree["big.bin"][::2] == ["f", digest], name
+
+
+def test_a_node_changed_behind_the_controllers_back_still_converges(env: Env) -> None:
+    """The one-trip path trusts the controller's memory only as far as the node agrees."""
+    write(env.src / "a.py", "a = 1\n")
+    write(env.src / "b.py", "b = 1\n")
+    env.sync()
+    memory = list((env.scratch / "cache" / "cpuaccel" / "sync").glob("*.json"))
+    assert len(memory) == 1  # what each node holds now is remembered
+    # node2's copy of a.py is edited on the node itself; then b.py changes at the source.
+    env.cluster.exec("node2", ["sh", "-c", f"echo 'a = 999' > {env.dest}/a.py"])
+    write(env.src / "b.py", "b = 2\n")
+    report = env.sync()
+    hosts = report["hosts"]
+    assert hosts["node1"]["changed"] == ["b.py"] and hosts["node3"]["changed"] == ["b.py"]
+    assert sorted(hosts["node2"]["changed"]) == ["a.py", "b.py"]  # found by its own scan
+    for name in NODES:
+        assert hosts[name]["in_sync"] is True
+        tree = env.node(name)
+        assert tree is not None
+        got = env.cluster.exec(name, ["cat", f"{env.dest}/a.py", f"{env.dest}/b.py"])
+        assert got.stdout == "a = 1\nb = 2\n", name
+    # Nothing changed since: every node answers in one trip that it is in sync.
+    again = env.sync()
+    assert all(h["changed"] == [] and h["in_sync"] for h in again["hosts"].values())

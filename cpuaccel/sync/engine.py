@@ -25,6 +25,8 @@ from cpuaccel.executor import HostResult, run_on_hosts
 from cpuaccel.sync import remote, transfer
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.sync.memory import SyncMemory
+from cpuaccel.sync.remote import Entry
 
 REMOTE_TIMEOUT = 3600.0
 
@@ -206,6 +208,8 @@ class Syncer:
         dests: dict[str, str],
         connect: ConnectOptions,
         on_bytes: Callable[[int], None] | None = None,
+        memory: SyncMemory | None = None,
+        hosts: Sequence[Host] = (),
     ) -> None:
         self.source = source
         self.options = options
@@ -213,22 +217,102 @@ class Syncer:
         self.connect = connect
         self.on_bytes = on_bytes
         self.shared = _SharedDestinations()
+        self.memory = memory
+        self._memory_lock = threading.Lock()
+        # Filesystem ids remembered for more than one chosen node: those nodes share a
+        # folder and must go through the writer election, never the one-trip path.
+        remembered = [self._remembered(h) for h in hosts]
+        fsids = [last[1] for last in remembered if last is not None]
+        self._shared_fsids = {f for f in fsids if fsids.count(f) > 1}
+
+    def _key(self, host: Host) -> str:
+        return SyncMemory.node_key(host.name, host.address, host.port, self.dests[host.name])
+
+    def _remembered(self, host: Host) -> tuple[str, str, dict[str, Entry]] | None:
+        return self.memory.last(self._key(host)) if self.memory else None
+
+    def _remember(self, host: Host, tree_hash: str | None, fsid: str | None) -> None:
+        if self.memory is None:
+            return
+        with self._memory_lock:
+            if tree_hash == self.source.hash:  # the node holds exactly the source's tree
+                self.memory.confirm(self._key(host), tree_hash, fsid, self.source.entries)
+            else:
+                self.memory.forget(self._key(host))
 
     def __call__(self, conn: Connector) -> NodeReport:
         fsid = None
         try:
-            mode = "look" if self.options.check else "scan"
-            scanned = call_remote(conn, mode, self._dest(conn), expect=self.source.hash)
+            scanned: dict[str, Any] | None = None
+            if not self.options.check:
+                quick = self._one_trip(conn)
+                if isinstance(quick, NodeReport):
+                    return quick
+                scanned = quick
+            if scanned is None:
+                mode = "look" if self.options.check else "scan"
+                scanned = call_remote(conn, mode, self._dest(conn), expect=self.source.hash)
             if scanned["entries"] is None:  # exactly the source's tree
                 scanned["entries"] = self.source.entries
             fsid = scanned.get("fsid")
             if fsid is not None:
                 writer = self.shared.claim(fsid, conn.host.name)
                 if writer is not None:
+                    self._remember(conn.host, None, None)
                     return self._follow(conn, scanned["dest"], *writer)
-            return self._write(conn, scanned)
+            report = self._write(conn, scanned)
+            return report
+        except BaseException:
+            self._remember(conn.host, None, None)
+            raise
         finally:
             self.shared.done(fsid)
+
+    def _one_trip(self, conn: Connector) -> NodeReport | dict[str, Any] | None:
+        """Send the difference from what the node held last time, in one round trip.
+
+        Returns the report when the node applied it; the node's scan when its tree was not
+        what we remembered (the caller goes on from there); None when not worth trying.
+        """
+        last = self._remembered(conn.host)
+        if last is None or last[1] in self._shared_fsids:
+            return None
+        base, fsid, before = last
+        changed, deleted = plan(self.source, before)
+        if deleted and not self.options.delete:
+            return None  # the node keeps files the source dropped: its tree won't match
+        sent = _file_bytes(self.source, changed)
+        if sent >= transfer.RSYNC_MIN_BYTES:
+            return None  # rsync's turf
+        header = {
+            "base": base,
+            "fsid": fsid,
+            "target": self.source.hash,
+            "delete": deleted,
+            "tar": bool(changed),
+        }
+        payload = json.dumps(header).encode() + b"\n"
+        stream = transfer.tar_stream(self.source, changed, payload)
+        with stream:
+            result = call_remote(conn, "apply", self._dest(conn), stream)
+        if result.get("base_mismatch"):
+            scanned: dict[str, Any] = result["scan"]
+            if scanned.get("entries") is not None:
+                scanned["entries"] = {k: tuple(v) for k, v in scanned["entries"].items()}
+            return scanned
+        if result["mismatches"]:
+            self._remember(conn.host, None, None)
+            raise HostError(
+                conn.host.name,
+                "the tree differs from the source after the sync",
+                hint="was the source edited during the sync? run cpuaccel sync again",
+            )
+        self._remember(conn.host, result["hash"], result["fsid"])
+        if self.on_bytes is not None:
+            self.on_bytes(sent)
+        method = "tar" if changed or deleted else "none"
+        dest = self.dests[conn.host.name]
+        return NodeReport(dest, changed, deleted, sent, method, in_sync=True)
 
     def _dest(self, conn: Connector) -> str:
         return self.dests[conn.host.name]
@@ -251,11 +335,7 @@ class Syncer:
         changed, deleted = plan(self.source, scanned["entries"])
         if not self.options.delete:
             deleted = []
-        sent = sum(
-            int(self.source.entries[rel][2])
-            for rel in changed
-            if self.source.entries[rel][0] == "f"
-        )
+        sent = _file_bytes(self.source, changed)
         report = NodeReport(dest, changed, deleted, sent)
         if self.options.check:
             report.method = "check"
@@ -268,8 +348,10 @@ class Syncer:
             and not scanned.get("leftovers")  # apply clears an interrupted sync's files
         ):
             report.in_sync = True
+            self._remember(conn.host, scanned["hash"], scanned.get("fsid"))
             return report
         result = self._transfer(conn, scanned, changed, deleted)
+        self._remember(conn.host, result.get("tree_hash"), result.get("fsid"))
         report.mismatches = list(result["mismatches"])
         report.in_sync = not report.mismatches
         report.method = result["method"]
@@ -286,11 +368,7 @@ class Syncer:
         self, conn: Connector, scanned: dict[str, Any], changed: list[str], deleted: list[str]
     ) -> dict[str, Any]:
         node = scanned["entries"]
-        sent = sum(
-            int(self.source.entries[rel][2])
-            for rel in changed
-            if self.source.entries[rel][0] == "f"
-        )
+        sent = _file_bytes(self.source, changed)
         retyped = any(
             rel in node and node[rel][0] != self.source.entries[rel][0] for rel in changed
         )
@@ -335,5 +413,13 @@ def sync(
 ) -> list[HostResult[NodeReport]]:
     """Sync to every host in parallel. Destinations are checked before any connection."""
     dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
-    syncer = Syncer(source, options, dests, connect, on_bytes)
-    return run_on_hosts(hosts, syncer, forks=forks, options=connect, on_result=on_result)
+    memory = None if options.check else SyncMemory(source.roots, options.dest_template)
+    syncer = Syncer(source, options, dests, connect, on_bytes, memory, hosts)
+    results = run_on_hosts(hosts, syncer, forks=forks, options=connect, on_result=on_result)
+    if memory is not None:
+        memory.save()
+    return results
+
+
+def _file_bytes(source: SourceManifest, rels: Sequence[str]) -> int:
+    return sum(int(source.entries[r][2]) for r in rels if source.entries[r][0] == "f")

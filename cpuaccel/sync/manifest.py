@@ -23,6 +23,7 @@ class SourceManifest:
     root_of: dict[str, str] = field(default_factory=dict)
     ignores: list[tuple[str, Ignore]] = field(default_factory=list)  # (prefix, rules)
     hash: str = ""
+    roots: list[str] = field(default_factory=list)  # the sources, as absolute paths
 
     def ignored_on_node(self, rel: str, is_dir: bool) -> bool:
         """Whether a path found on a node falls under the source's ignore rules.
@@ -166,4 +167,5 @@ def build(
             builder.add(prefix, path, root, os.stat(path))
     _save_cache(builder.cache)
     builder.result.hash = manifest_hash(builder.result.entries)
+    builder.result.roots = paths
     return builder.result

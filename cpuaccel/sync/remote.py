@@ -303,6 +303,14 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
     import json
 
     header = json.loads(stream.readline())
+    if header.get("base") is not None:
+        # The controller's guess of this node's tree (what it last confirmed here): apply
+        # only if the tree is exactly that, on the filesystem it was then; else report
+        # what is here, changing nothing, and the controller plans from that.
+        now = scan(dest, prune, create=True, expect=header["base"])
+        if now["hash"] != header["base"] or now["leftovers"] or now["fsid"] != header["fsid"]:
+            return {"base_mismatch": True, "scan": now}
+        return _apply_to_known_tree(dest, prune, header, stream, now)
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
     _clean(dest, prune)  # only the elected writer applies, so nothing else is in flight
     written = _extract(dest, stream) if header.get("tar") else 0
@@ -334,9 +342,45 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
             mismatches.append(rel)
     _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest + "/")})
     digest = manifest_hash(expected)
+    tree = None
     if not mismatches:
         _write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
-    return {"hash": digest, "mismatches": sorted(mismatches)[:50], "written": written}
+        tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
+    return {
+        "hash": digest,
+        "mismatches": sorted(mismatches)[:50],
+        "written": written,
+        # The whole tree's hash (extra files included) and where it lives, for the
+        # controller's memory of this node (cpuaccel.sync.memory).
+        "tree_hash": tree["hash"] if tree else None,
+        "fsid": tree["fsid"] if tree else None,
+    }
+
+
+def _apply_to_known_tree(
+    dest: str, prune: set[str], header: dict[str, Any], stream: BinaryIO, now: dict[str, Any]
+) -> dict[str, Any]:
+    """Apply a change to a tree whose hash was just checked; verify by the new hash.
+
+    The whole tree (unchanged files from the hash cache, changed ones read again) must
+    hash to the target: the same check as entry by entry, without sending the manifest.
+    """
+    if not header.get("tar") and not header.get("delete"):
+        after, written = now, 0  # nothing to change: the tree just checked is the result
+    else:
+        written = _extract(dest, stream) if header.get("tar") else 0
+        for rel in header.get("delete", []):
+            _remove(_inside(dest, rel))
+        after = scan(dest, prune, create=True)
+    ok = after["hash"] == header["target"]
+    if ok and after.get("recorded") != header["target"]:  # unchanged trees stay untouched
+        _write_atomic(os.path.join(dest, STATE, RECORD), header["target"].encode() + b"\n")
+    return {
+        "hash": after["hash"],
+        "mismatches": [] if ok else ["(the tree's hash differs from the source's)"],
+        "written": written,
+        "fsid": after["fsid"],
+    }
 
 
 def main() -> None:
