@@ -30,6 +30,7 @@ unit: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cpuaccel check
 	$(BIN)/cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
+	$(BIN)/cpuaccel report "$$(ls -1d runs/*/ | sort | tail -n 1)"
 
 bench-fanout: $(STAMP)
 	$(BIN)/python bench/fanout.py

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.markup import escape
 
 from cpuaccel import __version__
 from cpuaccel.cli.check import check
+from cpuaccel.cli.report import report_command
 from cpuaccel.cli.run import run_command
 from cpuaccel.cli.sync import sync_command
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
@@ -20,6 +22,7 @@ Examples:
   cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
   cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
+  cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
 
 \b
 Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
@@ -35,6 +38,7 @@ def cli() -> None:
 cli.add_command(check)
 cli.add_command(sync_command, name="sync")
 cli.add_command(run_command, name="run")
+cli.add_command(report_command, name="report")
 
 
 def main() -> None:
@@ -43,7 +47,7 @@ def main() -> None:
     except CpuaccelError as exc:
         from cpuaccel import ui
 
-        ui.stderr().print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+        ui.stderr().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)

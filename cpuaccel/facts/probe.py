@@ -244,6 +244,9 @@ def port_free(port: int) -> bool:
     """Whether a TCP port can be listened on (the master port of a job)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # As a server binding it would: a previous job's connections in TIME_WAIT do not
+        # make the port busy.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("", port))
         return True
     except OSError:

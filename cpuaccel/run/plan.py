@@ -176,6 +176,9 @@ def build_plan(
         "MASTER_ADDR": head.name,
         "MASTER_PORT": str(request.master_port),
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
+        # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
+        # without a GPU silently trains as separate one-process jobs.
+        "ACCELERATE_USE_CPU": "true",
     }
     if backend:
         env["CPUACCEL_BACKEND"] = backend

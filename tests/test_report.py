@@ -1,0 +1,246 @@
+"""`cpuaccel report RUN_DIR` as a user meets it: a PNG, a summary, clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import struct
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def cpuaccel(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+    """`cpuaccel ARGS` in a fresh interpreter; PRELUDE runs first (to hide a module)."""
+    code = f"{prelude}\nimport sys\nfrom cpuaccel.cli.main import main\n"
+    code += "sys.argv[0] = 'cpuaccel'\nmain()\n"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=120,
+    )
+
+
+def training_records(steps: int = 50) -> list[dict[str, Any]]:
+    """Metrics like a real run's: loss falling with noise, a slow first step, sync time."""
+    records = []
+    for step in range(1, steps + 1):
+        wobble = math.sin(step * 1.7)
+        step_time = (0.35 if step == 1 else 0.08) + 0.004 * wobble
+        records.append(
+            {
+                "step": step,
+                "loss": 5.5 * math.exp(-step / 12) + 2.0 + 0.05 * wobble,
+                "samples_per_s": 32 / step_time,
+                "step_time": step_time,
+                "grad_sync_seconds": 0.003 + 0.0005 * wobble,
+                "lr": 3e-4,  # other keys are allowed and ignored
+            }
+        )
+    return records
+
+
+def write_run(tmp_path: Path, lines: Sequence[str], name: str = "20250101-120000-abc123") -> Path:
+    run_dir = tmp_path / "runs" / name
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    return run_dir
+
+
+def assert_valid_png(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, data[:16]
+    assert len(data) > 20_000, len(data)  # two panels of lines and labels, not a blank image
+    assert data[12:16] == b"IHDR" and data[-8:-4] == b"IEND"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_report_writes_png_and_summary(tmp_path: Path) -> None:
+    records = training_records()
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in records])
+    proc = cpuaccel("report", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    png = run_dir / "report.png"
+    assert assert_valid_png(png) == (800, 600)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl", "report.png"]
+
+    losses = [r["loss"] for r in records]
+    best = min(range(len(losses)), key=losses.__getitem__)
+    rate = statistics.median(r["samples_per_s"] for r in records)
+    step_ms = 1000 * statistics.median(r["step_time"] for r in records)
+    share = sum(r["grad_sync_seconds"] for r in records) / sum(r["step_time"] for r in records)
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        f"run        {run_dir}",
+        "steps      50 (step 1 to 50)",
+        f"loss       first {losses[0]:.4f}, last {losses[-1]:.4f}, "
+        f"min {losses[best]:.4f} at step {best + 1}",
+        f"samples/s  median {rate:.1f}",
+        f"step time  median {step_ms:.1f} ms",
+        f"grad sync  {share:.1%} of step time",
+        f"plot       {png}",
+    ]
+    # The noise puts the minimum before the last step: min is not just "last".
+    assert losses[best] < losses[-1]
+
+
+def test_report_json(tmp_path: Path) -> None:
+    records = training_records(30)
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in records])
+    proc = cpuaccel("report", str(run_dir), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    losses = [r["loss"] for r in records]
+    assert summary == {
+        "run_dir": str(run_dir),
+        "metrics": str(run_dir / "metrics.jsonl"),
+        "png": str(run_dir / "report.png"),
+        "steps": 30,
+        "first_step": 1,
+        "last_step": 30,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "loss_min": min(losses),
+        "loss_min_step": losses.index(min(losses)) + 1,
+        "samples_per_s_median": pytest.approx(
+            statistics.median(r["samples_per_s"] for r in records)
+        ),
+        "step_time_median": pytest.approx(statistics.median(r["step_time"] for r in records)),
+        "sync_share": pytest.approx(
+            sum(r["grad_sync_seconds"] for r in records) / sum(r["step_time"] for r in records)
+        ),
+        "skipped_partial_last_line": False,
+    }
+    assert_valid_png(run_dir / "report.png")
+
+
+def test_report_with_loss_only_and_sync_time_name(tmp_path: Path) -> None:
+    """Only step and loss are required; "sync_time" is the other name of the sync seconds."""
+    plain = write_run(tmp_path, ['{"step": 1, "loss": 3.0}', '{"step": 2, "loss": 2.5}'], "a")
+    proc = cpuaccel("report", str(plain), "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["samples_per_s_median"] is None and summary["step_time_median"] is None
+    assert summary["sync_share"] is None
+    assert (summary["loss_first"], summary["loss_last"], summary["loss_min"]) == (3.0, 2.5, 2.5)
+    assert_valid_png(plain / "report.png")
+    text = cpuaccel("report", str(plain)).stdout
+    assert "samples/s  - (not in metrics)" in text and "grad sync" not in text
+
+    timed = write_run(
+        tmp_path,
+        [json.dumps({"step": s, "loss": 1.0, "step_time": 0.5, "sync_time": 0.05}) for s in (1, 2)],
+        "b",
+    )
+    summary = json.loads(cpuaccel("report", str(timed), "--json").stdout)
+    assert summary["sync_share"] == pytest.approx(0.1)
+    assert summary["step_time_median"] == 0.5
+
+
+def test_report_keeps_a_run_whose_last_line_was_cut_short(tmp_path: Path) -> None:
+    """A job killed while writing a line leaves it unfinished, without its newline."""
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in training_records(10)])
+    with (run_dir / "metrics.jsonl").open("a") as metrics:
+        metrics.write('{"step": 11, "loss": 2.')
+    proc = cpuaccel("report", str(run_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["steps"] == 10
+    assert json.loads(proc.stdout)["skipped_partial_last_line"] is True
+    assert "left out its last line, cut short" in proc.stderr
+
+
+def _bad_metrics(tmp_path: Path, text: str) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(text)
+    return run_dir
+
+
+def _made(path: Path, text: str | None = None) -> Path:
+    """A folder, or a file holding TEXT."""
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_text(text)
+    return path
+
+
+GOOD = '{"step": 1, "loss": 2.0}\n'
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda t: t / "nope", "{run}: no such run directory"),
+        (lambda t: _made(t / "file", "a file"), "{run}: not a directory"),
+        (lambda t: _made(t / "run"), "{run}/metrics.jsonl: no such file"),
+        (lambda t: _bad_metrics(t, ""), "{run}/metrics.jsonl: holds no metrics"),
+        (lambda t: _bad_metrics(t, "\n\n"), "{run}/metrics.jsonl: holds no metrics"),
+        (
+            lambda t: _bad_metrics(t, GOOD * 2 + '{"step": 3, "loss": }\n' + GOOD),
+            "{run}/metrics.jsonl:3: not valid JSON",
+        ),
+        (lambda t: _bad_metrics(t, GOOD + "[1, 2]\n"), "{run}/metrics.jsonl:2: expected a JSON"),
+        (lambda t: _bad_metrics(t, '{"step": 1}\n'), '{run}/metrics.jsonl:1: no "loss"'),
+        (lambda t: _bad_metrics(t, '{"loss": 1.0}\n'), '{run}/metrics.jsonl:1: no "step"'),
+        (
+            lambda t: _bad_metrics(t, GOOD + '{"step": 2, "loss": "high"}\n'),
+            '{run}/metrics.jsonl:2: "loss" is "high", not a number',
+        ),
+        (
+            lambda t: _bad_metrics(t, '{"step": 1, "loss": 2, "samples_per_s": true}\n'),
+            '{run}/metrics.jsonl:1: "samples_per_s" is true, not a number',
+        ),
+    ],
+    ids=[
+        "missing-folder", "a-file", "no-metrics-file", "empty-file", "blank-lines",
+        "bad-json-line-3", "not-an-object", "no-loss", "no-step", "loss-a-string",
+        "rate-a-bool",
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_message_and_exit_2(tmp_path: Path, make: Any, message: str) -> None:
+    run_dir = make(tmp_path)
+    proc = cpuaccel("report", str(run_dir))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {message.format(run=run_dir)}"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.splitlines()) <= 2  # the message and at most one "fix:" line
+    assert not (tmp_path / "run" / "report.png").exists()
+
+
+def test_missing_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in training_records(5)])
+    hide = "import sys; sys.modules['matplotlib'] = None  # import matplotlib fails"
+    proc = cpuaccel("report", str(run_dir), prelude=hide)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: cpuaccel report needs matplotlib, which is not installed",
+        "  fix: pip install 'cpuaccel[report]'",
+    ]
+    assert not (run_dir / "report.png").exists()
+
+
+def test_cli_does_not_import_matplotlib_until_report_runs() -> None:
+    code = (
+        "import sys, cpuaccel.cli.main; print(sorted(m for m in sys.modules if 'matplotlib' in m))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    top = cpuaccel("--help")
+    assert top.returncode == 0 and "report" in top.stdout and "cpuaccel report runs/" in top.stdout
+    sub = cpuaccel("report", "--help")
+    assert sub.returncode == 0 and "--json" in sub.stdout and "Exit codes" in sub.stdout
