@@ -1,26 +1,31 @@
-"""A small transformer language model, trained data-parallel on the CPU in bf16.
+"""A small transformer language model, trained data-parallel on the CPU with cpuaccel.
 
-The text is the Python standard library's own source, which every node has, so the
-example needs no download. Run it with cpuaccel (each rank gets RANK, WORLD_SIZE,
-MASTER_ADDR... from the launcher):
+The text is the Python standard library's own source, read as bytes, which every node
+has, so the example needs no download. The runtime (``cpuaccel.init``) picks the
+process group's backend, averages gradients with MPI when the job was started by MPI,
+runs the model in bf16 autocast (AMX on recent Xeons), shards the data across ranks,
+writes metrics.jsonl into the run directory and saves checkpoints atomically:
 
-    cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 60
+    cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
+    cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 300 \\
+        --resume runs/<id>/checkpoint.pt          # continue where that run ended
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sysconfig
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+import cpuaccel
 
 
 def corpus(limit_bytes: int) -> torch.Tensor:
@@ -36,6 +41,21 @@ def corpus(limit_bytes: int) -> torch.Tensor:
     return torch.frombuffer(bytearray(b"".join(chunks)[:limit_bytes]), dtype=torch.uint8).long()
 
 
+class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Non-overlapping windows of the text: (tokens, the same shifted by one)."""
+
+    def __init__(self, data: torch.Tensor, context: int) -> None:
+        self.data, self.context = data, context
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.context
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.context
+        window = self.data[start : start + self.context + 1]
+        return window[:-1], window[1:]
+
+
 class TinyLM(nn.Module):
     def __init__(self, width: int, layers: int, heads: int, context: int) -> None:
         super().__init__()
@@ -45,6 +65,7 @@ class TinyLM(nn.Module):
             width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True
         )
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, 256)
         mask = torch.triu(torch.full((context, context), float("-inf")), diagonal=1)
         self.register_buffer("mask", mask, persistent=False)
@@ -53,66 +74,131 @@ class TinyLM(nn.Module):
         n = tokens.shape[1]
         x = self.embed(tokens) + self.position[:n]
         x = self.blocks(x, mask=self.mask[:n, :n], is_causal=True)
-        return self.head(x)
+        return self.head(self.norm(x))
+
+
+def adamw(params: Iterable[nn.Parameter], lr: float) -> tuple[torch.optim.Optimizer, str]:
+    """AdamW, fused (one kernel for all parameters) when this torch has it on the CPU."""
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, fused=True), "fused"
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01), "foreach"
+
+
+def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
+    """The learning rate's factor at each step: linear warm-up, then cosine to 10%."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps in all")
     parser.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument(
+        "--checkpoint", help="where to save (default: checkpoint.pt in the run directory)"
+    )
+    parser.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+    parser.add_argument("--resume", metavar="PATH", help="continue from this checkpoint")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_* come from cpuaccel
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    data = corpus(2_000_000)
-    model = DistributedDataParallel(TinyLM(args.width, args.layers, 4, args.context))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own samples
-    metrics = None
-    run_dir = os.environ.get("CPUACCEL_RUN_DIR")
-    if rank == 0 and run_dir:
-        metrics = open(os.path.join(run_dir, "metrics.jsonl"), "a")  # noqa: SIM115
+    ctx = cpuaccel.init(
+        mixed_precision="bf16" if args.precision == "bf16" else "no",
+        seed=args.seed,
+        gradient_accumulation_steps=args.grad_accum,
+    )
+    data = corpus(args.corpus_bytes)
+    loader = DataLoader(
+        Windows(data, args.context), batch_size=args.batch, shuffle=True, drop_last=True
+    )
+    model = TinyLM(args.width, args.layers, args.heads, args.context)
+    optimizer, kind = adamw(model.parameters(), args.lr)
+    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+    # After prepare: IPEX, when used, may hand back a new optimizer.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.steps))
+    step = 0
+    if args.resume:
+        state = ctx.load(args.resume, model=model, optimizer=optimizer, scheduler=scheduler)
+        step = int(state["step"])
+        ctx.print(f"resumed from {args.resume} at step {step}")
+    params = sum(p.numel() for p in model.parameters())
+    ctx.samples_per_step = args.batch * ctx.world_size * args.grad_accum
+    ctx.print(
+        f"model {params / 1e6:.2f}M parameters, AdamW ({kind}), {args.precision}, "
+        f"{ctx.world_size} rank(s) x {args.batch} x {args.grad_accum} sequences of "
+        f"{args.context} bytes per step, {len(loader)} batches per rank and epoch"
+    )
+    path = args.checkpoint or os.path.join(ctx.run_dir or ".", "checkpoint.pt")
+    # Where the data order stands: whole epochs done, then batches into this one.
+    epoch, skip = divmod(step * args.grad_accum, len(loader))
     first = last = None
     started = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        t0 = time.perf_counter()
-        starts = torch.randint(0, len(data) - args.context - 1, (args.batch,), generator=generator)
-        window = torch.stack([data[s : s + args.context + 1] for s in starts.tolist()])
-        inputs, targets = window[:, :-1], window[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            logits = model(inputs)
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        value = loss.detach().clone()
-        dist.all_reduce(value)
-        value = value.item() / world
-        first = first if first is not None else value
-        last = value
-        seconds = time.perf_counter() - t0
-        if rank == 0 and (step % 10 == 0 or step == 1):
-            rate = args.batch * world / seconds
-            print(f"step {step:4d}  loss {value:.3f}  {rate:7.1f} samples/s", flush=True)
-        if metrics is not None:
-            record = {"step": step, "loss": value, "step_time": seconds,
-                      "samples_per_s": args.batch * world / seconds}  # fmt: skip
-            metrics.write(json.dumps(record) + "\n")
-    if rank == 0:
-        total = time.perf_counter() - started
-        print(
-            f"done: {args.steps} steps on {world} rank(s) in {total:.1f} s; "
-            f"loss {first:.3f} -> {last:.3f} (uniform guess: {math.log(256):.3f})"
+    start_step = step
+    interval, counted = torch.zeros(()), 0  # loss summed over micro-batches since the last print
+    while step < args.steps:
+        loader.set_epoch(epoch, skip_batches=skip)
+        skip = 0
+        for inputs, targets in loader:
+            with ctx.accumulate(model):
+                with ctx.autocast():
+                    logits = model(inputs)
+                loss = nn.functional.cross_entropy(
+                    logits.float().reshape(-1, 256), targets.reshape(-1)
+                )
+                ctx.backward(loss)
+                interval += loss.detach()
+                counted += 1
+                if ctx.sync_gradients:
+                    ctx.clip_grad_norm_(model.parameters(), args.clip)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+            if not ctx.sync_gradients:
+                continue
+            step += 1
+            if step % args.log_every == 0 or step in (start_step + 1, args.steps):
+                # The mean loss since the last print, over all ranks' batches.
+                value = ctx.mean(interval / counted)
+                interval, counted = torch.zeros(()), 0
+                first = first if first is not None else value
+                last = value
+                record = ctx.log(step=step, loss=value, lr=scheduler.get_last_lr()[0])
+                ctx.print(
+                    f"step {step:4d}  loss {value:.4f}  {record['samples_per_s']:7.1f} samples/s"
+                    f"  sync {100 * record['sync_share']:4.1f}%"
+                )
+            if args.save_every and step % args.save_every == 0 and step < args.steps:
+                ctx.save(path, model=model, optimizer=optimizer, scheduler=scheduler, step=step)
+            if step >= args.steps:
+                break
+        epoch += 1
+    ctx.save(path, model=model, optimizer=optimizer, scheduler=scheduler, step=step)
+    seconds = time.perf_counter() - started
+    if first is not None and last is not None:
+        ctx.print(
+            f"done: steps {start_step + 1}-{step} on {ctx.world_size} rank(s) in {seconds:.1f} s; "
+            f"loss {first:.3f} -> {last:.3f} (uniform guess: {math.log(256):.3f}); "
+            f"gradient sync {ctx.grad_sync} {ctx.grad_sync_seconds:.2f} s; checkpoint {path}"
         )
-    if metrics is not None:
-        metrics.close()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

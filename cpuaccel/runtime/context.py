@@ -1,0 +1,490 @@
+"""``cpuaccel.init()`` and the :class:`Context` it returns: the training runtime's API.
+
+::
+
+    import cpuaccel
+
+    ctx = cpuaccel.init(mixed_precision="bf16")
+    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+    for step, (x, y) in enumerate(loader, 1):
+        with ctx.accumulate(model):
+            with ctx.autocast():
+                loss = loss_fn(model(x), y)
+            ctx.backward(loss)
+            if ctx.sync_gradients:
+                ctx.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+        ctx.log(step=step, loss=ctx.mean(loss))
+    ctx.save("checkpoint.pt", model=model, optimizer=optimizer, step=step)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import HashStore  # type: ignore[attr-defined]
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from cpuaccel.runtime import checkpoint, gradsync
+from cpuaccel.runtime._log import note
+from cpuaccel.runtime.backend import (
+    BACKEND_ENV,
+    IPEX_DISTS,
+    IPEX_MODULE,
+    BackendChoice,
+    choose_backend,
+    find_extension,
+)
+from cpuaccel.runtime.data import ShardedLoader, shard_loader
+from cpuaccel.runtime.env import DistEnv
+from cpuaccel.runtime.metrics import MetricsLog, default_path
+from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
+
+PRECISIONS: dict[str, torch.dtype | None] = {
+    "no": None,
+    "fp32": None,
+    "none": None,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def precision_dtype(mixed_precision: str | None) -> torch.dtype | None:
+    name = (mixed_precision or "no").strip().lower()
+    if name in ("fp16", "float16"):
+        raise ValueError(
+            "mixed_precision='fp16' is not supported on CPUs (it needs loss scaling and is "
+            "not faster there): use 'bf16'"
+        )
+    if name not in PRECISIONS:
+        raise ValueError(f"mixed_precision={mixed_precision!r}: use 'bf16' or 'no'")
+    return PRECISIONS[name]
+
+
+def cpu_bf16_support() -> str:
+    """The CPU's native bf16 instructions, from /proc/cpuinfo ("" when none or unknown)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            break
+    return ", ".join(f for f in ("amx_bf16", "avx512_bf16") if f in flags)
+
+
+class Context:
+    """A rank's view of the job, and the helpers that train across ranks.
+
+    Created by :func:`init`. Attributes: ``rank``, ``world_size``, ``local_rank``,
+    ``local_world_size``, ``is_main`` (rank 0), ``backend``, ``grad_sync`` ("mpi", "pg"
+    or "none"), ``dtype`` (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
+    ``sync_gradients`` (whether this micro-step syncs and should step the optimizer),
+    ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``.
+    """
+
+    def __init__(
+        self,
+        env: DistEnv,
+        backend: BackendChoice,
+        sync: gradsync.SyncChoice,
+        *,
+        dtype: torch.dtype | None,
+        gradient_accumulation_steps: int = 1,
+        seed: int = 0,
+        ipex: bool | None = None,
+        metrics_path: str | os.PathLike[str] | None = None,
+        find_unused_parameters: bool = False,
+        verbose: bool = True,
+        owns_group: bool = False,
+    ) -> None:
+        if gradient_accumulation_steps < 1:
+            raise ValueError("gradient_accumulation_steps must be at least 1")
+        self.env = env
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.local_rank = env.local_rank
+        self.local_world_size = env.local_world_size
+        self.is_main = env.rank == 0
+        self.run_dir = env.run_dir
+        self.backend = backend.name
+        self.backend_reason = backend.reason
+        self.grad_sync = sync.mode
+        self.grad_sync_reason = sync.reason
+        self.dtype = dtype
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.seed = seed
+        self.ipex = ipex
+        self.find_unused_parameters = find_unused_parameters
+        self.verbose = verbose
+        self.sync_gradients = True
+        self.samples_per_step: float | None = None
+        self.timer = gradsync.SyncTimer()
+        self.steps_done = 0
+        self._micro_steps = 0
+        self._loaders: list[ShardedLoader] = []
+        self._ipex_noted = False
+        self._owns_group = owns_group
+        self._mpi: gradsync.MpiState | None = None
+        if sync.mode == "mpi":
+            self._mpi = gradsync.mpi_state(sync.comm, env.world_size)
+            self._mpi.timer = self.timer
+        self._pg = gradsync.PgState(env.world_size, timer=self.timer)
+        self.metrics_path = Path(metrics_path) if metrics_path else default_path(env.run_dir)
+        self.metrics = MetricsLog(self.metrics_path, enabled=self.is_main)
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+            f"grad_sync={self.grad_sync!r}, dtype={self.dtype})"
+        )
+
+    def note(self, message: str) -> None:
+        note(message, rank=self.rank, enabled=self.verbose)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on rank 0 only (flushed)."""
+        if self.is_main:
+            print(*args, **{"flush": True, **kwargs})
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, *objects: Any) -> Any:
+        """Make models, optimizers and data loaders ready for this job; same order back.
+
+        - models (``nn.Module``): IPEX-optimized when usable (see ``init(ipex=...)``),
+          then wrapped in DDP when there is more than one rank, with gradients averaged
+          by MPI or the process group (``grad_sync``);
+        - optimizers: matched to the model whose parameters they hold, so that any
+          number of model–optimizer pairs can be prepared at once;
+        - ``DataLoader``: rebuilt so that each rank reads its own shard (see
+          :meth:`set_epoch`);
+        - anything else comes back unchanged.
+
+        One object in, one out; several in, a tuple out.
+        """
+        items = list(objects)
+        pairing = pair(items)
+        if any(isinstance(o, nn.Module) for o in items):
+            self._maybe_ipex(items, pairing)
+        for i, obj in enumerate(items):
+            if isinstance(obj, nn.Module):
+                items[i] = self._wrap(obj)
+            elif isinstance(obj, DataLoader):
+                items[i] = shard_loader(
+                    obj, rank=self.rank, world_size=self.world_size, seed=self.seed
+                )
+                if isinstance(items[i], ShardedLoader):
+                    self._loaders.append(items[i])
+        self.metrics.reset(steps_done=self.steps_done, sync_seconds=self.timer.seconds)
+        return items[0] if len(items) == 1 else tuple(items)
+
+    def _maybe_ipex(self, items: list[Any], pairing: Any) -> None:
+        if self.ipex is False:
+            reason = "IPEX skipped: init(ipex=False)"
+        else:
+            found = find_extension(IPEX_MODULE, IPEX_DISTS, torch.__version__)
+            if found.module is None:
+                if self.ipex:
+                    raise RuntimeError(f"init(ipex=True), but {found.reason}")
+                reason = f"IPEX skipped: {found.reason}"
+            else:
+                done, skipped = apply_ipex(found.module, items, pairing, self.dtype)
+                reason = f"IPEX optimize applied to {done} model(s): {found.reason}"
+                if skipped:
+                    reason += f"; not to {'; '.join(skipped)}"
+        if not self._ipex_noted:
+            self.note(reason)
+            self._ipex_noted = True
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.world_size == 1 or not needs_ddp(model):
+            return model
+        wrapped = DistributedDataParallel(model, find_unused_parameters=self.find_unused_parameters)
+        if self._mpi is not None:
+            wrapped.register_comm_hook(self._mpi, gradsync.mpi_hook)
+        else:
+            wrapped.register_comm_hook(self._pg, gradsync.pg_hook)
+        return wrapped
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The module inside DDP (what to inspect, or to save on its own)."""
+        unwrapped: nn.Module = checkpoint.unwrap(model)
+        return unwrapped
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the shuffle of every prepared loader's next pass (default: next epoch)."""
+        for loader in self._loaders:
+            loader.set_epoch(epoch)
+
+    # ------------------------------------------------------------------ training step
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` on the CPU in the chosen precision (a no-op for fp32)."""
+        return torch.autocast("cpu", dtype=self.dtype or torch.bfloat16, enabled=bool(self.dtype))
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+        """One micro-step of gradient accumulation.
+
+        Sets ``sync_gradients``: True on every ``gradient_accumulation_steps``-th call
+        (then step the optimizer); on the others the models' DDP gradient sync is
+        skipped (``no_sync``), so gradients only accumulate locally.
+        """
+        self._micro_steps += 1
+        self.sync_gradients = self._micro_steps % self.gradient_accumulation_steps == 0
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    if isinstance(model, DistributedDataParallel):
+                        stack.enter_context(model.no_sync())
+            yield
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, scaled for gradient accumulation."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        torch.autograd.backward(loss, **kwargs)
+        if self.sync_gradients:
+            self.steps_done += 1
+
+    def clip_grad_norm_(
+        self,
+        parameters: Iterable[torch.Tensor] | torch.Tensor | nn.Module,
+        max_norm: float,
+        norm_type: float = 2.0,
+    ) -> torch.Tensor:
+        """Clip the (already averaged) gradients' norm; returns the norm before clipping."""
+        if isinstance(parameters, nn.Module):
+            parameters = parameters.parameters()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # ------------------------------------------------------------------ across ranks
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def mean(self, value: torch.Tensor | float) -> float:
+        """The mean of ``value`` over all ranks (e.g. the loss), as a float."""
+        tensor = torch.as_tensor(value, dtype=torch.float64).detach().reshape(1).clone()
+        if self.world_size > 1:
+            dist.all_reduce(tensor)
+        return float(tensor.item()) / self.world_size
+
+    def _agree(self, error: str | None, what: str) -> None:
+        """Raise on every rank when rank 0 reports an error (and let all go on otherwise)."""
+        if self.world_size > 1:
+            box: list[Any] = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error is not None:
+            raise RuntimeError(f"{what} failed on rank 0: {error}")
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
+        """Write ``state`` to ``path`` atomically from rank 0; all ranks wait for it.
+
+        Models (wrapped or not), optimizers and schedulers are saved as their
+        ``state_dict()``; other values (step, epoch, config) as they are.
+        """
+        error = None
+        if self.is_main:
+            try:
+                checkpoint.write_atomic(path, checkpoint.to_bytes(state))
+            except Exception as exc:
+                if self.world_size == 1:
+                    raise
+                error = f"{type(exc).__name__}: {exc}"
+        self._agree(error, f"saving {path}")
+        return Path(path)
+
+    def load(
+        self, path: str | os.PathLike[str], *, weights_only: bool = True, **targets: Any
+    ) -> dict[str, Any]:
+        """Rank 0's checkpoint at ``path``, on every rank; loads the named ``targets``.
+
+        ``ctx.load(path, model=model, optimizer=opt)`` calls ``load_state_dict`` on each
+        with the entry of that name, and returns the whole dict (step, ...). Ranks whose
+        node holds no copy (or another one) of the file get rank 0's bytes over the
+        process group, so a checkpoint in a node-local folder works too.
+        """
+        data = Path(path).read_bytes() if self.world_size == 1 else self._fetch(Path(path))
+        state = checkpoint.from_bytes(data, weights_only=weights_only)
+        checkpoint.restore(state, targets)
+        return state
+
+    def _fetch(self, path: Path) -> bytes:
+        data: bytes | None = None
+        head: list[Any] = [None, None]
+        if self.is_main:
+            try:
+                data = path.read_bytes()
+                head = [hashlib.sha256(data).hexdigest(), None]
+            except OSError as exc:
+                head = [None, f"{type(exc).__name__}: {exc}"]
+        dist.broadcast_object_list(head, src=0)
+        digest, error = head
+        if error is not None:
+            raise RuntimeError(f"loading {path} failed on rank 0: {error}")
+        if not self.is_main:
+            with contextlib.suppress(OSError):
+                local = path.read_bytes()
+                if hashlib.sha256(local).hexdigest() == digest:
+                    data = local
+        wanted: list[Any] = [None] * self.world_size
+        dist.all_gather_object(wanted, data is None)
+        if any(wanted):
+            box: list[Any] = [data if self.is_main else None]
+            dist.broadcast_object_list(box, src=0)
+            if data is None:
+                data = box[0]
+        assert data is not None
+        return data
+
+    # ------------------------------------------------------------------ metrics
+
+    @property
+    def grad_sync_seconds(self) -> float:
+        """Seconds this rank has spent in gradient sync so far."""
+        return self.timer.seconds
+
+    def log(self, step: int | None = None, **values: Any) -> dict[str, Any]:
+        """Append a line to metrics.jsonl (rank 0) and return it (every rank).
+
+        ``samples=`` (samples since the previous call, all ranks) gives samples/s; so does
+        ``ctx.samples_per_step``. See :mod:`cpuaccel.runtime.metrics` for the fields added.
+        """
+        samples = values.pop("samples", None)
+        if step is not None:
+            values = {"step": step, **values}
+        return self.metrics.record(
+            values,
+            steps_done=self.steps_done,
+            sync_seconds=self.timer.seconds,
+            samples=None if samples is None else float(samples),
+            samples_per_step=self.samples_per_step,
+        )
+
+    # ------------------------------------------------------------------ end
+
+    def close(self) -> None:
+        """Destroy the process group if :func:`init` created it (also done at exit)."""
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def init(
+    mixed_precision: str | None = "no",
+    *,
+    gradient_accumulation_steps: int = 1,
+    seed: int | None = None,
+    backend: str | None = None,
+    grad_sync: str | None = None,
+    ipex: bool | None = None,
+    metrics_path: str | os.PathLike[str] | None = None,
+    find_unused_parameters: bool = False,
+    verbose: bool = True,
+) -> Context:
+    """Join the job (or start a world of one) and return its :class:`Context`.
+
+    - ``mixed_precision``: ``"bf16"`` (autocast to bfloat16 on the CPU) or ``"no"``;
+    - ``backend``: the process group's; default $CPUACCEL_BACKEND, else ``ccl`` when
+      oneCCL's bindings import and match torch, else ``gloo``;
+    - ``grad_sync``: ``"mpi"`` or ``"pg"``; default $CPUACCEL_GRAD_SYNC, else MPI when
+      the job was started by an MPI launcher and mpi4py works, else the process group;
+    - ``ipex``: None uses IPEX when it imports and matches torch; False never; True
+      requires it;
+    - ``seed``: seeds torch on every rank (and the data loaders' shuffles).
+
+    Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
+    run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
+    process group the script initialized itself is used as it is.
+    """
+    dtype = precision_dtype(mixed_precision)
+    env = DistEnv.from_environ()
+    owns = not (dist.is_available() and dist.is_initialized())
+    if not owns:
+        env = _with_world(env, dist.get_rank(), dist.get_world_size())
+        choice = BackendChoice(str(dist.get_backend()), "initialized by the script")
+    elif env.world_size == 1 and not backend and not os.environ.get(BACKEND_ENV):
+        choice = BackendChoice("gloo", "a single process")
+    else:
+        choice = choose_backend(backend, os.environ, torch.__version__, dist.is_mpi_available())
+    sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
+    if owns:
+        _init_group(choice.name, env)
+        atexit.register(_close_at_exit)
+    if seed is not None:
+        torch.manual_seed(seed)
+    ctx = Context(
+        env,
+        choice,
+        sync,
+        dtype=dtype,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        seed=seed or 0,
+        ipex=ipex,
+        metrics_path=metrics_path,
+        find_unused_parameters=find_unused_parameters,
+        verbose=verbose,
+        owns_group=owns,
+    )
+    ctx.note(f"backend {choice.name}: {choice.reason} ({env.world_size} rank(s))")
+    if env.world_size > 1:
+        ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
+    if dtype is not None:
+        native = cpu_bf16_support()
+        ctx.note(
+            f"mixed precision bf16: the CPU has {native}"
+            if native
+            else "mixed precision bf16: this CPU has no native bf16 (may be slower than fp32)"
+        )
+    return ctx
+
+
+def _with_world(env: DistEnv, rank: int, world_size: int) -> DistEnv:
+    return replace(env, rank=rank, world_size=world_size)
+
+
+def _init_group(backend: str, env: DistEnv) -> None:
+    if env.world_size == 1:
+        dist.init_process_group(backend, store=HashStore(), rank=0, world_size=1)
+        return
+    host = env.master_addr
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{host}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+
+
+def _close_at_exit() -> None:
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()

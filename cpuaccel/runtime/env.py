@@ -1,0 +1,44 @@
+"""Where this process sits in the job, read from the environment (no torch needed).
+
+Under ``cpuaccel run`` the worker has set RANK, WORLD_SIZE, ... already. A script
+started some other way (plain ``mpirun python train.py``, Slurm, torchrun) gets the same
+derivation the worker uses; with no launcher at all it is a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cpuaccel.worker import derive_env
+
+# Set by the MPI process managers that start each rank (Intel MPI/MPICH, Open MPI, PMIx).
+MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launched_by_mpi: bool
+    run_dir: str | None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
+        env = os.environ if environ is None else environ
+        derived = derive_env(env)
+        return cls(
+            rank=int(derived["RANK"]),
+            world_size=int(derived["WORLD_SIZE"]),
+            local_rank=int(derived["LOCAL_RANK"]),
+            local_world_size=int(derived["LOCAL_WORLD_SIZE"]),
+            master_addr=derived["MASTER_ADDR"],
+            master_port=int(derived["MASTER_PORT"]),
+            launched_by_mpi=any(name in env for name in MPI_RANK_VARS),
+            run_dir=env.get("CPUACCEL_RUN_DIR") or None,
+        )
