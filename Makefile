@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint unit demo bench-fanout bench-sync cluster-up cluster-down clean
+.PHONY: venv test lint unit demo bench-fanout bench-sync bench-launch cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,9 @@ bench-fanout: $(STAMP)
 
 bench-sync: $(STAMP)
 	$(BIN)/python bench/sync.py
+
+bench-launch: $(STAMP)
+	$(BIN)/python bench/launch.py
 
 cluster-up: $(STAMP)
 	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3
