@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint unit demo bench-fanout bench-sync bench-launch cluster-up cluster-down clean
+.PHONY: venv test lint unit demo bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ bench-sync: $(STAMP)
 
 bench-launch: $(STAMP)
 	$(BIN)/python bench/launch.py
+
+# 1 node x 2 ranks: fp32 DDP, Accelerate bf16 and cpuaccel run side by side, then the
+# gloo/MPI allreduce microbenchmark (its 2-node half needs root for the namespace cluster).
+bench-train: $(STAMP)
+	$(BIN)/python bench/train.py
+	$(BIN)/python bench/allreduce.py
 
 cluster-up: $(STAMP)
 	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3

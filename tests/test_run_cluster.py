@@ -10,26 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
-ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
 NODES = ("node1", "node2", "node3")
-LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
 WORKDIR = NODE_DIR / "work"
 
 # Prints "started", then: RANK 3 leaves with code 3 once all six ranks have started
@@ -49,61 +46,6 @@ if str(rank) == os.environ.get("FAIL_RANK"):
     os.kill(os.getpid(), 9)
 time.sleep(60)
 """
-
-
-class Run:
-    """One finished `cpuaccel run`."""
-
-    def __init__(self, proc: subprocess.CompletedProcess[str], seconds: float) -> None:
-        self.code = proc.returncode
-        self.stdout = proc.stdout
-        self.stderr = proc.stderr
-        self.seconds = seconds
-
-    def __repr__(self) -> str:  # what pytest shows when an assertion fails
-        return f"exit {self.code} in {self.seconds:.1f}s\n{self.stdout}\n{self.stderr}"
-
-    @property
-    def run_dir(self) -> Path:
-        found = re.findall(r"^run directory: (.+)$", self.stderr, re.M)
-        assert len(found) == 1, self
-        return Path(found[0])
-
-    def record(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
-        return data
-
-    def ranks(self) -> dict[int, tuple[str, str]]:
-        """rank -> (host of its label, text) of every labelled stdout line."""
-        found: dict[int, tuple[str, str]] = {}
-        for line in self.stdout.splitlines():
-            match = LABELLED.match(line)
-            assert match, f"unlabelled line {line!r} in\n{self}"
-            found[int(match[1])] = (match[2], match[3])
-        return found
-
-
-def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:
-    folder = tmp_path / f"proj-{uuid.uuid4().hex[:10]}"
-    folder.mkdir()
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    return folder
-
-
-def cpuaccel_run(project: Path, *args: str, timeout: float = 120) -> Run:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=project,
-        env=ENV,
-        timeout=timeout,
-    )
-    run = Run(proc, time.monotonic() - started)
-    assert "Traceback" not in run.stderr, run
-    return run
 
 
 def job_processes(cluster: Cluster, node: str, run_id: str) -> list[str]:

@@ -17,23 +17,17 @@ import json
 import math
 import random
 import re
-import subprocess
-import sys
-import time
-import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
 WORKDIR = NODE_DIR / "work"  # the nodes' own (not shared) folder for projects and runs
 _ports = iter(range(random.randrange(30000, 39000, 100), 65000))
 
@@ -42,58 +36,6 @@ def port() -> str:
     """A master port of its own for each job: a port still in TIME_WAIT from the job
     before counts as taken for cpuaccel's preflight."""
     return str(next(_ports))
-
-
-class Run:
-    """One finished `cpuaccel run`."""
-
-    def __init__(self, proc: subprocess.CompletedProcess[str], seconds: float) -> None:
-        self.code = proc.returncode
-        self.stdout = proc.stdout
-        self.stderr = proc.stderr
-        self.seconds = seconds
-
-    def __repr__(self) -> str:  # what pytest shows when an assertion fails
-        return f"exit {self.code} in {self.seconds:.1f}s\n{self.stdout}\n{self.stderr}"
-
-    def record(self) -> dict[str, Any]:
-        found = re.findall(r"^run directory: (.+)$", self.stderr, re.M)
-        assert len(found) == 1, self
-        data: dict[str, Any] = json.loads((Path(found[0]) / "run.json").read_text())
-        return data
-
-    def lines(self, rank: int) -> list[str]:
-        """What ``rank`` printed; every stdout line must carry a rank label."""
-        texts = []
-        for line in self.stdout.splitlines():
-            match = LABELLED.match(line)
-            assert match, f"unlabelled line {line!r} in\n{self}"
-            if int(match[1]) == rank:
-                texts.append(match[3])
-        return texts
-
-
-def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:
-    folder = tmp_path / f"proj-{uuid.uuid4().hex[:10]}"
-    folder.mkdir()
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    return folder
-
-
-def cpuaccel_run(project: Path, *args: str, timeout: float = 240) -> Run:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=project,
-        env=ENV,
-        timeout=timeout,
-    )
-    run = Run(proc, time.monotonic() - started)
-    assert "Traceback" not in run.stderr, run
-    return run
 
 
 @pytest.fixture(scope="module")

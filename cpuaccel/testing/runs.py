@@ -1,0 +1,89 @@
+"""Run the ``cpuaccel run`` CLI as a user does, for tests: a subprocess in a project folder.
+
+Tests of run, the runtime and Accelerate compatibility share these: a project folder of
+the test's own (synced to ``{{cpuaccel_workdir}}/<folder>`` on the nodes), the finished
+run with its labelled output parsed, and the run directory's record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# A clean environment: what a user's shell would pass, without this session's variables.
+ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
+
+
+class Run:
+    """One finished ``cpuaccel run``."""
+
+    def __init__(self, proc: subprocess.CompletedProcess[str], seconds: float) -> None:
+        self.code = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.seconds = seconds
+
+    def __repr__(self) -> str:  # what pytest shows when an assertion fails
+        return f"exit {self.code} in {self.seconds:.1f}s\n{self.stdout}\n{self.stderr}"
+
+    @property
+    def run_dir(self) -> Path:
+        found = re.findall(r"^run directory: (.+)$", self.stderr, re.M)
+        assert len(found) == 1, self
+        return Path(found[0])
+
+    def record(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
+        return data
+
+    def ranks(self) -> dict[int, tuple[str, str]]:
+        """rank -> (host of its label, text) of the last labelled stdout line of each rank."""
+        found: dict[int, tuple[str, str]] = {}
+        for line in self.stdout.splitlines():
+            match = LABELLED.match(line)
+            assert match, f"unlabelled line {line!r} in\n{self}"
+            found[int(match[1])] = (match[2], match[3])
+        return found
+
+    def lines(self, rank: int) -> list[str]:
+        """What ``rank`` printed; every stdout line must carry a rank label."""
+        texts = []
+        for line in self.stdout.splitlines():
+            match = LABELLED.match(line)
+            assert match, f"unlabelled line {line!r} in\n{self}"
+            if int(match[1]) == rank:
+                texts.append(match[3])
+        return texts
+
+
+def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:
+    """A project folder of its own (unique name) holding ``files``."""
+    folder = tmp_path / f"proj-{uuid.uuid4().hex[:10]}"
+    folder.mkdir()
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def cpuaccel_run(project: Path, *args: str, timeout: float = 240) -> Run:
+    """``cpuaccel run ARGS`` from the project folder; never a traceback."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpuaccel", "run", *args],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=ENV,
+        timeout=timeout,
+    )
+    run = Run(proc, time.monotonic() - started)
+    assert "Traceback" not in run.stderr, run
+    return run
