@@ -7,6 +7,7 @@ never stops the others, and results come back in inventory order.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -48,12 +49,71 @@ class HostResult(Generic[T]):
 Action = Callable[[Connector], T]
 
 
-def _run_one(host: Host, action: Action[T], options: ConnectOptions) -> HostResult[T]:
+class ConnectionPool:
+    """Connections kept open across the phases of one command (preflight, copy, launch,
+    sweep), so that each host costs one SSH handshake, not one per phase."""
+
+    def __init__(self, options: ConnectOptions) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._conns: dict[str, Connector] = {}
+
+    def get(self, host: Host) -> Connector:
+        with self._lock:
+            conn = self._conns.get(host.name)
+            if conn is None:
+                conn = self._conns[host.name] = connector_for(host, self.options)
+                fresh = True
+            else:
+                fresh = False
+        if fresh:
+            try:
+                conn.connect()
+            except BaseException:
+                self.discard(host)
+                raise
+        return conn
+
+    def discard(self, host: Host) -> None:
+        """Forget (and close) a host's connection, after it failed."""
+        with self._lock:
+            conn = self._conns.pop(host.name, None)
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            conn.close()
+
+    def __enter__(self) -> ConnectionPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _connected(
+    host: Host, action: Action[T], options: ConnectOptions, pool: ConnectionPool | None
+) -> T:
+    if pool is None:
+        with connector_for(host, options) as conn:
+            return action(conn)
+    try:
+        return action(pool.get(host))
+    except Unreachable:
+        pool.discard(host)  # a broken connection is not reused
+        raise
+
+
+def _run_one(
+    host: Host, action: Action[T], options: ConnectOptions, pool: ConnectionPool | None = None
+) -> HostResult[T]:
     started = time.monotonic()
     hint: str | None = None
     try:
-        with connector_for(host, options) as conn:
-            value = action(conn)
+        value = _connected(host, action, options, pool)
     except Unreachable as exc:
         status, error, hint = Status.UNREACHABLE, exc.reason, exc.hint
     except HostError as exc:
@@ -74,19 +134,21 @@ def run_on_hosts(
     forks: int = DEFAULT_FORKS,
     options: ConnectOptions | None = None,
     on_result: Callable[[HostResult[T]], None] | None = None,
+    pool: ConnectionPool | None = None,
 ) -> list[HostResult[T]]:
     """Run ``action(connector)`` on every host, at most ``forks`` at a time.
 
     ``on_result`` is called (from the calling thread) as each host finishes, for progress.
+    With a ``pool``, connections come from it and stay open for the next phase.
     """
     if forks < 1:
         raise ValueError("forks must be at least 1")
-    options = options or ConnectOptions()
+    options = pool.options if pool is not None else (options or ConnectOptions())
     results: dict[str, HostResult[T]] = {}
     if not hosts:
         return []
-    with ThreadPoolExecutor(max_workers=min(forks, len(hosts))) as pool:
-        futures = {pool.submit(_run_one, host, action, options): host for host in hosts}
+    with ThreadPoolExecutor(max_workers=min(forks, len(hosts))) as workers:
+        futures = {workers.submit(_run_one, host, action, options, pool): host for host in hosts}
         for future in as_completed(futures):
             result = future.result()
             results[result.host.name] = result

@@ -17,7 +17,7 @@ from cpuaccel.cli.options import Target, host_options
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
-from cpuaccel.executor import run_on_hosts
+from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.run import nodeops
@@ -92,7 +92,9 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     )
 
 
-def _copy_files(target: Target, plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
+def _copy_files(
+    target: Target, plan: RunPlan, files: dict[str, tuple[int, str]], pool: ConnectionPool
+) -> None:
     payload = json.dumps(files).encode()
 
     def write(conn: Connector) -> dict[str, object]:
@@ -100,11 +102,7 @@ def _copy_files(target: Target, plan: RunPlan, files: dict[str, tuple[int, str]]
             conn, nodeops, ["write", plan.run_dir], payload, what="writing the run's files"
         )
 
-    failed = [
-        r
-        for r in run_on_hosts(plan.hosts, write, forks=target.forks, options=target.connect)
-        if not r.ok
-    ]
+    failed = [r for r in run_on_hosts(plan.hosts, write, forks=target.forks, pool=pool) if not r.ok]
     if failed:
         raise UsageError(
             "; ".join(f"{r.host.name}: {r.error}" for r in failed),
@@ -176,7 +174,12 @@ def run_command(
 
 
 def _preflight_and_sync(
-    target: Target, request: RunRequest, draft: RunPlan, allow_sync: bool, local: bool
+    target: Target,
+    request: RunRequest,
+    draft: RunPlan,
+    allow_sync: bool,
+    local: bool,
+    pool: ConnectionPool,
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts."""
     err = ui.stderr()
@@ -191,6 +194,7 @@ def _preflight_and_sync(
             connect=target.connect,
             launcher_flavour=None if request.launcher == "auto" else request.launcher,
             check_project=not local,
+            pool=pool,
         )
     problems = list(found.errors)
     if found.stale and not allow_sync:
@@ -218,6 +222,7 @@ def _preflight_and_sync(
             SyncOptions(draft.project_dir),
             forks=target.forks,
             connect=target.connect,
+            pool=pool,
         )
         failed = [r for r in results if not r.ok]
         if failed:
@@ -254,11 +259,25 @@ def _launch(
     allow_sync: bool,
     job_timeout: float | None,
 ) -> int:
+    # One connection per node for every phase: preflight, sync, copy, launch, sweep.
+    with ConnectionPool(target.connect) as pool:
+        return _launch_with(target, request, chosen, run_id, allow_sync, job_timeout, pool)
+
+
+def _launch_with(
+    target: Target,
+    request: RunRequest,
+    chosen: list[Host],
+    run_id: str,
+    allow_sync: bool,
+    job_timeout: float | None,
+    pool: ConnectionPool,
+) -> int:
     project = Path.cwd().resolve()
     local = str(project) if all(h.is_local for h in chosen) else None
     draft = build_plan(request, chosen, None, run_id, local_project=local)
     try:
-        facts = _preflight_and_sync(target, request, draft, allow_sync, local is not None)
+        facts = _preflight_and_sync(target, request, draft, allow_sync, local is not None, pool)
     except PreflightFailed as exc:
         ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_USAGE
@@ -266,7 +285,7 @@ def _launch(
     files = render(plan, target.connect)
     run_dir = RunDir.create(project / "runs", plan, files)
     if local is None or "secret.env" in files:
-        _copy_files(target, plan, files)
+        _copy_files(target, plan, files, pool)
     run_dir.record(
         run_id=run_id,
         hosts=[h.name for h in plan.hosts],
@@ -279,7 +298,7 @@ def _launch(
         started=time.time(),
     )
     router = OutputRouter(run_dir, ui.stdout(), ui.stderr())
-    outcome = Job(plan, target.connect, run_dir, router, target.forks).run(job_timeout)
+    outcome = Job(plan, target.connect, run_dir, router, target.forks, pool).run(job_timeout)
     run_dir.record(
         exit_code=outcome.exit_code,
         reason=outcome.reason,

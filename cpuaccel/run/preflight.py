@@ -14,7 +14,7 @@ from typing import Any
 
 from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions, Connector
-from cpuaccel.executor import HostResult, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem
@@ -65,6 +65,7 @@ def run_preflight(
     connect: ConnectOptions,
     launcher_flavour: str | None,
     check_project: bool = True,
+    pool: ConnectionPool | None = None,
 ) -> Preflight:
     head = hosts[0]
 
@@ -76,7 +77,7 @@ def run_preflight(
         )
         return NodeState(facts, project)
 
-    results = run_on_hosts(hosts, probe, forks=forks, options=connect)
+    results = run_on_hosts(hosts, probe, forks=forks, options=connect, pool=pool)
     found = Preflight(results)
     facts = found.facts
     found.problems += checks.unreachable(results)

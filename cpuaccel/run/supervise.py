@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Connector, Process, connector_for
-from cpuaccel.executor import HostResult, run_on_hosts
+from cpuaccel.connectors.base import ConnectOptions, Connector, Process
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.run import nodeops
 from cpuaccel.run.plan import RunPlan
 from cpuaccel.run.rundir import RunDir
@@ -125,7 +126,12 @@ class Job:
         run_dir: RunDir,
         router: OutputRouter,
         forks: int,
+        pool: ConnectionPool | None = None,
     ) -> None:
+        # Connections of the earlier phases, reused: the launch and the sweep then cost
+        # no new SSH handshake.
+        self.pool = pool or ConnectionPool(connect)
+        self._own_pool = pool is None
         self.plan = plan
         self.connect = connect
         self.run_dir = run_dir
@@ -140,8 +146,7 @@ class Job:
 
     def run(self, timeout: float | None) -> Outcome:
         started = time.monotonic()
-        head = connector_for(self.plan.head, self.connect)
-        head.connect()
+        head = self.pool.get(self.plan.head)
         try:
             # setsid -w: a process group of its own (forking only if it must), whose
             # exit status it passes back.
@@ -167,7 +172,8 @@ class Job:
                 proc.close()
                 swept, left = self.sweep()
         finally:
-            head.close()
+            if self._own_pool:
+                self.pool.close()
             self.router.close()
         return self._outcome(launcher_exit, time.monotonic() - started, swept, left)
 
@@ -176,13 +182,12 @@ class Job:
             self.router.feed(stream, line)
 
     def _signal_launcher(self, signum: int) -> None:
-        with connector_for(self.plan.head, self.connect) as conn:
-            programs.call(
-                conn,
-                nodeops,
-                ["signal", self.plan.run_id, self.plan.path("launcher.pid"), str(int(signum))],
-                what="signalling the job",
-            )
+        args = ["signal", self.plan.run_id, self.plan.path("launcher.pid"), str(int(signum))]
+        try:
+            programs.call(self.pool.get(self.plan.head), nodeops, args, what="signalling the job")
+        except CpuaccelError as exc:
+            # The sweep that follows still ends every process of the job, node by node.
+            self.router.err.print(f"[yellow]could not signal the launcher: {escape(str(exc))}[/]")
 
     def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """End what is left of the job on every node; report what was ended and what stays."""
@@ -193,7 +198,7 @@ class Job:
             )
 
         results: list[HostResult[dict[str, Any]]] = run_on_hosts(
-            self.plan.hosts, end, forks=self.forks, options=self.connect
+            self.plan.hosts, end, forks=self.forks, pool=self.pool
         )
         swept: dict[str, Any] = {}
         left: dict[str, Any] = {}

@@ -21,7 +21,7 @@ from cpuaccel.api.host import Host
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import HostError, UsageError
-from cpuaccel.executor import HostResult, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.sync import remote, transfer
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest
@@ -410,12 +410,15 @@ def sync(
     connect: ConnectOptions,
     on_result: Callable[[HostResult[NodeReport]], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
+    pool: ConnectionPool | None = None,
 ) -> list[HostResult[NodeReport]]:
     """Sync to every host in parallel. Destinations are checked before any connection."""
     dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
     syncer = Syncer(source, options, dests, connect, on_bytes, memory, hosts)
-    results = run_on_hosts(hosts, syncer, forks=forks, options=connect, on_result=on_result)
+    results = run_on_hosts(
+        hosts, syncer, forks=forks, options=connect, on_result=on_result, pool=pool
+    )
     if memory is not None:
         memory.save()
     return results
