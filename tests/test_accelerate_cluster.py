@@ -10,10 +10,6 @@ with a plain ``Accelerator()`` (no ``cpu=True``) shows what else a launcher must
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,37 +17,19 @@ from typing import Any
 import pytest
 
 from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.runs import LABELLED, Run, cpuaccel_run
 
 pytestmark = pytest.mark.cluster
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accelerate_train.py"
-ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
 
 
-def run_example(
-    project: Path, *args: str, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=project,
-        env=ENV,
-        timeout=timeout,
-    )
-    print(f"cpuaccel run {' '.join(args)}: exit {proc.returncode} in "
-          f"{time.monotonic() - started:.1f} s")  # fmt: skip
-    return proc
-
-
-def json_lines(proc: subprocess.CompletedProcess[str]) -> dict[int, tuple[str, dict[str, Any]]]:
+def json_lines(run: Run) -> dict[int, tuple[str, dict[str, Any]]]:
     """rank -> (host of its label, the JSON it printed), from the labelled stdout."""
     found: dict[int, tuple[str, dict[str, Any]]] = {}
-    for line in proc.stdout.splitlines():
+    for line in run.stdout.splitlines():
         match = LABELLED.match(line)
-        assert match, f"unlabelled line {line!r}\n{proc.stdout}\n{proc.stderr}"
+        assert match, f"unlabelled line {line!r}\n{run}"
         text = match[3]
         if text.startswith("{"):
             found[int(match[1])] = (match[2], json.loads(text))
@@ -65,23 +43,21 @@ def make_project(tmp_path: Path, script: str) -> Path:
     return project
 
 
-def run_on_two_nodes(
-    cluster: Cluster, project: Path, port: int, *env: str
-) -> subprocess.CompletedProcess[str]:
+def run_on_two_nodes(cluster: Cluster, project: Path, port: int, *env: str) -> Run:
     """2 nodes x 2 ranks. Each test its own master port: the TCPStore of a job just ended
     leaves connections to it in TIME_WAIT for a minute, and `cpuaccel run`'s preflight
     (which binds without SO_REUSEADDR) reports the port as in use meanwhile."""
     options = [arg for item in env for arg in ("--env", item)]
-    return run_example(
+    return cpuaccel_run(
         project, "-i", str(cluster.inventory_path), "--nodes", "2", "--ppn", "2",
         "--master-port", str(port), *options, "accelerate_train.py",
     )  # fmt: skip
 
 
-def ran_on_four_ranks(proc: subprocess.CompletedProcess[str]) -> dict[int, dict[str, Any]]:
+def ran_on_four_ranks(proc: Run) -> dict[int, dict[str, Any]]:
     """What each rank printed, after checking the job ended well (a plain failure if not)."""
-    report = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    if proc.returncode != 0 or "Traceback" in proc.stderr:
+    report = repr(proc)
+    if proc.code != 0:
         pytest.fail(f"the job failed: {report}")
     ranks = json_lines(proc)
     if sorted(ranks) != [0, 1, 2, 3]:

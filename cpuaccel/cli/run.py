@@ -170,7 +170,10 @@ def run_command(
         plan = build_plan(request, chosen, None, run_id, local_project=local)
         _print_dry_run(plan, render(plan, target.connect))
         return
-    sys.exit(_launch(target, request, chosen, run_id, sync, job_timeout))
+    # One connection per node for every phase: preflight, sync, copy, launch, sweep.
+    with ConnectionPool(target.connect) as pool:
+        code = _launch(target, request, chosen, run_id, sync, job_timeout, pool)
+    sys.exit(code)
 
 
 def _preflight_and_sync(
@@ -252,19 +255,6 @@ def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:
 
 
 def _launch(
-    target: Target,
-    request: RunRequest,
-    chosen: list[Host],
-    run_id: str,
-    allow_sync: bool,
-    job_timeout: float | None,
-) -> int:
-    # One connection per node for every phase: preflight, sync, copy, launch, sweep.
-    with ConnectionPool(target.connect) as pool:
-        return _launch_with(target, request, chosen, run_id, allow_sync, job_timeout, pool)
-
-
-def _launch_with(
     target: Target,
     request: RunRequest,
     chosen: list[Host],
