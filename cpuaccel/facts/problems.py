@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpuaccel.executor import HostResult, Status
-from cpuaccel.facts.gather import Facts, is_ip
+from cpuaccel.facts.gather import Facts
 
 ERROR = "error"
 WARNING = "warning"
@@ -176,4 +176,4 @@ def find_problems(results: Sequence[HostResult[Facts]]) -> list[Problem]:
     return problems
 
 
-__all__ = ["ERROR", "WARNING", "Problem", "find_problems", "is_ip"]
+__all__ = ["ERROR", "WARNING", "Problem", "find_problems"]

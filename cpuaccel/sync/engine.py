@@ -122,9 +122,16 @@ def call_remote(
         what=f"syncing to {dest}",
         timeout=REMOTE_TIMEOUT,
     )
-    if value.get("entries") is not None:  # compared with the source's tuples (JSON: lists)
-        value["entries"] = {rel: tuple(entry) for rel, entry in value["entries"].items()}
+    _tupled(value)
+    if "scan" in value:  # apply's answer when the node's tree was not the expected one
+        _tupled(value["scan"])
     return value
+
+
+def _tupled(report: dict[str, Any]) -> None:
+    """Entries as tuples, as the source's are (JSON brings lists)."""
+    if report.get("entries") is not None:
+        report["entries"] = {rel: tuple(entry) for rel, entry in report["entries"].items()}
 
 
 # ---- planning
@@ -297,8 +304,6 @@ class Syncer:
             result = call_remote(conn, "apply", self._dest(conn), stream)
         if result.get("base_mismatch"):
             scanned: dict[str, Any] = result["scan"]
-            if scanned.get("entries") is not None:
-                scanned["entries"] = {k: tuple(v) for k, v in scanned["entries"].items()}
             return scanned
         if result["mismatches"]:
             self._remember(conn.host, None, None)

@@ -93,10 +93,8 @@ def tar_stream(source: SourceManifest, changed: Sequence[str], header: bytes) ->
         for rel in changed:
             entry = source.entries[rel]
             info = tar.gettarinfo(source.local[rel], arcname=rel)
-            if entry[0] == "f" and info.type == tarfile.SYMTYPE:
-                # --copy-links: send what the link points to as a plain file
-                info = tar.gettarinfo(os.path.realpath(source.local[rel]), arcname=rel)
-            elif entry[0] == "d" and info.type == tarfile.SYMTYPE:
+            if entry[0] in ("f", "d") and info.type == tarfile.SYMTYPE:
+                # --copy-links: send what the link points to, as a file or a folder
                 info = tar.gettarinfo(os.path.realpath(source.local[rel]), arcname=rel)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
