@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv test lint unit demo bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
+.PHONY: venv wheelhouse test lint unit demo bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -19,9 +19,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check cpuaccel tests bench examples
 	$(BIN)/mypy
 
+# The controller's wheels for offline nodes (pip download, part of the install step):
+# the provisioning tests install from it and never reach an index. Quick when filled.
+WHEELHOUSE := $(CURDIR)/.wheelhouse/upstream
+wheelhouse: $(STAMP)
+	$(BIN)/cpuaccel provision --tags wheelhouse -e cpuaccel_wheelhouse=$(WHEELHOUSE)
+
 # The multi-node tests start real namespace nodes and need root; CI sets
 # CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there.
-test: lint
+test: lint wheelhouse
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -59,3 +59,10 @@ class HostError(CpuaccelError):
         super().__init__(f"{host}: {message}", hint=hint)
         self.host = host
         self.reason = message
+
+
+class PlaybookError(InventoryError):
+    """The playbook is wrong (unknown module, bad argument, bad expression).
+
+    Found before anything runs on any node; names the file, line and task.
+    """

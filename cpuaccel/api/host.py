@@ -122,7 +122,13 @@ class Host:
 
     @property
     def python(self) -> str:
-        return str(self.vars.get("cpuaccel_python") or DEFAULT_PYTHON)
+        """``cpuaccel_python``, else the python of ``cpuaccel_venv`` (what provision
+        creates), else the node's ``python3``."""
+        if self.vars.get("cpuaccel_python"):
+            return str(self.vars["cpuaccel_python"])
+        if self.vars.get("cpuaccel_venv"):
+            return str(self.vars["cpuaccel_venv"]).rstrip("/") + "/bin/python"
+        return DEFAULT_PYTHON
 
     @property
     def workdir(self) -> str:

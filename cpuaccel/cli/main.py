@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from cpuaccel import __version__
 from cpuaccel.cli.check import check
+from cpuaccel.cli.provision import provision_command
 from cpuaccel.cli.report import report_command
 from cpuaccel.cli.run import run_command
 from cpuaccel.cli.sync import sync_command
@@ -19,6 +20,7 @@ Examples:
   cpuaccel check                       # localhost only, no inventory needed
   cpuaccel check -i inventory.yaml     # every node: reachable, alike, ready?
   cpuaccel check -i inventory.yaml --limit 'workers:!node3' --json
+  cpuaccel provision inventory.yaml            # make every node ready (idempotent)
   cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
   cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
@@ -36,6 +38,7 @@ def cli() -> None:
 
 
 cli.add_command(check)
+cli.add_command(provision_command, name="provision")
 cli.add_command(sync_command, name="sync")
 cli.add_command(run_command, name="run")
 cli.add_command(report_command, name="report")

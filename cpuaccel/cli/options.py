@@ -12,6 +12,7 @@ import click
 from cpuaccel.api.host import Host
 from cpuaccel.api.inventory import Inventory, parse_extra_vars
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
+from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,6 +48,16 @@ def host_options(func: F) -> F:
     @functools.wraps(func)
     def command(**kwargs: Any) -> Any:
         given = {name: kwargs.pop(name) for name in _OPTION_NAMES}
+        # `cpuaccel provision inventory.yaml`: the inventory as an argument, like
+        # ansible-playbook's habit of naming files on the command line.
+        positional = kwargs.pop("inventory_file", None)
+        if positional:
+            if given["inventory_path"] and given["inventory_path"] != positional:
+                raise UsageError(
+                    f"two inventories given: -i {given['inventory_path']} and {positional}",
+                    hint="give the inventory once",
+                )
+            given["inventory_path"] = positional
         return func(target=resolve_target(**given), **kwargs)
 
     decorators = [

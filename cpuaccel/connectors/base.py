@@ -61,6 +61,10 @@ class Process(abc.ABC):
         """Wait for the exit status (after lines() is exhausted)."""
 
     @abc.abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write to the process's stdin (it stays open for more)."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Close stdin and the connection to the process (it learns of it by EOF)."""
 

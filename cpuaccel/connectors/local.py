@@ -56,6 +56,11 @@ class LocalProcess(Process):
     def wait(self) -> int:
         return self._proc.wait()
 
+    def send(self, data: bytes) -> None:
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(data)
+        self._proc.stdin.flush()
+
     def close(self) -> None:
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             with contextlib.suppress(OSError):

@@ -101,6 +101,12 @@ class SSHProcess(Process):
     def wait(self) -> int:
         return self._chan.recv_exit_status()
 
+    def send(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except (OSError, paramiko.SSHException) as exc:
+            raise BrokenPipeError(f"the command's input is closed: {exc}") from None
+
     def close(self) -> None:
         with contextlib.suppress(OSError, paramiko.SSHException):
             self._chan.close()

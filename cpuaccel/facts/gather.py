@@ -38,14 +38,20 @@ def names_to_resolve(host: Host, peers: Sequence[Host]) -> list[str]:
     return [p.name for p in peers if p.name != host.name and not p.is_local and not is_ip(p.name)]
 
 
-def gather(conn: Connector, resolve: Sequence[str] = (), port: int | None = None) -> Facts:
-    """Run the probe with the host's ``cpuaccel_python`` and return its facts.
+def gather(
+    conn: Connector,
+    resolve: Sequence[str] = (),
+    port: int | None = None,
+    python: str | None = None,
+) -> Facts:
+    """Run the probe with ``python`` (default: the host's ``cpuaccel_python``).
 
     ``clock_skew`` is the node's clock minus the controller's, taken at the middle of
     the round trip so that network and start-up time do not count as skew.
     """
     host = conn.host
-    argv = [host.python, "-", host.workdir, host.setvars or "", str(port or ""), *resolve]
+    python = python or host.python
+    argv = [python, "-", host.workdir, host.setvars or "", str(port or ""), *resolve]
     sent = time.time()
     result = conn.run(argv, stdin=probe_source(), timeout=PROBE_TIMEOUT)
     received = time.time()
@@ -53,14 +59,14 @@ def gather(conn: Connector, resolve: Sequence[str] = (), port: int | None = None
     if result.exit_code in (126, 127):  # the shell's "not found" / "not executable"
         raise HostError(
             host.name,
-            f"cpuaccel_python {host.python!r} cannot be run on the node: {last}",
+            f"the interpreter {python!r} cannot be run on the node: {last}",
             hint="set cpuaccel_python to the node's interpreter, or run cpuaccel provision",
         )
     if not result.ok:
         raise HostError(
             host.name,
             f"the fact probe failed with exit code {result.exit_code}: {last}",
-            hint=f"check that {host.python} is Python 3.8 or newer",
+            hint=f"check that {python} is Python 3.8 or newer",
         )
     try:
         facts = json.loads(result.stdout)

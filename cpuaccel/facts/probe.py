@@ -119,11 +119,21 @@ def mpi_launchers() -> list[dict[str, str]]:
     return launchers
 
 
-def find_setvars(configured: str | None) -> dict[str, Any]:
+def find_setvars(configured: str | None, workdir: str | None = None) -> dict[str, Any]:
     if configured:
         path = os.path.expanduser(configured)
         return {"path": path, "configured": True, "exists": os.path.isfile(path)}
-    candidates = [
+    candidates = []
+    if workdir:
+        # What `cpuaccel provision` found and verified (its setvars task), first.
+        try:
+            with open(os.path.join(os.path.expanduser(workdir), ".cpuaccel", "setvars")) as f:
+                recorded = f.read().strip()
+            if recorded:
+                candidates.append(recorded)
+        except OSError:
+            pass
+    candidates += [
         "/opt/intel/oneapi/setvars.sh",
         os.path.expanduser("~/intel/oneapi/setvars.sh"),
         os.path.join(sys.prefix, "env", "setvars.sh"),
@@ -275,7 +285,7 @@ def gather(request: dict[str, Any]) -> dict[str, Any]:
         },
         "packages": package_versions(),
         "mpi": {"launchers": mpi_launchers()},
-        "setvars": find_setvars(request.get("setvars")),
+        "setvars": find_setvars(request.get("setvars"), request.get("workdir")),
         "cpu": cpu_topology(),
         "memory": memory(),
         "workdir": workdir,

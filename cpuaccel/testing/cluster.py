@@ -353,7 +353,7 @@ class Cluster:
 
         `host_overrides` adds or replaces host vars per node (e.g. another
         ``cpuaccel_python`` on one node); `only` limits the hosts listed; `extra_vars` adds
-        or replaces group vars under ``all.vars``.
+        or replaces group vars under ``all.vars`` (None leaves one of the defaults out).
         """
         overrides = dict(host_overrides or {})
         unknown = set(overrides) - set(self.names)
@@ -375,6 +375,8 @@ class Cluster:
             "cpuaccel_workdir": str(WORKDIR),
         }
         group_vars.update(extra_vars)
+        # None removes a default (e.g. cpuaccel_python=None: nodes use cpuaccel_venv).
+        group_vars = {k: v for k, v in group_vars.items() if v is not None}
         hosts: dict[str, Any] = {}
         for node in self.nodes:
             if only is not None and node.name not in only:

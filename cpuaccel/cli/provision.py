@@ -1,0 +1,146 @@
+"""``cpuaccel provision``: run a playbook (by default the one that makes nodes ready)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.options import Target, host_options
+from cpuaccel.errors import EXIT_OK, EXIT_USAGE
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.playbook import loader
+from cpuaccel.playbook.display import Display, Quiet
+from cpuaccel.playbook.modules import MODULES
+from cpuaccel.playbook.runner import Listener, Runner, default_playbook
+
+EPILOG = """\b
+Examples:
+  cpuaccel provision inventory.yaml                  # fresh nodes -> ready to train
+  cpuaccel provision inventory.yaml --check --diff   # what would change; changes nothing
+  cpuaccel provision inventory.yaml -e cpuaccel_stack=ipex-legacy
+  cpuaccel provision inventory.yaml --limit node3 --tags stack
+  cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
+  cpuaccel provision --list-modules
+
+\b
+The default playbook (playbooks/provision.yaml) creates cpuaccel_workdir and a venv at
+cpuaccel_venv, pushes a wheelhouse the controller fills (nodes need no index), installs
+the stack (cpuaccel_stack: upstream or ipex-legacy) and cpuaccel itself, finds
+setvars.sh, verifies torch under mpirun, and fails any node whose versions differ.
+
+\b
+Exit codes: 0 every host succeeded; 2 a host failed or was unreachable, or the
+playbook, inventory or arguments were bad (then nothing ran on any node).
+"""
+
+
+def _tags(values: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(t.strip() for v in values for t in v.split(",") if t.strip())
+
+
+def _list_modules() -> None:
+    out = ui.stdout()
+    for module in MODULES.values():
+        where = "controller" if module.on_controller else "node"
+        out.print(f"[bold]{module.name}[/] ({where}): {escape(module.summary)}")
+        if module.any_args:
+            out.print("    any NAME: VALUE pairs")
+        for name, arg in module.args.items():
+            extra = f" (one of {', '.join(arg.choices)})" if arg.choices else ""
+            need = " required" if arg.required else ""
+            aliases = f" alias {', '.join(arg.aliases)}" if arg.aliases else ""
+            out.print(f"    {name}: {arg.kind}{need}{extra}{aliases}")
+
+
+@click.command(epilog=EPILOG)
+@click.argument("inventory_file", required=False, metavar="[INVENTORY]")
+@host_options
+@click.option(
+    "--playbook",
+    "playbook_path",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Playbook to run instead of cpuaccel's default provision.yaml.",
+)
+@click.option("-C", "--check", is_flag=True, help="Report what would change; change nothing.")
+@click.option("-D", "--diff", is_flag=True, help="Show the text changes of copy and template.")
+@click.option("-t", "--tags", multiple=True, metavar="TAGS", help="Only tasks with these tags.")
+@click.option("--skip-tags", multiple=True, metavar="TAGS", help="Leave out tasks with these tags.")
+@click.option("--json", "as_json", is_flag=True, help="Print the recap and results as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="A line for every host of every task.")
+@click.option("--list-tasks", is_flag=True, help="List the playbook's tasks and exit.")
+@click.option(
+    "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
+)
+def provision_command(
+    target: Target,
+    playbook_path: str | None,
+    check: bool,
+    diff: bool,
+    tags: tuple[str, ...],
+    skip_tags: tuple[str, ...],
+    as_json: bool,
+    verbose: bool,
+    list_tasks: bool,
+    list_modules: bool,
+) -> None:
+    """Run an Ansible-style playbook on every node: idempotent, in parallel, with a recap.
+
+    A second run on the same nodes reports changed=0: that is the contract.
+    """
+    if list_modules:
+        _list_modules()
+        return
+    path = Path(playbook_path) if playbook_path else default_playbook()
+    # Validated whole before anything runs on any node: a bad playbook changes nothing.
+    playbook = loader.load(path)
+    if list_tasks:
+        out = ui.stdout()
+        for play in playbook.plays:
+            out.print(f"play: {escape(play.name)} (hosts: {escape(play.hosts)})")
+            for task in play.tasks:
+                tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
+                out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
+        return
+    listener: Listener = Quiet() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
+    started = time.monotonic()
+    pool = ConnectionPool(target.connect)
+    runner = Runner(
+        playbook,
+        target.inventory,
+        target.hosts,
+        pool,
+        forks=target.forks,
+        options=target.connect,
+        check=check,
+        diff=diff,
+        tags=_tags(tags),
+        skip_tags=_tags(skip_tags),
+        listener=listener,
+    )
+    try:
+        stats = runner.run()
+    finally:
+        pool.close()
+    seconds = time.monotonic() - started
+    ok = all(s.succeeded for s in stats.values())
+    if as_json:
+        ui.print_json(
+            {
+                "playbook": str(path),
+                "check": check,
+                "ok": ok,
+                "seconds": round(seconds, 3),
+                "stats": {name: s.to_json() for name, s in stats.items()},
+                "plays": runner.log,
+            }
+        )
+    else:
+        assert isinstance(listener, Display)
+        listener.recap(stats, seconds)
+    sys.exit(EXIT_OK if ok else EXIT_USAGE)

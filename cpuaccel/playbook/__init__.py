@@ -1,0 +1,1 @@
+"""cpuaccel provision: the playbook engine and what it ships to the nodes."""

@@ -1,0 +1,342 @@
+"""How each module runs for one host, given its rendered, normalised arguments.
+
+Node-side modules become one request to the host's agent; ``copy`` and ``template``
+read and render on the controller (as Ansible does) and send bytes with their
+checksum; ``synchronize`` is rsync from the controller; the rest never leave it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import posixpath
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.api.host import Host
+from cpuaccel.connectors import openssh
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.playbook import templar
+from cpuaccel.playbook.session import AgentSession
+from cpuaccel.playbook.sources import find_source, search_path
+
+Result = dict[str, Any]
+DEFAULT_MODULE_PYTHON = "python3"
+
+
+class ActionError(CpuaccelError):
+    """The task cannot run on this host as written (missing src, bad rendered value)."""
+
+
+def module_python(host: Host) -> str:
+    """The interpreter that runs the agent: Ansible's ``ansible_python_interpreter``.
+
+    Not ``cpuaccel_python``: provisioning is what creates that environment.
+    """
+    return str(host.vars.get("ansible_python_interpreter") or DEFAULT_MODULE_PYTHON)
+
+
+@dataclass
+class HostContext:
+    """What a module needs to act on one host."""
+
+    host: Host
+    connect: Callable[[], Connector]
+    options: ConnectOptions
+    playbook_dir: Path
+    check: bool
+    diff: bool
+    session: AgentSession | None = None
+    messages: list[str] = field(default_factory=list)
+
+    def agent(self) -> AgentSession:
+        if self.session is None:
+            self.session = AgentSession(self.connect(), module_python(self.host))
+        return self.session
+
+    def request(self, module: str, args: dict[str, Any]) -> Result:
+        return self.agent().request(module, args, check=self.check, diff=self.diff)
+
+
+def _command(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    request = {
+        k: args[k]
+        for k in ("creates", "removes", "chdir", "environment", "stdin")
+        if args.get(k) is not None
+    }
+    if args.get("timeout") is not None:
+        request["timeout"] = float(args["timeout"])
+    if args.get("argv"):
+        request["argv"] = [str(a) for a in args["argv"]]
+    elif args.get("cmd"):
+        try:
+            request["argv"] = shlex.split(str(args["cmd"]))
+        except ValueError as exc:
+            raise ActionError(f"cannot split the command line: {exc}") from None
+    else:
+        raise ActionError("command needs cmd (free form) or argv")
+    return ctx.request("command", request)
+
+
+def _shell(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    request = {
+        k: args[k]
+        for k in ("creates", "removes", "chdir", "environment", "stdin")
+        if args.get(k) is not None
+    }
+    if args.get("timeout") is not None:
+        request["timeout"] = float(args["timeout"])
+    request.update(cmd=str(args["cmd"]), shell=True, executable=args.get("executable") or "/bin/sh")
+    return ctx.request("command", request)
+
+
+def _passthrough(module: str) -> Callable[[HostContext, dict[str, Any], Mapping[str, Any]], Result]:
+    def action(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+        return ctx.request(module, {k: v for k, v in args.items() if v is not None})
+
+    return action
+
+
+def _send_bytes(ctx: HostContext, data: bytes, dest: str, args: Mapping[str, Any]) -> Result:
+    request: dict[str, Any] = {
+        "dest": dest,
+        "content_b64": base64.b64encode(data).decode(),
+        "checksum": hashlib.sha1(data).hexdigest(),
+        "force": args.get("force", True),
+    }
+    if args.get("mode") is not None:
+        request["mode"] = args["mode"]
+    return ctx.request("copy", request)
+
+
+def _copy(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    dest = str(args["dest"])
+    if args.get("content") is not None:
+        content = args["content"]
+        data = content.encode() if isinstance(content, str) else templar.to_text(content).encode()
+    else:
+        src = str(args["src"])
+        path = find_source(src, ctx.playbook_dir, "files")
+        if path is None or not path.is_file():
+            tried = ", ".join(str(p) for p in search_path(src, ctx.playbook_dir, "files"))
+            raise ActionError(
+                f"copy: src {src!r} is not a file on the controller (looked in {tried})"
+            )
+        data = path.read_bytes()
+        if dest.endswith("/"):
+            dest = posixpath.join(dest, path.name)
+    return _send_bytes(ctx, data, dest, args)
+
+
+def _template(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    src = str(args["src"])
+    path = find_source(src, ctx.playbook_dir, "templates")
+    if path is None or not path.is_file():
+        tried = ", ".join(str(p) for p in search_path(src, ctx.playbook_dir, "templates"))
+        raise ActionError(f"template {src!r} not found on the controller (looked in {tried})")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ActionError(f"cannot read template {path}: {exc}") from None
+    try:
+        rendered = templar.render_text(text, {**variables, "template_path": str(path)})
+    except templar.TemplateError as exc:
+        raise ActionError(f"template {path}: {exc.message}") from None
+    dest = str(args["dest"])
+    if dest.endswith("/"):
+        dest = posixpath.join(dest, path.name.removesuffix(".j2"))
+    return _send_bytes(ctx, rendered.encode(), dest, args)
+
+
+def _pip(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    names = list(args.get("name") or [])
+    if args.get("version"):
+        if len(names) != 1:
+            raise ActionError("pip: version needs exactly one name")
+        names = [f"{names[0]}=={args['version']}"]
+    if not names and not args.get("requirements"):
+        raise ActionError("pip: give name or requirements")
+    # An empty value means "not given": playbooks compute optional arguments in Jinja.
+    request = {
+        k: v for k, v in args.items() if v not in (None, "", []) and k not in ("version", "timeout")
+    }
+    request["name"] = names
+    request.setdefault("state", "present")
+    return ctx.request("pip", request)
+
+
+def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    """rsync from the controller: the way a wheelhouse reaches offline nodes."""
+    src = Path(str(args["src"])).expanduser()
+    if not src.exists():
+        raise ActionError(f"synchronize: src {src} does not exist on the controller")
+    dest = str(args["dest"])
+    host = ctx.host
+    # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
+    argv = ["rsync", "-a", "--mkpath", "--out-format=%i %n"]
+    if ctx.check:
+        argv.append("--dry-run")
+    if args.get("delete"):
+        argv.append("--delete")
+    argv += [str(o) for o in args.get("rsync_opts") or []]
+    source = str(src) + ("/" if src.is_dir() else "")
+    if host.is_local:
+        target = dest
+    else:
+        argv += ["-e", shlex.join(["ssh", *openssh.ssh_options(host, ctx.options)])]
+        target = openssh.remote_spec(host, dest)
+    argv += [source, target]
+    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return {"failed": True, "changed": False, "rc": proc.returncode, "msg": f"rsync: {last}"}
+    # rsync itemizes only what differs; "cd+++" of dest itself counts as a change too.
+    items = [line for line in proc.stdout.splitlines() if line.strip()]
+    return {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
+
+
+def _assert(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    for expr in args["that"]:
+        if not templar.condition(str(expr), variables):
+            msg = args.get("fail_msg") or f"Assertion failed: {expr}"
+            return {"failed": True, "changed": False, "msg": str(msg), "assertion": str(expr)}
+    return {
+        "failed": False,
+        "changed": False,
+        "msg": args.get("success_msg") or "All assertions passed",
+    }
+
+
+def _fail(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    return {"failed": True, "changed": False, "msg": str(args["msg"])}
+
+
+def _debug(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    if args.get("var"):
+        value = templar.evaluate(str(args["var"]), variables)
+        return {
+            "changed": False,
+            "failed": False,
+            str(args["var"]): value,
+            "msg": templar.to_text(value),
+        }
+    msg = args.get("msg", "Hello world!")
+    return {
+        "changed": False,
+        "failed": False,
+        "msg": msg if isinstance(msg, str) else templar.to_text(msg),
+    }
+
+
+def _set_fact(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    return {"changed": False, "failed": False, "ansible_facts": dict(args)}
+
+
+def _alike(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    """Gather this host's facts with the given Python; ``finish_alike`` compares hosts."""
+    from cpuaccel.facts.gather import gather
+
+    python = str(args.get("python") or ctx.host.python)
+    facts = gather(ctx.connect(), python=python)
+    return {"changed": False, "failed": False, "facts": facts}
+
+
+def self_requirements() -> list[str]:
+    """cpuaccel's own dependencies (no extras): the self wheel needs them on the node."""
+    import importlib.metadata
+
+    requires = importlib.metadata.requires("cpuaccel") or []
+    return [r for r in requires if "extra ==" not in r and "extra==" not in r]
+
+
+def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    """Wheels for offline nodes, filled on the controller (which can reach an index)."""
+    from cpuaccel.playbook import wheels
+
+    dest = Path(str(args["dest"])).expanduser()
+    requirements = list(args.get("requirements") or [])
+    if args.get("include_self"):
+        requirements += self_requirements()
+    constraints = Path(str(args["constraints"])).expanduser() if args.get("constraints") else None
+    filled = (
+        wheels.fill_wheelhouse(dest, requirements, constraints=constraints)
+        if requirements
+        else None
+    )
+    result: Result = {
+        "changed": bool(filled and filled.changed),
+        "failed": False,
+        "path": str(dest),
+        "files": list(filled.files) if filled else [],
+    }
+    if args.get("include_self"):
+        # Its own folder: the self wheel changes with every code change, and must not
+        # invalidate the stamp that lets an unchanged wheelhouse skip pip.
+        own = dest / "cpuaccel"
+        own.mkdir(parents=True, exist_ok=True)
+        before = set(own.glob("cpuaccel-*.whl"))
+        wheel = wheels.build_self_wheel(own)
+        result["changed"] |= wheel not in before
+        for old in own.glob("cpuaccel-*.whl"):
+            if old != wheel:
+                old.unlink()
+                result["changed"] = True
+        result["self_wheel"] = f"cpuaccel/{wheel.name}"
+    return result
+
+
+Action = Callable[[HostContext, dict[str, Any], Mapping[str, Any]], Result]
+
+ACTIONS: dict[str, Action] = {
+    "command": _command,
+    "shell": _shell,
+    "file": _passthrough("file"),
+    "stat": _passthrough("stat"),
+    "setvars": _passthrough("setvars"),
+    "copy": _copy,
+    "template": _template,
+    "pip": _pip,
+    "synchronize": _synchronize,
+    "assert": _assert,
+    "fail": _fail,
+    "debug": _debug,
+    "set_fact": _set_fact,
+    "wheelhouse": _wheelhouse,
+    "alike": _alike,
+}
+
+
+def finish_alike(results: dict[str, Result], args_by_host: Mapping[str, Mapping[str, Any]]) -> None:
+    """Fail every host whose versions differ from the majority (check's drift rules)."""
+    from cpuaccel.facts.problems import ERROR, drift
+
+    facts = {
+        name: r["facts"] for name, r in results.items() if not r.get("failed") and "facts" in r
+    }
+    wanted: set[str] = set()
+    for args in args_by_host.values():
+        wanted.update(str(p) for p in args.get("packages") or [])
+    problems = drift(facts)
+    for name, result in results.items():
+        mine = [p for p in problems if p.host == name and p.severity == ERROR]
+        result["versions"] = {
+            "python": (result.get("facts") or {}).get("python", {}).get("version"),
+            **{
+                k: v
+                for k, v in ((result.get("facts") or {}).get("packages") or {}).items()
+                if not wanted or k in wanted
+            },
+        }
+        result.pop("facts", None)
+        if mine:
+            result.update(failed=True, msg="; ".join(p.message for p in mine))
+
+
+FINISHERS: dict[str, Callable[[dict[str, Result], Mapping[str, Mapping[str, Any]]], None]] = {
+    "alike": finish_alike,
+}

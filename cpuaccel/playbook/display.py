@@ -1,0 +1,152 @@
+"""What a playbook run prints: a compact line per task as it ends, then Ansible's recap.
+
+One line per task keeps a 40-task run on one screen: the counts, then the hosts that
+changed or failed (failures with their message). ``-v`` lists every host; ``--diff``
+prints the text diff of copy and template. On a terminal a bar shows the hosts that
+have finished the current task.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.playbook.actions import Result
+from cpuaccel.playbook.model import Play, Task
+from cpuaccel.playbook.runner import Listener, status_of
+from cpuaccel.playbook.stats import HostStats
+
+_STYLE = {
+    "ok": "green",
+    "changed": "yellow",
+    "failed": "bold red",
+    "unreachable": "bold red",
+    "skipped": "cyan",
+    "ignored": "magenta",
+}
+_ORDER = ("ok", "changed", "skipped", "ignored", "failed", "unreachable")
+
+
+def _diff_text(result: Result) -> list[str]:
+    diff = result.get("diff")
+    if not isinstance(diff, dict):
+        return []
+    if diff.get("binary"):
+        return ["(binary or large file: no text diff)"]
+    before, after = diff.get("before"), diff.get("after")
+    if isinstance(before, str) and isinstance(after, str):
+        header = str(diff.get("after_header") or "")
+        return list(
+            difflib.unified_diff(
+                before.splitlines(),
+                after.splitlines(),
+                f"before: {header}",
+                f"after: {header}",
+                lineterm="",
+            )
+        )
+    if isinstance(before, dict) and isinstance(after, dict) and before != after:
+        return [f"- {json.dumps(before, sort_keys=True)}", f"+ {json.dumps(after, sort_keys=True)}"]
+    return []
+
+
+def _message(result: Result) -> str:
+    msg = str(result.get("msg") or "").strip()
+    stderr = str(result.get("stderr") or "").strip()
+    if stderr and (not msg or msg == "non-zero return code"):
+        msg = f"{msg}: {stderr.splitlines()[-1]}" if msg else stderr.splitlines()[-1]
+    if result.get("hint"):
+        msg += f" (fix: {result['hint']})"
+    return msg or "failed"
+
+
+class Display(Listener):
+    def __init__(self, console: Console, *, verbose: bool = False, diff: bool = False) -> None:
+        self.console = console
+        self.verbose = verbose
+        self.diff = diff
+        self._stack: ExitStack | None = None
+        self._tracker: ui.Tracker | None = None
+        self._number = 0
+
+    def play_start(self, play: Play, hosts: Sequence[str]) -> None:
+        self.console.print(
+            f"[bold]{escape(f'PLAY [{play.name}]')}[/] {len(hosts)} host{'s' * (len(hosts) != 1)}"
+        )
+
+    def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None:
+        self._number += 1
+        self._stack = ExitStack()
+        self._tracker = self._stack.enter_context(ui.progress(f"TASK [{title}]", len(hosts)))
+
+    def host_progress(self, host: str) -> None:
+        if self._tracker is not None:
+            self._tracker.advance(host)
+
+    def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = self._tracker = None
+        statuses = {host: status_of(r) for host, r in results.items()}
+        counts = Counter(statuses.values())
+        worst = next((s for s in reversed(_ORDER) if counts.get(s)), "ok")
+        summary = " ".join(f"[{_STYLE[s]}]{s}={counts[s]}[/]" for s in _ORDER if counts.get(s))
+        self.console.print(
+            f"  [{_STYLE[worst]}]{worst:<11}[/] {escape(f'TASK [{title}]')}  {summary}", markup=True
+        )
+        for host, result in results.items():
+            status = statuses[host]
+            if status in ("failed", "unreachable", "ignored"):
+                style, why = _STYLE[status], escape(_message(result))
+                self.console.print(f"      [{style}]{status}: {escape(host)}[/]: {why}")
+            elif status == "changed" or self.verbose:
+                detail = ""
+                if self.verbose and result.get("msg"):
+                    detail = f": {result['msg']}"
+                self.console.print(f"      {status}: {escape(host)}{escape(str(detail))}")
+            if self.diff and result.get("changed"):
+                for line in _diff_text(result):
+                    style = (
+                        "green" if line.startswith("+") else "red" if line.startswith("-") else ""
+                    )
+                    text = escape(line)
+                    self.console.print(
+                        f"        [{style}]{text}[/]" if style else f"        {text}"
+                    )
+
+    def recap(self, stats: Mapping[str, HostStats], seconds: float) -> None:
+        self.console.print("\n[bold]PLAY RECAP[/]")
+        width = max((len(name) for name in stats), default=0)
+        for name, s in stats.items():
+            style = "red" if not s.succeeded else "yellow" if s.changed else "green"
+            self.console.print(f"[{style}]{escape(name):<{width}}[/] : {s.line()}")
+        self.console.print(f"({seconds:.1f} s)")
+
+
+class Quiet(Listener):
+    """--json: nothing on stdout until the end (a bar on a terminal's stderr is fine)."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._tracker: ui.Tracker | None = None
+
+    def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None:
+        self._stack = ExitStack()
+        self._tracker = self._stack.enter_context(ui.progress(f"TASK [{title}]", len(hosts)))
+
+    def host_progress(self, host: str) -> None:
+        if self._tracker is not None:
+            self._tracker.advance(host)
+
+    def task_end(self, task: Task | None, title: str, results: Mapping[str, Any]) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = self._tracker = None

@@ -1,0 +1,360 @@
+"""Run a playbook with Ansible's linear strategy.
+
+Each task runs on every remaining host in parallel (up to ``forks``), then the next
+task starts. A host that fails drops out of the rest of the playbook; the others go
+on. Variables, lowest first: inventory, play vars, gathered facts, registered results
+and set_fact, task vars, then ``-e`` over everything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel import __version__
+from cpuaccel.api.host import Host
+from cpuaccel.api.inventory import EXTRA_VARS_SOURCE, Inventory
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.playbook import modules as catalogue
+from cpuaccel.playbook import templar
+from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result, module_python
+from cpuaccel.playbook.model import Play, Playbook, Task
+from cpuaccel.playbook.stats import HostStats
+
+FACTS_VAR = "cpuaccel_facts"
+
+
+@dataclass
+class HostState:
+    host: Host
+    ctx: HostContext
+    facts: dict[str, Any] = field(default_factory=dict)  # registered and set_fact
+    failed: bool = False
+    unreachable: bool = False
+    stats: HostStats = field(default_factory=HostStats)
+
+    @property
+    def active(self) -> bool:
+        return not (self.failed or self.unreachable)
+
+
+class Listener:
+    """What the display hears; every method may be left as is."""
+
+    def play_start(self, play: Play, hosts: Sequence[str]) -> None: ...
+
+    def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None: ...
+
+    def host_progress(self, host: str) -> None:
+        """A host finished the current step (called from its worker thread)."""
+
+    def host_done(self, title: str, host: str, result: Result) -> None: ...
+
+    def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None: ...
+
+
+def _status(result: Result) -> str:
+    if result.get("unreachable"):
+        return "unreachable"
+    if result.get("failed"):
+        return "ignored" if result.get("ignored") else "failed"
+    if result.get("skipped"):
+        return "skipped"
+    return "changed" if result.get("changed") else "ok"
+
+
+def status_of(result: Result) -> str:
+    return _status(result)
+
+
+def selected(task: Task, tags: frozenset[str], skip_tags: frozenset[str]) -> bool:
+    """Ansible's tag rules: 'always' runs unless skipped by name, 'never' only on request."""
+    if task.tags & skip_tags:
+        return False
+    if "never" in task.tags and not (task.tags & tags):
+        return False
+    if not tags or "all" in tags:
+        return True
+    return bool(task.tags & (tags | {"always"}))
+
+
+class Runner:
+    def __init__(
+        self,
+        playbook: Playbook,
+        inventory: Inventory,
+        hosts: Sequence[Host],
+        pool: ConnectionPool,
+        *,
+        forks: int,
+        options: ConnectOptions,
+        check: bool = False,
+        diff: bool = False,
+        tags: frozenset[str] = frozenset(),
+        skip_tags: frozenset[str] = frozenset(),
+        controller_vars: Mapping[str, Any] | None = None,
+        listener: Listener | None = None,
+    ) -> None:
+        self.playbook = playbook
+        self.inventory = inventory
+        self.limit = {h.name for h in hosts}
+        self.pool = pool
+        self.forks = forks
+        self.options = options
+        self.check = check
+        self.diff = diff
+        self.tags = tags
+        self.skip_tags = skip_tags
+        self.controller_vars = dict(controller_vars or {})
+        self.listener = listener or Listener()
+        self.states: dict[str, HostState] = {}
+        for host in hosts:
+            ctx = HostContext(
+                host=host,
+                connect=self._connector(host),
+                options=options,
+                playbook_dir=playbook.directory,
+                check=check,
+                diff=diff,
+            )
+            self.states[host.name] = HostState(host, ctx)
+        self.log: list[dict[str, Any]] = []  # per play and task, for --json
+
+    def _connector(self, host: Host) -> Callable[[], Connector]:
+        return lambda: self.pool.get(host)
+
+    # -- variables -------------------------------------------------------------------
+
+    def _extra_vars(self, host: Host) -> dict[str, Any]:
+        return {
+            name: value
+            for name, value in host.vars.items()
+            if (origin := self.inventory.origin(host.name, name)) is not None
+            and origin.source == EXTRA_VARS_SOURCE
+        }
+
+    def variables(self, state: HostState, play: Play, task: Task | None) -> dict[str, Any]:
+        host = state.host
+        groups = {name: self.inventory.group_hosts(name) for name in self.inventory.groups}
+        merged: dict[str, Any] = {
+            **self.controller_vars,
+            "inventory_hostname": host.name,
+            "inventory_hostname_short": host.name.split(".")[0],
+            "group_names": [g for g in host.groups if g != "all"],
+            "groups": groups,
+            "playbook_dir": str(self.playbook.directory),
+            "ansible_check_mode": self.check,
+            "ansible_diff_mode": self.diff,
+            "ansible_play_hosts": [s.host.name for s in self._play_states(play) if s.active],
+            "cpuaccel_version": __version__,
+            **host.vars,
+        }
+        merged.update(self._render_vars(play.vars, merged))
+        merged.update(state.facts)
+        if task is not None and task.vars:
+            merged.update(self._render_vars(task.vars, merged))
+        merged.update(self._extra_vars(host))
+        return merged
+
+    @staticmethod
+    def _render_vars(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+        # Lazily, in order: a play var may use an inventory var or an earlier play var.
+        out: dict[str, Any] = {}
+        for name, value in raw.items():
+            out[name] = templar.render(value, {**base, **out})
+        return out
+
+    def _play_states(self, play: Play) -> list[HostState]:
+        names = self.inventory.select(play.hosts)
+        return [self.states[h.name] for h in names if h.name in self.limit]
+
+    # -- running ---------------------------------------------------------------------
+
+    def run(self) -> dict[str, HostStats]:
+        try:
+            for play in self.playbook.plays:
+                self.run_play(play)
+        finally:
+            for state in self.states.values():
+                if state.ctx.session is not None:
+                    state.ctx.session.close()
+        return {name: s.stats for name, s in self.states.items()}
+
+    def run_play(self, play: Play) -> None:
+        try:
+            states = self._play_states(play)
+        except CpuaccelError as exc:
+            raise CpuaccelError(
+                f"{play.file}:{play.line}: play {play.name!r}: {exc.message}"
+            ) from None
+        self.listener.play_start(play, [s.host.name for s in states])
+        entry: dict[str, Any] = {
+            "play": play.name,
+            "hosts": [s.host.name for s in states],
+            "tasks": [],
+        }
+        self.log.append(entry)
+        try:
+            play_vars_check = {
+                s.host.name: self.variables(s, play, None) for s in states if s.active
+            }
+        except templar.TemplateError as exc:
+            raise CpuaccelError(
+                f"{play.file}:{play.line}: play {play.name!r}: vars: {exc.message}",
+                hint="define the variable in the inventory, the play's vars, or with -e",
+            ) from None
+        del play_vars_check
+        if play.gather_facts:
+            self._run_step(play, None, "Gathering Facts", entry)
+        for task in play.tasks:
+            if not selected(task, self.tags, self.skip_tags):
+                continue
+            self._run_step(play, task, task.name, entry)
+
+    def _run_step(self, play: Play, task: Task | None, title: str, entry: dict[str, Any]) -> None:
+        states = [s for s in self._play_states(play) if s.active]
+        if not states:
+            return
+        self.listener.task_start(task, title, [s.host.name for s in states])
+        started = time.monotonic()
+        targets = states[:1] if task is not None and task.run_once else states
+        results: dict[str, Result] = {}
+
+        def one(state: HostState) -> tuple[str, Result]:
+            result = self._gather(state) if task is None else self._run_task(state, play, task)
+            self.listener.host_progress(state.host.name)
+            return state.host.name, result
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.forks, len(targets)))) as workers:
+            for name, result in workers.map(one, targets):
+                results[name] = result
+        if task is not None and task.module in FINISHERS:
+            FINISHERS[task.module](results, {n: task.args for n in results})
+        if task is not None and task.run_once:
+            only = results[targets[0].host.name]
+            results = {s.host.name: dict(only) for s in states}
+        for state in states:
+            result = results[state.host.name]
+            self._settle(state, task, result)
+            self.listener.host_done(title, state.host.name, result)
+        self.listener.task_end(task, title, results)
+        entry["tasks"].append(
+            {
+                "task": title,
+                "module": task.module if task else "gather_facts",
+                "where": task.where if task else None,
+                "seconds": round(time.monotonic() - started, 3),
+                "hosts": {name: _for_json(r) for name, r in results.items()},
+            }
+        )
+
+    def _settle(self, state: HostState, task: Task | None, result: Result) -> None:
+        """Count the result, register it, and drop the host if it failed."""
+        if task is not None:
+            if task.register:
+                state.facts[task.register] = result
+            facts = result.get("ansible_facts")
+            if isinstance(facts, dict) and not result.get("failed"):
+                state.facts.update(facts)
+        if result.get("failed") and task is not None and task.ignore_errors:
+            result["ignored"] = True
+        status = _status(result)
+        state.stats.count(status, bool(result.get("changed")))
+        if status == "unreachable":
+            state.unreachable = True
+        elif status == "failed":
+            state.failed = True
+
+    def _gather(self, state: HostState) -> Result:
+        from cpuaccel.facts.gather import gather
+
+        try:
+            facts = gather(state.ctx.connect(), python=module_python(state.host))
+        except HostError as exc:
+            return _host_error(exc)
+        state.facts[FACTS_VAR] = facts
+        return {"changed": False, "failed": False}
+
+    def _run_task(self, state: HostState, play: Play, task: Task) -> Result:
+        try:
+            variables = self.variables(state, play, task)
+            if task.loop is None:
+                return self._run_item(state, task, variables)
+            items = templar.render(task.loop, variables)
+            if not isinstance(items, list):
+                return {"failed": True, "msg": f"loop must be a list, got {templar.to_text(items)}"}
+            results = [
+                self._run_item(state, task, {**variables, task.loop_var: item}) for item in items
+            ]
+            return {
+                "results": results,
+                "changed": any(r.get("changed") for r in results),
+                "failed": any(r.get("failed") for r in results),
+                "skipped": bool(results) and all(r.get("skipped") for r in results),
+                "msg": next((r["msg"] for r in results if r.get("failed") and r.get("msg")), ""),
+            }
+        except HostError as exc:
+            return _host_error(exc)
+        except CpuaccelError as exc:
+            return {"failed": True, "changed": False, "msg": f"{task.where}: {exc.message}"}
+
+    def _run_item(self, state: HostState, task: Task, variables: dict[str, Any]) -> Result:
+        for expr in task.when:
+            if not templar.condition(expr, variables):
+                return {"skipped": True, "changed": False, "skip_reason": f"when: {expr} was false"}
+        module = catalogue.MODULES[task.module]
+        rendered = templar.render(dict(task.args), variables)
+        timeout = rendered.pop("timeout", None)
+        try:
+            args = catalogue.normalise(module, rendered)
+        except catalogue.ArgError as exc:
+            return {"failed": True, "changed": False, "msg": exc.message}
+        if timeout is not None:
+            args["timeout"] = timeout
+        check = state.ctx.check
+        if task.check_mode is not None:
+            state.ctx.check = task.check_mode  # one task at a time per host: no race
+        try:
+            result = ACTIONS[task.module](state.ctx, args, variables)
+        finally:
+            state.ctx.check = check
+        result.setdefault("changed", False)
+        result.setdefault("failed", False)
+        if task.register:
+            variables = {**variables, task.register: result}
+        if task.changed_when is not None and not result.get("skipped"):
+            result["changed"] = all(templar.condition(e, variables) for e in task.changed_when)
+        if task.failed_when is not None and not result.get("skipped"):
+            failed = any(templar.condition(e, variables) for e in task.failed_when)
+            if failed and not result.get("failed"):
+                result["msg"] = result.get("msg") or f"failed_when: {' or '.join(task.failed_when)}"
+            result["failed"] = failed
+        return result
+
+
+def _host_error(exc: HostError) -> Result:
+    return {
+        "unreachable": True,
+        "failed": True,
+        "changed": False,
+        "msg": exc.reason,
+        "hint": exc.hint,
+    }
+
+
+def _for_json(result: Result) -> Result:
+    out = {k: v for k, v in result.items() if k not in ("content_b64",)}
+    out["status"] = _status(result)
+    return out
+
+
+def default_playbook() -> Path:
+    from cpuaccel.resources import data_dir
+
+    return data_dir("playbooks") / "provision.yaml"

@@ -1,0 +1,168 @@
+"""Jinja2 as Ansible uses it: ``{{ }}`` in argument strings, bare expressions in when.
+
+Undefined variables are errors (StrictUndefined): a typo in a variable name must stop the
+task with its name, not render an empty path. The tests and filters are the handful of
+Ansible's that playbooks use most (``is changed``, ``| default``, ``| bool``, ``| quote``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import jinja2
+import jinja2.nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from cpuaccel.errors import CpuaccelError
+
+
+class TemplateError(CpuaccelError):
+    """An expression or template failed to parse or render (undefined variable ...)."""
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "yes", "on", "1", "y")
+
+
+def _result_test(key: str) -> Any:
+    def test(result: Any) -> bool:
+        if not isinstance(result, Mapping):
+            raise TemplateError(f"'is {key}' needs a registered result, got {result!r}")
+        if key == "succeeded":
+            return not result.get("failed", False)
+        return bool(result.get(key, False))
+
+    return test
+
+
+def _regex_replace(value: Any, pattern: str, replacement: str = "") -> str:
+    return re.sub(pattern, replacement, str(value))
+
+
+def _mandatory(value: Any, msg: str | None = None) -> Any:
+    if isinstance(value, jinja2.Undefined):
+        raise TemplateError(msg or "a mandatory variable is not defined")
+    return value
+
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    # Sandboxed: playbooks are data a user may have been handed; expressions must not
+    # reach Python internals. Immutable: templates read variables, never change them.
+    env = ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        bool=_bool,
+        quote=lambda v: shlex.quote(str(v)),
+        basename=lambda v: posixpath.basename(str(v)),
+        dirname=lambda v: posixpath.dirname(str(v)),
+        to_json=lambda v: json.dumps(v, sort_keys=True),
+        regex_replace=_regex_replace,
+        mandatory=_mandatory,
+    )
+    for key in ("changed", "failed", "skipped", "succeeded"):
+        env.tests[key] = _result_test(key)
+    env.tests["success"] = env.tests["succeeded"]
+    return env
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, jinja2.UndefinedError):
+        return f"undefined variable: {exc.message}"
+    if isinstance(exc, jinja2.TemplateSyntaxError):
+        return f"syntax error: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def check_expression(expr: str) -> None:
+    """Parse (not evaluate) a ``when``-style expression: for errors at load time."""
+    try:
+        environment().compile_expression(expr)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"cannot parse {expr!r}: {exc.message}") from None
+
+
+def check_template(text: str) -> None:
+    try:
+        environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"cannot parse {text!r}: line {exc.lineno}: {exc.message}") from None
+
+
+def is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def evaluate(expr: str, variables: Mapping[str, Any]) -> Any:
+    """The value of a bare expression (``when``, ``that``, ``changed_when``)."""
+    try:
+        compiled = environment().compile_expression(expr, undefined_to_none=False)
+        value = compiled(**variables)
+        if isinstance(value, jinja2.Undefined):
+            value._fail_with_undefined_error()
+        return value
+    except TemplateError:
+        raise
+    except Exception as exc:
+        raise TemplateError(f"in {expr!r}: {_describe(exc)}") from None
+
+
+def condition(expr: str | bool, variables: Mapping[str, Any]) -> bool:
+    if isinstance(expr, bool):
+        return expr
+    # Ansible accepts `when: "{{ x }}"` too, with a warning; we take the bare form.
+    text = expr.strip()
+    if text.startswith("{{") and text.endswith("}}"):
+        text = text[2:-2]
+    return _bool(evaluate(text, variables))
+
+
+def to_text(value: Any) -> str:
+    """A value as Ansible prints it: strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def render_text(text: str, variables: Mapping[str, Any]) -> str:
+    try:
+        return environment().from_string(text).render(**variables)
+    except Exception as exc:
+        raise TemplateError(_describe(exc)) from None
+
+
+def render(value: Any, variables: Mapping[str, Any]) -> Any:
+    """Render every string inside ``value``.
+
+    A string that is a single ``{{ expr }}`` keeps the expression's type (a list stays a
+    list), as Ansible does, so ``loop: "{{ packages }}"`` loops over the list.
+    """
+    if isinstance(value, str):
+        if not is_template(value):
+            return value
+        stripped = value.strip()
+        if (
+            stripped.startswith("{{")
+            and stripped.endswith("}}")
+            and stripped.count("{{") == 1
+            and "{%" not in stripped
+        ):
+            return evaluate(stripped[2:-2], variables)
+        return render_text(value, variables)
+    if isinstance(value, Mapping):
+        return {k: render(v, variables) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [render(v, variables) for v in value]
+    return value
