@@ -56,7 +56,7 @@ def _checked(check: Callable[[str], Any]) -> Callable[[str], Any]:
 
     def convert(text: str) -> Any:
         try:
-            return check(text.strip())
+            return check(str(text).strip())
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
 
