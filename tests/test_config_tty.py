@@ -136,7 +136,8 @@ def test_questionnaire_on_a_terminal_writes_files_that_run_uses(tmp_path: Path) 
 def test_existing_files_are_kept_unless_the_user_says_yes(tmp_path: Path) -> None:
     (tmp_path / "cpuaccel.yaml").write_text("ppn: 7\n")
     flags = ["--single", "--ppn", "2", "--master-port", "29500", "--launcher", "impi",
-             "--ccl-workers", "1", "--mixed-precision", "bf16", "--python", "/usr/bin/python3"]  # fmt: skip
+             "--ccl-workers", "1", "--mixed-precision", "bf16",
+             "--python", "/usr/bin/python3"]  # fmt: skip
     t = Terminal(["config", *flags], tmp_path)
     t.answer("cpuaccel.yaml exists: overwrite it? [y/N]", "n")
     assert t.wait() == 2
