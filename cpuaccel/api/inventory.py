@@ -35,6 +35,7 @@ __all__ = [
 
 ENV_VAR = "CPUACCEL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
 GROUP_KEYS = ("hosts", "vars", "children")
 CONNECTIONS = ("ssh", "local", "paramiko", "smart")
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
@@ -129,7 +130,8 @@ class Inventory:
             ) from None
         from cpuaccel.config import hostfile
 
-        if hostfile.looks_like_hostfile(text):
+        # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
+        if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
             return cls._from_hostfile(hostfile.parse_hostfile(text, source), source, extra_vars)
         return _Loader(source).load(text, extra_vars or {})
 

@@ -103,9 +103,10 @@ def check_key(text: str) -> str:
     return text
 
 
-def check_python(text: str) -> str:
+def check_word(text: str) -> str:
+    """A user name, path or interpreter: one word (it lands in YAML and shell lines)."""
     if not text or any(c.isspace() for c in text):
-        raise ValueError("type the interpreter's path, e.g. /opt/venv/bin/python")
+        raise ValueError("type one word without spaces, e.g. /opt/venv/bin/python")
     return text
 
 
@@ -211,7 +212,7 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
     if multi and not a.source_is_inventory:
         asker.section("SSH (how cpuaccel reaches the machines)")
         if a.user is None:
-            a.user = asker.ask("SSH user", getpass.getuser(), check_python, "--user")
+            a.user = asker.ask("SSH user", getpass.getuser(), check_word, "--user")
         if a.ssh_port is None:
             a.ssh_port = asker.ask("SSH port", 22, check_int(1, 65535), "--ssh-port")
         if a.key is None:
@@ -262,14 +263,14 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
             a.python = asker.ask(
                 "Python interpreter on every node (the same path everywhere)",
                 sys.executable,
-                check_python,
+                check_word,
                 "--python",
             )
         if a.workdir is None and multi:
             a.workdir = asker.ask(
                 "Folder on the nodes for the synced code and runs",
                 "~/cpuaccel",
-                check_python,
+                check_word,
                 "--workdir",
             )
     return a
