@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode, Node, ScalarNode
+from yaml.nodes import MappingNode, ScalarNode
 
 from cpuaccel.errors import InventoryError
 
@@ -89,7 +89,3 @@ def _fields(node: MappingNode, source: str) -> dict[str, Field]:
             ) from None
         found[key.value] = Field(constructed, line, children)
     return found
-
-
-def line_of(node: Node) -> int:
-    return int(node.start_mark.line) + 1
