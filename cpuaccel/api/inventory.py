@@ -35,6 +35,7 @@ __all__ = [
 
 ENV_VAR = "CPUACCEL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
 GROUP_KEYS = ("hosts", "vars", "children")
 CONNECTIONS = ("ssh", "local", "paramiko", "smart")
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
@@ -101,6 +102,8 @@ class Inventory:
         self.hosts: dict[str, Host] = dict(hosts)
         self.groups: dict[str, Group] = dict(groups)
         self._origins = dict(origins or {})
+        # Said once to the user by the CLI (e.g. "a hostfile has no SSH details").
+        self.warnings: list[str] = []
 
     @classmethod
     def load(cls, path: str | Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
@@ -125,7 +128,35 @@ class Inventory:
                 source=source,
                 hint="check the file's permissions, and that it is UTF-8 text",
             ) from None
+        from cpuaccel.config import hostfile
+
+        # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
+        if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
+            return cls._from_hostfile(hostfile.parse_hostfile(text, source), source, extra_vars)
         return _Loader(source).load(text, extra_vars or {})
+
+    @classmethod
+    def _from_hostfile(
+        cls,
+        entries: Sequence[Any],
+        source: str,
+        extra_vars: Mapping[str, Any] | None,
+    ) -> Inventory:
+        """A plain MPI hostfile as an inventory: every host in group all, in file order."""
+        from cpuaccel.config import hostfile
+
+        loader = _Loader(source)
+        group = loader.group("all", None)
+        for entry in entries:
+            host = loader.host(entry.name)
+            host.groups.append("all")
+            group.hosts.append(entry.name)
+            for name, value in hostfile.hostfile_vars(entry).items():
+                host.vars[name] = value
+                host.origins[name] = Origin(source, entry.line)
+        inventory = loader.build(extra_vars or {})
+        inventory.warnings.append(hostfile.warning_for(source))
+        return inventory
 
     @classmethod
     def implicit(cls, extra_vars: Mapping[str, Any] | None = None) -> Inventory:

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from cpuaccel import __version__
 from cpuaccel.cli.check import check
+from cpuaccel.cli.config import config_command
 from cpuaccel.cli.provision import provision_command
 from cpuaccel.cli.report import report_command
 from cpuaccel.cli.run import run_command
@@ -25,6 +26,7 @@ Examples:
   cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
   cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
+  cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
 
 \b
 Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
@@ -42,6 +44,7 @@ cli.add_command(provision_command, name="provision")
 cli.add_command(sync_command, name="sync")
 cli.add_command(run_command, name="run")
 cli.add_command(report_command, name="report")
+cli.add_command(config_command, name="config")
 
 
 def main() -> None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
+from rich.markup import escape
 
+from cpuaccel import ui
 from cpuaccel.api.host import Host
 from cpuaccel.api.inventory import Inventory, parse_extra_vars
+from cpuaccel.config.effective import Setting, choose_inventory, project_vars
+from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
@@ -26,6 +30,12 @@ class Target:
     hosts: list[Host]
     forks: int
     connect: ConnectOptions
+    # The project file (cpuaccel.yaml or an Accelerate config), if any, and what the
+    # shared flags themselves said, so that settings can name their source.
+    project: ProjectConfig | None = None
+    inventory_setting: Setting | None = None
+    limit: Setting | None = None
+    cli_vars: dict[str, Any] = field(default_factory=dict)
 
 
 _OPTION_NAMES = (
@@ -35,6 +45,7 @@ _OPTION_NAMES = (
     "forks",
     "timeout",
     "no_host_key_checking",
+    "config_path",
 )
 
 
@@ -68,6 +79,14 @@ def host_options(func: F) -> F:
             metavar="FILE",
             help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
             "./inventory.yaml, else localhost only.",
+        ),
+        click.option(
+            "-c",
+            "--config",
+            "config_path",
+            metavar="FILE",
+            help="Project file with run defaults, or Accelerate's default_config.yaml. "
+            "Default: ./cpuaccel.yaml if present. Flags override it.",
         ),
         click.option(
             "-l", "--limit", metavar="PATTERN", help="Select hosts: names, groups, globs, !excl."
@@ -115,11 +134,33 @@ def resolve_target(
     forks: int,
     timeout: float,
     no_host_key_checking: bool,
+    config_path: str | None = None,
 ) -> Target:
-    inventory = Inventory.discover(inventory_path, parse_extra_vars(extra_vars))
+    project = discover_config(config_path)
+    cli_vars = parse_extra_vars(extra_vars)
+    # The project's host variables go over the inventory's, and -e over both.
+    merged_vars = {**project_vars(project), **cli_vars}
+    choice = choose_inventory(inventory_path, project)
+    if choice.path is None:
+        inventory = Inventory.implicit(merged_vars)
+    else:
+        inventory = Inventory.load(choice.path, merged_vars)
+    limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
+    if limit is None and project is not None and project.get("limit"):
+        limit = str(project.get("limit"))
+        limit_setting = Setting("limit", limit, "project file", project.where("limit"))
     hosts = inventory.select(limit)
     connect = ConnectOptions(
         connect_timeout=timeout,
         host_key_checking=False if no_host_key_checking else None,
     )
-    return Target(inventory, hosts, forks, connect)
+    warn([*(project.warnings if project else []), *inventory.warnings])
+    return Target(
+        inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
+    )
+
+
+def warn(messages: list[str]) -> None:
+    err = ui.stderr()
+    for message in messages:
+        err.print(f"[yellow]warning:[/] {escape(message)}")

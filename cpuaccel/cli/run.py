@@ -14,6 +14,7 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.api.host import Host
 from cpuaccel.cli.options import Target, host_options
+from cpuaccel.config.effective import order_hosts, resolve, run_env
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
@@ -39,6 +40,12 @@ Examples:
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
   cpuaccel run -i inventory.yaml --dry-run train.py       # print hostfile, env, command
   cpuaccel run -i inventory.yaml --env FI_PROVIDER=tcp --timeout 3600 train.py
+  cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
+
+\b
+Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
+default_config.yaml); flags override it. `cpuaccel config show` prints each setting
+and where it came from.
 
 \b
 Everything after SCRIPT goes to the script untouched. Before launching, every node is
@@ -117,13 +124,21 @@ def _copy_files(
 @host_options
 @click.option("--nodes", type=click.IntRange(1), help="How many hosts (default: all selected).")
 @click.option("--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1).")
+# No click defaults below: a value that is None was not given, so the project file or
+# the inventory may set it (cpuaccel.config.effective).
 @click.option(
     "--launcher",
     type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
-    default="auto",
-    show_default=True,
+    help="MPI launcher.  [default: auto]",
 )
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500, show_default=True)
+@click.option(
+    "--master-port", type=click.IntRange(1, 65535), help="Rendezvous port.  [default: 29500]"
+)
+@click.option(
+    "--mixed-precision",
+    type=click.Choice(["bf16", "no"]),
+    help="Exported as ACCELERATE_MIXED_PRECISION / CPUACCEL_MIXED_PRECISION.",
+)
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Set in every rank.")
 @click.option(
     "--sync/--no-sync", default=True, show_default=True, help="Sync a stale project first."
@@ -142,8 +157,9 @@ def run_command(
     target: Target,
     nodes: int | None,
     ppn: int | None,
-    launcher: str,
-    master_port: int,
+    launcher: str | None,
+    master_port: int | None,
+    mixed_precision: str | None,
     env_items: tuple[str, ...],
     sync: bool,
     dry_run: bool,
@@ -153,17 +169,26 @@ def run_command(
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
     project = Path.cwd().resolve()
+    flags = {
+        "nodes": nodes,
+        "ppn": ppn,
+        "launcher": launcher,
+        "master_port": master_port,
+        "mixed_precision": mixed_precision,
+        "env": _parse_env(env_items),
+    }
+    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     request = RunRequest(
         script=_script_in_project(script, project),
         args=script_args,
-        nodes=nodes,
-        ppn=ppn,
-        launcher=launcher,
-        master_port=master_port,
-        env=_parse_env(env_items),
+        nodes=settings["nodes"].value,
+        ppn=int(settings["ppn"].value) if settings["ppn"].value is not None else None,
+        launcher=str(settings["launcher"].value),
+        master_port=int(settings["master_port"].value),
+        env=run_env(settings),
         project_name=project.name,
     )
-    chosen = choose_hosts(target.hosts, nodes)
+    chosen = choose_hosts(order_hosts(target.hosts, settings["head"]), request.nodes)
     run_id = new_run_id()
     if dry_run:
         local = str(project) if all(h.is_local for h in chosen) else None
@@ -186,7 +211,9 @@ def _preflight_and_sync(
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts."""
     err = ui.stderr()
-    source = build([str(Path.cwd())])
+    # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
+    excludes = (target.project.get("exclude") if target.project else None) or []
+    source = build([str(Path.cwd())], excludes=excludes)
     with ui.progress("preflight", 1):
         found = run_preflight(
             draft.hosts,

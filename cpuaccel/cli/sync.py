@@ -95,7 +95,9 @@ def sync_command(
     every node checks the result against the controller's manifest.
     """
     paths = list(sources) or ["."]
-    source = build(paths, excludes=exclude, copy_links=copy_links)
+    # The project file's excludes, then --exclude's: both apply.
+    from_project = (target.project.get("exclude") if target.project else None) or []
+    source = build(paths, excludes=[*from_project, *exclude], copy_links=copy_links)
     options = SyncOptions(dest or default_dest(paths), delete, check, copy_links)
     with ui.progress("syncing", len(target.hosts)) as tracker:
         results = sync(

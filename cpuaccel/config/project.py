@@ -1,0 +1,202 @@
+"""The project file, ``cpuaccel.yaml``: run and sync defaults for one project.
+
+It sits beside the training code (``run`` and ``sync`` read it from the current folder,
+or from ``--config FILE``), and command-line flags override it. Every mistake is an
+error naming the file and line, an unknown key included, because a misspelt key that
+is silently ignored is a setting the user believes in and does not get.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.config.yamlfile import Field, parse_mapping, read_text
+from cpuaccel.errors import InventoryError
+
+PROJECT_FILE = "cpuaccel.yaml"
+LAUNCHERS = ("auto", "impi", "mpich", "openmpi")
+PRECISIONS = ("bf16", "no")
+# The key written in the file -> what it means, for --help-like hints and `config show`.
+KEYS: dict[str, str] = {
+    "inventory": "the inventory (or MPI hostfile), relative to this file",
+    "limit": "host pattern selecting hosts (like --limit)",
+    "head": "the host that runs rank 0 and mpirun (default: the first host)",
+    "nodes": "how many hosts",
+    "ppn": "ranks per node",
+    "launcher": "auto, impi, mpich or openmpi",
+    "master_port": "the rendezvous port on the head node",
+    "mixed_precision": "bf16 or no (fp32)",
+    "ccl_workers": "oneCCL worker threads per rank (CCL_WORKER_COUNT)",
+    "env": "variables set in every rank (a mapping)",
+    "exclude": "sync: patterns left out (a list, gitignore syntax)",
+}
+
+
+@dataclass
+class ProjectConfig:
+    """Settings read from a project file (or converted from Accelerate's), each with
+    the line it was written on."""
+
+    path: str
+    kind: str = "cpuaccel"  # or "accelerate"
+    values: dict[str, Any] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)
+    # The name a setting had in the file, when it differs (Accelerate's field names).
+    names: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    # Accelerate's single-machine config: this machine alone, whatever ./inventory.yaml says.
+    local_only: bool = False
+    # Hosts of the hostfile an Accelerate config names, when it could be read.
+    hosts: list[str] = field(default_factory=list)
+    # Raised only if the inventory it names is needed (no -i flag): a missing hostfile
+    # must not stop `cpuaccel run --config default_config.yaml -i other`.
+    inventory_error: InventoryError | None = None
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def where(self, key: str) -> str:
+        line = self.lines.get(key)
+        return f"{self.path}:{line}" if line is not None else self.path
+
+    def field_name(self, key: str) -> str:
+        return self.names.get(key, key)
+
+    def error(self, key: str, message: str, hint: str) -> InventoryError:
+        return InventoryError(
+            f"{self.field_name(key)}: {message}",
+            source=self.path,
+            line=self.lines.get(key),
+            hint=hint,
+        )
+
+    def set(self, key: str, value: Any, line: int | None, name: str | None = None) -> None:
+        self.values[key] = value
+        if line is not None:
+            self.lines[key] = line
+        if name is not None and name != key:
+            self.names[key] = name
+
+
+def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"must be a whole number, got {value!r}")
+        if value < low or (high is not None and value > high):
+            upper = f" to {high}" if high is not None else " or more"
+            raise ValueError(f"must be {low}{upper}, got {value}")
+        return value
+
+    return check
+
+
+def _text(value: Any) -> Any:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        text = str(value).strip().lower()
+        if text == "fp32" and "no" in options:
+            text = "no"
+        if text not in options:
+            raise ValueError(f"is {value!r}; use one of {', '.join(options)}")
+        return text
+
+    return check
+
+
+def _env(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping of NAME: value lines")
+    for key, item in value.items():
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"{key!r} is not a variable name")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ValueError(f"{key}: the value must be a plain string or number")
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+
+
+def _patterns(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError("must be a list of patterns, e.g. [data/, '*.bin']")
+    return list(value)
+
+
+CHECKS: dict[str, Callable[[Any], Any]] = {
+    "inventory": _text,
+    "limit": _text,
+    "head": _text,
+    "nodes": _int(1),
+    "ppn": _int(1),
+    "launcher": _choice(LAUNCHERS),
+    "master_port": _int(1, 65535),
+    "mixed_precision": _choice(PRECISIONS),
+    "ccl_workers": _int(0, 64),
+    "env": _env,
+    "exclude": _patterns,
+}
+
+
+def parse_project(text: str, source: str) -> ProjectConfig:
+    config = ProjectConfig(source)
+    for key, item in parse_mapping(text, source, "project file").items():
+        if key not in CHECKS:
+            close = difflib.get_close_matches(key, list(CHECKS), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "remove it"
+            raise InventoryError(
+                f"unknown key {key!r} in the project file",
+                source=source,
+                line=item.line,
+                hint=f"{hint} (known keys: {', '.join(CHECKS)})",
+            )
+        config.set(key, _checked(key, item, source), item.line)
+    inventory = config.get("inventory")
+    if inventory:
+        # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own.
+        base = os.path.dirname(source)
+        config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
+    return config
+
+
+def _checked(key: str, item: Field, source: str) -> Any:
+    try:
+        return CHECKS[key](item.value)
+    except ValueError as exc:
+        raise InventoryError(
+            f"{key} {exc}", source=source, line=item.line, hint=f"{key}: {KEYS[key]}"
+        ) from None
+
+
+def is_accelerate(fields: dict[str, Field]) -> bool:
+    return "distributed_type" in fields or "compute_environment" in fields
+
+
+def load_config(path: str | Path) -> ProjectConfig:
+    """A cpuaccel.yaml, or Accelerate's default_config.yaml (recognised by its fields)."""
+    source = str(path)
+    text = read_text(path, "config file", "pass an existing file with --config FILE")
+    fields = parse_mapping(text, source, "config file")
+    if is_accelerate(fields):
+        from cpuaccel.config.accelerate import from_accelerate
+
+        return from_accelerate(fields, source)
+    return parse_project(text, source)
+
+
+def discover_config(path: str | None) -> ProjectConfig | None:
+    """--config FILE, else ./cpuaccel.yaml when there is one, else none."""
+    if path:
+        return load_config(path)
+    if Path(PROJECT_FILE).is_file():
+        return load_config(PROJECT_FILE)
+    return None
