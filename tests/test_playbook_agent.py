@@ -1,4 +1,4 @@
-"""The playbook agent (cpuaccel/playbook/agent.py) without nodes: started as the
+"""The playbook agent (cpuaccel/playbook/node) without nodes: started as the
 controller starts it (``python -c BOOT LEN``, source then request lines on stdin), one
 test folder each; plus its version and requirement helpers imported directly."""
 
@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from cpuaccel.connectors import programs
-from cpuaccel.playbook import agent
+from cpuaccel.playbook import node
+from cpuaccel.playbook.node import common, pep440, pip
 
-SOURCE = Path(agent.__file__).read_bytes()
+SOURCE = node.program()
 
 
 class Agent:
@@ -354,7 +355,7 @@ def test_copy_replaces_atomically_keeping_the_mode(node: Agent, tmp_path: Path) 
     # Renamed onto dest, not rewritten in place: the old inode still has the old bytes.
     assert dest.read_bytes() == b"new\n" and witness.read_bytes() == b"old\n"
     assert mode_of(dest) == 0o640 and reply["mode"] == "0640"
-    assert not [p for p in os.listdir(tmp_path) if agent.TMP_MARK in p]
+    assert not [p for p in os.listdir(tmp_path) if common.TMP_MARK in p]
     mode_only = node.call("copy", **copy_args(dest, b"new\n", mode=0o600))
     assert mode_only["changed"] and mode_of(dest) == 0o600
     assert not node.call("copy", **copy_args(dest, b"new\n", mode=0o600))["changed"]
@@ -482,15 +483,15 @@ def test_version_order() -> None:
         "0.9", "1.0.dev0", "1.0a1.dev1", "1.0a1", "1.0b2", "1.0rc1", "1.0",
         "1.0+abc", "1.0+abc.5", "1.0+5", "1.0.post1.dev0", "1.0.post1", "1.1", "1!0.1",
     ]  # fmt: skip
-    keys = [agent._key(v) for v in map(agent.parse_version, ordered) if v is not None]
+    keys = [pep440._key(v) for v in map(pep440.parse_version, ordered) if v is not None]
     assert len(keys) == len(ordered) and keys == sorted(keys)
     same = [("1.0", "1.0.0"), ("1.0-1", "1.0.post1"), ("1.0RC1", "1.0c1"), ("v1.0", "1.0"),
             ("1.0alpha1", "1.0a1"), ("1.0.dev", "1.0.dev0")]  # fmt: skip
     for a, b in same:
-        va, vb = agent.parse_version(a), agent.parse_version(b)
-        assert va is not None and vb is not None and agent._key(va) == agent._key(vb), (a, b)
-    assert agent.parse_version("not a version") is None
-    assert agent.parse_version("2.13.0+cpu") == (0, (2, 13, 0), None, None, None, ((0, 0, "cpu"),))
+        va, vb = pep440.parse_version(a), pep440.parse_version(b)
+        assert va is not None and vb is not None and pep440._key(va) == pep440._key(vb), (a, b)
+    assert pep440.parse_version("not a version") is None
+    assert pep440.parse_version("2.13.0+cpu") == (0, (2, 13, 0), None, None, None, ((0, 0, "cpu"),))
 
 
 @pytest.mark.parametrize(
@@ -529,28 +530,28 @@ def test_version_order() -> None:
     ],
 )
 def test_version_matches(version: str, op: str, spec: str, expected: bool) -> None:
-    assert agent.version_matches(version, op, spec) is expected
+    assert pep440.version_matches(version, op, spec) is expected
 
 
 def test_parse_requirement() -> None:
-    req = agent.parse_requirement("Torch_Vision[extra1, x] >=0.18,<1 ; python_version >= '3.8'")
+    req = pep440.parse_requirement("Torch_Vision[extra1, x] >=0.18,<1 ; python_version >= '3.8'")
     assert req["name"] == "torch-vision" and req["known"]
     assert req["specs"] == [(">=", "0.18"), ("<", "1")]
     assert req["arg"] == "Torch_Vision[extra1, x] >=0.18,<1 ; python_version >= '3.8'"
-    assert agent.parse_requirement("numpy")["specs"] == []
-    assert agent.parse_requirement("foo (>=1.0, !=1.5)")["specs"] == [(">=", "1.0"), ("!=", "1.5")]
-    wheel = agent.parse_requirement("/w/oneccl_bind_pt-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")
+    assert pep440.parse_requirement("numpy")["specs"] == []
+    assert pep440.parse_requirement("foo (>=1.0, !=1.5)")["specs"] == [(">=", "1.0"), ("!=", "1.5")]
+    wheel = pep440.parse_requirement("/w/oneccl_bind_pt-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")
     assert (wheel["name"], wheel["exact"], wheel["known"]) == ("oneccl-bind-pt", "2.13.0+cpu", True)
-    url = agent.parse_requirement("file:///w/my%20dir/pkg_a-1.0-1-py3-none-any.whl")
+    url = pep440.parse_requirement("file:///w/my%20dir/pkg_a-1.0-1-py3-none-any.whl")
     assert (url["name"], url["exact"]) == ("pkg-a", "1.0")
-    direct = agent.parse_requirement("pkg @ file:///w/pkg-2.0-py3-none-any.whl")
+    direct = pep440.parse_requirement("pkg @ file:///w/pkg-2.0-py3-none-any.whl")
     assert (direct["name"], direct["exact"], direct["arg"]) == ("pkg", "2.0", direct["text"])
-    home = agent.parse_requirement("~/w/pkg-2.0-py3-none-any.whl")
+    home = pep440.parse_requirement("~/w/pkg-2.0-py3-none-any.whl")
     assert home["arg"] == os.path.expanduser("~/w/pkg-2.0-py3-none-any.whl")
     for unknown in ("git+https://example.org/x.git#egg=x", "-e .", "./src", "foo>>1", "foo~=1",
                     "foo>=1.*", "bar @ https://example.org/bar.tar.gz"):  # fmt: skip
-        assert not agent.parse_requirement(unknown)["known"], unknown
-    assert agent.parse_requirement("bar @ https://example.org/bar.tar.gz")["name"] == "bar"
+        assert not pep440.parse_requirement(unknown)["known"], unknown
+    assert pep440.parse_requirement("bar @ https://example.org/bar.tar.gz")["name"] == "bar"
 
 
 def test_read_requirements(tmp_path: Path) -> None:
@@ -561,7 +562,7 @@ def test_read_requirements(tmp_path: Path) -> None:
         "# the training stack\n--index-url https://example.org/simple\nfoo-bar>=1.0  # pinned\n"
         "-r sub/more.txt\n-c constraints.txt\nqux \\\n  ==3.0 --hash=sha256:abc\n-e ./local\n"
     )
-    assert agent.read_requirements(str(top)) == [
+    assert pep440.read_requirements(str(top)) == [
         "foo-bar>=1.0",
         "baz==2.*",
         "qux   ==3.0",
@@ -571,13 +572,13 @@ def test_read_requirements(tmp_path: Path) -> None:
 
 def test_satisfied() -> None:
     versions = {"torch": "2.13.0+cpu", "numpy": "1.26.4"}
-    assert agent.satisfied(agent.parse_requirement("torch==2.13.0"), versions)
-    assert agent.satisfied(agent.parse_requirement("numpy>=1.20,<2"), versions)
-    assert not agent.satisfied(agent.parse_requirement("numpy>=2"), versions)
-    assert not agent.satisfied(agent.parse_requirement("scipy"), versions)
+    assert pep440.satisfied(pep440.parse_requirement("torch==2.13.0"), versions)
+    assert pep440.satisfied(pep440.parse_requirement("numpy>=1.20,<2"), versions)
+    assert not pep440.satisfied(pep440.parse_requirement("numpy>=2"), versions)
+    assert not pep440.satisfied(pep440.parse_requirement("scipy"), versions)
     exact = "/w/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
-    assert agent.satisfied(agent.parse_requirement(exact), versions)
-    assert not agent.satisfied(agent.parse_requirement(exact.replace("+cpu", "")), versions)
+    assert pep440.satisfied(pep440.parse_requirement(exact), versions)
+    assert not pep440.satisfied(pep440.parse_requirement(exact.replace("+cpu", "")), versions)
 
 
 def fake_venv(root: Path, dists: dict[str, str]) -> Path:
@@ -604,25 +605,25 @@ def test_scan_and_versions(tmp_path: Path) -> None:
         "Metadata-Version: 1.0\nName: old-pkg\nVersion: 0.5\n"
     )
     (site / "broken-1.0.dist-info").mkdir()
-    dirs = agent._site_dirs("unused", str(tmp_path / "v"))
+    dirs = pip._site_dirs("unused", str(tmp_path / "v"))
     assert dirs == [str(site)]
-    dists, seen = agent.scan(dirs)
+    dists, seen = pip.scan(dirs)
     assert set(dists) == {"foo-bar", "torch", "old-pkg", "broken"} and len(seen) == 4
-    assert agent.dist_version(dists["torch"]) == "2.13.0+cpu"
-    assert agent.dist_version(dists["old-pkg"]) == "0.5"
-    assert agent.dist_version(dists["broken"]) is None
+    assert pip.dist_version(dists["torch"]) == "2.13.0+cpu"
+    assert pip.dist_version(dists["old-pkg"]) == "0.5"
+    assert pip.dist_version(dists["broken"]) is None
     # Outside a venv the interpreter is asked for its import path.
-    assert any(p.endswith("site-packages") for p in agent._site_dirs(sys.executable, None))
+    assert any(p.endswith("site-packages") for p in pip._site_dirs(sys.executable, None))
 
 
 def test_script_python(tmp_path: Path) -> None:
     script = tmp_path / "pip3"
     script.write_text("#!/opt/py/bin/python3.11\nimport pip\n")
-    assert agent.script_python(str(script)) == "/opt/py/bin/python3.11"
+    assert pip.script_python(str(script)) == "/opt/py/bin/python3.11"
     script.write_text("#!/usr/bin/env python3\n")
-    assert agent.script_python(str(script)) == shutil.which("python3")
+    assert pip.script_python(str(script)) == shutil.which("python3")
     script.write_text("#!/bin/sh\n'''exec' \"/very/long/path/bin/python\" \"$0\" \"$@\"\n' '''\n")
-    assert agent.script_python(str(script)) == "/very/long/path/bin/python"
+    assert pip.script_python(str(script)) == "/very/long/path/bin/python"
 
 
 def test_pip_decides_without_running_pip(node: Agent, tmp_path: Path) -> None:

@@ -714,3 +714,12 @@ def test_job_exit_code(
     job.stop_reason = stop
     outcome = job._outcome(launcher_exit, 1.0, {}, {})
     assert (outcome.exit_code, outcome.reason) == (code, reason)
+
+
+def test_a_default_workdir_is_expanded_by_the_head_node() -> None:
+    chosen = [Host(f"n{i}", {"cpuaccel_python": PYTHON}) for i in (1, 2)]
+    request = RunRequest(script="train.py", ppn=1, project_name="proj")
+    found = {h.name: {**facts(["impi"]), "workdir": "/home/u/cpuaccel"} for h in chosen}
+    plan = build_plan(request, chosen, found, RUN_ID)
+    assert plan.run_dir == f"/home/u/cpuaccel/runs/{RUN_ID}"
+    assert "~" not in render(plan, ConnectOptions())["launch.sh"][1]

@@ -54,8 +54,6 @@ class Listener:
     def host_progress(self, host: str) -> None:
         """A host finished the current step (called from its worker thread)."""
 
-    def host_done(self, title: str, host: str, result: Result) -> None: ...
-
     def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None: ...
 
 
@@ -200,16 +198,14 @@ class Runner:
             "tasks": [],
         }
         self.log.append(entry)
-        try:
-            play_vars_check = {
-                s.host.name: self.variables(s, play, None) for s in states if s.active
-            }
+        try:  # a play var that cannot render stops the play before any task runs
+            for state in states:
+                self.variables(state, play, None)
         except templar.TemplateError as exc:
             raise CpuaccelError(
                 f"{play.file}:{play.line}: play {play.name!r}: vars: {exc.message}",
                 hint="define the variable in the inventory, the play's vars, or with -e",
             ) from None
-        del play_vars_check
         if play.gather_facts:
             self._run_step(play, None, "Gathering Facts", entry)
         for task in play.tasks:
@@ -242,7 +238,6 @@ class Runner:
         for state in states:
             result = results[state.host.name]
             self._settle(state, task, result)
-            self.listener.host_done(title, state.host.name, result)
         self.listener.task_end(task, title, results)
         entry["tasks"].append(
             {

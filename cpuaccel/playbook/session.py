@@ -1,29 +1,23 @@
 """One resident agent per host for a whole playbook run.
 
 Ansible starts a Python process on the node for every task. Here the agent program
-(``agent.py``, stdlib only) is started once per host over the host's open connection,
+(``cpuaccel.playbook.node``, stdlib only) is started once per host over the host's open connection,
 and each task is one JSON line each way on that channel: a task that changes nothing
 costs a message, not an interpreter start, which is what makes a no-op re-run fast.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.connectors.programs import BOOT
 from cpuaccel.errors import HostError
-
-
-@functools.cache
-def agent_source() -> bytes:
-    return (Path(__file__).with_name("agent.py")).read_bytes()
+from cpuaccel.playbook import node
 
 
 class AgentSession:
@@ -34,7 +28,7 @@ class AgentSession:
         self.python = python
         self._ids = itertools.count(1)
         self._stderr: deque[str] = deque(maxlen=20)
-        source = agent_source()
+        source = node.program()
         self._process: Process = conn.start([python, "-c", BOOT, str(len(source))])
         self._lines: Iterator[tuple[str, str]] = self._process.lines()
         self._send(source)

@@ -142,6 +142,10 @@ def build_plan(
     python = _same(chosen, "cpuaccel_python", lambda h: h.python)
     workdir = _same(chosen, "cpuaccel_workdir", lambda h: h.workdir)
     head_facts = (facts or {}).get(head.name)
+    if workdir.startswith("~") and head_facts and head_facts.get("workdir"):
+        # The default ~/cpuaccel: paths in the scripts are quoted, so the shell would not
+        # expand ~; use the head's own expansion (the probe reports it).
+        workdir = str(head_facts["workdir"])
     launcher = _launcher(request.launcher, head, head_facts)
     mpirun = str(head.vars.get("cpuaccel_mpirun") or "")
     if not mpirun and head_facts:

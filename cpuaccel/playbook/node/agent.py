@@ -1,0 +1,82 @@
+"""The request loop: one JSON request a line on stdin, one reply a line on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from cpuaccel.playbook.node.common import Handler, Reply
+
+# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
+# namespace already; imported as a module (tests, type checking) this part imports them.
+if TYPE_CHECKING or __name__ != "__main__":
+    from cpuaccel.playbook.node.common import Fail
+    from cpuaccel.playbook.node.files import mod_command, mod_copy, mod_file, mod_stat
+    from cpuaccel.playbook.node.pip import mod_pip
+    from cpuaccel.playbook.node.setvars import mod_setvars
+
+
+MODULES: dict[str, Handler] = {
+    "command": mod_command,
+    "file": mod_file,
+    "copy": mod_copy,
+    "stat": mod_stat,
+    "pip": mod_pip,
+    "setvars": mod_setvars,
+}
+
+
+def handle(request: dict[str, Any]) -> Reply:
+    """One request's reply; whatever goes wrong becomes a failed reply, never an exit."""
+    reply: Reply = {"id": request.get("id"), "changed": False, "failed": False}
+    handler = MODULES.get(str(request.get("module")))
+    try:
+        if handler is None:
+            raise Fail(f"unknown module {request.get('module')}")
+        result = handler(
+            dict(request.get("args") or {}), bool(request.get("check")), bool(request.get("diff"))
+        )
+    except Fail as exc:
+        result = {**exc.fields, "failed": True, "msg": exc.msg}
+    except Exception as exc:
+        result = {"failed": True, "msg": f"{type(exc).__name__}: {exc}"}
+    reply.update(result)
+    return reply
+
+
+def main() -> None:
+    # Replies get a private copy of stdout; fd 1 itself becomes stderr, so that nothing
+    # else (a stray print, a child that inherits fd 1) can break the line protocol.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(message: Reply) -> None:
+        out.write(json.dumps(message, default=str) + "\n")
+        out.flush()
+
+    version = ".".join(str(p) for p in sys.version_info[:3])
+    send({"ready": True, "python": sys.executable, "version": version})
+    while True:
+        line = sys.stdin.buffer.readline()  # the buffer BOOT read the source from
+        if not line:
+            return
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+        except ValueError as exc:
+            send({"id": None, "changed": False, "failed": True, "msg": f"bad request: {exc}"})
+            continue
+        send(handle(request))
+
+
+if __name__ == "__main__":
+    main()
