@@ -1,9 +1,11 @@
 """The seed's scenario 2 as one `cpuaccel run` line: 4 machines x 4 processes, bf16, Intel MPI.
 
 Today's recipe is a hand-written hostfile, oneCCL's setvars.sh, a handful of exports and
-`mpirun -f hostfile -n 16 -ppn 4 ...` typed on node0. Here the same job is one command
-on a 4-node cluster of its own (the session cluster has 3 nodes); each rank joins a
-torch.distributed process group and all-reduces a bf16 tensor.
+`mpirun -f hostfile -n 16 -ppn 4 ...` typed on node0. Here the user keeps the seed's own
+`default_config.yaml` (verbatim) and a hostfile naming the nodes beside it, and types
+`cpuaccel run --config default_config.yaml train.py` on a 4-node cluster of its own (the
+session cluster has 3 nodes); each rank joins a torch.distributed process group and
+all-reduces a bf16 tensor.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ def test_four_machines_sixteen_processes_bf16_is_one_line(tmp_path: Path) -> Non
     project = tmp_path / "scenario2"
     project.mkdir()
     (project / "train.py").write_text(SCRIPT)
+    # The seed's file names /home/user/hostfile; cpuaccel takes the hostfile beside it.
+    seed = Path(__file__).parent / "data" / "default_config.multi-cpu.yaml"
+    (project / "default_config.yaml").write_text(seed.read_text())
     with Cluster(4, cluster_id=cluster_id) as cluster:
+        (project / "hostfile").write_text("".join(f"{n}  # {n} ip\n" for n in cluster.names))
         proc = subprocess.run(
             [
                 sys.executable,
@@ -49,10 +55,8 @@ def test_four_machines_sixteen_processes_bf16_is_one_line(tmp_path: Path) -> Non
                 "run",
                 "-i",
                 str(cluster.inventory_path),
-                "--nodes",
-                "4",
-                "--ppn",
-                "4",
+                "--config",
+                "default_config.yaml",
                 "train.py",
             ],
             cwd=project,
@@ -75,3 +79,7 @@ def test_four_machines_sixteen_processes_bf16_is_one_line(tmp_path: Path) -> Non
             assert r["local"] == r["rank"] % 4
         command = next(Path(project, "runs").glob("*/command.txt")).read_text()
         assert " -n 16 -ppn 4 " in command
+        assert "main_process_ip: 36.112.23.24 is not in the hostfile" in proc.stderr
+        env_sh = next(Path(project, "runs").glob("*/env.sh")).read_text()
+        assert "export MASTER_PORT=29500\n" in env_sh
+        assert "export ACCELERATE_MIXED_PRECISION=bf16\n" in env_sh
