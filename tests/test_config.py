@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from cpuaccel.cli.main import cli
@@ -344,3 +345,15 @@ def test_project_file_excludes_apply_to_sync(proj: Path) -> None:
     proc = cpuaccel("sync", "-i", "inv.yaml", "--dest", str(dest), "--json", cwd=proj)
     assert proc.returncode == 0, proc.stderr
     assert (dest / "train.py").is_file() and not (dest / "big.bin").exists()
+
+
+def test_a_venv_folder_becomes_cpuaccel_venv_for_provision(tmp_path: Path) -> None:
+    base = ["config", "--yes", "--hosts", "192.0.2.10,192.0.2.11", "--ppn", "2"]
+    proc = cpuaccel(*base, "--python", "/opt/cpuaccel/venv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    group = yaml.safe_load((tmp_path / "inventory.yaml").read_text())["all"]["vars"]
+    assert group["cpuaccel_venv"] == "/opt/cpuaccel/venv" and "cpuaccel_python" not in group
+    assert "first: cpuaccel provision" in proc.stdout
+    proc = cpuaccel(*base, "--python", "/opt/py/bin/python3", "--force", cwd=tmp_path)
+    group = yaml.safe_load((tmp_path / "inventory.yaml").read_text())["all"]["vars"]
+    assert group["cpuaccel_python"] == "/opt/py/bin/python3" and "cpuaccel_venv" not in group

@@ -100,7 +100,7 @@ def test_questionnaire_on_a_terminal_writes_files_that_run_uses(tmp_path: Path) 
     t.answer("Which MPI launches the job?", "mpi")  # a unique prefix: mpich
     t.answer("How many oneCCL worker threads per process? [1]", "")
     t.answer("bf16 mixed precision or fp32?", "bf16")
-    t.answer("Python interpreter on every node", "/opt/venv/bin/python")
+    t.answer("Python on every node", "/opt/venv/bin/python")
     t.answer("Folder on the nodes", "/srv/work")
     t.expect("next: cpuaccel check")
     assert t.wait() == 0, t.seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,10 @@ def _files_for(a: Answers, folder: Path) -> dict[Path, str]:
         else:
             host_vars["localhost"] = {"ansible_connection": "local"}
         if a.python:
-            group_vars["cpuaccel_python"] = a.python
+            # An interpreter (…/bin/python3) is used as it is; a folder is the venv that
+            # `cpuaccel provision` creates there, and check and run then use its python.
+            is_interpreter = posixpath.basename(a.python.rstrip("/")).startswith("python")
+            group_vars["cpuaccel_python" if is_interpreter else "cpuaccel_venv"] = a.python
         if a.workdir:
             group_vars["cpuaccel_workdir"] = a.workdir
         note = f"{len(hosts)} machine(s)" + (f", from {a.source}" if a.source else "")
@@ -127,7 +131,12 @@ def _confirm(path: Path) -> bool:
 @click.option("--launcher", type=click.Choice(["auto", "impi", "mpich", "openmpi"]))
 @click.option("--ccl-workers", type=click.IntRange(0, 64), help="oneCCL worker threads.")
 @click.option("--mixed-precision", type=click.Choice(["bf16", "fp32", "no"]))
-@click.option("--python", metavar="PATH", help="Python interpreter on the nodes.")
+@click.option(
+    "--python",
+    metavar="PATH",
+    help="Python on the nodes: an interpreter (.../bin/python3), or a venv folder that "
+    "`cpuaccel provision` creates.",
+)
 @click.option("--workdir", metavar="DIR", help="Folder on the nodes for code and runs.")
 @click.pass_context
 def config_command(
@@ -162,6 +171,8 @@ def config_command(
         "next: cpuaccel check (are the nodes ready?), then cpuaccel run train.py "
         "(cpuaccel config show: the settings it will use)"
     )
+    if answers.python and not posixpath.basename(answers.python).startswith("python"):
+        out.print("      first: cpuaccel provision (creates the venv on every node)")
 
 
 RUN_FLAGS = ("nodes", "ppn", "launcher", "master_port", "mixed_precision")

@@ -261,7 +261,8 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
         asker.section("Python environment on the nodes")
         if a.python is None:
             a.python = asker.ask(
-                "Python interpreter on every node (the same path everywhere)",
+                "Python on every node, the same path everywhere: an interpreter "
+                "(.../bin/python3), or a venv folder for `cpuaccel provision` to create",
                 sys.executable,
                 check_word,
                 "--python",
