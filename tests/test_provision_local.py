@@ -213,3 +213,16 @@ def test_help_and_module_list(tmp_path: Path, flag: str) -> None:
     assert (
         ("synchronize" in proc.stdout) if flag == "--list-modules" else ("Examples" in proc.stdout)
     )
+
+
+def test_no_inventory_refuses_to_provision_the_controller(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpuaccel", "provision"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 2
+    assert "no inventory given" in proc.stderr and "Traceback" not in proc.stderr

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_OK, EXIT_USAGE
+from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.display import Display, Quiet
@@ -96,6 +96,15 @@ def provision_command(
     if list_modules:
         _list_modules()
         return
+    if target.inventory.source is None and not playbook_path and _tags(tags) != {"wheelhouse"}:
+        # No inventory means this machine alone: the default playbook would reinstall
+        # the environment cpuaccel itself runs from. Only its wheelhouse step is safe.
+        raise UsageError(
+            "no inventory given: the default playbook would provision this machine's own "
+            "Python environment",
+            hint="give the nodes' inventory (cpuaccel provision inventory.yaml); "
+            "--tags wheelhouse alone fills the controller's wheelhouse",
+        )
     path = Path(playbook_path) if playbook_path else default_playbook()
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
