@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv wheelhouse test lint unit demo bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
+.PHONY: venv wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -37,6 +37,11 @@ demo: $(STAMP)
 	$(BIN)/cpuaccel check
 	$(BIN)/cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
 	$(BIN)/cpuaccel report "$$(ls -1d runs/*/ | sort | tail -n 1)"
+
+# No-op re-run of the default playbook: cpuaccel provision vs ansible-playbook on 1 and 8
+# namespace nodes (needs root; the warm-up installs torch on 8 nodes, ~3 min).
+bench-provision: wheelhouse
+	$(BIN)/python bench/provision.py
 
 bench-fanout: $(STAMP)
 	$(BIN)/python bench/fanout.py

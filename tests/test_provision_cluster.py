@@ -149,6 +149,15 @@ def test_every_module_runs_then_reruns_with_no_change(
     assert second["ok"]
     for name in cluster.names:
         assert second["stats"][name]["changed"] == 0, second["stats"][name]
+    # A pushed file edited on one node (same size) is found and put back by rsync.
+    edited = cluster.names[0]
+    cluster.exec(edited, ["sh", "-c", f"echo PUSHED > {base}/tree/sub/f.txt"], check=True)
+    third = report(provision(inventory, "--playbook", str(book), "--json"))
+    push = next(t for t in third["plays"][0]["tasks"] if t["task"] == "a folder pushed with rsync")
+    assert {n: r["status"] for n, r in push["hosts"].items()} == {
+        n: "changed" if n == edited else "ok" for n in cluster.names
+    }
+    assert on_node(cluster, edited, "cat", f"{base}/tree/sub/f.txt") == "pushed\n"
 
 
 def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(

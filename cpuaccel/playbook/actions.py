@@ -8,9 +8,12 @@ checksum; ``synchronize`` is rsync from the controller; the rest never leave it.
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
+import os
 import posixpath
 import shlex
+import stat
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -177,6 +180,8 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
         raise ActionError(f"synchronize: src {src} does not exist on the controller")
     dest = str(args["dest"])
     host = ctx.host
+    if src.is_dir() and _unchanged_tree(ctx, src, dest, args):
+        return {"changed": False, "failed": False, "items": [], "count": 0}
     # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
     argv = ["rsync", "-a", "--mkpath", "--out-format=%i %n"]
     if ctx.check:
@@ -198,6 +203,47 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
     # rsync itemizes only what differs; "cd+++" of dest itself counts as a change too.
     items = [line for line in proc.stdout.splitlines() if line.strip()]
     return {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
+
+
+def _listing(root: Path, excludes: list[str]) -> dict[str, list[int]]:
+    """The controller's side of the node's ``tree`` listing (see node/files.py)."""
+    out: dict[str, list[int]] = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not _excluded(d, excludes)]
+        for name in dirs + [n for n in names if not _excluded(n, excludes)]:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            mode = stat.S_IMODE(st.st_mode)
+            rel = os.path.relpath(path, root)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            out[rel] = [-1, 0, mode] if is_dir else [st.st_size, int(st.st_mtime), mode]
+    return out
+
+
+def _excluded(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _unchanged_tree(ctx: HostContext, src: Path, dest: str, args: Mapping[str, Any]) -> bool:
+    """True when the node's copy already matches (sizes, times, modes), as rsync -a's
+    own quick check would find, asked over the open connection: a no-op push then costs
+    one message instead of an ssh handshake per node. Only plain --exclude options are
+    understood; any other rsync option means rsync decides."""
+    excludes: list[str] = []
+    for opt in args.get("rsync_opts") or []:
+        if not str(opt).startswith("--exclude=") or "/" in str(opt):
+            return False
+        excludes.append(str(opt).removeprefix("--exclude="))
+    there = ctx.request("tree", {"path": dest.rstrip("/") or "/"})
+    if there.get("failed") or not there.get("exists"):
+        return False
+    remote: dict[str, list[int]] = there.get("files") or {}
+    local = _listing(src, excludes)
+    if any(remote.get(rel) != entry for rel, entry in local.items()):
+        return False
+    # Without --delete, extra files on the node stay; with it, only excluded ones may.
+    extra = [rel for rel in remote if rel not in local]
+    return not args.get("delete") or all(_excluded(posixpath.basename(r), excludes) for r in extra)
 
 
 def _assert(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 # namespace already; imported as a module (tests, type checking) this part imports them.
 if TYPE_CHECKING or __name__ != "__main__":
     from cpuaccel.playbook.node.common import Fail
-    from cpuaccel.playbook.node.files import mod_command, mod_copy, mod_file, mod_stat
+    from cpuaccel.playbook.node.files import mod_command, mod_copy, mod_file, mod_stat, mod_tree
     from cpuaccel.playbook.node.pip import mod_pip
     from cpuaccel.playbook.node.setvars import mod_setvars
 
@@ -26,6 +26,7 @@ MODULES: dict[str, Handler] = {
     "file": mod_file,
     "copy": mod_copy,
     "stat": mod_stat,
+    "tree": mod_tree,  # synchronize's quick check (not a playbook module)
     "pip": mod_pip,
     "setvars": mod_setvars,
 }
