@@ -80,6 +80,12 @@ def gather(
             hint="a login script on the node may print text; make it quiet for "
             "non-interactive shells",
         ) from None
+    return settle(facts, sent, received)
+
+
+def settle(facts: Facts, sent: float, received: float) -> Facts:
+    """Add ``clock_skew`` (the node's clock minus ours, at the round trip's middle, so
+    that network and start-up time do not count) and ``probe_seconds``."""
     facts["clock_skew"] = facts["time"] - (sent + received) / 2
-    facts["probe_seconds"] = result.seconds
+    facts["probe_seconds"] = received - sent
     return facts

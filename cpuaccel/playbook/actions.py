@@ -66,14 +66,17 @@ class HostContext:
         return self.agent().request(module, args, check=self.check, diff=self.diff)
 
 
-def _command(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
-    request = {
-        k: args[k]
-        for k in ("creates", "removes", "chdir", "environment", "stdin")
-        if args.get(k) is not None
-    }
+def _process_request(args: dict[str, Any]) -> dict[str, Any]:
+    """What command and shell share: creates/removes, chdir, environment, stdin, timeout."""
+    keys = ("creates", "removes", "chdir", "environment", "stdin")
+    request = {k: args[k] for k in keys if args.get(k) is not None}
     if args.get("timeout") is not None:
         request["timeout"] = float(args["timeout"])
+    return request
+
+
+def _command(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
+    request = _process_request(args)
     if args.get("argv"):
         request["argv"] = [str(a) for a in args["argv"]]
     elif args.get("cmd"):
@@ -87,13 +90,7 @@ def _command(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any
 
 
 def _shell(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
-    request = {
-        k: args[k]
-        for k in ("creates", "removes", "chdir", "environment", "stdin")
-        if args.get(k) is not None
-    }
-    if args.get("timeout") is not None:
-        request["timeout"] = float(args["timeout"])
+    request = _process_request(args)
     request.update(cmd=str(args["cmd"]), shell=True, executable=args.get("executable") or "/bin/sh")
     return ctx.request("command", request)
 

@@ -13,7 +13,6 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -68,22 +67,14 @@ def _message(result: Result) -> str:
     return msg or "failed"
 
 
-class Display(Listener):
-    def __init__(self, console: Console, *, verbose: bool = False, diff: bool = False) -> None:
-        self.console = console
-        self.verbose = verbose
-        self.diff = diff
+class Quiet(Listener):
+    """A bar on a terminal's stderr while a task runs, and nothing else (--json)."""
+
+    def __init__(self) -> None:
         self._stack: ExitStack | None = None
         self._tracker: ui.Tracker | None = None
-        self._number = 0
-
-    def play_start(self, play: Play, hosts: Sequence[str]) -> None:
-        self.console.print(
-            f"[bold]{escape(f'PLAY [{play.name}]')}[/] {len(hosts)} host{'s' * (len(hosts) != 1)}"
-        )
 
     def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None:
-        self._number += 1
         self._stack = ExitStack()
         self._tracker = self._stack.enter_context(ui.progress(f"TASK [{title}]", len(hosts)))
 
@@ -95,6 +86,22 @@ class Display(Listener):
         if self._stack is not None:
             self._stack.close()
             self._stack = self._tracker = None
+
+
+class Display(Quiet):
+    def __init__(self, console: Console, *, verbose: bool = False, diff: bool = False) -> None:
+        super().__init__()
+        self.console = console
+        self.verbose = verbose
+        self.diff = diff
+
+    def play_start(self, play: Play, hosts: Sequence[str]) -> None:
+        self.console.print(
+            f"[bold]{escape(f'PLAY [{play.name}]')}[/] {len(hosts)} host{'s' * (len(hosts) != 1)}"
+        )
+
+    def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None:
+        super().task_end(task, title, results)  # the bar goes before the line is printed
         statuses = {host: status_of(r) for host, r in results.items()}
         counts = Counter(statuses.values())
         worst = next((s for s in reversed(_ORDER) if counts.get(s)), "ok")
@@ -129,24 +136,3 @@ class Display(Listener):
             style = "red" if not s.succeeded else "yellow" if s.changed else "green"
             self.console.print(f"[{style}]{escape(name):<{width}}[/] : {s.line()}")
         self.console.print(f"({seconds:.1f} s)")
-
-
-class Quiet(Listener):
-    """--json: nothing on stdout until the end (a bar on a terminal's stderr is fine)."""
-
-    def __init__(self) -> None:
-        self._stack: ExitStack | None = None
-        self._tracker: ui.Tracker | None = None
-
-    def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None:
-        self._stack = ExitStack()
-        self._tracker = self._stack.enter_context(ui.progress(f"TASK [{title}]", len(hosts)))
-
-    def host_progress(self, host: str) -> None:
-        if self._tracker is not None:
-            self._tracker.advance(host)
-
-    def task_end(self, task: Task | None, title: str, results: Mapping[str, Any]) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = self._tracker = None

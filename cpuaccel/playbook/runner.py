@@ -23,7 +23,7 @@ from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
-from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result, module_python
+from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
 from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.playbook.stats import HostStats
 
@@ -267,13 +267,21 @@ class Runner:
             state.failed = True
 
     def _gather(self, state: HostState) -> Result:
-        from cpuaccel.facts.gather import gather
+        """Facts from the host's agent, which runs the probe in its own process."""
+        from cpuaccel.facts.gather import probe_source, settle
 
+        host = state.host
+        request: dict[str, Any] = {"workdir": host.workdir, "setvars": host.setvars, "resolve": []}
+        args = {"source": probe_source().decode(), "request": request}
         try:
-            facts = gather(state.ctx.connect(), python=module_python(state.host))
+            state.ctx.agent()  # started first: its start-up is no clock skew
+            sent = time.time()
+            reply = state.ctx.request("facts", args)
         except HostError as exc:
             return _host_error(exc)
-        state.facts[FACTS_VAR] = facts
+        if reply.get("failed") or not isinstance(reply.get("facts"), dict):
+            return {"failed": True, "changed": False, "msg": f"facts: {reply.get('msg')}"}
+        state.facts[FACTS_VAR] = settle(reply["facts"], sent, time.time())
         return {"changed": False, "failed": False}
 
     def _run_task(self, state: HostState, play: Play, task: Task) -> Result:

@@ -21,6 +21,14 @@ if TYPE_CHECKING or __name__ != "__main__":
     from cpuaccel.playbook.node.setvars import mod_setvars
 
 
+def mod_facts(args: dict[str, Any], check: bool, diff: bool) -> Reply:
+    """Run cpuaccel's fact probe (its source comes with the request) in this process:
+    gathering facts then costs the node no interpreter start of its own."""
+    namespace: dict[str, Any] = {"__name__": "cpuaccel_probe"}
+    exec(compile(str(args["source"]), "cpuaccel/facts/probe.py", "exec"), namespace)
+    return {"changed": False, "facts": namespace["gather"](dict(args.get("request") or {}))}
+
+
 MODULES: dict[str, Handler] = {
     "command": mod_command,
     "file": mod_file,
@@ -29,6 +37,7 @@ MODULES: dict[str, Handler] = {
     "tree": mod_tree,  # synchronize's quick check (not a playbook module)
     "pip": mod_pip,
     "setvars": mod_setvars,
+    "facts": mod_facts,  # Gathering Facts (not a playbook module)
 }
 
 
