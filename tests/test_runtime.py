@@ -226,6 +226,16 @@ def test_init_logs_its_choices_once_on_rank_0(
     assert not dist.is_initialized()
 
 
+def test_precision_defaults_to_what_run_exported(
+    clean_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CPUACCEL_MIXED_PRECISION", "bf16")
+    with cpuaccel.init(verbose=False, metrics_path=tmp_path / "m.jsonl") as ctx:
+        assert ctx.dtype == torch.bfloat16
+    with cpuaccel.init("no", verbose=False, metrics_path=tmp_path / "m.jsonl") as ctx:
+        assert ctx.dtype is None  # an explicit argument wins
+
+
 # ---------------------------------------------------------------- IPEX
 
 

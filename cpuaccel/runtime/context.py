@@ -52,6 +52,7 @@ from cpuaccel.runtime.env import DistEnv
 from cpuaccel.runtime.metrics import MetricsLog, default_path
 from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
 
+PRECISION_ENV = "CPUACCEL_MIXED_PRECISION"
 PRECISIONS: dict[str, torch.dtype | None] = {
     "no": None,
     "fp32": None,
@@ -397,7 +398,7 @@ class Context:
 
 
 def init(
-    mixed_precision: str | None = "no",
+    mixed_precision: str | None = None,
     *,
     gradient_accumulation_steps: int = 1,
     seed: int | None = None,
@@ -411,6 +412,8 @@ def init(
     """Join the job (or start a world of one) and return its :class:`Context`.
 
     - ``mixed_precision``: ``"bf16"`` (autocast to bfloat16 on the CPU) or ``"no"``;
+      default $CPUACCEL_MIXED_PRECISION (what ``cpuaccel run`` exports from the project
+      file or an Accelerate config), else ``"no"``;
     - ``backend``: the process group's; default $CPUACCEL_BACKEND, else ``ccl`` when
       oneCCL's bindings import and match torch, else ``gloo``;
     - ``grad_sync``: ``"mpi"`` or ``"pg"``; default $CPUACCEL_GRAD_SYNC, else MPI when
@@ -423,6 +426,8 @@ def init(
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
     process group the script initialized itself is used as it is.
     """
+    if mixed_precision is None:
+        mixed_precision = os.environ.get(PRECISION_ENV) or "no"
     dtype = precision_dtype(mixed_precision)
     env = DistEnv.from_environ()
     owns = not (dist.is_available() and dist.is_initialized())
