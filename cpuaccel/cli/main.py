@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
-from rich.markup import escape
 
 from cpuaccel import __version__
-from cpuaccel.cli.check import check
-from cpuaccel.cli.config import config_command
-from cpuaccel.cli.provision import provision_command
-from cpuaccel.cli.report import report_command
-from cpuaccel.cli.run import run_command
-from cpuaccel.cli.sync import sync_command
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+
+# Each verb's module is imported only when that verb runs (or for --help): start-up is
+# paid on every command, and a sync need not load the playbook engine or the launcher.
+VERBS = {
+    "config": "cpuaccel.cli.config:config_command",
+    "check": "cpuaccel.cli.check:check",
+    "provision": "cpuaccel.cli.provision:provision_command",
+    "sync": "cpuaccel.cli.sync:sync_command",
+    "run": "cpuaccel.cli.run:run_command",
+    "report": "cpuaccel.cli.report:report_command",
+}
 
 EPILOG = """\b
 Examples:
@@ -33,24 +38,38 @@ Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
 """
 
 
-@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(VERBS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = VERBS.get(cmd_name)
+        if target is None:
+            return None
+        module, _, attr = target.partition(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        command.name = cmd_name  # older click names it after the function
+        return command
+
+
+@click.group(
+    cls=LazyGroup,
+    epilog=EPILOG,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, "-V", "--version", prog_name="cpuaccel")
 def cli() -> None:
     """Provision Intel Xeon nodes, sync code to them, and launch PyTorch training with MPI."""
 
-
-cli.add_command(check)
-cli.add_command(provision_command, name="provision")
-cli.add_command(sync_command, name="sync")
-cli.add_command(run_command, name="run")
-cli.add_command(report_command, name="report")
-cli.add_command(config_command, name="config")
 
 
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except CpuaccelError as exc:
+        from rich.markup import escape
+
         from cpuaccel import ui
 
         ui.stderr().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
