@@ -723,3 +723,21 @@ def test_a_default_workdir_is_expanded_by_the_head_node() -> None:
     plan = build_plan(request, chosen, found, RUN_ID)
     assert plan.run_dir == f"/home/u/cpuaccel/runs/{RUN_ID}"
     assert "~" not in render(plan, ConnectOptions())["launch.sh"][1]
+
+
+@pytest.mark.parametrize(
+    ("boots", "threads", "waits"), [(("a", "b"), 4, False), (("a", "a"), 2, True)]
+)
+def test_nodes_of_one_machine_split_its_cores_and_do_not_spin(
+    boots: tuple[str, str], threads: int, waits: bool
+) -> None:
+    chosen = hosts(2)
+    request = RunRequest(script="train.py", ppn=2, project_name="proj")
+    found = {
+        h.name: {**facts(["impi"], cores=8), "boot_id": boot}
+        for h, boot in zip(chosen, boots, strict=True)
+    }
+    plan = build_plan(request, chosen, found, RUN_ID)
+    assert plan.threads == threads and plan.env["OMP_NUM_THREADS"] == str(threads)
+    launch = render(plan, ConnectOptions())["launch.sh"][1]
+    assert ("export I_MPI_WAIT_MODE=1" in launch) is waits

@@ -276,6 +276,9 @@ def gather(request: dict[str, Any]) -> dict[str, Any]:
     workdir = os.path.expanduser(request.get("workdir") or "~/cpuaccel")
     return {
         "hostname": os.uname().nodename,
+        # The same boot id means the same kernel: "nodes" that are containers or
+        # namespaces of one machine, whose ranks share its cores.
+        "boot_id": read("/proc/sys/kernel/random/boot_id").decode(errors="replace").strip(),
         "os": os_release(),
         "kernel": os.uname().release,
         "python": {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import secrets
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,7 @@ class RunPlan:
     setvars: str | None
     allocator: str
     request: RunRequest
+    shared_cores: bool = False  # several chosen nodes are one machine
 
     @property
     def head(self) -> Host:
@@ -94,10 +96,19 @@ class RunPlan:
             ssh_wrapper=self.path("ssh.sh"),
             rank_argv=("/bin/sh", self.path("rank.sh"), self.request.script, *self.request.args),
             exported=tuple(self.env),
+            shared_cores=self.shared_cores,
         )
 
     def command(self) -> list[str]:
         return self.launcher.argv(self.spec())
+
+
+def nodes_per_machine(hosts: Sequence[Host], facts: Mapping[str, Facts]) -> int:
+    """How many of the chosen nodes share one machine (one kernel boot id) at most:
+    1 on a real cluster; more for containers or namespaces of one host."""
+    boots = [str(facts[h.name].get("boot_id") or "") for h in hosts if h.name in facts]
+    counts = Counter(b for b in boots if b)
+    return max(counts.values(), default=1)
 
 
 def _same(hosts: Sequence[Host], what: str, read: Any) -> str:
@@ -164,9 +175,11 @@ def build_plan(
     if not backend and head_facts and head_facts["packages"].get("oneccl_bindings_for_pytorch"):
         backend = "ccl"
     ccl_workers = int(head.vars.get("cpuaccel_ccl_workers", 1)) if backend == "ccl" else 0
+    sharing = nodes_per_machine(chosen, facts or {})
     threads = None
     if cpu and ppn:
-        threads = max(1, int(cpu["physical_cores"]) // ppn - ccl_workers)
+        # Cores are the machine's: nodes that are one machine split them between them.
+        threads = max(1, int(cpu["physical_cores"]) // (ppn * sharing) - ccl_workers)
     run_id = run_id or new_run_id()
     if local_project is not None:
         project_dir, run_dir = local_project, posixpath.join(local_project, "runs", run_id)
@@ -218,6 +231,7 @@ def build_plan(
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
         allocator=allocator,
         request=request,
+        shared_cores=sharing > 1,
     )
 
 
