@@ -63,7 +63,6 @@ def cli() -> None:
     """Provision Intel Xeon nodes, sync code to them, and launch PyTorch training with MPI."""
 
 
-
 def main() -> None:
     try:
         cli.main(standalone_mode=False)
