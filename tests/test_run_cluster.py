@@ -1,4 +1,5 @@
-"""`cpuaccel run` against real nodes (namespaces with their own sshd) with Intel MPI.
+"""`cpuaccel run` against real nodes (namespaces with their own sshd) with Intel MPI
+(and, in one test each, Debian's MPICH and Open MPI).
 
 Every test runs `cpuaccel run` as a user does: a subprocess whose working folder is a
 project folder of its own (synced to /srv/cpuaccel-node/work/<folder> on the nodes),
@@ -421,3 +422,34 @@ def test_secret_env_reaches_ranks_and_no_record(cluster: Cluster, tmp_path: Path
         env_sh = cluster.exec(node, ["cat", f"{node_run}/env.sh"])
         assert env_sh.returncode == 0 and "API_TOKEN" not in env_sh.stdout
         assert secret not in env_sh.stdout
+
+
+@pytest.mark.parametrize(
+    ("launcher", "mpirun"), [("mpich", "mpirun.mpich"), ("openmpi", "mpirun.openmpi")]
+)
+def test_mpich_and_open_mpi_place_ranks_across_nodes(
+    cluster: Cluster, inventory: str, tmp_path: Path, launcher: str, mpirun: str
+) -> None:
+    if not Path("/usr/bin", mpirun).exists():
+        message = f"/usr/bin/{mpirun} is not installed (.ci/run installs mpich and openmpi-bin)"
+        if os.environ.get("CPUACCEL_REQUIRE_CLUSTER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    script = (
+        "import json, os, socket\n"
+        "keys = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR')\n"
+        "print(json.dumps({**{k: os.environ[k] for k in keys}, 'host': socket.gethostname()}))\n"
+    )
+    proj = make_project(tmp_path, {"script.py": script})
+    args = ("-i", inventory, "--nodes", "2", "--ppn", "2", "--launcher", launcher, "script.py")
+    run = cpuaccel_run(proj, *args)
+    assert run.code == 0, run
+    ranks = {r: (host, json.loads(text)) for r, (host, text) in run.ranks().items()}
+    assert sorted(ranks) == [0, 1, 2, 3], run
+    for rank, (label_host, seen) in ranks.items():
+        assert (int(seen["RANK"]), seen["WORLD_SIZE"]) == (rank, "4")
+        assert seen["LOCAL_RANK"] == str(rank % 2) and seen["MASTER_ADDR"] == "node1"
+        assert label_host == seen["host"] == NODES[rank // 2]
+    record = run.record()
+    assert record["launcher"] == launcher and record["command"][0] == f"/usr/bin/{mpirun}"
+    assert_nothing_left(cluster, record["run_id"])

@@ -100,11 +100,13 @@ def mpi_flavour(path: str) -> str:
 
 
 def mpi_launchers() -> list[dict[str, str]]:
+    # The flavour-named launchers before plain `mpirun`: Debian's alternatives move what
+    # mpirun points to whenever another MPI is installed, so a recorded job names them.
     candidates = [
         os.path.join(os.path.dirname(sys.executable), "mpirun"),
-        which("mpirun"),
         which("mpirun.mpich"),
         which("mpirun.openmpi"),
+        which("mpirun"),
     ]
     seen = set()
     launchers = []
