@@ -7,7 +7,7 @@ is a PlaybookError here, naming the file, the line and the task, with exit code 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -231,36 +231,27 @@ class _Reader:
             ("failed_when", failed_when or ()),
         ):
             for expr in exprs:
-                if expr in ("True", "False"):
-                    continue
-                try:
-                    templar.check_expression(expr.strip().removeprefix("{{").removesuffix("}}"))
-                except templar.TemplateError as exc:
-                    raise self.error(
-                        f"{label}: {key}: {exc.message}",
+                if expr not in ("True", "False"):
+                    self.checked(
+                        templar.check_expression,
+                        expr.strip().removeprefix("{{").removesuffix("}}"),
+                        f"{label}: {key}",
                         _key_line(raw, key, line),
                         "write a Jinja2 expression without {{ }}, e.g. 'when: result is changed'",
-                    ) from None
+                    )
+        at = _key_line(raw, module_name, line)
         for value in _walk_strings(args):
             if templar.is_template(value):
-                try:
-                    templar.check_template(value)
-                except templar.TemplateError as exc:
-                    raise self.error(
-                        f"{label}: {exc.message}",
-                        _key_line(raw, module_name, line),
-                        "fix the {{ }} expression",
-                    ) from None
+                self.checked(templar.check_template, value, label, at, "fix the {{ }} expression")
         if module_name == "assert":
             for expr in _as_strings(args.get("that")):
-                try:
-                    templar.check_expression(expr)
-                except templar.TemplateError as exc:
-                    raise self.error(
-                        f"{label}: that: {exc.message}",
-                        _key_line(raw, module_name, line),
-                        "each 'that' item is a Jinja2 expression without {{ }}",
-                    ) from None
+                self.checked(
+                    templar.check_expression,
+                    expr,
+                    f"{label}: that",
+                    at,
+                    "each 'that' item is a Jinja2 expression without {{ }}",
+                )
         if (
             module_name == "template"
             and not templar.is_template(args.get("src"))
@@ -304,6 +295,15 @@ class _Reader:
             check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
             vars=dict(task_vars),
         )
+
+    def checked(
+        self, check: Callable[[str], None], text: str, what: str, line: int, hint: str
+    ) -> None:
+        """Run a Jinja2 parse check; its error becomes this file's error at ``line``."""
+        try:
+            check(text)
+        except templar.TemplateError as exc:
+            raise self.error(f"{what}: {exc.message}", line, hint) from None
 
     def module_args(
         self, module: catalogue.Module, raw: Mapping[str, Any], label: str, line: int
