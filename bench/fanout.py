@@ -21,23 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from ansible_venv import ensure_ansible
+
 from cpuaccel.testing.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-ANSIBLE_VENV = ROOT / "bench" / ".venv-ansible"
 CLUSTER_ID = 9  # apart from the tests' cluster (0), so both can run at once
 TARGET_SCALING = 2.0
 TARGET_VS_ANSIBLE = 0.3
-
-
-def ensure_ansible() -> Path:
-    ansible = ANSIBLE_VENV / "bin" / "ansible"
-    if not ansible.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(ANSIBLE_VENV)], check=True)
-        subprocess.run(
-            [str(ANSIBLE_VENV / "bin" / "pip"), "install", "--quiet", "ansible-core"], check=True
-        )
-    return ansible
 
 
 def timed(argv: list[str], env: dict[str, str], expect: int = 0) -> float:
@@ -62,7 +53,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    ansible = ensure_ansible()
+    ansible = ensure_ansible("ansible")
     cpuaccel = str(Path(sys.executable).with_name("cpuaccel"))
     home = Path(tempfile.mkdtemp(prefix="cpxl-bench-ansible-"))
     env = dict(os.environ, ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"))

@@ -35,12 +35,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ansible_venv import ensure_ansible
+
 from cpuaccel.playbook.wheels import STAMP_NAME
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import NODE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
-ANSIBLE_VENV = ROOT / "bench" / ".venv-ansible"
 ANSIBLE_PLAYBOOK = ROOT / "bench" / "provision_ansible.yaml"
 WHEELHOUSE = ROOT / ".wheelhouse" / "upstream"  # what `make wheelhouse` fills
 CLUSTER_ID = 12  # apart from the tests' (0) and the other benches' clusters
@@ -57,16 +58,6 @@ _RECAP = re.compile(
     r"^(\S+)\s+:\s+ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def ensure_ansible() -> Path:
-    playbook = ANSIBLE_VENV / "bin" / "ansible-playbook"
-    if not playbook.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(ANSIBLE_VENV)], check=True)
-        subprocess.run(
-            [str(ANSIBLE_VENV / "bin" / "pip"), "install", "--quiet", "ansible-core"], check=True
-        )
-    return playbook
 
 
 def recap(stdout: str) -> dict[str, tuple[int, int, int]]:
@@ -199,7 +190,7 @@ def main() -> None:
     args = parser.parse_args()
     if not (WHEELHOUSE / STAMP_NAME).is_file():
         raise SystemExit(f"no wheelhouse at {WHEELHOUSE}: run `make wheelhouse` first")
-    ansible_playbook = ensure_ansible()
+    ansible_playbook = ensure_ansible("ansible-playbook")
     cpuaccel = str(Path(sys.executable).with_name("cpuaccel"))
     home = Path(tempfile.mkdtemp(prefix="cpxl-bench-ansible-"))
     env = dict(
