@@ -18,11 +18,11 @@ from cpuaccel.testing.cluster import (
     Cluster,
     ClusterError,
     bridge_name,
-    leftovers,
     lock_path_for,
     namespace_name,
     veth_name,
 )
+from cpuaccel.testing.netns import leftovers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRATCH_ID = 7  # a throw-away cluster, so the shared session cluster stays up
