@@ -14,7 +14,7 @@ from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
-from cpuaccel.playbook.display import Display, Quiet
+from cpuaccel.playbook.display import Display, ProgressBar
 from cpuaccel.playbook.modules import MODULES
 from cpuaccel.playbook.runner import Listener, Runner, default_playbook
 
@@ -116,7 +116,9 @@ def provision_command(
                 tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
                 out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
         return
-    listener: Listener = Quiet() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
+    listener: Listener = (
+        ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
+    )
     started = time.monotonic()
     pool = ConnectionPool(target.connect)
     runner = Runner(

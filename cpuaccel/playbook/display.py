@@ -67,7 +67,7 @@ def _message(result: Result) -> str:
     return msg or "failed"
 
 
-class Quiet(Listener):
+class ProgressBar(Listener):
     """A bar on a terminal's stderr while a task runs, and nothing else (--json)."""
 
     def __init__(self) -> None:
@@ -88,7 +88,7 @@ class Quiet(Listener):
             self._stack = self._tracker = None
 
 
-class Display(Quiet):
+class Display(ProgressBar):
     def __init__(self, console: Console, *, verbose: bool = False, diff: bool = False) -> None:
         super().__init__()
         self.console = console

@@ -99,8 +99,6 @@ def _as_strings(value: Any) -> tuple[str, ...]:
         return ()
     if isinstance(value, list):
         return tuple(str(v) for v in value)
-    if isinstance(value, bool):
-        return (str(value),)
     return (str(value),)
 
 

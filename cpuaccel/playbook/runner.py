@@ -35,6 +35,7 @@ class HostState:
     host: Host
     ctx: HostContext
     facts: dict[str, Any] = field(default_factory=dict)  # registered and set_fact
+    extra_vars: dict[str, Any] = field(default_factory=dict)  # -e: over everything
     failed: bool = False
     unreachable: bool = False
     stats: HostStats = field(default_factory=HostStats)
@@ -112,6 +113,9 @@ class Runner:
         self.controller_vars = dict(controller_vars or {})
         self.listener = listener or Listener()
         self.states: dict[str, HostState] = {}
+        # Neither the inventory nor -e changes during a run: derived once, not per task.
+        self.groups = {name: inventory.group_hosts(name) for name in inventory.groups}
+        self._selected: dict[str, list[str]] = {}
         for host in hosts:
             ctx = HostContext(
                 host=host,
@@ -121,7 +125,7 @@ class Runner:
                 check=check,
                 diff=diff,
             )
-            self.states[host.name] = HostState(host, ctx)
+            self.states[host.name] = HostState(host, ctx, extra_vars=self._extra_vars(host))
         self.log: list[dict[str, Any]] = []  # per play and task, for --json
 
     def _connector(self, host: Host) -> Callable[[], Connector]:
@@ -139,13 +143,12 @@ class Runner:
 
     def variables(self, state: HostState, play: Play, task: Task | None) -> dict[str, Any]:
         host = state.host
-        groups = {name: self.inventory.group_hosts(name) for name in self.inventory.groups}
         merged: dict[str, Any] = {
             **self.controller_vars,
             "inventory_hostname": host.name,
             "inventory_hostname_short": host.name.split(".")[0],
             "group_names": [g for g in host.groups if g != "all"],
-            "groups": groups,
+            "groups": self.groups,
             "playbook_dir": str(self.playbook.directory),
             "ansible_check_mode": self.check,
             "ansible_diff_mode": self.diff,
@@ -157,7 +160,7 @@ class Runner:
         merged.update(state.facts)
         if task is not None and task.vars:
             merged.update(self._render_vars(task.vars, merged))
-        merged.update(self._extra_vars(host))
+        merged.update(state.extra_vars)
         return merged
 
     @staticmethod
@@ -169,8 +172,13 @@ class Runner:
         return out
 
     def _play_states(self, play: Play) -> list[HostState]:
-        names = self.inventory.select(play.hosts)
-        return [self.states[h.name] for h in names if h.name in self.limit]
+        # Asked for every host of every task: the pattern is resolved once per play.
+        names = self._selected.get(play.hosts)
+        if names is None:
+            names = self._selected[play.hosts] = [
+                h.name for h in self.inventory.select(play.hosts) if h.name in self.limit
+            ]
+        return [self.states[name] for name in names]
 
     # -- running ---------------------------------------------------------------------
 
