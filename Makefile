@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -25,9 +25,13 @@ WHEELHOUSE := $(CURDIR)/.wheelhouse/upstream
 wheelhouse: $(STAMP)
 	$(BIN)/cpuaccel provision --tags wheelhouse -e cpuaccel_wheelhouse=$(WHEELHOUSE)
 
+# sshd, rsync, MPICH, Open MPI ... for the multi-node tests (installed when root).
+system-deps:
+	bash tools/system-deps.sh
+
 # The multi-node tests start real namespace nodes and need root; CI sets
 # CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there.
-test: lint wheelhouse
+test: lint system-deps wheelhouse
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
