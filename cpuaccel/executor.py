@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable, connector_for
 from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.inventory.host import Host
 
 T = TypeVar("T")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.api.inventory import Inventory
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors import commandline
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
+from cpuaccel.inventory.host import Host
 
 NASTY = [
     "$(touch {marker})",
@@ -37,7 +37,7 @@ def _words(marker: Path) -> list[str]:
 def test_render_runs_every_word_literally(tmp_path: Path) -> None:
     marker = tmp_path / "executed"
     words = _words(marker)
-    line = commandline.render([*ECHO_ARGV, *words])
+    line = commandline.shell_line([*ECHO_ARGV, *words])
     out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == words
     assert not marker.exists()
@@ -46,7 +46,7 @@ def test_render_runs_every_word_literally(tmp_path: Path) -> None:
 def test_env_values_are_not_interpolated(tmp_path: Path) -> None:
     marker = tmp_path / "executed"
     value = f"$(touch {marker}) 'x' \"y\""
-    line = commandline.render(
+    line = commandline.shell_line(
         [sys.executable, "-c", "import os; print(os.environ['V'])"], env={"V": value}
     )
     out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
@@ -57,16 +57,16 @@ def test_env_values_are_not_interpolated(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["A B", "1X", "X=Y", "$(x)", ""])
 def test_bad_env_names_are_refused(name: str) -> None:
     with pytest.raises(ValueError, match="environment variable name"):
-        commandline.render(["true"], env={name: "v"})
+        commandline.shell_line(["true"], env={name: "v"})
 
 
 def test_cwd_is_quoted_and_must_exist(tmp_path: Path) -> None:
     odd = tmp_path / "dir with 'quote' and $(x)"
     odd.mkdir()
-    line = commandline.render(["pwd"], cwd=str(odd))
+    line = commandline.shell_line(["pwd"], cwd=str(odd))
     out = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(odd)
-    missing = commandline.render(["pwd"], cwd=str(tmp_path / "missing"))
+    missing = commandline.shell_line(["pwd"], cwd=str(tmp_path / "missing"))
     assert subprocess.run(["/bin/sh", "-c", missing], capture_output=True).returncode != 0
 
 
@@ -77,7 +77,7 @@ def test_home_relative_path_keeps_tilde_for_the_shell() -> None:
 
 def test_empty_command_is_refused() -> None:
     with pytest.raises(ValueError):
-        commandline.render([])
+        commandline.shell_line([])
 
 
 def test_local_connector_runs_with_stdin_and_reports_exit_code(tmp_path: Path) -> None:

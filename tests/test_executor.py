@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import Connector, Unreachable
 from cpuaccel.errors import HostError
 from cpuaccel.executor import HostResult, Status, run_on_hosts
+from cpuaccel.inventory.host import Host
 
 LOCAL = {"ansible_connection": "local"}
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
 from cpuaccel.facts import probe
 from cpuaccel.facts.gather import gather, names_to_resolve
+from cpuaccel.inventory.host import Host
 
 
 def local(**vars: str) -> LocalConnector:

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.api.inventory import (
+from cpuaccel.errors import EXIT_USAGE, InventoryError
+from cpuaccel.inventory.inventory import (
     ENV_VAR,
     Inventory,
     Origin,
     expand_host_pattern,
     parse_extra_vars,
 )
-from cpuaccel.errors import EXIT_USAGE, InventoryError
 
 
 def write(tmp_path: Path, text: str, name: str = "inventory.yaml") -> Path:

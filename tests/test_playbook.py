@@ -10,7 +10,7 @@ from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import loader, templar
 from cpuaccel.playbook.model import Task
 from cpuaccel.playbook.modules import MODULES, normalise
-from cpuaccel.playbook.runner import default_playbook, selected
+from cpuaccel.playbook.strategy import default_playbook, selected
 
 GOOD = """\
 - name: demo

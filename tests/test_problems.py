@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.api.host import Host
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.problems import ERROR, WARNING, find_problems
+from cpuaccel.inventory.host import Host
 
 BASE: dict[str, Any] = {
     "hostname": "nodeX",

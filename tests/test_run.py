@@ -21,14 +21,14 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from cpuaccel.api.host import Host
 from cpuaccel.cli.main import cli
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
-from cpuaccel.run import launchers
-from cpuaccel.run.plan import RunPlan, RunRequest, build_plan
-from cpuaccel.run.rundir import PRIVATE, RunDir, render
-from cpuaccel.run.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import launchers
+from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan
+from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
+from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
 from cpuaccel.worker import EXIT_MARKER, derive_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,7 +284,7 @@ def test_intel_mpi_command_and_launcher_environment() -> None:
         "/usr/bin/mpirun.impi", "-f", f"{RUN_DIR}/hostfile", "-n", "8", "-ppn", "4",
         *RANK_ARGV,
     ]  # fmt: skip
-    files = render(plan, ConnectOptions())
+    files = render_job_files(plan, ConnectOptions())
     launch = files["launch.sh"][1]
     assert f"export I_MPI_HYDRA_BOOTSTRAP_EXEC={RUN_DIR}/ssh.sh" in launch
     assert "export I_MPI_PIN_DOMAIN=omp" in launch
@@ -305,7 +305,7 @@ def test_mpich_command_shape() -> None:
         "-bind-to", "core:4",  # 16 physical cores / 4 ranks
         *RANK_ARGV,
     ]  # fmt: skip
-    assert render(plan, ConnectOptions())["hostfile"][1] == "n1\nn2\n"
+    assert render_job_files(plan, ConnectOptions())["hostfile"][1] == "n1\nn2\n"
 
 
 def test_open_mpi_command_shape_forwards_every_variable() -> None:
@@ -328,7 +328,7 @@ def test_open_mpi_command_shape_forwards_every_variable() -> None:
     assert argv[argv.index("/bin/sh") :] == [
         "/bin/sh", f"{RUN_DIR}/rank.sh", "train.py", "--lr", "0.1"
     ]  # fmt: skip
-    files = render(plan, ConnectOptions())
+    files = render_job_files(plan, ConnectOptions())
     assert files["hostfile"][1] == "n1 slots=3\nn2 slots=3\n"
     assert "export OMPI_ALLOW_RUN_AS_ROOT=1" in files["launch.sh"][1]
 
@@ -392,7 +392,7 @@ def test_rendered_files_carry_values_and_arguments_literally(tmp_path: Path) -> 
     weird = "$(touch {m}) `touch {m}` 'q' \"d\" $HOME ; \\ *".format(m=tmp_path / "marker")
     args = ("--name", "a b", f"$(touch {tmp_path / 'marker'})", "it's", "", "l1\nl2", "*")
     plan = plan_for(["impi"], env={"WEIRD": weird}, args=args)
-    files = render(plan, ConnectOptions())
+    files = render_job_files(plan, ConnectOptions())
     (tmp_path / "env.sh").write_text(files["env.sh"][1])
     shown = subprocess.run(
         ["/bin/sh", "-c", '. ./env.sh && printf %s "$WEIRD"'],
@@ -417,7 +417,7 @@ def test_secrets_go_to_a_private_file_only(tmp_path: Path) -> None:
     chosen = hosts(cpuaccel_secret_env={"API_TOKEN": "unit-s3cr3t"}, cpuaccel_env={"X": "1"})
     plan = plan_for(["impi"], chosen=chosen)
     assert "API_TOKEN" not in plan.env and plan.secret_env == {"API_TOKEN": "unit-s3cr3t"}
-    files = render(plan, ConnectOptions())
+    files = render_job_files(plan, ConnectOptions())
     mode, text = files["secret.env"]
     assert mode == PRIVATE == 0o600
     assert text == "export API_TOKEN=unit-s3cr3t\n"
@@ -722,7 +722,7 @@ def test_a_default_workdir_is_expanded_by_the_head_node() -> None:
     found = {h.name: {**facts(["impi"]), "workdir": "/home/u/cpuaccel"} for h in chosen}
     plan = build_plan(request, chosen, found, RUN_ID)
     assert plan.run_dir == f"/home/u/cpuaccel/runs/{RUN_ID}"
-    assert "~" not in render(plan, ConnectOptions())["launch.sh"][1]
+    assert "~" not in render_job_files(plan, ConnectOptions())["launch.sh"][1]
 
 
 @pytest.mark.parametrize(
@@ -739,5 +739,5 @@ def test_nodes_of_one_machine_split_its_cores_and_do_not_spin(
     }
     plan = build_plan(request, chosen, found, RUN_ID)
     assert plan.threads == threads and plan.env["OMP_NUM_THREADS"] == str(threads)
-    launch = render(plan, ConnectOptions())["launch.sh"][1]
+    launch = render_job_files(plan, ConnectOptions())["launch.sh"][1]
     assert ("export I_MPI_WAIT_MODE=1" in launch) is waits

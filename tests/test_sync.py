@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import Status
+from cpuaccel.inventory.host import Host
 from cpuaccel.sync import engine, remote, transfer
 from cpuaccel.sync.engine import SyncOptions, plan, render_dest
 from cpuaccel.sync.ignore import PRUNE_NAMES

@@ -53,7 +53,7 @@ def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem])
 @click.command(epilog=EPILOG)
 @host_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-def check(
+def check_command(
     target: Target,
     as_json: bool,
 ) -> None:

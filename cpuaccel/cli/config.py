@@ -14,11 +14,11 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options, warn
 from cpuaccel.config.effective import resolve
-from cpuaccel.config.hostfile import looks_like_hostfile
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
 from cpuaccel.config.writer import default_paths, inventory_text, project_text, write_files
 from cpuaccel.errors import UsageError
+from cpuaccel.inventory.hostfile import looks_like_hostfile
 
 EPILOG = """\b
 Examples:

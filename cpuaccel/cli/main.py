@@ -14,7 +14,7 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError
 # paid on every command, and a sync need not load the playbook engine or the launcher.
 VERBS = {
     "config": "cpuaccel.cli.config:config_command",
-    "check": "cpuaccel.cli.check:check",
+    "check": "cpuaccel.cli.check:check_command",
     "provision": "cpuaccel.cli.provision:provision_command",
     "sync": "cpuaccel.cli.sync:sync_command",
     "run": "cpuaccel.cli.run:run_command",

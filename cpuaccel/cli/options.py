@@ -11,13 +11,13 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.api.host import Host
-from cpuaccel.api.inventory import Inventory, parse_extra_vars
 from cpuaccel.config.effective import Setting, choose_inventory, project_vars
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
+from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 
 F = TypeVar("F", bound=Callable[..., Any])
 

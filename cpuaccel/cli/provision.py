@@ -16,7 +16,7 @@ from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.display import Display, ProgressBar
 from cpuaccel.playbook.modules import MODULES
-from cpuaccel.playbook.runner import Listener, Runner, default_playbook
+from cpuaccel.playbook.strategy import LinearStrategy, Listener, default_playbook
 
 EPILOG = """\b
 Examples:
@@ -121,7 +121,7 @@ def provision_command(
     )
     started = time.monotonic()
     pool = ConnectionPool(target.connect)
-    runner = Runner(
+    runner = LinearStrategy(
         playbook,
         target.inventory,
         target.hosts,

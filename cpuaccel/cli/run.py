@@ -12,7 +12,6 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.api.host import Host
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import order_hosts, resolve, run_env
 from cpuaccel.connectors import programs
@@ -21,11 +20,12 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
-from cpuaccel.run import nodeops
-from cpuaccel.run.plan import RunPlan, RunRequest, build_plan, choose_hosts, new_run_id
-from cpuaccel.run.preflight import run_preflight
-from cpuaccel.run.rundir import RunDir, render
-from cpuaccel.run.supervise import Job, Outcome, OutputRouter
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import nodeops
+from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan, choose_hosts, new_run_id
+from cpuaccel.launch.preflight import run_preflight
+from cpuaccel.launch.rundir import RunDir, render_job_files
+from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import build
 
@@ -193,7 +193,7 @@ def run_command(
     if dry_run:
         local = str(project) if all(h.is_local for h in chosen) else None
         plan = build_plan(request, chosen, None, run_id, local_project=local)
-        _print_dry_run(plan, render(plan, target.connect))
+        _print_dry_run(plan, render_job_files(plan, target.connect))
         return
     # One connection per node for every phase: preflight, sync, copy, launch, sweep.
     with ConnectionPool(target.connect) as pool:
@@ -299,7 +299,7 @@ def _launch(
         ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
         return EXIT_USAGE
     plan = build_plan(request, chosen, facts, run_id, local_project=local)
-    files = render(plan, target.connect)
+    files = render_job_files(plan, target.connect)
     run_dir = RunDir.create(project / "runs", plan, files)
     if local is None or "secret.env" in files:
         _copy_files(target, plan, files, pool)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from cpuaccel.config import hostfile
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.yamlfile import Field
 from cpuaccel.errors import InventoryError
+from cpuaccel.inventory import hostfile
 
 CPU_TYPES = ("MULTI_CPU", "NO")
 # Fields whose value, when it is the one `accelerate config` writes by default for CPU

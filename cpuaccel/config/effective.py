@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.api.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
-from cpuaccel.api.inventory import DEFAULT_FILE, ENV_VAR, Inventory
-from cpuaccel.config.hostfile import SLOTS_VAR
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
+from cpuaccel.inventory.hostfile import SLOTS_VAR
+from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory
 
 FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
     "flag",

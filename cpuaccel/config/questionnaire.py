@@ -20,10 +20,10 @@ from typing import Any
 
 import click
 
-from cpuaccel.api.inventory import Inventory
-from cpuaccel.config.hostfile import looks_like_hostfile
 from cpuaccel.config.project import LAUNCHERS
 from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.inventory.hostfile import looks_like_hostfile
+from cpuaccel.inventory.inventory import Inventory
 
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*$"

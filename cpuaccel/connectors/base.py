@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
 
-from cpuaccel.api.host import Host
 from cpuaccel.errors import HostError
+from cpuaccel.inventory.host import Host
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds, as Ansible's and pdsh's defaults
 DEFAULT_COMMAND_TIMEOUT = 120.0

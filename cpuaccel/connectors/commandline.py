@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def render(
+def shell_line(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,

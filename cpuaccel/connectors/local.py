@@ -81,7 +81,7 @@ class LocalConnector(Connector):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> Process:
-        line = commandline.render(argv, env=env, cwd=cwd)
+        line = commandline.shell_line(argv, env=env, cwd=cwd)
         proc = subprocess.Popen(
             ["/bin/sh", "-c", line],
             stdin=subprocess.PIPE,
@@ -102,7 +102,7 @@ class LocalConnector(Connector):
     ) -> CommandResult:
         # The same rendered line as over SSH, run by sh: a command behaves alike on a
         # local host and a remote one, and quoting has one code path to test.
-        line = commandline.render(argv, env=env, cwd=cwd)
+        line = commandline.shell_line(argv, env=env, cwd=cwd)
         timeout = self.options.command_timeout if timeout is None else timeout
         started = time.monotonic()
         proc = subprocess.Popen(

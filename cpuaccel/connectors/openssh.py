@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.inventory.host import Host
 
 
 def ssh_options(host: Host, options: ConnectOptions) -> list[str]:

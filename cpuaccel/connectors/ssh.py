@@ -201,7 +201,7 @@ class SSHConnector(Connector):
             raise Unreachable(self.host.name, "connection closed")
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
-            chan.exec_command(commandline.render(argv, env=env, cwd=cwd))
+            chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
         except (OSError, paramiko.SSHException) as exc:
             raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
         return SSHProcess(chan)
@@ -218,7 +218,7 @@ class SSHConnector(Connector):
         if self._conn is None:
             self.connect()
         assert self._conn is not None
-        line = commandline.render(argv, env=env, cwd=cwd)
+        line = commandline.shell_line(argv, env=env, cwd=cwd)
         timeout = self.options.command_timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout

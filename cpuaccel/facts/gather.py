@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import HostError
+from cpuaccel.inventory.host import Host
 
 Facts = dict[str, Any]
 PROBE_TIMEOUT = 60.0

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.inventory.host import Host
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.session import AgentSession
 from cpuaccel.playbook.sources import find_source, search_path

@@ -20,8 +20,8 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.playbook.actions import Result
 from cpuaccel.playbook.model import Play, Task
-from cpuaccel.playbook.runner import Listener, status_of
 from cpuaccel.playbook.stats import HostStats
+from cpuaccel.playbook.strategy import Listener, status_of
 
 _STYLE = {
     "ok": "green",

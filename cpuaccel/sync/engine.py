@@ -17,11 +17,11 @@ from typing import Any, BinaryIO
 
 import jinja2
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
+from cpuaccel.inventory.host import Host
 from cpuaccel.sync import remote, transfer
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest

@@ -17,10 +17,10 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import HostError
+from cpuaccel.inventory.host import Host
 from cpuaccel.sync.manifest import SourceManifest
 from cpuaccel.sync.remote import RSYNC_TMP, STATE
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuaccel.api.host import Host
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.inventory.host import Host
 from cpuaccel.sync.engine import call_remote
 from cpuaccel.sync.manifest import SourceManifest
 

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel import __version__
-from cpuaccel.api.host import Host
-from cpuaccel.api.inventory import EXTRA_VARS_SOURCE, Inventory
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool
+from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.inventory import EXTRA_VARS_SOURCE, Inventory
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
@@ -83,7 +83,7 @@ def selected(task: Task, tags: frozenset[str], skip_tags: frozenset[str]) -> boo
     return bool(task.tags & (tags | {"always"}))
 
 
-class Runner:
+class LinearStrategy:
     def __init__(
         self,
         playbook: Playbook,

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from cpuaccel.api.host import Host
-from cpuaccel.api.patterns import expand_host_pattern, select_hosts
 from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.patterns import expand_host_pattern, select_hosts
 
 if TYPE_CHECKING:
-    from cpuaccel.api.inventory_yaml import Loader
+    from cpuaccel.inventory.ansible_yaml import Loader
 
 __all__ = [
     "ENV_VAR",
@@ -107,7 +107,7 @@ class Inventory:
                 source=source,
                 hint="check the file's permissions, and that it is UTF-8 text",
             ) from None
-        from cpuaccel.config import hostfile
+        from cpuaccel.inventory import hostfile
 
         # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
         if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
@@ -122,7 +122,7 @@ class Inventory:
         extra_vars: Mapping[str, Any] | None,
     ) -> Inventory:
         """A plain MPI hostfile as an inventory: every host in group all, in file order."""
-        from cpuaccel.config import hostfile
+        from cpuaccel.inventory import hostfile
 
         loader = _loader()(source)
         group = loader.group("all", None)
@@ -256,6 +256,6 @@ def _vars_mapping(text: str, what: str, source: str | None) -> dict[str, Any]:
 def _loader() -> type[Loader]:
     # The YAML walker builds Inventory objects, so it imports this module: import it
     # when first needed rather than at the top.
-    from cpuaccel.api.inventory_yaml import Loader
+    from cpuaccel.inventory.ansible_yaml import Loader
 
     return Loader

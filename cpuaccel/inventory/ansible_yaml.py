@@ -3,7 +3,7 @@
 The YAML is composed into nodes and walked by hand rather than loaded into dicts: that
 keeps the line of every key and value, so each mistake is reported as file:line with a
 fix, and each merged variable remembers where it was written. ``Loader.build`` merges
-variables with Ansible's precedence into an :class:`~cpuaccel.api.inventory.Inventory`.
+variables with Ansible's precedence into an :class:`~cpuaccel.inventory.inventory.Inventory`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from cpuaccel.api.host import Host, ssh_options
-from cpuaccel.api.inventory import (
+from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.host import Host, ssh_options
+from cpuaccel.inventory.inventory import (
     CONNECTIONS,
     EXTRA_VARS_SOURCE,
     GROUP_KEYS,
@@ -29,8 +30,7 @@ from cpuaccel.api.inventory import (
     Inventory,
     Origin,
 )
-from cpuaccel.api.patterns import parse_host_key
-from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.patterns import parse_host_key
 
 _NULL_TAG = "tag:yaml.org,2002:null"
 _MERGE_TAG = "tag:yaml.org,2002:merge"

@@ -26,9 +26,9 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
-from cpuaccel.run import nodeops
-from cpuaccel.run.plan import RunPlan
-from cpuaccel.run.rundir import RunDir
+from cpuaccel.launch import nodeops
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.rundir import RunDir
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")

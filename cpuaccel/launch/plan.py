@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuaccel.api.host import Host
 from cpuaccel.errors import UsageError
 from cpuaccel.facts.gather import Facts
-from cpuaccel.run import launchers
-from cpuaccel.run.launchers import Launcher, LaunchSpec
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import launchers
+from cpuaccel.launch.launchers import Launcher, LaunchSpec
 
 DEFAULT_MASTER_PORT = 29500
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.

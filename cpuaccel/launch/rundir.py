@@ -22,8 +22,8 @@ import jinja2
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
+from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.resources import data_dir
-from cpuaccel.run.plan import RunPlan, allocator_candidates, iomp_candidates
 
 EXECUTABLE = 0o755
 PRIVATE = 0o600
@@ -51,7 +51,7 @@ def _environment(plan: RunPlan) -> jinja2.Environment:
     return env
 
 
-def render(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[int, str]]:
+def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[int, str]]:
     """name -> (mode, text) of every file of the run, as the nodes get them."""
     env = _environment(plan)
     context: dict[str, Any] = {
