@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -61,6 +61,11 @@ bench-launch: $(STAMP)
 bench-train: $(STAMP)
 	$(BIN)/python bench/train.py
 	$(BIN)/python bench/allreduce.py
+
+# The same commands from the tree at BASE (a git revision) and this checkout, alternating:
+# a refactor must not be slower beyond noise. make bench-ab BASE=<rev>
+bench-ab: $(STAMP)
+	$(BIN)/python bench/ab.py --base $(BASE)
 
 cluster-up: $(STAMP)
 	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3
