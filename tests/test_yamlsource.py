@@ -233,3 +233,10 @@ def test_the_three_errors_are_siblings() -> None:
         error = kind("bad", source="f.yaml", line=3, hint="fix it")
         assert isinstance(error, SourceError)
         assert str(error) == "f.yaml:3: bad\n  fix: fix it"
+
+
+def test_an_inline_extra_vars_mapping_names_its_item() -> None:
+    with pytest.raises(InventoryError) as info:
+        parse_extra_vars(["{a: 1, a: 2}"])
+    assert str(info.value).startswith("-e '{a: 1, a: 2}': duplicate key 'a'")
+    assert parse_extra_vars(["{<<: {a: 1, b: 1}, b: 2}"]) == {"a": 1, "b": 2}

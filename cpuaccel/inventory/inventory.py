@@ -189,7 +189,13 @@ def _vars_mapping(text: str, what: str, source: str | None) -> dict[str, Any]:
     hint = "write variables as a YAML mapping, e.g. {ansible_user: train, nproc: 4}"
     reader = YamlReader(source, InventoryError)
     root = reader.compose(text, message=f"{what}: invalid YAML ({{problem}})", hint=hint)
-    data = None if root is None else reader.construct(root)
+    try:
+        data = None if root is None else reader.construct(root)
+    except InventoryError as exc:
+        if source is not None:
+            raise
+        # An inline mapping has no file to name: say which -e it was.
+        raise InventoryError(f"{what}: {exc.message}", hint=exc.hint) from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(
