@@ -29,8 +29,12 @@ class CpuaccelError(Exception):
         return self.message
 
 
-class InventoryError(CpuaccelError):
-    """The inventory file (or --limit, or -e) is wrong. Names the file and line."""
+class SourceError(CpuaccelError):
+    """A file the user wrote is wrong: the message starts with its file:line.
+
+    The base of the errors of every file cpuaccel reads (inventory, project file,
+    playbook), so that one ``except SourceError`` catches a mistake in any of them.
+    """
 
     def __init__(
         self,
@@ -48,6 +52,15 @@ class InventoryError(CpuaccelError):
         self.line = line
 
 
+class InventoryError(SourceError):
+    """The inventory file (or --limit, or -e) is wrong. Names the file and line."""
+
+
+class ProjectFileError(SourceError):
+    """The project file (cpuaccel.yaml, or Accelerate's config) is wrong. Names the file
+    and line."""
+
+
 class UsageError(CpuaccelError):
     """A command-line argument is wrong."""
 
@@ -61,7 +74,7 @@ class HostError(CpuaccelError):
         self.reason = message
 
 
-class PlaybookError(InventoryError):
+class PlaybookError(SourceError):
     """The playbook is wrong (unknown module, bad argument, bad expression).
 
     Found before anything runs on any node; names the file, line and task.

@@ -13,7 +13,7 @@ from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.yamlfile import Field
-from cpuaccel.errors import InventoryError
+from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import hostfile
 
 CPU_TYPES = ("MULTI_CPU", "NO")
@@ -58,7 +58,7 @@ def _number(fields: dict[str, Field], name: str, source: str, low: int = 1) -> i
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InventoryError(
+        raise ProjectFileError(
             f"{name}: {item.value!r} is not a whole number of {low} or more",
             source=source,
             line=item.line,
@@ -70,9 +70,9 @@ def _number(fields: dict[str, Field], name: str, source: str, low: int = 1) -> i
 def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
     config = ProjectConfig(source, kind="accelerate")
 
-    def fail(name: str, message: str, hint: str) -> InventoryError:
+    def fail(name: str, message: str, hint: str) -> ProjectFileError:
         line = fields[name].line if name in fields else None
-        return InventoryError(f"{name}: {message}", source=source, line=line, hint=hint)
+        return ProjectFileError(f"{name}: {message}", source=source, line=line, hint=hint)
 
     def warn(name: str, line: int | None, message: str) -> None:
         where = f"{source}:{line}" if line is not None else source
@@ -180,7 +180,7 @@ def _mpirun(fields: dict[str, Field], source: str, config: ProjectConfig, warn: 
     if item is None or item.value in (None, {}):
         return
     if item.children is None:
-        raise InventoryError(
+        raise ProjectFileError(
             "mpirun_config: must be a mapping (mpirun_hostfile:, mpirun_ccl:)",
             source=source,
             line=item.line,
@@ -226,7 +226,7 @@ def _hostfile(item: Field, source: str, config: ProjectConfig, warn: Any) -> Non
         return
     nodes = int(config.get("nodes") or 1)
     if len(entries) < nodes:
-        raise InventoryError(
+        raise ProjectFileError(
             f"num_machines is {nodes}, but {name} ({path}) lists {len(entries)} host(s): "
             + ", ".join(e.name for e in entries),
             source=source,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.config.yamlfile import Field, parse_mapping, read_text
-from cpuaccel.errors import InventoryError
+from cpuaccel.errors import InventoryError, ProjectFileError
 
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = ("auto", "impi", "mpich", "openmpi")
@@ -67,8 +67,8 @@ class ProjectConfig:
     def field_name(self, key: str) -> str:
         return self.names.get(key, key)
 
-    def error(self, key: str, message: str, hint: str) -> InventoryError:
-        return InventoryError(
+    def error(self, key: str, message: str, hint: str) -> ProjectFileError:
+        return ProjectFileError(
             f"{self.field_name(key)}: {message}",
             source=self.path,
             line=self.lines.get(key),
@@ -153,7 +153,7 @@ def parse_project(text: str, source: str) -> ProjectConfig:
         if key not in CHECKS:
             close = difflib.get_close_matches(key, list(CHECKS), n=1)
             hint = f"did you mean '{close[0]}'?" if close else "remove it"
-            raise InventoryError(
+            raise ProjectFileError(
                 f"unknown key {key!r} in the project file",
                 source=source,
                 line=item.line,
@@ -172,7 +172,7 @@ def _checked(key: str, item: Field, source: str) -> Any:
     try:
         return CHECKS[key](item.value)
     except ValueError as exc:
-        raise InventoryError(
+        raise ProjectFileError(
             f"{key} {exc}", source=source, line=item.line, hint=f"{key}: {KEYS[key]}"
         ) from None
 

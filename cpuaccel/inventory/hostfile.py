@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.builder import InventoryBuilder, Origin
 
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
@@ -150,7 +150,11 @@ def warning_for(source: str) -> str:
     )
 
 
-def entries_vars(
-    entries: list[HostfileEntry], extra_vars: Mapping[str, Any]
-) -> dict[str, dict[str, Any]]:
-    return {e.name: {**hostfile_vars(e), **extra_vars} for e in entries}
+def hostfile_inventory(entries: list[HostfileEntry], source: str) -> InventoryBuilder:
+    """A plain MPI hostfile as an inventory: every host in group all, in file order."""
+    builder = InventoryBuilder(source)
+    for entry in entries:
+        values = hostfile_vars(entry)
+        origins = dict.fromkeys(values, Origin(source, entry.line))
+        builder.add_host(builder.groups["all"], entry.name, values, origins)
+    return builder

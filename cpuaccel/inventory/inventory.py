@@ -1,9 +1,9 @@
-"""Inventory: the hosts to run on, read from an Ansible YAML inventory.
+"""Inventory: the hosts to run on, read from an Ansible YAML inventory or an MPI hostfile.
 
 The format is Ansible's so that users can point cpuaccel at the inventory they already
-have. Reading the YAML (with the line of every key, for file:line errors) is
-``inventory_yaml``; this module is what the rest of cpuaccel uses: loading, the
-implicit localhost, discovery, --limit, and -e.
+have. Each source fills an InventoryBuilder (the YAML in ``ansible_yaml``, a plain MPI
+hostfile in ``hostfile``), which merges the variables (``builder``); this module is what
+the rest of cpuaccel uses: loading, the implicit localhost, discovery, --limit, and -e.
 """
 
 from __future__ import annotations
@@ -11,21 +11,22 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import yaml
 
 from cpuaccel.errors import InventoryError
+from cpuaccel.inventory import hostfile
+from cpuaccel.inventory.ansible_yaml import read_inventory
+from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.patterns import expand_host_pattern, select_hosts
-
-if TYPE_CHECKING:
-    from cpuaccel.inventory.ansible_yaml import Loader
+from cpuaccel.yamlsource import YamlReader
 
 __all__ = [
     "ENV_VAR",
+    "EXTRA_VARS_SOURCE",
     "Group",
     "Inventory",
     "Origin",
@@ -36,35 +37,6 @@ __all__ = [
 ENV_VAR = "CPUACCEL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
-GROUP_KEYS = ("hosts", "vars", "children")
-CONNECTIONS = ("ssh", "local", "paramiko", "smart")
-PORT_VARS = ("ansible_port", "ansible_ssh_port")
-SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-PRIORITY_VAR = "ansible_group_priority"
-EXTRA_VARS_SOURCE = "-e"
-
-
-class Origin(NamedTuple):
-    """Where a variable was written: the file (or "-e") and the line, when known."""
-
-    source: str | None
-    line: int | None
-
-    def __str__(self) -> str:
-        return f"{self.source}:{self.line}" if self.line is not None else str(self.source)
-
-
-@dataclass(frozen=True)
-class Group:
-    """A group as written: its direct hosts, child group names and own variables."""
-
-    name: str
-    hosts: tuple[str, ...] = ()
-    children: tuple[str, ...] = ()
-    vars: Mapping[str, Any] = field(default_factory=dict)
-    line: int | None = None
-    depth: int = 0
-    priority: int = 1
 
 
 class Inventory:
@@ -107,47 +79,30 @@ class Inventory:
                 source=source,
                 hint="check the file's permissions, and that it is UTF-8 text",
             ) from None
-        from cpuaccel.inventory import hostfile
-
         # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
         if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
-            return cls._from_hostfile(hostfile.parse_hostfile(text, source), source, extra_vars)
-        return _loader()(source).load(text, extra_vars or {})
+            entries = hostfile.parse_hostfile(text, source)
+            inventory = cls.built(hostfile.hostfile_inventory(entries, source), extra_vars)
+            inventory.warnings.append(hostfile.warning_for(source))
+            return inventory
+        return cls.built(read_inventory(text, source), extra_vars)
 
     @classmethod
-    def _from_hostfile(
-        cls,
-        entries: Sequence[Any],
-        source: str,
-        extra_vars: Mapping[str, Any] | None,
+    def built(
+        cls, builder: InventoryBuilder, extra_vars: Mapping[str, Any] | None = None
     ) -> Inventory:
-        """A plain MPI hostfile as an inventory: every host in group all, in file order."""
-        from cpuaccel.inventory import hostfile
-
-        loader = _loader()(source)
-        group = loader.group("all", None)
-        for entry in entries:
-            host = loader.host(entry.name)
-            host.groups.append("all")
-            group.hosts.append(entry.name)
-            for name, value in hostfile.hostfile_vars(entry).items():
-                host.vars[name] = value
-                host.origins[name] = Origin(source, entry.line)
-        inventory = loader.build(extra_vars or {})
-        inventory.warnings.append(hostfile.warning_for(source))
-        return inventory
+        """The inventory a source filled ``builder`` with, variables merged and -e last."""
+        hosts, groups, origins = builder.build(extra_vars or {})
+        return cls(builder.source, hosts, groups, origins)
 
     @classmethod
     def implicit(cls, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
         """This machine alone, as Ansible's implicit localhost, run by this Python."""
-        loader = _loader()(None)
-        host = loader.host("localhost")
-        host.groups.append("all")
-        loader.group("all", None).hosts.append("localhost")
-        for name, value in (("ansible_connection", "local"), ("cpuaccel_python", sys.executable)):
-            host.vars[name] = value
-            host.origins[name] = Origin(None, None)
-        return loader.build(extra_vars or {})
+        builder = InventoryBuilder(None)
+        local = {"ansible_connection": "local", "cpuaccel_python": sys.executable}
+        origins = dict.fromkeys(local, Origin(None, None))
+        builder.add_host(builder.groups["all"], "localhost", local, origins)
+        return cls.built(builder, extra_vars)
 
     @classmethod
     def discover(cls, path: str | None, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
@@ -232,16 +187,15 @@ def _read_vars_file(path: str, item: str) -> dict[str, Any]:
 
 def _vars_mapping(text: str, what: str, source: str | None) -> dict[str, Any]:
     hint = "write variables as a YAML mapping, e.g. {ansible_user: train, nproc: 4}"
+    reader = YamlReader(source, InventoryError)
+    root = reader.compose(text, message=f"{what}: invalid YAML ({{problem}})", hint=hint)
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise InventoryError(
-            f"{what}: invalid YAML ({getattr(exc, 'problem', None) or exc})",
-            source=source,
-            line=mark.line + 1 if mark is not None else None,
-            hint=hint,
-        ) from None
+        data = None if root is None else reader.construct(root)
+    except InventoryError as exc:
+        if source is not None:
+            raise
+        # An inline mapping has no file to name: say which -e it was.
+        raise InventoryError(f"{what}: {exc.message}", hint=exc.hint) from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(
@@ -251,11 +205,3 @@ def _vars_mapping(text: str, what: str, source: str | None) -> dict[str, Any]:
             f"{what}: expected a mapping of variable names", source=source, hint=hint
         )
     return data
-
-
-def _loader() -> type[Loader]:
-    # The YAML walker builds Inventory objects, so it imports this module: import it
-    # when first needed rather than at the top.
-    from cpuaccel.inventory.ansible_yaml import Loader
-
-    return Loader

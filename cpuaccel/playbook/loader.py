@@ -11,14 +11,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-from yaml.nodes import MappingNode, SequenceNode
-
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.playbook.sources import find_source
+from cpuaccel.yamlsource import YamlReader
 
 PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
 TASK_KEYS = {
@@ -39,55 +37,6 @@ TASK_KEYS = {
     "timeout",
     "check_mode",
 }
-
-
-class _LineDict(dict[str, Any]):
-    line = 0
-    key_lines: dict[str, int]
-
-
-class _LineList(list[Any]):
-    line = 0
-
-
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that remembers where each mapping and list (and key) was written."""
-
-    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self.flatten_mapping(node)
-        result = _LineDict()
-        result.line = node.start_mark.line + 1
-        result.key_lines = {}
-        for key_node, value_node in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str):
-                key = str(key)
-            line = key_node.start_mark.line + 1
-            if key in result.key_lines:
-                raise PlaybookError(
-                    f"duplicate key {key!r} (first written at line {result.key_lines[key]})",
-                    source=self.name,
-                    line=line,
-                    hint="keep one of them: YAML keeps only the last value",
-                )
-            result.key_lines[key] = line
-            result[key] = self.construct_object(value_node, deep=True)
-        return result
-
-    def construct_sequence(self, node: SequenceNode, deep: bool = False) -> list[Any]:
-        result = _LineList(self.construct_object(child, deep=True) for child in node.value)
-        result.line = node.start_mark.line + 1
-        return result
-
-
-_LineLoader.add_constructor(
-    "tag:yaml.org,2002:map",
-    lambda loader, node: loader.construct_mapping(node),  # type: ignore[arg-type]
-)
-_LineLoader.add_constructor(
-    "tag:yaml.org,2002:seq",
-    lambda loader, node: loader.construct_sequence(node),  # type: ignore[arg-type]
-)
 
 
 def _line(value: Any, default: int) -> int:
@@ -119,20 +68,8 @@ class _Reader:
                 source=self.source,
                 hint="give an existing file with --playbook",
             ) from None
-        try:
-            loader = _LineLoader(text)
-            loader.name = self.source
-            try:
-                data = loader.get_single_data()
-            finally:
-                loader.dispose()
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-            raise self.error(
-                f"YAML syntax error: {getattr(exc, 'problem', None) or exc}",
-                mark.line + 1 if mark is not None else None,
-                "fix the YAML at that line: indentation, and a space after each colon",
-            ) from None
+        # Mappings and lists keep their lines (.line, .key_lines) for the errors below.
+        data = YamlReader(self.source, PlaybookError).load(text, lines=True)
         if not isinstance(data, list) or not data:
             raise self.error(
                 "a playbook is a list of plays",

@@ -1,0 +1,247 @@
+"""Merging an inventory's variables, whatever file the hosts and groups came from.
+
+A source (the Ansible YAML reader, a plain MPI hostfile, the implicit localhost) fills
+an :class:`InventoryBuilder` with drafts of groups and hosts, each variable with the
+place it was written; :meth:`InventoryBuilder.build` merges them with Ansible's
+precedence (all < parent group < child group < host < -e) and checks the values every
+host ends up with, blaming the line that wrote a bad one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, NamedTuple
+
+from cpuaccel.errors import InventoryError
+from cpuaccel.inventory.host import Host, ssh_options
+
+CONNECTIONS = ("ssh", "local", "paramiko", "smart")
+PORT_VARS = ("ansible_port", "ansible_ssh_port")
+SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+EXTRA_VARS_SOURCE = "-e"
+
+
+class Origin(NamedTuple):
+    """Where a variable was written: the file (or "-e") and the line, when known."""
+
+    source: str | None
+    line: int | None
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}" if self.line is not None else str(self.source)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group as written: its direct hosts, child group names and own variables."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    children: tuple[str, ...] = ()
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    line: int | None = None
+    depth: int = 0
+    priority: int = 1
+
+
+@dataclass
+class GroupDraft:
+    name: str
+    line: int | None
+    hosts: list[str] = field(default_factory=list)
+    children: dict[str, int] = field(default_factory=dict)  # child -> line naming it
+    vars: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+    priority: int = 1
+
+
+@dataclass
+class HostDraft:
+    groups: list[str] = field(default_factory=list)
+    vars: dict[str, Any] = field(default_factory=dict)
+    origins: dict[str, Origin] = field(default_factory=dict)
+
+
+class Built(NamedTuple):
+    """What :meth:`InventoryBuilder.build` gives: the arguments of an Inventory."""
+
+    hosts: dict[str, Host]
+    groups: dict[str, Group]
+    origins: dict[str, dict[str, Origin]]
+
+
+def _same(a: Any, b: Any) -> bool:
+    # type() too, or True and 1 would count as the same value.
+    return type(a) is type(b) and bool(a == b)
+
+
+def _is_port(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    return isinstance(value, int) and 1 <= value <= 65535
+
+
+class InventoryBuilder:
+    """Groups and hosts as a source wrote them, merged by :meth:`build`."""
+
+    def __init__(self, source: str | None) -> None:
+        self.source = source
+        self.groups: dict[str, GroupDraft] = {"all": GroupDraft("all", None)}
+        self.hosts: dict[str, HostDraft] = {}
+
+    def error(self, message: str, line: int | None, hint: str) -> InventoryError:
+        return InventoryError(message, source=self.source, line=line, hint=hint)
+
+    def group(self, name: str, line: int | None) -> GroupDraft:
+        return self.groups.setdefault(name, GroupDraft(name, line))
+
+    def host(self, name: str) -> HostDraft:
+        return self.hosts.setdefault(name, HostDraft())
+
+    def add_host(
+        self,
+        group: GroupDraft,
+        name: str,
+        host_vars: Mapping[str, Any],
+        origins: Mapping[str, Origin],
+    ) -> None:
+        """List ``name`` in ``group`` with its own variables; a host listed in several
+        places must give each of its variables one value."""
+        host = self.host(name)
+        if group.name not in host.groups:
+            host.groups.append(group.name)
+        if name not in group.hosts:
+            group.hosts.append(name)
+        for var, value in host_vars.items():
+            if var in host.vars and not _same(host.vars[var], value):
+                raise self.error(
+                    f"host {name!r} sets {var} to {value!r} here, but to {host.vars[var]!r} "
+                    f"at line {host.origins[var].line}",
+                    origins[var].line,
+                    f"a host's own variables must agree wherever it is listed: keep one value "
+                    f"for {var}, or move it to a group's vars",
+                )
+            host.vars[var] = value
+            host.origins[var] = origins[var]
+
+    def build(self, extra_vars: Mapping[str, Any]) -> Built:
+        parents = self._parents()
+        self._check_cycles()
+
+        @cache
+        def depth(name: str) -> int:
+            return 1 + max(depth(p) for p in parents[name]) if parents[name] else 0
+
+        @cache
+        def ancestors(name: str) -> frozenset[str]:
+            found = {name}
+            for parent in parents[name]:
+                found |= ancestors(parent)
+            return frozenset(found)
+
+        def merge_key(name: str) -> tuple[int, int, str]:
+            return depth(name), self.groups[name].priority, name
+
+        extra_origins = {name: Origin(EXTRA_VARS_SOURCE, None) for name in extra_vars}
+        hosts: dict[str, Host] = {}
+        origins: dict[str, dict[str, Origin]] = {}
+        for name, draft in self.hosts.items():
+            member: set[str] = {"all"}
+            for group_name in draft.groups:
+                member |= ancestors(group_name)
+            ordered = sorted(member, key=merge_key)
+            merged: dict[str, Any] = {}
+            where: dict[str, Origin] = {}
+            for group_name in ordered:
+                merged.update(self.groups[group_name].vars)
+                where.update(self.groups[group_name].origins)
+            for values, at in ((draft.vars, draft.origins), (extra_vars, extra_origins)):
+                merged.update(values)
+                where.update(at)
+            if name == "localhost" and merged.get("ansible_connection") is None:
+                merged["ansible_connection"] = "local"
+                where["ansible_connection"] = Origin(None, None)
+            validate(name, merged, where)
+            hosts[name] = Host(name, merged, tuple(ordered))
+            origins[name] = where
+        groups = {
+            name: Group(
+                name=name,
+                hosts=tuple(g.hosts),
+                children=tuple(g.children),
+                vars=dict(g.vars),
+                line=g.line,
+                depth=depth(name),
+                priority=g.priority,
+            )
+            for name, g in self.groups.items()
+        }
+        return Built(hosts, groups, origins)
+
+    def _parents(self) -> dict[str, list[str]]:
+        all_group = self.groups["all"]
+        parents: dict[str, list[str]] = {name: [] for name in self.groups}
+        for group in self.groups.values():
+            for child in group.children:
+                parents[child].append(group.name)
+        for name, group_parents in parents.items():
+            if not group_parents and name != "all":
+                # Like Ansible, a group nobody claims is a child of all.
+                group_parents.append("all")
+                all_group.children.setdefault(name, self.groups[name].line or 0)
+        return parents
+
+    def _check_cycles(self) -> None:
+        done: set[str] = set()
+
+        def visit(name: str, path: list[str]) -> None:
+            for child, line in self.groups[name].children.items():
+                if child in path:
+                    cycle = " -> ".join([*path[path.index(child) :], child])
+                    raise self.error(
+                        f"group cycle: {cycle}",
+                        line,
+                        f"a group cannot contain itself: remove {child!r} from the children "
+                        f"of {name!r}",
+                    )
+                if child not in done:
+                    visit(child, [*path, child])
+            done.add(name)
+
+        for name in self.groups:
+            if name not in done:
+                visit(name, [name])
+
+
+def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) -> None:
+    """Check the values a host ended up with, reporting where each bad one was written."""
+
+    def fail(var: str, message: str, hint: str) -> InventoryError:
+        at = where.get(var, Origin(None, None))
+        return InventoryError(
+            f"host {host!r}: {message}", source=at.source, line=at.line, hint=hint
+        )
+
+    port_hint = "use an integer from 1 to 65535, e.g. ansible_port: 2222"
+    for var in PORT_VARS:
+        if merged.get(var) is not None and not _is_port(merged[var]):
+            raise fail(var, f"{var} is {merged[var]!r}, not a port number", port_hint)
+    for var in SSH_ARGS_VARS:
+        port = ssh_options({var: merged.get(var)}).get("port")
+        if port is not None and not _is_port(port):
+            raise fail(var, f"{var} sets Port to {port!r}, not a port number", port_hint)
+    connection = merged.get("ansible_connection")
+    if connection is not None and str(connection) not in CONNECTIONS:
+        short = str(connection).rsplit(".", 1)[-1].replace("paramiko_ssh", "paramiko")
+        raise fail(
+            "ansible_connection",
+            f"ansible_connection {connection!r} is not supported",
+            f"use ansible_connection: {short}"
+            if short in CONNECTIONS
+            else f"use one of {', '.join(CONNECTIONS)} (cpuaccel reaches hosts over SSH or runs "
+            "locally)",
+        )

@@ -1,0 +1,213 @@
+"""One YAML reader for every file a user writes: inventory, project file, playbook.
+
+PyYAML composes the text into nodes, which keep the line of every key and value; this
+module turns nodes into values itself, so that all three file kinds follow the same
+rules: a syntax error is ``file:line: YAML syntax error`` with a hint, a key written twice
+in one mapping is an error (PyYAML would silently keep the last one), and ``<<`` merge
+keys work, the keys written beside a ``<<`` winning over the merged ones. Each caller
+passes its own error class, so that the exit code and the kind of file stay its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from cpuaccel.errors import SourceError
+
+MAP_TAG = "tag:yaml.org,2002:map"
+SEQ_TAG = "tag:yaml.org,2002:seq"
+NULL_TAG = "tag:yaml.org,2002:null"
+MERGE_TAG = "tag:yaml.org,2002:merge"
+SYNTAX_MESSAGE = "YAML syntax error: {problem}"
+SYNTAX_HINT = (
+    "fix the YAML at that line: check indentation, and that each 'key: value' has a "
+    "space after the colon"
+)
+_MERGE_HINT = "write '<<: *name' with an anchor '&name' on a mapping, or '<<: [*a, *b]'"
+
+
+class LineDict(dict[Any, Any]):
+    """A mapping read with ``lines=True``: the line it starts on and each key's line."""
+
+    line = 0
+    key_lines: dict[str, int]
+
+
+class LineList(list[Any]):
+    """A list read with ``lines=True``: the line it starts on."""
+
+    line = 0
+
+
+def line_of(node: Node) -> int:
+    """The 1-based line a node starts on."""
+    return int(node.start_mark.line) + 1
+
+
+def is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == NULL_TAG
+
+
+def kind(node: Node) -> str:
+    """What a node is, for messages: "a mapping", "a list" or "the value 'x'"."""
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    return f"the value {node.value!r}"
+
+
+class YamlReader:
+    """Reads the YAML of one file, raising ``error`` (the caller's SourceError class)
+    with the file and line of every mistake."""
+
+    def __init__(self, source: str | None, error: type[SourceError]) -> None:
+        self.source = source
+        self.error_type = error
+        # Only scalars go through PyYAML's constructor (ints, bools, dates, !!binary...);
+        # mappings and lists are built here, so that merges and duplicates are ours.
+        self._scalars = SafeConstructor()
+
+    def error(self, message: str, line: int | None, hint: str) -> SourceError:
+        return self.error_type(message, source=self.source, line=line, hint=hint)
+
+    def compose(
+        self, text: str, *, message: str = SYNTAX_MESSAGE, hint: str = SYNTAX_HINT
+    ) -> Node | None:
+        """The document's root node (None when empty). ``message`` words a syntax error;
+        its "{problem}" is replaced (not str.format: it may quote the user's braces)."""
+        try:
+            return yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise self.error(
+                message.replace("{problem}", problem),
+                mark.line + 1 if mark is not None else None,
+                hint,
+            ) from None
+
+    def load(self, text: str, *, lines: bool = False) -> Any:
+        """The document as plain values (see :meth:`construct`); None when empty."""
+        root = self.compose(text)
+        return None if root is None else self.construct(root, lines=lines)
+
+    def pairs(self, node: MappingNode, what: str | None = None) -> list[tuple[str, int, Node]]:
+        """(key, key's line, value node) of a mapping whose keys must be plain names, in
+        file order, '<<' merges applied; ``what`` names the mapping in messages."""
+        merged: dict[str, tuple[int, Node]] = {}
+        for key, value in self._flatten(node, what, ()):
+            if not isinstance(key, ScalarNode) or not key.value:
+                where = f" of {what}" if what else ""
+                raise self.error(
+                    f"a key{where} is not a plain name", line_of(key), "use a plain word as key"
+                )
+            # A key already merged keeps its place, and the value written later wins.
+            merged[key.value] = (line_of(key), value)
+        return [(key, line, value) for key, (line, value) in merged.items()]
+
+    def construct(self, node: Node, *, lines: bool = False) -> Any:
+        """The plain Python value of a node: dicts, lists and scalars. With ``lines``,
+        mappings are LineDicts (keys as strings) and lists LineLists."""
+        return self._construct(node, lines, ())
+
+    def _construct(self, node: Node, lines: bool, stack: tuple[int, ...]) -> Any:
+        if id(node) in stack:
+            raise self.error(
+                "a YAML alias refers to the value that contains it",
+                line_of(node),
+                "an anchor '&name' cannot be used ('*name') inside its own value",
+            )
+        inner = (*stack, id(node))
+        if isinstance(node, MappingNode) and node.tag == MAP_TAG:
+            result: dict[Any, Any] = LineDict() if lines else {}
+            key_lines: dict[str, int] = {}
+            for key_node, value_node in self._flatten(node, None, inner):
+                if not isinstance(key_node, ScalarNode):
+                    raise self.error(
+                        "a key is not a plain name", line_of(key_node), "use a plain word as key"
+                    )
+                key = self._scalar(key_node)
+                if lines:
+                    key = str(key)
+                    key_lines[key] = line_of(key_node)
+                result[key] = self._construct(value_node, lines, inner)
+            if isinstance(result, LineDict):
+                result.line, result.key_lines = line_of(node), key_lines
+            return result
+        if isinstance(node, SequenceNode) and node.tag == SEQ_TAG:
+            items = [self._construct(item, lines, inner) for item in node.value]
+            if not lines:
+                return items
+            listed = LineList(items)
+            listed.line = line_of(node)
+            return listed
+        return self._scalar(node)
+
+    def _scalar(self, node: Node) -> Any:
+        # Also any other tag (!vault, !!set...): PyYAML's safe rules decide, and refuse.
+        try:
+            return self._scalars.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            raise self.error(
+                f"cannot read this value: {getattr(exc, 'problem', None) or exc}",
+                mark.line + 1 if mark is not None else line_of(node),
+                "use plain YAML values: tags such as !vault (Ansible Vault) are not supported",
+            ) from None
+
+    def _flatten(
+        self, node: MappingNode, what: str | None, stack: tuple[int, ...]
+    ) -> list[tuple[Node, Node]]:
+        """The key/value pairs of a mapping: the merged ones first, then its own, so that
+        a later pair wins (YAML's merge rule). The node itself is left as composed, since
+        an anchored mapping is read again at every alias."""
+        own: list[tuple[Node, Node]] = []
+        merged: list[tuple[Node, Node]] = []
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            if key.tag == MERGE_TAG:
+                merged.extend(self._merge(value, (*stack, id(node))))
+                continue
+            if isinstance(key, ScalarNode):
+                if key.value in seen:
+                    where = f" in {what}" if what else ""
+                    raise self.error(
+                        f"duplicate key {key.value!r}{where} (first written at line "
+                        f"{seen[key.value]})",
+                        line_of(key),
+                        "keep one of them: YAML keeps only one value per key, so the other "
+                        "is silently lost",
+                    )
+                seen[key.value] = line_of(key)
+            own.append((key, value))
+        return merged + own
+
+    def _merge(self, value: Node, stack: tuple[int, ...]) -> list[tuple[Node, Node]]:
+        """The pairs a '<<' brings in; of a list of mappings, the first one wins."""
+        if isinstance(value, MappingNode):
+            sources = [value]
+        elif isinstance(value, SequenceNode) and all(
+            isinstance(item, MappingNode) for item in value.value
+        ):
+            sources = list(reversed(value.value))
+        else:
+            raise self.error(
+                f"a '<<' merge key takes a mapping or a list of mappings, got {kind(value)}",
+                line_of(value),
+                _MERGE_HINT,
+            )
+        pairs: list[tuple[Node, Node]] = []
+        for source in sources:
+            if id(source) in stack:
+                raise self.error(
+                    "a '<<' merge key merges the mapping that contains it",
+                    line_of(value),
+                    _MERGE_HINT,
+                )
+            pairs.extend(self._flatten(source, None, stack))
+        return pairs
