@@ -54,7 +54,8 @@ def host_options(func: F) -> F:
     """Add the shared options; the command receives them as one ``target: Target``.
 
     The target is resolved (the inventory read, --limit applied) before the command's
-    body runs, so a bad inventory stops every verb the same way.
+    body runs, so a bad inventory stops every verb the same way. (Long only because it
+    lists the options.)
     """
 
     @functools.wraps(func)

@@ -123,32 +123,22 @@ def build_plan(
     """
     chosen = list(settings.chosen)
     head = chosen[0]
-    python = settings.python.value
     head_facts = (facts or {}).get(head.name)
-    workdir = settings.workdir.value
-    if workdir.startswith("~") and head_facts and head_facts.get("workdir"):
-        # The default ~/cpuaccel: paths in the scripts are quoted, so the shell would not
-        # expand ~; use the head's own expansion (the probe reports it).
-        workdir = str(head_facts["workdir"])
+    workdir = _workdir(settings, head_facts)
     launcher = _launcher(settings.launcher.value, head_facts)
     mpirun = settings.mpirun.value or _mpirun_of(launcher, head_facts)
+    mpirun = mpirun or launcher.default_mpirun(settings.python.value)
     cpu = head_facts["cpu"] if head_facts else None
     ppn = settings.ppn.value or (int(cpu["sockets"]) if cpu else None)
-    backend = settings.backend.value or ""
-    if not backend and head_facts and head_facts["packages"].get("oneccl_bindings_for_pytorch"):
-        backend = "ccl"
+    backend = _backend(settings, head_facts)
     ccl_workers = settings.ccl_workers.value if backend == "ccl" else 0
     sharing = nodes_per_machine(chosen, facts or {})
     threads = None
-    if cpu and ppn:
-        # Cores are the machine's: nodes that are one machine split them between them.
+    if cpu and ppn:  # cores are the machine's: nodes that are one machine split them
         threads = max(1, int(cpu["physical_cores"]) // (ppn * sharing) - ccl_workers)
     run_id = run_id or new_run_id()
-    if local_project is not None:
-        project_dir, run_dir = local_project, posixpath.join(local_project, "runs", run_id)
-    else:
-        project_dir = posixpath.join(workdir, script.project_name)
-        run_dir = posixpath.join(workdir, "runs", run_id)
+    project_dir = local_project or posixpath.join(workdir, script.project_name)
+    run_dir = posixpath.join(local_project or workdir, "runs", run_id)
     computed: dict[str, str] = {
         "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
         "CPUACCEL_RUN_DIR": run_dir,
@@ -166,8 +156,8 @@ def build_plan(
         ppn=ppn,
         threads=threads,
         launcher=launcher,
-        mpirun=mpirun or launcher.default_mpirun(python),
-        python=python,
+        mpirun=mpirun,
+        python=settings.python.value,
         workdir=workdir,
         project_dir=project_dir,
         run_dir=run_dir,
@@ -178,6 +168,23 @@ def build_plan(
         script=script,
         shared_cores=sharing > 1,
     )
+
+
+def _workdir(settings: LaunchSettings, head_facts: Facts | None) -> str:
+    workdir = settings.workdir.value
+    if workdir.startswith("~") and head_facts and head_facts.get("workdir"):
+        # The default ~/cpuaccel: paths in the scripts are quoted, so the shell would not
+        # expand ~; use the head's own expansion (the probe reports it).
+        workdir = str(head_facts["workdir"])
+    return workdir
+
+
+def _backend(settings: LaunchSettings, head_facts: Facts | None) -> str:
+    """The one set (CPUACCEL_BACKEND or cpuaccel_backend), else ccl where oneCCL is."""
+    backend = settings.backend.value or ""
+    if not backend and head_facts and head_facts["packages"].get("oneccl_bindings_for_pytorch"):
+        backend = "ccl"
+    return backend
 
 
 def _rank_env(
