@@ -17,13 +17,15 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.config.settings import LaunchSettings, SecretEnv
 from cpuaccel.facts.gather import Facts
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import launchers
 from cpuaccel.launch.launchers import Launcher, LaunchSpec
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
+# (cpuaccel_allocator is checked against these names, with auto and none, in
+# config.settings.ALLOCATOR_CHOICES.)
 ALLOCATORS = {
     "tcmalloc": (
         "{prefix}/lib/libtcmalloc.so",
@@ -66,7 +68,7 @@ class RunPlan:
     project_dir: str
     run_dir: str  # on the nodes
     env: dict[str, str]
-    secret_env: dict[str, str]
+    secret_env: SecretEnv  # its repr hides the values: a plan may be printed or logged
     setvars: str | None
     allocator: str
     script: Script
@@ -162,7 +164,7 @@ def build_plan(
         project_dir=project_dir,
         run_dir=run_dir,
         env=_rank_env(settings, computed, backend, ccl_workers),
-        secret_env=dict(settings.secret_env.value),
+        secret_env=settings.secret_env.value,
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
         allocator=settings.allocator.value,
         script=script,
