@@ -22,11 +22,14 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from cpuaccel.cli.main import cli
+from cpuaccel.config.effective import resolve
+from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import launchers
-from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan
+from cpuaccel.launch.plan import RunPlan, Script, build_plan
 from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
 from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
 from cpuaccel.worker import EXIT_MARKER, derive_env
@@ -251,6 +254,12 @@ def facts(
     }
 
 
+def settings_for(chosen: Sequence[Host], **flags: Any) -> LaunchSettings:
+    """The settings `cpuaccel run` would resolve for these hosts and flags."""
+    inventory = Inventory(None, {h.name: h for h in chosen}, {})
+    return resolve(flags, None, inventory, chosen)
+
+
 def plan_for(
     flavours: Sequence[str],
     *,
@@ -262,16 +271,9 @@ def plan_for(
     **fact_kw: Any,
 ) -> RunPlan:
     chosen = list(chosen or hosts())
-    request = RunRequest(
-        script="train.py",
-        args=args,
-        ppn=ppn,
-        launcher=launcher,
-        env=dict(env or {}),
-        project_name="proj",
-    )
+    settings = settings_for(chosen, ppn=ppn, launcher=launcher, env=dict(env or {}))
     found = {h.name: facts(flavours, **fact_kw) for h in chosen}
-    return build_plan(request, chosen, found, RUN_ID)
+    return build_plan(settings, Script("train.py", args, "proj"), found, RUN_ID)
 
 
 RANK_ARGV = ["/bin/sh", f"{RUN_DIR}/rank.sh", "train.py", "--lr", "0.1"]
@@ -347,8 +349,11 @@ def test_launcher_choice() -> None:
     assert plan.launcher.name == "mpich"
     assert plan.command()[0] == "/opt/mpich/bin/mpiexec"
     # Without facts (a dry run): Intel MPI beside the nodes' Python, as impi-rt installs it.
-    request = RunRequest(script="train.py", ppn=2)
-    assert build_plan(request, hosts(), None, RUN_ID).command()[0] == "/opt/venv/bin/mpirun"
+    settings = settings_for(hosts(), ppn=2)
+    assert (
+        build_plan(settings, Script("train.py"), None, RUN_ID).command()[0]
+        == "/opt/venv/bin/mpirun"
+    )
 
 
 def test_threads_ccl_and_environment_precedence() -> None:
@@ -375,14 +380,14 @@ def test_threads_ccl_and_environment_precedence() -> None:
 
 
 def test_nodes_flag_picks_the_first_hosts_and_bad_count_is_refused() -> None:
-    request = RunRequest(script="train.py", nodes=2, ppn=1)
-    plan = build_plan(request, hosts(3), None, RUN_ID)
+    settings = settings_for(hosts(3), nodes=2, ppn=1)
+    plan = build_plan(settings, Script("train.py"), None, RUN_ID)
     assert [h.name for h in plan.hosts] == ["n1", "n2"] and plan.world == 2
     with pytest.raises(UsageError, match="--nodes 4, but 3 host"):
-        build_plan(RunRequest(script="t.py", nodes=4), hosts(3), None, RUN_ID)
+        build_plan(settings_for(hosts(3), nodes=4), Script("t.py"), None, RUN_ID)
     mixed = [*hosts(1), Host("n2", {"cpuaccel_python": "/other/python"})]
     with pytest.raises(UsageError, match="cpuaccel_python differs"):
-        build_plan(RunRequest(script="t.py"), mixed, None, RUN_ID)
+        build_plan(settings_for(mixed), Script("t.py"), None, RUN_ID)
 
 
 # ---------------------------------------------------------------- rendered files
@@ -718,9 +723,9 @@ def test_job_exit_code(
 
 def test_a_default_workdir_is_expanded_by_the_head_node() -> None:
     chosen = [Host(f"n{i}", {"cpuaccel_python": PYTHON}) for i in (1, 2)]
-    request = RunRequest(script="train.py", ppn=1, project_name="proj")
+    settings = settings_for(chosen, ppn=1)
     found = {h.name: {**facts(["impi"]), "workdir": "/home/u/cpuaccel"} for h in chosen}
-    plan = build_plan(request, chosen, found, RUN_ID)
+    plan = build_plan(settings, Script("train.py", (), "proj"), found, RUN_ID)
     assert plan.run_dir == f"/home/u/cpuaccel/runs/{RUN_ID}"
     assert "~" not in render_job_files(plan, ConnectOptions())["launch.sh"][1]
 
@@ -732,12 +737,12 @@ def test_nodes_of_one_machine_split_its_cores_and_do_not_spin(
     boots: tuple[str, str], threads: int, waits: bool
 ) -> None:
     chosen = hosts(2)
-    request = RunRequest(script="train.py", ppn=2, project_name="proj")
+    settings = settings_for(chosen, ppn=2)
     found = {
         h.name: {**facts(["impi"], cores=8), "boot_id": boot}
         for h, boot in zip(chosen, boots, strict=True)
     }
-    plan = build_plan(request, chosen, found, RUN_ID)
+    plan = build_plan(settings, Script("train.py", (), "proj"), found, RUN_ID)
     assert plan.threads == threads and plan.env["OMP_NUM_THREADS"] == str(threads)
     launch = render_job_files(plan, ConnectOptions())["launch.sh"][1]
     assert ("export I_MPI_WAIT_MODE=1" in launch) is waits

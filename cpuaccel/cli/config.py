@@ -12,7 +12,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options, warn
+from cpuaccel.cli.options import Target, host_options, parse_env, warn
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
@@ -175,9 +175,6 @@ def config_command(
         out.print("      first: cpuaccel provision (creates the venv on every node)")
 
 
-RUN_FLAGS = ("nodes", "ppn", "launcher", "master_port", "mixed_precision")
-
-
 @config_command.command("show")
 @host_options
 @click.option("--nodes", type=click.IntRange(1))
@@ -198,9 +195,7 @@ def show_command(
     Takes the same options as `cpuaccel run`, so `cpuaccel config show --ppn 8`
     shows what `cpuaccel run --ppn 8 ...` would use.
     """
-    from cpuaccel.cli.run import _parse_env
-
-    flags["env"] = _parse_env(env_items)
+    flags["env"] = parse_env(env_items)
     flags["exclude"] = exclude
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     rows: dict[str, dict[str, Any]] = {}
@@ -214,7 +209,7 @@ def show_command(
         rows["inventory"] = target.inventory_setting.to_json()
     if target.limit is not None:
         rows["limit"] = target.limit.to_json()
-    rows.update({name: s.to_json() for name, s in settings.items()})
+    rows.update({name: s.to_json() for name, s in settings.shown().items()})
     if as_json:
         ui.print_json(rows)
         return

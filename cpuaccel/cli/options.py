@@ -11,8 +11,9 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.config.effective import Setting, choose_inventory, project_vars
+from cpuaccel.config.effective import choose_inventory
 from cpuaccel.config.project import ProjectConfig, discover_config
+from cpuaccel.config.settings import Setting
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
@@ -33,8 +34,8 @@ class Target:
     # The project file (cpuaccel.yaml or an Accelerate config), if any, and what the
     # shared flags themselves said, so that settings can name their source.
     project: ProjectConfig | None = None
-    inventory_setting: Setting | None = None
-    limit: Setting | None = None
+    inventory_setting: Setting[str] | None = None
+    limit: Setting[str] | None = None
     cli_vars: dict[str, Any] = field(default_factory=dict)
 
 
@@ -53,7 +54,8 @@ def host_options(func: F) -> F:
     """Add the shared options; the command receives them as one ``target: Target``.
 
     The target is resolved (the inventory read, --limit applied) before the command's
-    body runs, so a bad inventory stops every verb the same way.
+    body runs, so a bad inventory stops every verb the same way. (Long only because it
+    lists the options.)
     """
 
     @functools.wraps(func)
@@ -138,13 +140,11 @@ def resolve_target(
 ) -> Target:
     project = discover_config(config_path)
     cli_vars = parse_extra_vars(extra_vars)
-    # The project's host variables go over the inventory's, and -e over both.
-    merged_vars = {**project_vars(project), **cli_vars}
     choice = choose_inventory(inventory_path, project)
     if choice.path is None:
-        inventory = Inventory.implicit(merged_vars)
+        inventory = Inventory.implicit(cli_vars)
     else:
-        inventory = Inventory.load(choice.path, merged_vars)
+        inventory = Inventory.load(choice.path, cli_vars)
     limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
     if limit is None and project is not None and project.get("limit"):
         limit = str(project.get("limit"))
@@ -158,6 +158,19 @@ def resolve_target(
     return Target(
         inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
     )
+
+
+def parse_env(items: tuple[str, ...]) -> dict[str, str]:
+    """``--env KEY=VALUE`` items (of run and config show) as a mapping."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(
+                f"--env {item!r}: expected KEY=VALUE", hint="e.g. --env FI_PROVIDER=tcp"
+            )
+        env[key] = value
+    return env
 
 
 def warn(messages: list[str]) -> None:

@@ -1,38 +1,21 @@
-"""``cpuaccel run``: preflight every node, render the job, launch it with MPI, end it cleanly."""
+"""``cpuaccel run``: parse the flags, settle them (config/effective.py), hand them to
+launch/job.py (preflight, render, launch with MPI, end cleanly), and print."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
-import time
 from pathlib import Path
 
 import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
-from cpuaccel.config.effective import order_hosts, resolve, run_env
-from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import Connector
-from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
-from cpuaccel.executor import ConnectionPool, run_on_hosts
-from cpuaccel.facts.gather import Facts
-from cpuaccel.facts.problems import ERROR, Problem
-from cpuaccel.inventory.host import Host
-from cpuaccel.launch import nodeops
-from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan, choose_hosts, new_run_id
-from cpuaccel.launch.preflight import run_preflight
-from cpuaccel.launch.rundir import RunDir, render_job_files
-from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
-from cpuaccel.sync.engine import SyncOptions, sync
-from cpuaccel.sync.manifest import build
-
-
-class PreflightFailed(CpuaccelError):
-    """A node is not ready; the problems were printed one per line."""
-
+from cpuaccel.cli.options import Target, host_options, parse_env
+from cpuaccel.config.effective import resolve
+from cpuaccel.errors import UsageError
+from cpuaccel.launch import job
+from cpuaccel.launch.plan import RunPlan, Script
 
 EPILOG = """\b
 Examples:
@@ -57,18 +40,6 @@ runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every no
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 2 bad input or
 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated.
 """
-
-
-def _parse_env(items: tuple[str, ...]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(
-                f"--env {item!r}: expected KEY=VALUE", hint="e.g. --env FI_PROVIDER=tcp"
-            )
-        env[key] = value
-    return env
 
 
 def _script_in_project(script: str, project: Path) -> str:
@@ -99,24 +70,6 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     )
 
 
-def _copy_files(
-    target: Target, plan: RunPlan, files: dict[str, tuple[int, str]], pool: ConnectionPool
-) -> None:
-    payload = json.dumps(files).encode()
-
-    def write(conn: Connector) -> dict[str, object]:
-        return programs.call(
-            conn, nodeops, ["write", plan.run_dir], payload, what="writing the run's files"
-        )
-
-    failed = [r for r in run_on_hosts(plan.hosts, write, forks=target.forks, pool=pool) if not r.ok]
-    if failed:
-        raise UsageError(
-            "; ".join(f"{r.host.name}: {r.error}" for r in failed),
-            hint="check free disk and permissions at cpuaccel_workdir",
-        )
-
-
 @click.command(
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -141,7 +94,11 @@ def _copy_files(
 )
 @click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Set in every rank.")
 @click.option(
-    "--sync/--no-sync", default=True, show_default=True, help="Sync a stale project first."
+    "--sync/--no-sync",
+    "allow_sync",
+    default=True,
+    show_default=True,
+    help="Sync a stale project first.",
 )
 @click.option("--dry-run", is_flag=True, help="Print hostfile, env and command; contact no node.")
 @click.option(
@@ -161,7 +118,7 @@ def run_command(
     master_port: int | None,
     mixed_precision: str | None,
     env_items: tuple[str, ...],
-    sync: bool,
+    allow_sync: bool,
     dry_run: bool,
     job_timeout: float | None,
     script: str,
@@ -175,155 +132,20 @@ def run_command(
         "launcher": launcher,
         "master_port": master_port,
         "mixed_precision": mixed_precision,
-        "env": _parse_env(env_items),
+        "env": parse_env(env_items),
     }
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
-    request = RunRequest(
-        script=_script_in_project(script, project),
-        args=script_args,
-        nodes=settings["nodes"].value,
-        ppn=int(settings["ppn"].value) if settings["ppn"].value is not None else None,
-        launcher=str(settings["launcher"].value),
-        master_port=int(settings["master_port"].value),
-        env=run_env(settings),
-        project_name=project.name,
-    )
-    chosen = choose_hosts(order_hosts(target.hosts, settings["head"]), request.nodes)
-    run_id = new_run_id()
+    what = Script(_script_in_project(script, project), script_args, project.name)
     if dry_run:
-        local = str(project) if all(h.is_local for h in chosen) else None
-        plan = build_plan(request, chosen, None, run_id, local_project=local)
-        _print_dry_run(plan, render_job_files(plan, target.connect))
+        _print_dry_run(*job.dry_run(settings, what, project, target.connect))
         return
-    # One connection per node for every phase: preflight, sync, copy, launch, sweep.
-    with ConnectionPool(target.connect) as pool:
-        code = _launch(target, request, chosen, run_id, sync, job_timeout, pool)
+    code = job.launch(
+        settings,
+        what,
+        project,
+        connect=target.connect,
+        forks=target.forks,
+        allow_sync=allow_sync,
+        timeout=job_timeout,
+    )
     sys.exit(code)
-
-
-def _preflight_and_sync(
-    target: Target,
-    request: RunRequest,
-    draft: RunPlan,
-    allow_sync: bool,
-    local: bool,
-    pool: ConnectionPool,
-) -> dict[str, Facts]:
-    """Check every node; sync a stale project (or refuse with --no-sync). Returns facts."""
-    err = ui.stderr()
-    # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
-    excludes = (target.project.get("exclude") if target.project else None) or []
-    source = build([str(Path.cwd())], excludes=excludes)
-    with ui.progress("preflight", 1):
-        found = run_preflight(
-            draft.hosts,
-            draft.project_dir,
-            source,
-            master_port=request.master_port,
-            forks=target.forks,
-            connect=target.connect,
-            launcher_flavour=None if request.launcher == "auto" else request.launcher,
-            check_project=not local,
-            pool=pool,
-        )
-    problems = list(found.errors)
-    if found.stale and not allow_sync:
-        problems += [
-            Problem(
-                ERROR,
-                name,
-                f"holds a different copy of the project at {draft.project_dir}",
-                hint="run cpuaccel sync, or leave out --no-sync",
-            )
-            for name in found.stale
-        ]
-    if problems:
-        for p in problems:
-            err.print(f"[red]preflight[/] {escape(p.host or '-')}: {escape(p.message)}")
-            if p.hint:
-                err.print(f"          [dim]fix: {escape(p.hint)}[/]")
-        raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
-    if found.stale:
-        err.print(f"project differs on {', '.join(found.stale)}: syncing it first")
-        stale = [h for h in draft.hosts if h.name in found.stale]
-        results = sync(
-            stale,
-            source,
-            SyncOptions(draft.project_dir),
-            forks=target.forks,
-            connect=target.connect,
-            pool=pool,
-        )
-        failed = [r for r in results if not r.ok]
-        if failed:
-            raise PreflightFailed(
-                "; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed)
-            )
-    return found.facts
-
-
-def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:
-    err = ui.stderr()
-    colour = "green" if outcome.exit_code == 0 else "red"
-    detail = ""
-    if outcome.first_failure is not None:
-        f = outcome.first_failure
-        detail = f"; first failing rank {f.rank} on {escape(f.host)} (exit code {f.code})"
-    err.print(
-        f"[{colour}]{outcome.reason}[/]: {plan.world} rank(s) on {len(plan.hosts)} node(s), "
-        f"{outcome.seconds:.1f} s, exit code {outcome.exit_code}{detail}"
-    )
-    if outcome.swept:
-        ended = ", ".join(f"{host} ({len(p)})" for host, p in outcome.swept.items())
-        err.print(f"ended leftover processes of the job on: {ended}")
-    for host, procs in outcome.left.items():
-        err.print(f"[red]still running on {host}[/]: {escape(str(procs))}")
-    err.print(f"run directory: {run_dir.path}")
-
-
-def _launch(
-    target: Target,
-    request: RunRequest,
-    chosen: list[Host],
-    run_id: str,
-    allow_sync: bool,
-    job_timeout: float | None,
-    pool: ConnectionPool,
-) -> int:
-    project = Path.cwd().resolve()
-    local = str(project) if all(h.is_local for h in chosen) else None
-    draft = build_plan(request, chosen, None, run_id, local_project=local)
-    try:
-        facts = _preflight_and_sync(target, request, draft, allow_sync, local is not None, pool)
-    except PreflightFailed as exc:
-        ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
-        return EXIT_USAGE
-    plan = build_plan(request, chosen, facts, run_id, local_project=local)
-    files = render_job_files(plan, target.connect)
-    run_dir = RunDir.create(project / "runs", plan, files)
-    if local is None or "secret.env" in files:
-        _copy_files(target, plan, files, pool)
-    run_dir.record(
-        run_id=run_id,
-        hosts=[h.name for h in plan.hosts],
-        ppn=plan.ppn,
-        world=plan.world,
-        launcher=plan.launcher.name,
-        command=plan.command(),
-        env_names=sorted(plan.env),
-        secret_names=sorted(plan.secret_env),
-        started=time.time(),
-    )
-    router = OutputRouter(run_dir, ui.stdout(), ui.stderr())
-    outcome = Job(plan, target.connect, run_dir, router, target.forks, pool).run(job_timeout)
-    run_dir.record(
-        exit_code=outcome.exit_code,
-        reason=outcome.reason,
-        seconds=round(outcome.seconds, 3),
-        launcher_exit=outcome.launcher_exit,
-        first_failure=outcome.first_failure.__dict__ if outcome.first_failure else None,
-        swept=outcome.swept,
-        left=outcome.left,
-    )
-    _summary(plan, outcome, run_dir)
-    return outcome.exit_code

@@ -1,60 +1,58 @@
-"""Effective settings of a run, and where each came from.
+"""Effective settings of a run, and where each came from: ``resolve``.
 
-One order everywhere: a command-line flag, else the project file (cpuaccel.yaml or an
-Accelerate config), else the inventory (a ``cpuaccel_<name>`` variable of the head
-node), else the default. ``run`` uses the values; ``config show`` prints them with their
-sources, so that "why did it run 2 per node?" has an answer.
+The line a value follows from the command line to the remote command, e.g. ``--ppn 4``:
+
+1. ``cli/run.py`` parses the flags into a mapping (``{"ppn": 4}``; None where not given);
+2. ``resolve`` (here) settles every setting once, in one order: a command-line flag
+   (``-e cpuaccel_<name>`` counts as one), else the project file (cpuaccel.yaml or an
+   Accelerate config), else the inventory (a ``cpuaccel_<name>`` variable of the head
+   node), else the default. It checks each value where it was read, so that a bad one
+   is an error naming its file and line, and it orders (head first) and chooses the
+   hosts. The result is one frozen ``LaunchSettings`` (``settings.ppn`` is
+   ``Setting("ppn", 4, "flag", "--ppn")``);
+3. ``launch.plan.build_plan(settings, script, facts)`` decides the job from the settings
+   and the nodes' facts alone (``plan.ppn``, the world size, threads per rank);
+4. ``RunPlan.command()`` is the mpirun argv (``-ppn 4``, ``launch/launchers.py``);
+   ``launch/job.py`` has it rendered into launch.sh and starts that on the head node.
+
+``config show`` prints the same settings with their sources, so that "why did it run 2
+per node?" has an answer.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.config.project import ProjectConfig
-from cpuaccel.errors import InventoryError
-from cpuaccel.inventory.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
+from cpuaccel.config.project import LAUNCHERS, ProjectConfig
+from cpuaccel.config.settings import (
+    ALLOCATOR_CHOICES,
+    DEFAULT,
+    DEFAULT_CCL_WORKERS,
+    DEFAULT_MASTER_PORT,
+    ENVIRONMENT,
+    FLAG,
+    INVENTORY,
+    PROJECT,
+    LaunchSettings,
+    SecretEnv,
+    Setting,
+)
+from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
+from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.hostfile import SLOTS_VAR
 from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory
 
-FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
-    "flag",
-    "project file",
-    "inventory",
-    "environment",
-    "default",
-)
-DEFAULT_MASTER_PORT = 29500
-DEFAULT_CCL_WORKERS = 1
-# Run settings: their flag, and the inventory variables that may set them (head node's).
-RUN_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "nodes": ("--nodes", ()),
-    "ppn": ("--ppn", ("cpuaccel_ppn", SLOTS_VAR)),
-    "launcher": ("--launcher", ("cpuaccel_launcher",)),
-    "master_port": ("--master-port", ("cpuaccel_master_port",)),
-    "mixed_precision": ("--mixed-precision", ("cpuaccel_mixed_precision",)),
-    "ccl_workers": ("-e cpuaccel_ccl_workers", ("cpuaccel_ccl_workers",)),
-}
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    value: Any
-    source: str  # FLAG, PROJECT, INVENTORY, ENVIRONMENT or DEFAULT
-    where: str | None = None  # "--ppn", "cpuaccel.yaml:4", "inventory.yaml:12"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"value": self.value, "source": self.source, "where": self.where}
+__all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "choose_inventory", "resolve"]
 
 
 @dataclass(frozen=True)
 class InventoryChoice:
     path: str | None  # None: this machine alone
-    setting: Setting
+    setting: Setting[str]
 
 
 def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
@@ -80,14 +78,202 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
     return InventoryChoice(None, Setting("inventory", "localhost", DEFAULT, "no inventory file"))
 
 
-def project_vars(project: ProjectConfig | None) -> dict[str, Any]:
-    """Host variables the project file sets, applied over the inventory (and under -e)."""
-    if project is None or project.get("ccl_workers") is None:
+# ---------------------------------------------------------------- checks of one value
+# Each turns what a file or -e said into the setting's type, or raises ValueError with
+# the complaint; the caller adds where the value was written.
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        text = str(value).strip()
+        if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()):
+            raise ValueError(f"must be a whole number, got {value!r}")
+        number = int(text)
+        if number < low or (high is not None and number > high):
+            upper = f" to {high}" if high is not None else " or more"
+            raise ValueError(f"must be {low}{upper}, got {number}")
+        return number
+
+    return check
+
+
+def _one_of(options: Sequence[str]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if str(value) not in options:
+            raise ValueError(f"is {value!r}; use one of {', '.join(options)}")
+        return str(value)
+
+    return check
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None  # an empty value is not set
+
+
+def _mapping(value: Any) -> dict[str, str]:
+    if not value:
         return {}
-    return {"cpuaccel_ccl_workers": project.get("ccl_workers")}
+    if not isinstance(value, Mapping):
+        # Not the value itself: it may be cpuaccel_secret_env's.
+        raise ValueError("must be a mapping of NAME: value lines")
+    return {str(k): str(v) for k, v in value.items()}
 
 
-def order_hosts(hosts: Sequence[Host], head: Setting) -> list[Host]:
+def _same(value: Any) -> Any:
+    return value
+
+
+# ---------------------------------------------------------------- reading the sources
+
+
+class _Sources:
+    """The places a setting may come from, in precedence order, for one run."""
+
+    def __init__(
+        self,
+        flags: Mapping[str, Any],
+        project: ProjectConfig | None,
+        inventory: Inventory,
+        head: Host,
+        extra: Mapping[str, Any],
+    ) -> None:
+        self.flags, self.project, self.inventory = flags, project, inventory
+        self.head, self.extra = head, extra
+
+    def pick(
+        self,
+        name: str,
+        flag: str | None,
+        variables: tuple[str, ...],
+        check: Callable[[Any], Any],
+        default: Any = None,
+        note: str | None = None,
+    ) -> Setting[Any]:
+        """The first source that sets it: the flag, -e, the project file, the inventory."""
+        if flag is not None and self.flags.get(name) is not None:
+            return Setting(name, self.flags[name], FLAG, flag)
+        for var in variables:
+            if var in self.extra:
+                return self._checked(name, var, self.extra[var], FLAG, f"-e {var}", check)
+        if self.project is not None and self.project.get(name) is not None:
+            # The project file's values were checked when it was read.
+            return Setting(name, self.project.get(name), PROJECT, self.project.where(name))
+        for setting in self.variables(name, variables, check):
+            return setting
+        return Setting(name, default, DEFAULT, note)
+
+    def variables(
+        self, name: str, variables: tuple[str, ...], check: Callable[[Any], Any]
+    ) -> Iterator[Setting[Any]]:
+        """The head node's variables that set it (-e included, as it is merged in)."""
+        for var in variables:
+            value = self.head.vars.get(var)
+            if value is None:
+                continue
+            if var in self.extra:
+                yield self._checked(name, var, value, FLAG, f"-e {var}", check)
+                continue
+            origin = self.inventory.origin(self.head.name, var)
+            where = str(origin) if origin and origin.source else var
+            yield self._checked(name, var, value, INVENTORY, f"{where} ({var})", check)
+
+    def _checked(
+        self, name: str, var: str, value: Any, source: str, where: str, check: Callable[[Any], Any]
+    ) -> Setting[Any]:
+        try:
+            return Setting(name, check(value), source, where)
+        except ValueError as exc:
+            raise self._error(var, str(exc)) from None
+
+    def _error(self, var: str, message: str) -> CpuaccelError:
+        hint = f"fix {var} in the inventory (or its -e)"
+        if var in self.extra:
+            return UsageError(f"-e {var}: {var} {message}", hint=f"fix -e {var}")
+        origin = self.inventory.origin(self.head.name, var)
+        if origin is None or origin.source is None:
+            return InventoryError(f"{var} {message}", hint=hint)
+        return InventoryError(f"{var} {message}", source=origin.source, line=origin.line, hint=hint)
+
+
+# ---------------------------------------------------------------- resolve
+
+_Spec = tuple[str | None, tuple[str, ...], Callable[[Any], Any], Any, str | None]
+# Settings read the same way. name: (its flag, the head node's variables that may set
+# it, the check of a variable's value, the default, a note on the default). The project
+# file sets those of its keys (config/project.py) that it names, under the flags.
+SPECS: dict[str, _Spec] = {
+    "nodes": ("--nodes", (), _same, None, "every selected host"),
+    "ppn": (
+        "--ppn", ("cpuaccel_ppn", SLOTS_VAR), _whole(1), None,
+        "sockets per node, from the nodes' facts",
+    ),
+    "launcher": (
+        "--launcher", ("cpuaccel_launcher",), _one_of(LAUNCHERS), "auto",
+        "picked from the head node's MPI",
+    ),
+    "master_port": (
+        "--master-port", ("cpuaccel_master_port",), _whole(1, 65535), DEFAULT_MASTER_PORT, None,
+    ),
+    "mixed_precision": (
+        "--mixed-precision", ("cpuaccel_mixed_precision",), _same, None,
+        "the script's own choice",
+    ),
+    "ccl_workers": (
+        "-e cpuaccel_ccl_workers", ("cpuaccel_ccl_workers",), _whole(0), DEFAULT_CCL_WORKERS,
+        "used with the ccl backend",
+    ),
+    "mpirun": (None, ("cpuaccel_mpirun",), _text, None, "the head node's, from its facts"),
+    "fi_provider": (None, ("cpuaccel_fi_provider",), _text, None, None),
+    "allocator": (None, ("cpuaccel_allocator",), _one_of(ALLOCATOR_CHOICES), "auto", None),
+}  # fmt: skip
+
+
+def resolve(
+    flags: Mapping[str, Any],
+    project: ProjectConfig | None,
+    inventory: Inventory,
+    hosts: Sequence[Host],
+    extra_vars: Mapping[str, Any] | None = None,
+) -> LaunchSettings:
+    """Every run setting with its source, and the chosen hosts. ``flags`` holds the
+    command line's values, None where a flag was not given; ``hosts`` are the selected
+    hosts (-i, --limit); ``extra_vars`` what -e set."""
+    if not hosts:
+        raise UsageError("no hosts selected", hint="check -i and --limit")
+    head = _head(project)
+    ordered = order_hosts(hosts, head)
+    src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
+    got = {name: src.pick(name, *spec) for name, spec in SPECS.items()}
+    chosen = _choose(ordered, got["nodes"], project)
+    if got["launcher"].value == "auto":
+        # An explicit "auto" (flag or project file) still lets the inventory name one.
+        named = src.variables("launcher", ("cpuaccel_launcher",), _one_of(LAUNCHERS))
+        got["launcher"] = next(named, got["launcher"])
+    env, env_sources = _env(flags, project, src)
+    where = inventory.source or "this machine"
+    return LaunchSettings(
+        head=head,
+        nodes=got["nodes"],
+        ppn=got["ppn"],
+        launcher=got["launcher"],
+        master_port=got["master_port"],
+        mixed_precision=got["mixed_precision"],
+        ccl_workers=got["ccl_workers"],
+        hosts=Setting("hosts", [h.name for h in chosen], INVENTORY, where),
+        python=_host_value(src, chosen, "python", ("cpuaccel_python", "cpuaccel_venv")),
+        workdir=_host_value(src, chosen, "workdir", ("cpuaccel_workdir",)),
+        env=env,
+        exclude=_exclude(flags, project),
+        mpirun=got["mpirun"],
+        backend=_backend(src, env, env_sources),
+        fi_provider=got["fi_provider"],
+        secret_env=_secret_env(src),
+        allocator=got["allocator"],
+        chosen=tuple(chosen),
+    )
+
+
+def order_hosts(hosts: Sequence[Host], head: Setting[str | None]) -> list[Host]:
     """The head node first: mpirun runs there and rank 0 with it."""
     if head.value is None:
         return list(hosts)
@@ -108,121 +294,69 @@ def _line(where: str | None) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def resolve(
-    flags: Mapping[str, Any],
-    project: ProjectConfig | None,
-    inventory: Inventory,
-    hosts: Sequence[Host],
-    extra_vars: Mapping[str, Any] | None = None,
-) -> dict[str, Setting]:
-    """Every run setting with its source. ``flags`` holds the command line's values,
-    None where a flag was not given; ``hosts`` are the selected hosts."""
-    found: dict[str, Setting] = {}
-    extra = extra_vars or {}
-    head = _head(project)
-    found["head"] = head
-    ordered = order_hosts(hosts, head) if hosts else []
-    head_host = ordered[0] if ordered else None
-    for name, (flag, variables) in RUN_SETTINGS.items():
-        found[name] = _one(name, flag, variables, flags, project, inventory, head_host, extra)
-    nodes = found["nodes"]
-    too_many = nodes.value is not None and hosts and int(nodes.value) > len(hosts)
-    if too_many and project is not None and nodes.source == PROJECT:
-        raise project.error(
-            "nodes",
-            f"{nodes.value} nodes, but {len(hosts)} host(s) are selected "
-            f"({', '.join(h.name for h in hosts)})",
-            "add hosts to the inventory (or hostfile), or lower it",
-        )
-    chosen = ordered[: int(nodes.value)] if nodes.value else ordered
-    inv_where = inventory.source or "this machine"
-    found["hosts"] = Setting("hosts", [h.name for h in chosen], INVENTORY, inv_where)
-    if head_host is not None:
-        for name, var, default in (
-            ("python", "cpuaccel_python", DEFAULT_PYTHON),
-            ("workdir", "cpuaccel_workdir", DEFAULT_WORKDIR),
-        ):
-            found[name] = _from_inventory(name, var, inventory, head_host, default, extra)
-    found["env"] = _env(flags, project, inventory, head_host)
-    found["exclude"] = _exclude(flags, project)
-    return found
-
-
-def _head(project: ProjectConfig | None) -> Setting:
+def _head(project: ProjectConfig | None) -> Setting[str | None]:
     if project is not None and project.get("head"):
         return Setting("head", project.get("head"), PROJECT, project.where("head"))
     return Setting("head", None, DEFAULT, "the first selected host")
 
 
-def _one(
-    name: str,
-    flag: str,
-    variables: tuple[str, ...],
-    flags: Mapping[str, Any],
-    project: ProjectConfig | None,
-    inventory: Inventory,
-    head: Host | None,
-    extra: Mapping[str, Any],
-) -> Setting:
-    if flags.get(name) is not None:
-        return Setting(name, flags[name], FLAG, flag)
+def _choose(
+    ordered: list[Host], nodes: Setting[int | None], project: ProjectConfig | None
+) -> list[Host]:
+    """The first ``nodes`` of the hosts, head first; more than there are is an error
+    naming where the number was written."""
+    if nodes.value is None:
+        return ordered
+    if nodes.value > len(ordered):
+        names = ", ".join(h.name for h in ordered)
+        message = f"{nodes.value} nodes, but {len(ordered)} host(s) are selected ({names})"
+        if project is not None and nodes.source == PROJECT:
+            raise project.error(
+                "nodes", message, "add hosts to the inventory (or hostfile), or lower it"
+            )
+        raise UsageError(
+            f"--nodes {nodes.value}, but {len(ordered)} host(s) are selected ({names})",
+            hint="lower --nodes, or add hosts to the inventory / widen --limit",
+        )
+    return ordered[: nodes.value]
+
+
+def _host_value(
+    src: _Sources, chosen: Sequence[Host], name: str, variables: tuple[str, ...]
+) -> Setting[str]:
+    """cpuaccel_python or cpuaccel_workdir: the head's (as Host reads it, a venv included),
+    the same on every chosen node, since rank.sh runs everywhere."""
+    values = {h.name: getattr(h, name) for h in chosen}
+    if len(set(values.values())) > 1:
+        listing = ", ".join(f"{k}={v}" for k, v in values.items())
+        raise UsageError(
+            f"{variables[0]} differs between the chosen nodes ({listing})",
+            hint=f"set {variables[0]} once for all of them (in all: vars), "
+            "as rank.sh runs everywhere",
+        )
+    value = str(values[src.head.name])
     for var in variables:
-        if var in extra:
-            return Setting(name, extra[var], FLAG, f"-e {var}")
-    if project is not None and project.get(name) is not None:
-        return Setting(name, project.get(name), PROJECT, project.where(name))
-    if head is not None:
-        for var in variables:
-            if head.vars.get(var) is not None:
-                origin = inventory.origin(head.name, var)
-                where = str(origin) if origin and origin.source else var
-                return Setting(name, head.vars[var], INVENTORY, f"{where} ({var})")
-    return Setting(name, _DEFAULTS[name], DEFAULT, _DEFAULT_NOTES[name])
-
-
-_DEFAULTS: dict[str, Any] = {
-    "nodes": None,
-    "ppn": None,
-    "launcher": "auto",
-    "master_port": DEFAULT_MASTER_PORT,
-    "mixed_precision": None,
-    "ccl_workers": DEFAULT_CCL_WORKERS,
-}
-_DEFAULT_NOTES = {
-    "nodes": "every selected host",
-    "ppn": "sockets per node, from the nodes' facts",
-    "launcher": "picked from the head node's MPI",
-    "master_port": None,
-    "mixed_precision": "the script's own choice",
-    "ccl_workers": "used with the ccl backend",
-}
-
-
-def _from_inventory(
-    name: str, var: str, inventory: Inventory, head: Host, default: str, extra: Mapping[str, Any]
-) -> Setting:
-    if var in extra:
-        return Setting(name, extra[var], FLAG, f"-e {var}")
-    if head.vars.get(var) is not None:
-        origin = inventory.origin(head.name, var)
-        where = str(origin) if origin and origin.source else None
-        return Setting(name, head.vars[var], INVENTORY if where else DEFAULT, where)
-    return Setting(name, default, DEFAULT)
+        if var in src.extra:
+            return Setting(name, value, FLAG, f"-e {var}")
+        if src.head.vars.get(var) is not None:
+            origin = src.inventory.origin(src.head.name, var)
+            if not (origin and origin.source):
+                return Setting(name, value, DEFAULT)  # set by cpuaccel (this machine's python)
+            suffix = "" if var == variables[0] else f" ({var})"
+            return Setting(name, value, INVENTORY, f"{origin}{suffix}")
+    return Setting(name, value, DEFAULT)  # Host's default (DEFAULT_PYTHON, DEFAULT_WORKDIR)
 
 
 def _env(
-    flags: Mapping[str, Any],
-    project: ProjectConfig | None,
-    inventory: Inventory,
-    head: Host | None,
-) -> Setting:
+    flags: Mapping[str, Any], project: ProjectConfig | None, src: _Sources
+) -> tuple[Setting[dict[str, str]], dict[str, str]]:
     """The variables cpuaccel itself does not compute, merged in precedence order;
-    ``where`` says which source each variable came from."""
+    ``where`` says which source each variable came from (also returned by name)."""
     merged: dict[str, str] = {}
     sources: dict[str, str] = {}
-    inv_env = (head.vars.get("cpuaccel_env") if head else None) or {}
-    for key, value in dict(inv_env).items():
-        merged[str(key)], sources[str(key)] = str(value), INVENTORY
+    inventory = next(src.variables("env", ("cpuaccel_env",), _mapping), None)
+    for key, value in (inventory.value if inventory else {}).items():
+        merged[key], sources[key] = value, INVENTORY
     for key, value in ((project.get("env") if project else None) or {}).items():
         merged[key], sources[key] = value, PROJECT
     for key, value in (flags.get("env") or {}).items():
@@ -230,10 +364,10 @@ def _env(
     kinds = set(sources.values())
     source = next((s for s in (FLAG, PROJECT, INVENTORY) if s in kinds), DEFAULT)
     where = ", ".join(f"{k}: {v}" for k, v in sources.items()) or None
-    return Setting("env", merged, source, where)
+    return Setting("env", merged, source, where), sources
 
 
-def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting:
+def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[list[str]]:
     given = list(flags.get("exclude") or ())
     from_project = list((project.get("exclude") if project else None) or [])
     if given:
@@ -244,13 +378,19 @@ def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting
     return Setting("exclude", [], DEFAULT)
 
 
-def run_env(settings: Mapping[str, Setting]) -> dict[str, str]:
-    """What the ranks get from these settings, on top of what the plan computes."""
-    env = dict(settings["env"].value)
-    precision = settings["mixed_precision"].value
-    if precision is not None:
-        # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel scripts can read
-        # CPUACCEL_MIXED_PRECISION and pass it to cpuaccel.init().
-        env.setdefault("ACCELERATE_MIXED_PRECISION", str(precision))
-        env.setdefault("CPUACCEL_MIXED_PRECISION", str(precision))
-    return env
+def _backend(
+    src: _Sources, env: Setting[dict[str, str]], env_sources: Mapping[str, str]
+) -> Setting[str | None]:
+    """CPUACCEL_BACKEND set in the env (any source), else cpuaccel_backend."""
+    if env.value.get("CPUACCEL_BACKEND"):
+        value = env.value["CPUACCEL_BACKEND"]
+        return Setting("backend", value, env_sources["CPUACCEL_BACKEND"], "env CPUACCEL_BACKEND")
+    note = "ccl when the head node has oneccl_bindings_for_pytorch"
+    return src.pick("backend", None, ("cpuaccel_backend",), _text, None, note)
+
+
+def _secret_env(src: _Sources) -> Setting[SecretEnv]:
+    found = next(src.variables("secret_env", ("cpuaccel_secret_env",), _mapping), None)
+    if found is None:
+        return Setting("secret_env", SecretEnv(), DEFAULT)
+    return Setting("secret_env", SecretEnv(found.value), found.source, found.where)

@@ -1,4 +1,7 @@
-"""RunPlan: everything a job needs, decided from the inventory, the flags and node facts.
+"""RunPlan: everything a job needs, decided from the launch settings and node facts.
+
+``build_plan`` reads ``LaunchSettings`` (config/effective.py settled them, each with its
+source) and the nodes' facts, and nothing else: no inventory variable.
 
 Values that come from the nodes' facts (cores, sockets, the MPI flavour) are optional,
 so that ``--dry-run`` can build a plan without contacting any node and show those values
@@ -12,17 +15,17 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from cpuaccel.errors import UsageError
+from cpuaccel.config.settings import LaunchSettings, SecretEnv
 from cpuaccel.facts.gather import Facts
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import launchers
 from cpuaccel.launch.launchers import Launcher, LaunchSpec
 
-DEFAULT_MASTER_PORT = 29500
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
+# (cpuaccel_allocator is checked against these names, with auto and none, in
+# config.settings.ALLOCATOR_CHOICES.)
 ALLOCATORS = {
     "tcmalloc": (
         "{prefix}/lib/libtcmalloc.so",
@@ -39,16 +42,12 @@ IOMP = ("{prefix}/lib/libiomp5.so",)
 
 
 @dataclass(frozen=True)
-class RunRequest:
-    """What the user asked for on the command line."""
+class Script:
+    """What to run: the script (relative to the project folder), its arguments, and the
+    project folder's name (its folder on the nodes)."""
 
-    script: str  # relative to the project folder
+    path: str
     args: tuple[str, ...] = ()
-    nodes: int | None = None
-    ppn: int | None = None
-    launcher: str = "auto"
-    master_port: int = DEFAULT_MASTER_PORT
-    env: Mapping[str, str] = field(default_factory=dict)
     project_name: str = "project"
 
 
@@ -69,10 +68,10 @@ class RunPlan:
     project_dir: str
     run_dir: str  # on the nodes
     env: dict[str, str]
-    secret_env: dict[str, str]
+    secret_env: SecretEnv  # its repr hides the values: a plan may be printed or logged
     setvars: str | None
     allocator: str
-    request: RunRequest
+    script: Script
     shared_cores: bool = False  # several chosen nodes are one machine
 
     @property
@@ -94,7 +93,7 @@ class RunPlan:
             ppn=self.ppn or "<ppn: sockets per node>",
             threads=self.threads or "<cores per rank>",
             ssh_wrapper=self.path("ssh.sh"),
-            rank_argv=("/bin/sh", self.path("rank.sh"), self.request.script, *self.request.args),
+            rank_argv=("/bin/sh", self.path("rank.sh"), self.script.path, *self.script.args),
             exported=tuple(self.env),
             shared_cores=self.shared_cores,
         )
@@ -111,110 +110,48 @@ def nodes_per_machine(hosts: Sequence[Host], facts: Mapping[str, Facts]) -> int:
     return max(counts.values(), default=1)
 
 
-def _same(hosts: Sequence[Host], what: str, read: Any) -> str:
-    values = {h.name: read(h) for h in hosts}
-    if len(set(values.values())) > 1:
-        listing = ", ".join(f"{k}={v}" for k, v in values.items())
-        raise UsageError(
-            f"{what} differs between the chosen nodes ({listing})",
-            hint=f"set {what} once for all of them (in all: vars), as rank.sh runs everywhere",
-        )
-    return str(next(iter(values.values())))
-
-
-def choose_hosts(hosts: Sequence[Host], nodes: int | None) -> list[Host]:
-    if not hosts:
-        raise UsageError("no hosts selected", hint="check -i and --limit")
-    if nodes is None:
-        return list(hosts)
-    if nodes < 1 or nodes > len(hosts):
-        raise UsageError(
-            f"--nodes {nodes}, but {len(hosts)} host(s) are selected "
-            f"({', '.join(h.name for h in hosts)})",
-            hint="lower --nodes, or add hosts to the inventory / widen --limit",
-        )
-    return list(hosts[:nodes])
-
-
 def build_plan(
-    request: RunRequest,
-    hosts: Sequence[Host],
+    settings: LaunchSettings,
+    script: Script,
     facts: Mapping[str, Facts] | None = None,
     run_id: str | None = None,
     local_project: str | None = None,
 ) -> RunPlan:
-    """Decide the job. ``facts`` (by host name) refine what the inventory cannot say.
+    """Decide the job from the settings alone; ``facts`` (by host name) refine what the
+    settings leave open (ppn, threads, the launcher and mpirun, the backend).
 
     ``local_project``: when every chosen host is the controller itself, the project
     folder is used where it is (nothing to sync) and runs go below it.
     """
-    chosen = choose_hosts(hosts, request.nodes)
+    chosen = list(settings.chosen)
     head = chosen[0]
-    python = _same(chosen, "cpuaccel_python", lambda h: h.python)
-    workdir = _same(chosen, "cpuaccel_workdir", lambda h: h.workdir)
     head_facts = (facts or {}).get(head.name)
-    if workdir.startswith("~") and head_facts and head_facts.get("workdir"):
-        # The default ~/cpuaccel: paths in the scripts are quoted, so the shell would not
-        # expand ~; use the head's own expansion (the probe reports it).
-        workdir = str(head_facts["workdir"])
-    launcher = _launcher(request.launcher, head, head_facts)
-    mpirun = str(head.vars.get("cpuaccel_mpirun") or "")
-    if not mpirun and head_facts:
-        mpirun = next(
-            (
-                lau["path"]
-                for lau in head_facts["mpi"]["launchers"]
-                if lau["flavour"] == launcher.flavour
-            ),
-            "",
-        )
-    mpirun = mpirun or launcher.default_mpirun(python)
+    workdir = _workdir(settings, head_facts)
+    launcher = _launcher(settings.launcher.value, head_facts)
+    mpirun = settings.mpirun.value or _mpirun_of(launcher, head_facts)
+    mpirun = mpirun or launcher.default_mpirun(settings.python.value)
     cpu = head_facts["cpu"] if head_facts else None
-    ppn = request.ppn or (int(cpu["sockets"]) if cpu else None)
-    backend = str(request.env.get("CPUACCEL_BACKEND") or head.vars.get("cpuaccel_backend") or "")
-    if not backend and head_facts and head_facts["packages"].get("oneccl_bindings_for_pytorch"):
-        backend = "ccl"
-    ccl_workers = int(head.vars.get("cpuaccel_ccl_workers", 1)) if backend == "ccl" else 0
+    ppn = settings.ppn.value or (int(cpu["sockets"]) if cpu else None)
+    backend = _backend(settings, head_facts)
+    ccl_workers = settings.ccl_workers.value if backend == "ccl" else 0
     sharing = nodes_per_machine(chosen, facts or {})
     threads = None
-    if cpu and ppn:
-        # Cores are the machine's: nodes that are one machine split them between them.
+    if cpu and ppn:  # cores are the machine's: nodes that are one machine split them
         threads = max(1, int(cpu["physical_cores"]) // (ppn * sharing) - ccl_workers)
     run_id = run_id or new_run_id()
-    if local_project is not None:
-        project_dir, run_dir = local_project, posixpath.join(local_project, "runs", run_id)
-    else:
-        project_dir = posixpath.join(workdir, request.project_name)
-        run_dir = posixpath.join(workdir, "runs", run_id)
-    env: dict[str, str] = {
+    project_dir = local_project or posixpath.join(workdir, script.project_name)
+    run_dir = posixpath.join(local_project or workdir, "runs", run_id)
+    computed: dict[str, str] = {
         "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
         "CPUACCEL_RUN_DIR": run_dir,
         "CPUACCEL_LABEL_OUTPUT": "1",
         "MASTER_ADDR": head.name,
-        "MASTER_PORT": str(request.master_port),
+        "MASTER_PORT": str(settings.master_port.value),
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
         # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
         # without a GPU silently trains as separate one-process jobs.
         "ACCELERATE_USE_CPU": "true",
     }
-    if backend:
-        env["CPUACCEL_BACKEND"] = backend
-    if backend == "ccl":
-        env["CCL_WORKER_COUNT"] = str(ccl_workers)
-        env["CCL_ATL_TRANSPORT"] = "ofi"
-    if head.vars.get("cpuaccel_fi_provider"):
-        env["FI_PROVIDER"] = str(head.vars["cpuaccel_fi_provider"])
-    env.update({str(k): str(v) for k, v in (head.vars.get("cpuaccel_env") or {}).items()})
-    env.update(request.env)
-    secret_env = {str(k): str(v) for k, v in (head.vars.get("cpuaccel_secret_env") or {}).items()}
-    for key in secret_env:
-        env.pop(key, None)
-    allocator = str(head.vars.get("cpuaccel_allocator", "auto"))
-    if allocator not in ("auto", "none", *ALLOCATORS):
-        raise UsageError(
-            f"cpuaccel_allocator is {allocator!r}",
-            hint="use auto, tcmalloc, jemalloc or none",
-        )
     return RunPlan(
         run_id=run_id,
         hosts=chosen,
@@ -222,26 +159,74 @@ def build_plan(
         threads=threads,
         launcher=launcher,
         mpirun=mpirun,
-        python=python,
+        python=settings.python.value,
         workdir=workdir,
         project_dir=project_dir,
         run_dir=run_dir,
-        env=env,
-        secret_env=secret_env,
+        env=_rank_env(settings, computed, backend, ccl_workers),
+        secret_env=settings.secret_env.value,
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
-        allocator=allocator,
-        request=request,
+        allocator=settings.allocator.value,
+        script=script,
         shared_cores=sharing > 1,
     )
 
 
-def _launcher(name: str, head: Host, head_facts: Facts | None) -> Launcher:
-    name = str(head.vars.get("cpuaccel_launcher", name)) if name == "auto" else name
+def _workdir(settings: LaunchSettings, head_facts: Facts | None) -> str:
+    workdir = settings.workdir.value
+    if workdir.startswith("~") and head_facts and head_facts.get("workdir"):
+        # The default ~/cpuaccel: paths in the scripts are quoted, so the shell would not
+        # expand ~; use the head's own expansion (the probe reports it).
+        workdir = str(head_facts["workdir"])
+    return workdir
+
+
+def _backend(settings: LaunchSettings, head_facts: Facts | None) -> str:
+    """The one set (CPUACCEL_BACKEND or cpuaccel_backend), else ccl where oneCCL is."""
+    backend = settings.backend.value or ""
+    if not backend and head_facts and head_facts["packages"].get("oneccl_bindings_for_pytorch"):
+        backend = "ccl"
+    return backend
+
+
+def _rank_env(
+    settings: LaunchSettings, computed: dict[str, str], backend: str, ccl_workers: int
+) -> dict[str, str]:
+    """What every rank gets: what cpuaccel computes, then the user's env over it (the
+    inventory's cpuaccel_env, the project file's, --env); never a secret."""
+    env = dict(computed)
+    if backend:
+        env["CPUACCEL_BACKEND"] = backend
+    if backend == "ccl":
+        env["CCL_WORKER_COUNT"] = str(ccl_workers)
+        env["CCL_ATL_TRANSPORT"] = "ofi"
+    if settings.fi_provider.value:
+        env["FI_PROVIDER"] = settings.fi_provider.value
+    user = dict(settings.env.value)
+    precision = settings.mixed_precision.value
+    if precision is not None:
+        # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel scripts can read
+        # CPUACCEL_MIXED_PRECISION and pass it to cpuaccel.init().
+        user.setdefault("ACCELERATE_MIXED_PRECISION", str(precision))
+        user.setdefault("CPUACCEL_MIXED_PRECISION", str(precision))
+    env.update(user)
+    for key in settings.secret_env.value:
+        env.pop(key, None)
+    return env
+
+
+def _launcher(name: str, head_facts: Facts | None) -> Launcher:
     if name != "auto":
         return launchers.get(name)
     if head_facts is None:
         return launchers.get("impi")  # the default; facts refine it when a node is asked
     return launchers.pick([lau["flavour"] for lau in head_facts["mpi"]["launchers"]])
+
+
+def _mpirun_of(launcher: Launcher, head_facts: Facts | None) -> str:
+    """The head node's mpirun of that flavour, as its facts found it; "" if none."""
+    found = head_facts["mpi"]["launchers"] if head_facts else []
+    return next((lau["path"] for lau in found if lau["flavour"] == launcher.flavour), "")
 
 
 def allocator_candidates(plan: RunPlan) -> list[str]:

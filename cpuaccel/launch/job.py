@@ -1,0 +1,228 @@
+"""One job of ``cpuaccel run``, from settled settings to its end.
+
+The line a value follows, e.g. ``--ppn 4``:
+
+1. ``cli/run.py`` parses the flags (and prints); nothing else happens there;
+2. ``config.effective.resolve`` settles them into ``LaunchSettings`` (flag, else project
+   file, else inventory, else default; each value with its source), with the chosen
+   hosts, head first: ``settings.ppn.value == 4``;
+3. ``launch.plan.build_plan(settings, script, facts)`` decides the ``RunPlan``:
+   ``plan.ppn == 4``, the world size, threads per rank;
+4. ``RunPlan.command()`` is the mpirun argv (``launch/launchers.py``: ``-ppn 4``),
+   rendered into the run's launch.sh (``launch/rundir.py``);
+5. here: every node is checked (and synced when stale), the files are copied to the
+   nodes, launch.sh starts on the head node (``launch/supervise.py`` watches it), and
+   the run's record and summary are written.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.connectors import programs
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
+from cpuaccel.executor import ConnectionPool, run_on_hosts
+from cpuaccel.facts.gather import Facts
+from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.launch import nodeops
+from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.launch.preflight import run_preflight
+from cpuaccel.launch.rundir import RunDir, render_job_files
+from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
+from cpuaccel.sync.engine import SyncOptions, sync
+from cpuaccel.sync.manifest import build
+
+JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
+
+
+class PreflightFailed(CpuaccelError):
+    """A node is not ready; the problems were printed one per line."""
+
+
+def _local_project(settings: LaunchSettings, project: Path) -> str | None:
+    """The project folder, when every chosen host is this machine: used where it is."""
+    return str(project) if all(h.is_local for h in settings.chosen) else None
+
+
+def dry_run(
+    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions
+) -> tuple[RunPlan, JobFiles]:
+    """The plan and files of a run, without the facts: no node is contacted."""
+    plan = build_plan(settings, script, None, new_run_id(), _local_project(settings, project))
+    return plan, render_job_files(plan, connect)
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """How this job reaches its nodes: one connection per node for every phase
+    (preflight, sync, copy, launch, sweep)."""
+
+    connect: ConnectOptions
+    forks: int
+    pool: ConnectionPool
+
+
+def launch(
+    settings: LaunchSettings,
+    script: Script,
+    project: Path,
+    *,
+    connect: ConnectOptions,
+    forks: int,
+    allow_sync: bool,
+    timeout: float | None,
+) -> int:
+    """Preflight (and sync), copy, launch and supervise the job; its exit code."""
+    run_id = new_run_id()
+    local = _local_project(settings, project)
+    with ConnectionPool(connect) as pool:
+        nodes = _Nodes(connect, forks, pool)
+        draft = build_plan(settings, script, None, run_id, local_project=local)
+        try:
+            facts = _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
+        except PreflightFailed as exc:
+            ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
+            return EXIT_USAGE
+        plan = build_plan(settings, script, facts, run_id, local_project=local)
+        return _run(plan, project, local is not None, timeout, nodes)
+
+
+def _run(plan: RunPlan, project: Path, local: bool, timeout: float | None, nodes: _Nodes) -> int:
+    """Render and copy the files, run the job, keep its record, print its summary."""
+    files = render_job_files(plan, nodes.connect)
+    run_dir = RunDir.create(project / "runs", plan, files)
+    if not local or "secret.env" in files:
+        _copy_files(plan, files, nodes)
+    run_dir.record(
+        run_id=plan.run_id,
+        hosts=[h.name for h in plan.hosts],
+        ppn=plan.ppn,
+        world=plan.world,
+        launcher=plan.launcher.name,
+        command=plan.command(),
+        env_names=sorted(plan.env),
+        secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
+        started=time.time(),
+    )
+    router = OutputRouter(run_dir, ui.stdout(), ui.stderr())
+    outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    run_dir.record(
+        exit_code=outcome.exit_code,
+        reason=outcome.reason,
+        seconds=round(outcome.seconds, 3),
+        launcher_exit=outcome.launcher_exit,
+        first_failure=outcome.first_failure.__dict__ if outcome.first_failure else None,
+        swept=outcome.swept,
+        left=outcome.left,
+    )
+    _summary(plan, outcome, run_dir)
+    return outcome.exit_code
+
+
+def _preflight_and_sync(
+    settings: LaunchSettings,
+    draft: RunPlan,
+    allow_sync: bool,
+    local: bool,
+    nodes: _Nodes,
+) -> dict[str, Facts]:
+    """Check every node; sync a stale project (or refuse with --no-sync). Returns facts."""
+    # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
+    source = build([str(Path.cwd())], excludes=settings.exclude.value)
+    launcher = settings.launcher.value
+    with ui.progress("preflight", 1):
+        found = run_preflight(
+            draft.hosts,
+            draft.project_dir,
+            source,
+            master_port=settings.master_port.value,
+            forks=nodes.forks,
+            connect=nodes.connect,
+            launcher_flavour=None if launcher == "auto" else launcher,
+            check_project=not local,
+            pool=nodes.pool,
+        )
+    problems = list(found.errors)
+    if found.stale and not allow_sync:
+        problems += [
+            Problem(
+                ERROR,
+                name,
+                f"holds a different copy of the project at {draft.project_dir}",
+                hint="run cpuaccel sync, or leave out --no-sync",
+            )
+            for name in found.stale
+        ]
+    if problems:
+        _print_problems(problems)
+        raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
+    if found.stale:
+        ui.stderr().print(f"project differs on {', '.join(found.stale)}: syncing it first")
+        stale = [h for h in draft.hosts if h.name in found.stale]
+        results = sync(
+            stale,
+            source,
+            SyncOptions(draft.project_dir),
+            forks=nodes.forks,
+            connect=nodes.connect,
+            pool=nodes.pool,
+        )
+        failed = [r for r in results if not r.ok]
+        if failed:
+            raise PreflightFailed(
+                "; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed)
+            )
+    return found.facts
+
+
+def _print_problems(problems: list[Problem]) -> None:
+    err = ui.stderr()
+    for p in problems:
+        err.print(f"[red]preflight[/] {escape(p.host or '-')}: {escape(p.message)}")
+        if p.hint:
+            err.print(f"          [dim]fix: {escape(p.hint)}[/]")
+
+
+def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
+    payload = json.dumps(files).encode()
+
+    def write(conn: Connector) -> dict[str, object]:
+        return programs.call(
+            conn, nodeops, ["write", plan.run_dir], payload, what="writing the run's files"
+        )
+
+    failed = [
+        r for r in run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool) if not r.ok
+    ]
+    if failed:
+        raise UsageError(
+            "; ".join(f"{r.host.name}: {r.error}" for r in failed),
+            hint="check free disk and permissions at cpuaccel_workdir",
+        )
+
+
+def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:
+    err = ui.stderr()
+    colour = "green" if outcome.exit_code == 0 else "red"
+    detail = ""
+    if outcome.first_failure is not None:
+        f = outcome.first_failure
+        detail = f"; first failing rank {f.rank} on {escape(f.host)} (exit code {f.code})"
+    err.print(
+        f"[{colour}]{outcome.reason}[/]: {plan.world} rank(s) on {len(plan.hosts)} node(s), "
+        f"{outcome.seconds:.1f} s, exit code {outcome.exit_code}{detail}"
+    )
+    if outcome.swept:
+        ended = ", ".join(f"{host} ({len(p)})" for host, p in outcome.swept.items())
+        err.print(f"ended leftover processes of the job on: {ended}")
+    for host, procs in outcome.left.items():
+        err.print(f"[red]still running on {host}[/]: {escape(str(procs))}")
+    err.print(f"run directory: {run_dir.path}")
