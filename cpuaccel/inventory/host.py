@@ -49,12 +49,6 @@ def ssh_options(vars: Mapping[str, Any]) -> dict[str, str]:
     return options
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "yes", "true", "on")
-
-
 @dataclass(frozen=True)
 class Host:
     """A host and its variables, merged with Ansible's precedence by the Inventory."""
@@ -103,18 +97,10 @@ class Host:
         return str(value) if value else None
 
     @property
-    def host_key_checking(self) -> bool:
-        """True unless turned off explicitly: checking host keys is the safe default."""
-        if "ansible_host_key_checking" in self.vars:
-            return _truthy(self.vars["ansible_host_key_checking"])
-        strict = ssh_options(self.vars).get("stricthostkeychecking")
-        if strict is not None:
-            return strict.lower() not in ("no", "off", "false")
-        return True
-
-    @property
     def known_hosts_file(self) -> str | None:
-        """Extra known_hosts file (``cpuaccel_known_hosts``, or ssh's UserKnownHostsFile)."""
+        """Extra known_hosts file (``cpuaccel_known_hosts``, or ssh's UserKnownHostsFile).
+
+        Whether keys are checked at all is decided in connectors/hostkeys.py."""
         value = self.vars.get("cpuaccel_known_hosts") or ssh_options(self.vars).get(
             "userknownhostsfile"
         )

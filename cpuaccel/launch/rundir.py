@@ -19,8 +19,7 @@ from typing import Any
 
 import jinja2
 
-from cpuaccel.connectors import openssh
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.base import ConnectOptions, connector_for
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
@@ -69,7 +68,8 @@ def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[
         "allocator": plan.allocator,
         "allocator_candidates": allocator_candidates(plan),
         "iomp_candidates": iomp_candidates(plan),
-        "ssh_argv": ["ssh", *openssh.ssh_options(plan.head, connect)],
+        # ssh.sh runs on the head node: the head's connector says how to reach a node.
+        "ssh_argv": connector_for(plan.head, connect).ssh_argv(),
         "launcher_env": plan.launcher.env(plan.spec()),
         "command": plan.command(),
         "mpirun_dir": posixpath.dirname(plan.mpirun),

@@ -213,7 +213,6 @@ class Syncer:
         source: SourceManifest,
         options: SyncOptions,
         dests: dict[str, str],
-        connect: ConnectOptions,
         on_bytes: Callable[[int], None] | None = None,
         memory: SyncMemory | None = None,
         hosts: Sequence[Host] = (),
@@ -221,7 +220,6 @@ class Syncer:
         self.source = source
         self.options = options
         self.dests = dests
-        self.connect = connect
         self.on_bytes = on_bytes
         self.shared = _SharedDestinations()
         self.memory = memory
@@ -385,8 +383,7 @@ class Syncer:
         )
         if use_rsync:
             transfer.rsync_push(
-                conn.host,
-                self.connect,
+                conn,
                 self.source,
                 changed,
                 scanned["dest"],
@@ -420,7 +417,7 @@ def sync(
     """Sync to every host in parallel. Destinations are checked before any connection."""
     dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
-    syncer = Syncer(source, options, dests, connect, on_bytes, memory, hosts)
+    syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
     results = run_on_hosts(
         hosts, syncer, forks=forks, options=connect, on_result=on_result, pool=pool
     )
