@@ -1,4 +1,4 @@
-"""The transport boundary: one host-key policy, one ssh argv, one rsync."""
+"""The transport boundary: one host-key policy, one ssh argv, one rsync, one port rule."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from cpuaccel.connectors.base import ConnectOptions, connector_for
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.hostkeys import host_key_policy, opt_out_warnings
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.openssh import remote_spec
+from cpuaccel.connectors.openssh import port_of, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import rundir
 from cpuaccel.launch.plan import RunPlan
@@ -81,6 +82,25 @@ def test_an_opt_out_is_printed_with_its_reason() -> None:
     assert "checked (--no-host-key-checking)" in flag
 
 
+def test_ssh_argv_passes_only_a_port_the_inventory_sets() -> None:
+    plain = LocalConnector(Host("n1", {"ansible_user": "train"}), CHECKED).ssh_argv()
+    assert plain[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    assert "-p" not in plain and plain[plain.index("-l") + 1] == "train"
+    for vars in ({"ansible_port": 22}, {"ansible_ssh_common_args": "-o Port=2200"}):
+        argv = SSHConnector(Host("n1", vars), CHECKED).ssh_argv()
+        assert argv[argv.index("-p") + 1] == str(Host("n1", vars).port)
+
+
+def test_port_is_the_inventorys_else_ssh_configs_else_22(home: Path) -> None:
+    assert Host("n1").port is None
+    assert port_of(Host("n1")) == 22
+    (home / ".ssh" / "config").write_text("Host n1\n    Port 2222\n")
+    assert port_of(Host("n1")) == 2222
+    assert port_of(Host("other", {"ansible_host": "n1"})) == 2222  # looked up by address
+    assert port_of(Host("n1", {"ansible_port": 2300})) == 2300
+    assert port_of(Host("n2")) == 22
+
+
 def test_remote_spec_brackets_ipv6() -> None:
     assert remote_spec(Host("a", {"ansible_host": "fe80::1"}), "/x") == "[fe80::1]:/x"
     assert remote_spec(Host("a", {"ansible_host": "10.0.0.1"}), "/x") == "10.0.0.1:/x"
@@ -118,3 +138,9 @@ def test_one_quote_filter_for_playbooks_and_job_templates() -> None:
     plan = cast(RunPlan, SimpleNamespace(head=Host("h")))
     jobs = rundir._environment(plan)
     assert jobs.filters["quote"] is quote and "shquote" not in jobs.filters
+
+
+def test_a_broken_ssh_config_port_is_an_error_of_the_host(home: Path) -> None:
+    (home / ".ssh" / "config").write_text("Host n1\n    Port twenty\n")
+    with pytest.raises(HostError, match="not a number"):
+        port_of(Host("n1"))

@@ -1,9 +1,9 @@
 """SSH connector: a Fabric Connection (paramiko) with host keys checked by default.
 
-Fabric opens the connection (ssh_config, gateways, keys). Commands are driven on a
-paramiko channel directly, because we need what Fabric's ``run`` does not give: an EOF
-after stdin (the fact probe is sent that way), a hard per-command deadline, and no
-inline ``export`` of environment values.
+Fabric opens the connection (ssh_config, gateways, keys) on the port that
+``openssh.port_of`` gives. Commands are driven on a paramiko channel directly, because we
+need what Fabric's ``run`` does not give: an EOF after stdin (the fact probe is sent
+that way), a hard per-command deadline, and no inline ``export`` of environment values.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class SSHConnector(Connector):
         conn = Connection(
             host=host.address,
             user=host.user,
-            port=host.port,
+            port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
         )
@@ -157,7 +157,7 @@ class SSHConnector(Connector):
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise Unreachable(
                 host.name,
-                f"cannot connect to {host.address}:{host.port}: {_reason(exc)}",
+                f"cannot connect to {host.address}:{conn.port}: {_reason(exc)}",
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn

@@ -74,11 +74,14 @@ class Host:
         return str(value) if value is not None else self.name
 
     @property
-    def port(self) -> int:
+    def port(self) -> int | None:
+        """The port the inventory sets (``ansible_port``, or ``-o Port=`` in the ssh
+        arguments); None when it sets none, so that ssh_config decides, as for ``ssh``
+        itself (see connectors/openssh.port_of)."""
         value = self._first("ansible_port")
         if value is None:
-            value = ssh_options(self.vars).get("port", 22)
-        return int(value)  # validated by the Inventory when it was loaded
+            value = ssh_options(self.vars).get("port")
+        return int(value) if value is not None else None  # validated by the Inventory
 
     @property
     def user(self) -> str | None:

@@ -19,6 +19,7 @@ import jinja2
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.inventory.host import Host
@@ -231,7 +232,8 @@ class Syncer:
         self._shared_fsids = {f for f in fsids if fsids.count(f) > 1}
 
     def _key(self, host: Host) -> str:
-        return SyncMemory.node_key(host.name, host.address, host.port, self.dests[host.name])
+        port = port_of(host)  # the port really used (ssh_config's when the inventory has none)
+        return SyncMemory.node_key(host.name, host.address, port, self.dests[host.name])
 
     def _remembered(self, host: Host) -> tuple[str, str, dict[str, Entry]] | None:
         return self.memory.last(self._key(host)) if self.memory else None
