@@ -77,7 +77,7 @@ def test_an_opt_out_is_printed_with_its_reason() -> None:
     hosts += [Host("checked"), Host("here", {"ansible_connection": "local"})]
     assert opt_out_warnings(hosts[-2:], CHECKED) == []
     (line,) = opt_out_warnings(hosts, CHECKED)
-    assert "n0, n1, n2, n3 and 4 more" in line and "ansible_host_key_checking" in line
+    assert "n0, n1, n2, n3 and 4 more (ansible_host_key_checking: false)" in line
     (flag,) = opt_out_warnings([Host("checked")], UNCHECKED)
     assert "checked (--no-host-key-checking)" in flag
 

@@ -63,7 +63,8 @@ def _inventory_opt_out(host: Host) -> str | None:
     """
     if "ansible_host_key_checking" in host.vars:
         value = host.vars["ansible_host_key_checking"]
-        return None if _truthy(value) else f"ansible_host_key_checking: {value}"
+        shown = str(value).lower() if isinstance(value, bool) else value  # as YAML says it
+        return None if _truthy(value) else f"ansible_host_key_checking: {shown}"
     strict = ssh_options(host.vars).get("stricthostkeychecking")
     if strict is not None and strict.lower() in _OFF:
         return f"StrictHostKeyChecking={strict} in ansible_ssh_common_args"
