@@ -134,13 +134,13 @@ def test_ranges_expand_in_the_inventory_in_file_order(tmp_path: Path) -> None:
     [
         ("node1:2222", ["node1"], 2222),
         ("node[1:2]:2200", ["node1", "node2"], 2200),
-        ("rack[a:b]", ["racka", "rackb"], 22),
+        ("rack[a:b]", ["racka", "rackb"], None),
         ("'[fe80::1]:2022'", ["fe80::1"], 2022),
-        ("'[::1]'", ["::1"], 22),
+        ("'[::1]'", ["::1"], None),
     ],
 )
 def test_host_keys_may_carry_a_port_like_ansible(
-    tmp_path: Path, key: str, names: list[str], port: int
+    tmp_path: Path, key: str, names: list[str], port: int | None
 ) -> None:
     inv = load(tmp_path, f"all:\n  hosts:\n    {key}:\n")
     assert list(inv.hosts) == names
@@ -219,7 +219,7 @@ def test_host_properties_read_merged_vars(tmp_path: Path) -> None:
     h1, h2, h3 = inv.hosts["h1"], inv.hosts["h2"], inv.hosts["h3"]
     assert (h1.address, h1.port, h1.user) == ("h1", 2200, "train")
     assert (h2.address, h2.port, h2.user) == ("10.0.0.2", 2200, "train")
-    assert (h3.address, h3.port, h3.user) == ("h3", 22, "train")
+    assert (h3.address, h3.port, h3.user) == ("h3", None, "train")  # ssh_config decides
     assert not h1.is_local
 
 

@@ -15,6 +15,7 @@ from cpuaccel.config.effective import choose_inventory
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.config.settings import Setting
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
+from cpuaccel.connectors.hostkeys import opt_out_warnings
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
@@ -155,6 +156,7 @@ def resolve_target(
         host_key_checking=False if no_host_key_checking else None,
     )
     warn([*(project.warnings if project else []), *inventory.warnings])
+    warn(opt_out_warnings(hosts, connect))  # an opt-out of host key checks is never silent
     return Target(
         inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
     )

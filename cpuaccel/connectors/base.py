@@ -1,13 +1,20 @@
-"""What every connector offers: run a command on one host and collect its result."""
+"""What every connector offers: everything about reaching one host.
+
+A connector runs commands on its host and collects their results, pushes trees to it
+with rsync, and gives the ssh argv for the tools that start ``ssh`` themselves (MPI's
+launcher), with the host-key policy of connectors/hostkeys.py throughout.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
 
+from cpuaccel.connectors import openssh
+from cpuaccel.connectors.rsync import RsyncResult
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
@@ -110,6 +117,24 @@ class Connector(abc.ABC):
         cwd: str | None = None,
     ) -> Process:
         """Start argv and return at once; its stdin stays open until Process.close()."""
+
+    @abc.abstractmethod
+    def rsync(
+        self,
+        flags: Sequence[str],
+        source: str,
+        dest: str,
+        *,
+        stdin: bytes | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> RsyncResult:
+        """Push ``source`` (a path on the controller) to ``dest`` on the host with
+        ``rsync FLAGS``; its stdout lines go to on_line, or into the result."""
+
+    def ssh_argv(self) -> list[str]:
+        """``ssh`` and its options for a tool that starts ssh itself (rsync, MPI's
+        ssh.sh): this host's user, port, key and host-key policy."""
+        return openssh.ssh_argv(self.host, self.options)
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -1,7 +1,8 @@
 """The one place where a remote command line is built.
 
 Remote commands travel to sshd as a single string that the node's login shell parses, so
-every word is quoted here with shlex.quote and nowhere else. Environment values are
+every word is quoted here with shlex.quote and nowhere else (the ``quote`` filter of the
+Jinja templates is this module's ``quote`` too). Environment values are
 passed as quoted words of ``env``, never interpolated into the line, which is where
 Fabric's inline ``export`` goes wrong (fabric#2364).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -28,12 +30,12 @@ def shell_line(
     """
     if not argv:
         raise ValueError("empty command")
-    words = [shlex.quote(str(word)) for word in argv]
+    words = [quote(word) for word in argv]
     if env:
         for name in env:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"not a valid environment variable name: {name!r}")
-        assignments = [shlex.quote(f"{k}={v}") for k, v in env.items()]
+        assignments = [quote(f"{k}={v}") for k, v in env.items()]
         words = ["env", *assignments, *words]
     line = " ".join(words)
     if cwd is not None:
@@ -52,6 +54,11 @@ def quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def shell(script: str) -> list[str]:
-    """argv that runs a small shell script, for the rare command that needs pipes."""
-    return ["/bin/sh", "-c", script]
+def quote(value: Any) -> str:
+    """One word for sh, whatever it contains.
+
+    Also the ``quote`` filter of every Jinja environment (Ansible's name for it): the
+    playbook templar and run's job templates register this function, so a playbook and
+    a job file quote alike.
+    """
+    return shlex.quote(str(value))

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, BinaryIO
 
 from cpuaccel.connectors import commandline
@@ -20,6 +20,7 @@ from cpuaccel.connectors.base import (
     Process,
     split_lines,
 )
+from cpuaccel.connectors.rsync import RsyncResult, run_rsync
 
 
 class LocalProcess(Process):
@@ -73,6 +74,17 @@ class LocalConnector(Connector):
 
     def close(self) -> None:
         pass
+
+    def rsync(
+        self,
+        flags: Sequence[str],
+        source: str,
+        dest: str,
+        *,
+        stdin: bytes | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> RsyncResult:
+        return run_rsync(["rsync", *flags, source, dest], stdin=stdin, on_line=on_line)
 
     def start(
         self,

@@ -1,9 +1,9 @@
 """SSH connector: a Fabric Connection (paramiko) with host keys checked by default.
 
-Fabric opens the connection (ssh_config, gateways, keys). Commands are driven on a
-paramiko channel directly, because we need what Fabric's ``run`` does not give: an EOF
-after stdin (the fact probe is sent that way), a hard per-command deadline, and no
-inline ``export`` of environment values.
+Fabric opens the connection (ssh_config, gateways, keys) on the port that
+``openssh.port_of`` gives. Commands are driven on a paramiko channel directly, because we
+need what Fabric's ``run`` does not give: an EOF after stdin (the fact probe is sent
+that way), a hard per-command deadline, and no inline ``export`` of environment values.
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shlex
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import paramiko
 from fabric import Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from cpuaccel.connectors import commandline
+from cpuaccel.connectors import commandline, openssh
 from cpuaccel.connectors.base import (
     CommandResult,
     CommandTimeout,
@@ -30,6 +31,8 @@ from cpuaccel.connectors.base import (
     Unreachable,
     split_lines,
 )
+from cpuaccel.connectors.hostkeys import USER_KNOWN_HOSTS, HostKeyPolicy, host_key_policy
+from cpuaccel.connectors.rsync import RsyncResult, run_rsync
 
 _READ_CHUNK = 1 << 16
 
@@ -115,11 +118,6 @@ class SSHProcess(Process):
 class SSHConnector(Connector):
     _conn: Connection | None = None
 
-    def _checking(self) -> bool:
-        if self.options.host_key_checking is not None:
-            return self.options.host_key_checking
-        return self.host.host_key_checking
-
     def connect(self) -> None:
         host = self.host
         connect_kwargs: dict[str, Any] = {
@@ -131,29 +129,12 @@ class SSHConnector(Connector):
         conn = Connection(
             host=host.address,
             user=host.user,
-            port=host.port,
+            port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
         )
         client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys
-        known: list[str] = []
-        if self._checking():
-            client.load_system_host_keys()  # ~/.ssh/known_hosts, read-only
-            known.append("~/.ssh/known_hosts")
-            if host.known_hosts_file:
-                path = os.path.expanduser(host.known_hosts_file)
-                try:
-                    client.load_system_host_keys(path)
-                except OSError as exc:
-                    raise Unreachable(
-                        host.name,
-                        f"cannot read known_hosts file {path}: {exc.strerror}",
-                        hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
-                    ) from None
-                known.append(path)
-            client.set_missing_host_key_policy(_RejectUnknownKey(host.name, known))
-        else:
-            client.set_missing_host_key_policy(_AcceptAnyKey())
+        self._apply(host_key_policy(host, self.options), client)
         conn.client = client
         try:
             conn.open()
@@ -176,10 +157,46 @@ class SSHConnector(Connector):
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise Unreachable(
                 host.name,
-                f"cannot connect to {host.address}:{host.port}: {_reason(exc)}",
+                f"cannot connect to {host.address}:{conn.port}: {_reason(exc)}",
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn
+
+    def _apply(self, policy: HostKeyPolicy, client: paramiko.SSHClient) -> None:
+        """The host-key policy on paramiko's client: known keys loaded read-only, and
+        unknown ones refused unless checking is off."""
+        if not policy.check:
+            client.set_missing_host_key_policy(_AcceptAnyKey())
+            return
+        client.load_system_host_keys()  # ~/.ssh/known_hosts, read-only
+        known = [USER_KNOWN_HOSTS]
+        if policy.extra_known_hosts:
+            path = policy.extra_known_hosts
+            try:
+                client.load_system_host_keys(path)
+            except OSError as exc:
+                raise Unreachable(
+                    self.host.name,
+                    f"cannot read known_hosts file {path}: {exc.strerror}",
+                    hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
+                ) from None
+            known.append(path)
+        client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known))
+
+    def rsync(
+        self,
+        flags: Sequence[str],
+        source: str,
+        dest: str,
+        *,
+        stdin: bytes | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> RsyncResult:
+        # rsync starts its own ssh: it gets this connector's argv, so the same port,
+        # user, key and host-key policy; the paramiko connection is not needed.
+        argv = ["rsync", *flags, "-e", shlex.join(self.ssh_argv())]
+        argv += [source, openssh.remote_spec(self.host, dest)]
+        return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def close(self) -> None:
         if self._conn is not None:

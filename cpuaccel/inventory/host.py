@@ -49,12 +49,6 @@ def ssh_options(vars: Mapping[str, Any]) -> dict[str, str]:
     return options
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "yes", "true", "on")
-
-
 @dataclass(frozen=True)
 class Host:
     """A host and its variables, merged with Ansible's precedence by the Inventory."""
@@ -80,11 +74,14 @@ class Host:
         return str(value) if value is not None else self.name
 
     @property
-    def port(self) -> int:
+    def port(self) -> int | None:
+        """The port the inventory sets (``ansible_port``, or ``-o Port=`` in the ssh
+        arguments); None when it sets none, so that ssh_config decides, as for ``ssh``
+        itself (see connectors/openssh.port_of)."""
         value = self._first("ansible_port")
         if value is None:
-            value = ssh_options(self.vars).get("port", 22)
-        return int(value)  # validated by the Inventory when it was loaded
+            value = ssh_options(self.vars).get("port")
+        return int(value) if value is not None else None  # validated by the Inventory
 
     @property
     def user(self) -> str | None:
@@ -103,18 +100,10 @@ class Host:
         return str(value) if value else None
 
     @property
-    def host_key_checking(self) -> bool:
-        """True unless turned off explicitly: checking host keys is the safe default."""
-        if "ansible_host_key_checking" in self.vars:
-            return _truthy(self.vars["ansible_host_key_checking"])
-        strict = ssh_options(self.vars).get("stricthostkeychecking")
-        if strict is not None:
-            return strict.lower() not in ("no", "off", "false")
-        return True
-
-    @property
     def known_hosts_file(self) -> str | None:
-        """Extra known_hosts file (``cpuaccel_known_hosts``, or ssh's UserKnownHostsFile)."""
+        """Extra known_hosts file (``cpuaccel_known_hosts``, or ssh's UserKnownHostsFile).
+
+        Whether keys are checked at all is decided in connectors/hostkeys.py."""
         value = self.vars.get("cpuaccel_known_hosts") or ssh_options(self.vars).get(
             "userknownhostsfile"
         )

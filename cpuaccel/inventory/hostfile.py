@@ -2,13 +2,13 @@
 
 Users who followed the Accelerate guide already have one: a host per line, as Intel MPI
 and MPICH (``host``, ``host:slots``) or Open MPI (``host slots=N``) read it, with ``#``
-comments. It says nothing about SSH, so connection details come from ``~/.ssh/config``
-(Fabric reads it), which the loader's warning says.
+comments. It says nothing about SSH, so connection details, the port included, come from
+``~/.ssh/config`` (Fabric and ssh read it: a host sets no port, see Host.port), which the
+loader's warning says.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,31 +114,12 @@ def read_hostfile(path: str | Path) -> list[HostfileEntry]:
     return parse_hostfile(text, source)
 
 
-def _ssh_config_port(name: str) -> int | None:
-    """The Port ~/.ssh/config gives ``name``: cpuaccel passes a port to every connection
-    (22 by default), which would otherwise hide the one written there."""
-    path = Path(os.path.expanduser("~/.ssh/config"))
-    if not path.is_file():
-        return None
-    import paramiko
-
-    try:
-        config = paramiko.SSHConfig.from_path(str(path))
-        port = config.lookup(name).get("port")
-    except Exception:  # a broken ssh config is ssh's to report, at connect time
-        return None
-    return int(port) if port and str(port).isdigit() else None
-
-
 def hostfile_vars(entry: HostfileEntry) -> dict[str, Any]:
     values: dict[str, Any] = {}
     if entry.slots is not None:
         values[SLOTS_VAR] = entry.slots
     if entry.name in ("localhost", "127.0.0.1"):
         values["ansible_connection"] = "local"
-    port = _ssh_config_port(entry.name)
-    if port is not None:
-        values["ansible_port"] = port
     return values
 
 

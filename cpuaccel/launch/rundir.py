@@ -19,8 +19,8 @@ from typing import Any
 
 import jinja2
 
-from cpuaccel.connectors import openssh
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.resources import data_dir
@@ -47,7 +47,7 @@ def _environment(plan: RunPlan) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["quote"] = quote  # the playbooks' filter, under Ansible's name
     return env
 
 
@@ -68,7 +68,8 @@ def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[
         "allocator": plan.allocator,
         "allocator_candidates": allocator_candidates(plan),
         "iomp_candidates": iomp_candidates(plan),
-        "ssh_argv": ["ssh", *openssh.ssh_options(plan.head, connect)],
+        # ssh.sh runs on the head node: the head's connector says how to reach a node.
+        "ssh_argv": connector_for(plan.head, connect).ssh_argv(),
         "launcher_env": plan.launcher.env(plan.spec()),
         "command": plan.command(),
         "mpirun_dir": posixpath.dirname(plan.mpirun),
@@ -86,9 +87,11 @@ def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[
         except jinja2.TemplateError as exc:
             where = f"{getattr(exc, 'filename', None) or name + '.j2'}"
             line = getattr(exc, "lineno", None)
+            hint = "fix the template (or remove it from cpuaccel_templates to use cpuaccel's)"
+            if "shquote" in str(exc):  # a copy of an older template
+                hint = "the shell-quoting filter is named quote now: write | quote"
             raise UsageError(
-                f"template {where}{':' + str(line) if line else ''}: {exc}",
-                hint="fix the template (or remove it from cpuaccel_templates to use cpuaccel's)",
+                f"template {where}{':' + str(line) if line else ''}: {exc}", hint=hint
             ) from None
     if plan.secret_env:
         lines = [f"export {k}={shlex.quote(v)}\n" for k, v in plan.secret_env.items()]

@@ -2,7 +2,8 @@
 
 Node-side modules become one request to the host's agent; ``copy`` and ``template``
 read and render on the controller (as Ansible does) and send bytes with their
-checksum; ``synchronize`` is rsync from the controller; the rest never leave it.
+checksum; ``synchronize`` is the connector's rsync from the controller; the rest never
+leave it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,11 @@ import os
 import posixpath
 import shlex
 import stat
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.inventory.host import Host
@@ -176,29 +175,22 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
     if not src.exists():
         raise ActionError(f"synchronize: src {src} does not exist on the controller")
     dest = str(args["dest"])
-    host = ctx.host
     if src.is_dir() and _unchanged_tree(ctx, src, dest, args):
         return {"changed": False, "failed": False, "items": [], "count": 0}
     # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
-    argv = ["rsync", "-a", "--mkpath", "--out-format=%i %n"]
+    flags = ["-a", "--mkpath", "--out-format=%i %n"]
     if ctx.check:
-        argv.append("--dry-run")
+        flags.append("--dry-run")
     if args.get("delete"):
-        argv.append("--delete")
-    argv += [str(o) for o in args.get("rsync_opts") or []]
+        flags.append("--delete")
+    flags += [str(o) for o in args.get("rsync_opts") or []]
     source = str(src) + ("/" if src.is_dir() else "")
-    if host.is_local:
-        target = dest
-    else:
-        argv += ["-e", shlex.join(["ssh", *openssh.ssh_options(host, ctx.options)])]
-        target = openssh.remote_spec(host, dest)
-    argv += [source, target]
-    proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", check=False)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        return {"failed": True, "changed": False, "rc": proc.returncode, "msg": f"rsync: {last}"}
+    result = ctx.connect().rsync(flags, source, dest)
+    if not result.ok:
+        msg = f"rsync: {result.error}"
+        return {"failed": True, "changed": False, "rc": result.exit_code, "msg": msg}
     # rsync itemizes only what differs; "cd+++" of dest itself counts as a change too.
-    items = [line for line in proc.stdout.splitlines() if line.strip()]
+    items = [line for line in result.lines if line.strip()]
     return {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
 
 

@@ -11,7 +11,6 @@ import functools
 import json
 import posixpath
 import re
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ import jinja2
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import CpuaccelError
 
 
@@ -65,7 +65,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(
         bool=_bool,
-        quote=lambda v: shlex.quote(str(v)),
+        quote=quote,  # the same filter as run's job templates
         basename=lambda v: posixpath.basename(str(v)),
         dirname=lambda v: posixpath.dirname(str(v)),
         to_json=lambda v: json.dumps(v, sort_keys=True),

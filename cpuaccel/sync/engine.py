@@ -19,6 +19,7 @@ import jinja2
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.inventory.host import Host
@@ -213,7 +214,6 @@ class Syncer:
         source: SourceManifest,
         options: SyncOptions,
         dests: dict[str, str],
-        connect: ConnectOptions,
         on_bytes: Callable[[int], None] | None = None,
         memory: SyncMemory | None = None,
         hosts: Sequence[Host] = (),
@@ -221,7 +221,6 @@ class Syncer:
         self.source = source
         self.options = options
         self.dests = dests
-        self.connect = connect
         self.on_bytes = on_bytes
         self.shared = _SharedDestinations()
         self.memory = memory
@@ -233,7 +232,8 @@ class Syncer:
         self._shared_fsids = {f for f in fsids if fsids.count(f) > 1}
 
     def _key(self, host: Host) -> str:
-        return SyncMemory.node_key(host.name, host.address, host.port, self.dests[host.name])
+        port = port_of(host)  # the port really used (ssh_config's when the inventory has none)
+        return SyncMemory.node_key(host.name, host.address, port, self.dests[host.name])
 
     def _remembered(self, host: Host) -> tuple[str, str, dict[str, Entry]] | None:
         return self.memory.last(self._key(host)) if self.memory else None
@@ -385,8 +385,7 @@ class Syncer:
         )
         if use_rsync:
             transfer.rsync_push(
-                conn.host,
-                self.connect,
+                conn,
                 self.source,
                 changed,
                 scanned["dest"],
@@ -420,7 +419,7 @@ def sync(
     """Sync to every host in parallel. Destinations are checked before any connection."""
     dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
-    syncer = Syncer(source, options, dests, connect, on_bytes, memory, hosts)
+    syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
     results = run_on_hosts(
         hosts, syncer, forks=forks, options=connect, on_result=on_result, pool=pool
     )

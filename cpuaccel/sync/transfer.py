@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import functools
 import os
-import shlex
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
-from cpuaccel.connectors import openssh
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import HostError
-from cpuaccel.inventory.host import Host
 from cpuaccel.sync.manifest import SourceManifest
 from cpuaccel.sync.remote import RSYNC_TMP, STATE
 
@@ -35,52 +31,34 @@ def have_local_rsync() -> bool:
 
 
 def rsync_push(
-    host: Host,
-    options: ConnectOptions,
+    conn: Connector,
     source: SourceManifest,
     changed: Sequence[str],
     dest: str,
     copy_links: bool,
     on_bytes: Callable[[int], None] | None = None,
 ) -> None:
-    """Send the changed entries (grouped by the local folder they come from) with rsync."""
+    """Send the changed entries (grouped by the local folder they come from) with the
+    connector's rsync."""
     by_root: dict[str, list[str]] = {}
     for rel in changed:
         by_root.setdefault(source.root_of[rel], []).append(rel)
+    flags = ["-a", "--from0", "--files-from=-", f"--temp-dir={STATE}/{RSYNC_TMP}"]
+    flags.append("--out-format=%l")  # one line per file sent: its size, for on_bytes
+    if copy_links:
+        flags.append("--copy-unsafe-links")
+
+    def sent(line: str) -> None:
+        if on_bytes is not None and line.strip().isdigit():
+            on_bytes(int(line))
+
     for root, rels in by_root.items():
-        argv = [
-            "rsync",
-            "-a",
-            "--from0",
-            "--files-from=-",
-            f"--temp-dir={STATE}/{RSYNC_TMP}",
-            "--out-format=%l",
-        ]
-        if copy_links:
-            argv.append("--copy-unsafe-links")
-        if host.is_local:
-            target = dest + "/"
-        else:
-            argv += ["-e", shlex.join(["ssh", *openssh.ssh_options(host, options)])]
-            target = openssh.remote_spec(host, dest + "/")
-        argv += [root.rstrip("/") + "/", target]
         listing = b"\0".join(os.fsencode(rel) for rel in rels) + b"\0"
-        with subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        ) as proc:
-            assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(listing)
-            proc.stdin.close()
-            for line in proc.stdout:
-                if on_bytes is not None and line.strip().isdigit():
-                    on_bytes(int(line))
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            code = proc.wait()
-        if code != 0:
-            last = (err.strip().splitlines() or ["no message"])[-1]
+        result = conn.rsync(flags, root.rstrip("/") + "/", dest + "/", stdin=listing, on_line=sent)
+        if not result.ok:
             raise HostError(
-                host.name,
-                f"rsync exited {code}: {last}",
+                conn.host.name,
+                f"rsync exited {result.exit_code}: {result.error}",
                 hint="check free disk and permissions at the destination",
             )
 

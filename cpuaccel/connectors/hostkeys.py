@@ -1,0 +1,106 @@
+"""The host-key policy: whether a host's key is checked, and against which files.
+
+Decided here once, for both ways cpuaccel reaches a host: paramiko (``connectors/ssh.py``)
+and the OpenSSH argv given to rsync and MPI (``connectors/openssh.py``), so the two can
+never disagree about whether a connection may go to an unknown key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cpuaccel.inventory.host import Host, ssh_options
+
+if TYPE_CHECKING:
+    from cpuaccel.connectors.base import ConnectOptions
+
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+_OFF = ("no", "off", "false")
+
+
+@dataclass(frozen=True)
+class HostKeyPolicy:
+    """``check`` is True unless turned off explicitly; ``opted_out_by`` says where."""
+
+    check: bool
+    extra_known_hosts: str | None  # cpuaccel_known_hosts / UserKnownHostsFile, expanded
+    opted_out_by: str | None = None
+
+    @property
+    def known_hosts(self) -> list[str]:
+        """Every known_hosts file read, the user's own first (expanded paths)."""
+        files = [os.path.expanduser(USER_KNOWN_HOSTS)]
+        if self.extra_known_hosts:
+            files.append(self.extra_known_hosts)
+        return files
+
+    def openssh_options(self) -> list[str]:
+        """The same policy as ``-o`` options of the OpenSSH client."""
+        if not self.check:
+            return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        return [
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "UserKnownHostsFile=" + " ".join(self.known_hosts),
+        ]
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("1", "yes", "true", "on")
+
+
+def _inventory_opt_out(host: Host) -> str | None:
+    """Which inventory setting turns checking off for ``host``, if one does.
+
+    ``ansible_host_key_checking`` wins over ``-o StrictHostKeyChecking`` in
+    ``ansible_ssh_common_args``, as in Ansible.
+    """
+    if "ansible_host_key_checking" in host.vars:
+        value = host.vars["ansible_host_key_checking"]
+        shown = str(value).lower() if isinstance(value, bool) else value  # as YAML says it
+        return None if _truthy(value) else f"ansible_host_key_checking: {shown}"
+    strict = ssh_options(host.vars).get("stricthostkeychecking")
+    if strict is not None and strict.lower() in _OFF:
+        return f"StrictHostKeyChecking={strict} in ansible_ssh_common_args"
+    return None
+
+
+def host_key_policy(host: Host, options: ConnectOptions) -> HostKeyPolicy:
+    """The policy for one host: the command line's choice, else the inventory's."""
+    extra = host.known_hosts_file
+    extra = os.path.expanduser(extra) if extra else None
+    if options.host_key_checking is True:
+        return HostKeyPolicy(True, extra)
+    if options.host_key_checking is False:
+        return HostKeyPolicy(False, extra, "--no-host-key-checking")
+    opted_out_by = _inventory_opt_out(host)
+    return HostKeyPolicy(opted_out_by is None, extra, opted_out_by)
+
+
+def opt_out_warnings(hosts: Sequence[Host], options: ConnectOptions) -> list[str]:
+    """One line per reason for the hosts whose keys are not checked: an opt-out is
+    never silent, since it lets an impostor receive commands and secrets."""
+    by_reason: dict[str, list[str]] = {}
+    for host in hosts:
+        if host.is_local:
+            continue
+        policy = host_key_policy(host, options)
+        if policy.opted_out_by is not None:
+            by_reason.setdefault(policy.opted_out_by, []).append(host.name)
+    return [
+        f"host keys are not checked for {_some(names)} ({reason}): "
+        "an impostor could receive the commands and secrets sent there"
+        for reason, names in by_reason.items()
+    ]
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"

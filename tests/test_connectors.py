@@ -1,0 +1,146 @@
+"""The transport boundary: one host-key policy, one ssh argv, one rsync, one port rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.commandline import quote
+from cpuaccel.connectors.hostkeys import host_key_policy, opt_out_warnings
+from cpuaccel.connectors.local import LocalConnector
+from cpuaccel.connectors.openssh import port_of, remote_spec
+from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.errors import HostError
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import rundir
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.playbook import templar
+
+CHECKED = ConnectOptions()
+UNCHECKED = ConnectOptions(host_key_checking=False)
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME of the test's own, so that the user's ~/.ssh/config does not leak in."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+@pytest.mark.parametrize(
+    ("vars", "options", "check", "why"),
+    [
+        ({}, CHECKED, True, None),
+        ({"ansible_host_key_checking": False}, CHECKED, False, "ansible_host_key_checking"),
+        ({"ansible_host_key_checking": "yes"}, CHECKED, True, None),
+        (
+            {"ansible_ssh_common_args": "-o StrictHostKeyChecking=no"},
+            CHECKED,
+            False,
+            "StrictHostKeyChecking=no in ansible_ssh_common_args",
+        ),
+        ({"ansible_ssh_common_args": "-o StrictHostKeyChecking=yes"}, CHECKED, True, None),
+        ({}, UNCHECKED, False, "--no-host-key-checking"),
+        # The command line wins over the inventory, either way.
+        ({"ansible_host_key_checking": False}, ConnectOptions(host_key_checking=True), True, None),
+    ],
+)
+def test_one_policy_decides_for_paramiko_and_openssh(
+    vars: dict[str, object], options: ConnectOptions, check: bool, why: str | None
+) -> None:
+    host = Host("n1", vars)
+    policy = host_key_policy(host, options)
+    assert policy.check is check
+    assert (policy.opted_out_by is None) is (why is None)
+    if why is not None:
+        assert why in str(policy.opted_out_by)
+    argv = connector_for(host, options).ssh_argv()
+    assert ("StrictHostKeyChecking=yes" in argv) is check
+    assert ("UserKnownHostsFile=/dev/null" in argv) is not check
+
+
+def test_known_hosts_files_are_the_users_and_the_inventorys(home: Path) -> None:
+    host = Host("n1", {"cpuaccel_known_hosts": "~/cluster_known_hosts"})
+    policy = host_key_policy(host, CHECKED)
+    assert policy.known_hosts == [f"{home}/.ssh/known_hosts", f"{home}/cluster_known_hosts"]
+    argv = SSHConnector(host, CHECKED).ssh_argv()
+    assert f"UserKnownHostsFile={home}/.ssh/known_hosts {home}/cluster_known_hosts" in argv
+
+
+def test_an_opt_out_is_printed_with_its_reason() -> None:
+    hosts = [Host(f"n{i}", {"ansible_host_key_checking": False}) for i in range(8)]
+    hosts += [Host("checked"), Host("here", {"ansible_connection": "local"})]
+    assert opt_out_warnings(hosts[-2:], CHECKED) == []
+    (line,) = opt_out_warnings(hosts, CHECKED)
+    assert "n0, n1, n2, n3 and 4 more (ansible_host_key_checking: false)" in line
+    (flag,) = opt_out_warnings([Host("checked")], UNCHECKED)
+    assert "checked (--no-host-key-checking)" in flag
+
+
+def test_ssh_argv_passes_only_a_port_the_inventory_sets() -> None:
+    plain = LocalConnector(Host("n1", {"ansible_user": "train"}), CHECKED).ssh_argv()
+    assert plain[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+    assert "-p" not in plain and plain[plain.index("-l") + 1] == "train"
+    for vars in ({"ansible_port": 22}, {"ansible_ssh_common_args": "-o Port=2200"}):
+        argv = SSHConnector(Host("n1", vars), CHECKED).ssh_argv()
+        assert argv[argv.index("-p") + 1] == str(Host("n1", vars).port)
+
+
+def test_port_is_the_inventorys_else_ssh_configs_else_22(home: Path) -> None:
+    assert Host("n1").port is None
+    assert port_of(Host("n1")) == 22
+    (home / ".ssh" / "config").write_text("Host n1\n    Port 2222\n")
+    assert port_of(Host("n1")) == 2222
+    assert port_of(Host("other", {"ansible_host": "n1"})) == 2222  # looked up by address
+    assert port_of(Host("n1", {"ansible_port": 2300})) == 2300
+    assert port_of(Host("n2")) == 22
+
+
+def test_remote_spec_brackets_ipv6() -> None:
+    assert remote_spec(Host("a", {"ansible_host": "fe80::1"}), "/x") == "[fe80::1]:/x"
+    assert remote_spec(Host("a", {"ansible_host": "10.0.0.1"}), "/x") == "10.0.0.1:/x"
+
+
+def test_local_rsync_pushes_a_tree_and_reports_failures(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("a")
+    (src / "b.txt").write_text("bb")
+    conn = LocalConnector(Host("localhost", {"ansible_connection": "local"}), CHECKED)
+    result = conn.rsync(["-a", "--out-format=%n"], f"{src}/", str(tmp_path / "dest"))
+    assert result.ok and {"b.txt", "sub/a.txt"} <= set(result.lines)
+    assert (tmp_path / "dest" / "sub" / "a.txt").read_text() == "a"
+    # A file list on stdin, and lines streamed to on_line instead of collected.
+    seen: list[str] = []
+    listed = conn.rsync(
+        ["-a", "--from0", "--files-from=-", "--out-format=%l"],
+        f"{src}/",
+        str(tmp_path / "only"),
+        stdin=b"b.txt\0",
+        on_line=seen.append,
+    )
+    assert listed.ok and listed.lines == [] and seen == ["2"]
+    assert not (tmp_path / "only" / "sub").exists()
+    failed = conn.rsync(["-a"], str(tmp_path / "missing") + "/", str(tmp_path / "dest"))
+    assert not failed.ok and failed.exit_code == 23 and "code 23" in failed.error
+
+
+def test_one_quote_filter_for_playbooks_and_job_templates() -> None:
+    assert templar.environment().filters["quote"] is quote
+    assert templar.render_text("{{ x | quote }}", {"x": "a b'c"}) == "'a b'\"'\"'c'"
+    assert quote(None) == "None" and quote(2) == "2"
+    # run's job templates only read the head's variables to find their folder
+    plan = cast(RunPlan, SimpleNamespace(head=Host("h")))
+    jobs = rundir._environment(plan)
+    assert jobs.filters["quote"] is quote and "shquote" not in jobs.filters
+
+
+def test_a_broken_ssh_config_port_is_an_error_of_the_host(home: Path) -> None:
+    (home / ".ssh" / "config").write_text("Host n1\n    Port twenty\n")
+    with pytest.raises(HostError, match="not a number"):
+        port_of(Host("n1"))
