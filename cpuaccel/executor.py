@@ -171,8 +171,6 @@ def run_on_hosts(
     ``on_result`` is called (from the calling thread) as each host finishes, for progress.
     With a ``pool``, connections come from it and stay open for the next phase.
     """
-    if forks < 1:
-        raise ValueError("forks must be at least 1")
     opts = pool.options if pool is not None else (options or ConnectOptions())
 
     def one(host: Host) -> HostResult[T]:
