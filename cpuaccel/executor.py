@@ -20,6 +20,8 @@ from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.inventory.host import Host
 
 T = TypeVar("T")
+K = TypeVar("K")
+R = TypeVar("R")
 
 # pdsh and ClusterShell use windows of 32 and 64: enough for dozens of hosts at once
 # without one controller opening hundreds of sessions.
@@ -127,6 +129,34 @@ def _run_one(
     return HostResult(host, status, None, error, hint, time.monotonic() - started)
 
 
+def fan_out(
+    items: Sequence[K],
+    work: Callable[[K], R],
+    *,
+    forks: int,
+    on_done: Callable[[R], None] | None = None,
+) -> list[R]:
+    """``work(item)`` for every item, at most ``forks`` at a time; results in items' order.
+
+    The thread pool under ``run_on_hosts``, open to a caller whose work decides itself
+    when (and whether) to connect, as the playbook's strategy does for controller-only
+    tasks. ``on_done`` is called from the calling thread as each item finishes. ``work``
+    turns user errors into results; an exception is a bug and is raised once all finish.
+    """
+    if forks < 1:
+        raise ValueError("forks must be at least 1")
+    if not items:
+        return []
+    results: dict[int, R] = {}
+    with ThreadPoolExecutor(max_workers=min(forks, len(items))) as workers:
+        futures = {workers.submit(work, item): index for index, item in enumerate(items)}
+        for future in as_completed(futures):
+            result = results[futures[future]] = future.result()
+            if on_done is not None:
+                on_done(result)
+    return [results[index] for index in range(len(items))]
+
+
 def run_on_hosts(
     hosts: Sequence[Host],
     action: Action[T],
@@ -141,17 +171,9 @@ def run_on_hosts(
     ``on_result`` is called (from the calling thread) as each host finishes, for progress.
     With a ``pool``, connections come from it and stay open for the next phase.
     """
-    if forks < 1:
-        raise ValueError("forks must be at least 1")
-    options = pool.options if pool is not None else (options or ConnectOptions())
-    results: dict[str, HostResult[T]] = {}
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(forks, len(hosts))) as workers:
-        futures = {workers.submit(_run_one, host, action, options, pool): host for host in hosts}
-        for future in as_completed(futures):
-            result = future.result()
-            results[result.host.name] = result
-            if on_result is not None:
-                on_result(result)
-    return [results[host.name] for host in hosts]
+    opts = pool.options if pool is not None else (options or ConnectOptions())
+
+    def one(host: Host) -> HostResult[T]:
+        return _run_one(host, action, opts, pool)
+
+    return fan_out(hosts, one, forks=forks, on_done=on_result)

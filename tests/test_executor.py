@@ -9,7 +9,7 @@ import pytest
 
 from cpuaccel.connectors.base import Connector, Unreachable
 from cpuaccel.errors import HostError
-from cpuaccel.executor import HostResult, Status, run_on_hosts
+from cpuaccel.executor import HostResult, Status, fan_out, run_on_hosts
 from cpuaccel.inventory.host import Host
 
 LOCAL = {"ansible_connection": "local"}
@@ -65,3 +65,25 @@ def test_no_hosts_and_bad_forks() -> None:
     assert run_on_hosts([], lambda c: None) == []
     with pytest.raises(ValueError):
         run_on_hosts(hosts(1), lambda c: None, forks=0)
+
+
+def test_fan_out_keeps_order_bounds_workers_and_reports_each() -> None:
+    # The playbook strategy's pool: no connection is opened for it.
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def work(n: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.02 * (5 - n))  # later items end first
+        with lock:
+            running -= 1
+        return n * n
+
+    done: list[int] = []
+    assert fan_out(range(5), work, forks=2, on_done=done.append) == [0, 1, 4, 9, 16]
+    assert sorted(done) == [0, 1, 4, 9, 16] and peak == 2
+    assert fan_out([], work, forks=1) == []
+    with pytest.raises(ValueError):
+        fan_out([1], work, forks=0)

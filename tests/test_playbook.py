@@ -8,6 +8,7 @@ import pytest
 
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import loader, templar
+from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Task
 from cpuaccel.playbook.modules import MODULES, normalise
 from cpuaccel.playbook.strategy import default_playbook, selected
@@ -176,6 +177,24 @@ def test_normalise_coerces_and_checks() -> None:
     args = normalise(MODULES["pip"], {"name": "a, b", "no_index": "yes"})
     assert args["name"] == ["a", "b"] and args["no_index"] is True
     assert normalise(MODULES["copy"], {"dest": "/x", "content": "y"})["force"] is True
+
+
+def test_a_module_spec_checks_its_own_arguments(tmp_path: Path) -> None:
+    where = Where(str(tmp_path / "play.yaml"), 7, "task 'x'", tmp_path, {"bogus": 9})
+    with pytest.raises(PlaybookError) as info:
+        MODULES["copy"].validate({"dest": "/x"}, where)
+    assert "task 'x': copy needs src or content" in info.value.message
+    assert (info.value.line, info.value.hint) == (7, MODULES["copy"].one_of[0].hint)
+    with pytest.raises(PlaybookError, match="unsupported argument 'bogus'") as info:
+        MODULES["copy"].validate({"dest": "/x", "content": "a", "bogus": 1}, where)
+    assert info.value.line == 9
+    with pytest.raises(PlaybookError, match=r"template 't\.j2' not found"):
+        MODULES["template"].validate({"src": "t.j2", "dest": "/x"}, where)
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "t.j2").write_text("{{ x }}")
+    MODULES["template"].validate({"src": "t.j2", "dest": "/x"}, where)
+    with pytest.raises(PlaybookError, match="that: cannot parse"):
+        MODULES["assert"].validate({"that": ["a ="]}, where)
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from typing import Any
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
+from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Play, Playbook, Task
-from cpuaccel.playbook.sources import find_source
 from cpuaccel.yamlsource import YamlReader
 
 PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
@@ -114,6 +114,7 @@ class _Reader:
         )
 
     def task(self, raw: Any, index: int, play_tags: frozenset[str]) -> Task:
+        """Task keywords here; the module's arguments are its own spec's to check."""
         if not isinstance(raw, dict):
             raise self.error(
                 f"task {index} is not a mapping",
@@ -121,9 +122,41 @@ class _Reader:
                 "write each task as '- name: ...' followed by one module",
             )
         line = _line(raw, 1)
-        found = [key for key in raw if key not in TASK_KEYS]
         name = str(raw.get("name") or "")
         label = f"task {name!r}" if name else f"task {index}"
+        module = self.module(raw, label, line)
+        args, where = self.module_args(module, raw, label, line)
+        module.validate(args, where)
+        when, changed_when, failed_when = self.conditions(raw, label, line)
+        loop_control = raw.get("loop_control") or {}
+        loop_var = (
+            str(loop_control.get("loop_var", "item")) if isinstance(loop_control, dict) else "item"
+        )
+        task_vars = raw.get("vars") or {}
+        if not isinstance(task_vars, dict):
+            raise self.error(f"{label}: 'vars:' must be a mapping", line, "use key: value lines")
+        return Task(
+            name=name or module.name,
+            module=module.name,
+            args=args,
+            file=self.source,
+            line=line,
+            when=when,
+            register=str(raw["register"]) if raw.get("register") else None,
+            changed_when=changed_when,
+            failed_when=failed_when,
+            loop=raw.get("loop", raw.get("with_items")),
+            loop_var=loop_var,
+            tags=play_tags | frozenset(_as_strings(raw.get("tags"))),
+            ignore_errors=bool(raw.get("ignore_errors", False)),
+            run_once=bool(raw.get("run_once", False)),
+            check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
+            vars=dict(task_vars),
+        )
+
+    def module(self, raw: Mapping[str, Any], label: str, line: int) -> catalogue.Module:
+        """The task's one module: every key that is not a task keyword names it."""
+        found = [key for key in raw if key not in TASK_KEYS]
         if not found:
             raise self.error(
                 f"{label} has no module",
@@ -146,17 +179,19 @@ class _Reader:
                 _key_line(raw, known[1], line),
                 "split it into two tasks, one module each",
             )
-        module_name = found[0]
-        module = catalogue.MODULES.get(module_name)
+        module = catalogue.MODULES.get(found[0])
         if module is None:
             raise self.error(
-                f"{label}: unknown module {module_name!r}",
-                _key_line(raw, module_name, line),
+                f"{label}: unknown module {found[0]!r}",
+                _key_line(raw, found[0], line),
                 f"modules: {', '.join(sorted(catalogue.MODULES))}",
             )
-        args = self.module_args(module, raw, label, line)
-        if not name:
-            name = module_name
+        return module
+
+    def conditions(
+        self, raw: Mapping[str, Any], label: str, line: int
+    ) -> tuple[tuple[str, ...], tuple[str, ...] | None, tuple[str, ...] | None]:
+        """``when``, ``changed_when`` and ``failed_when``, each expression parsed now."""
         when = _as_strings(raw.get("when"))
         changed_when = _as_strings(raw["changed_when"]) if "changed_when" in raw else None
         failed_when = _as_strings(raw["failed_when"]) if "failed_when" in raw else None
@@ -174,62 +209,7 @@ class _Reader:
                         _key_line(raw, key, line),
                         "write a Jinja2 expression without {{ }}, e.g. 'when: result is changed'",
                     )
-        at = _key_line(raw, module_name, line)
-        for value in _walk_strings(args):
-            if templar.is_template(value):
-                self.checked(templar.check_template, value, label, at, "fix the {{ }} expression")
-        if module_name == "assert":
-            for expr in _as_strings(args.get("that")):
-                self.checked(
-                    templar.check_expression,
-                    expr,
-                    f"{label}: that",
-                    at,
-                    "each 'that' item is a Jinja2 expression without {{ }}",
-                )
-        if (
-            module_name == "template"
-            and not templar.is_template(args.get("src"))
-            and find_source(str(args["src"]), self.path.parent, "templates") is None
-        ):
-            raise self.error(
-                f"{label}: template {args['src']!r} not found",
-                _key_line(raw, module_name, line),
-                f"put it in {self.path.parent / 'templates'} or next to the playbook, "
-                "or give an absolute path",
-            )
-        if module_name == "copy" and "src" not in args and "content" not in args:
-            raise self.error(
-                f"{label}: copy needs src or content",
-                _key_line(raw, module_name, line),
-                "add 'src: FILE' (on the controller) or 'content: TEXT'",
-            )
-        loop = raw.get("loop", raw.get("with_items"))
-        loop_control = raw.get("loop_control") or {}
-        loop_var = (
-            str(loop_control.get("loop_var", "item")) if isinstance(loop_control, dict) else "item"
-        )
-        task_vars = raw.get("vars") or {}
-        if not isinstance(task_vars, dict):
-            raise self.error(f"{label}: 'vars:' must be a mapping", line, "use key: value lines")
-        return Task(
-            name=name,
-            module=module_name,
-            args=args,
-            file=self.source,
-            line=line,
-            when=when,
-            register=str(raw["register"]) if raw.get("register") else None,
-            changed_when=changed_when,
-            failed_when=failed_when,
-            loop=loop,
-            loop_var=loop_var,
-            tags=play_tags | frozenset(_as_strings(raw.get("tags"))),
-            ignore_errors=bool(raw.get("ignore_errors", False)),
-            run_once=bool(raw.get("run_once", False)),
-            check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
-            vars=dict(task_vars),
-        )
+        return when, changed_when, failed_when
 
     def checked(
         self, check: Callable[[str], None], text: str, what: str, line: int, hint: str
@@ -242,7 +222,8 @@ class _Reader:
 
     def module_args(
         self, module: catalogue.Module, raw: Mapping[str, Any], label: str, line: int
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], Where]:
+        """The arguments as written (free form, ``args:``, task keywords), and their lines."""
         value = raw[module.name]
         at = _key_line(raw, module.name, line)
         args: dict[str, Any]
@@ -267,56 +248,21 @@ class _Reader:
             args.update(extra)
         for keyword in ("environment", "timeout"):
             if keyword in raw:
-                if module.name not in ("command", "shell", "pip"):
+                if keyword not in module.task_keywords:
                     raise self.error(
-                        f"{label}: '{keyword}:' applies to command, shell and pip only",
+                        f"{label}: '{keyword}:' applies to "
+                        f"{catalogue.keyword_takers(keyword)} only",
                         _key_line(raw, keyword, at),
                         f"remove '{keyword}:' from this task",
                     )
                 args[keyword] = raw[keyword]
-        if module.any_args:
-            return args
-        for name in args:
-            if module.canonical(name) is None and name != "timeout":
-                raise self.error(
-                    f"{label}: {catalogue.unknown_arg_message(module, name)}",
-                    _key_line(value, name, at),
-                    f"see 'cpuaccel provision --list-modules' for {module.name}'s arguments",
-                )
-        present = {module.canonical(n) for n in args}
-        for name, spec in module.args.items():
-            if spec.required and name not in present:
-                raise self.error(
-                    f"{label}: {module.name} needs the argument {name!r}",
-                    at,
-                    f"add '{name}: ...' under '{module.name}:'",
-                )
-        # Literal values are checked now; templated ones when rendered for each host.
-        literal = {k: v for k, v in args.items() if k != "timeout" and not _has_template(v)}
-        try:
-            catalogue.normalise(module, literal)
-        except catalogue.ArgError as exc:
-            raise self.error(f"{label}: {exc.message}", at, "fix the argument's value") from None
-        return args
+        lines = {name: _key_line(value, name, at) for name in args}
+        return args, Where(self.source, at, label, self.path.parent, lines)
 
 
 def _key_line(value: Any, key: str, default: int) -> int:
     key_lines = getattr(value, "key_lines", None)
     return int(key_lines.get(key, default)) if key_lines else default
-
-
-def _has_template(value: Any) -> bool:
-    return any(templar.is_template(s) for s in _walk_strings(value))
-
-
-def _walk_strings(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _walk_strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _walk_strings(v)]
-    return []
 
 
 def load(path: str | Path) -> Playbook:

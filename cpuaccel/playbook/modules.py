@@ -1,53 +1,58 @@
 """The modules a task may use, with their arguments: names and meanings are Ansible's.
 
-This is the declared catalogue that the loader validates against before anything runs
-(an unknown module or argument is a playbook error with its line), and that coerces
-rendered values to the types the module code expects. How each module runs is in
-``actions.py``; what runs on the node is ``cpuaccel.playbook.node``.
+Each module's spec carries its own rules (see ``argspec``): the loader calls
+``Module.validate`` before anything runs (an unknown argument, a missing one, a bad
+value is a playbook error with its line), and the strategy coerces rendered values to
+the types the module code expects. A new module declares its rules here, not in the
+loader. How each module runs is in ``actions.py``; what runs on the node is
+``cpuaccel.playbook.node``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from cpuaccel.errors import CpuaccelError
+from cpuaccel.playbook import templar
+from cpuaccel.playbook.argspec import (
+    Arg,
+    ArgError,
+    Module,
+    OneOf,
+    Where,
+    coerce,
+    normalise,
+    unknown_arg_message,
+)
+from cpuaccel.playbook.sources import find_source
+
+# The spec's machinery lives in argspec; callers know it as the catalogue's.
+__all__ = ["MODULES", "Arg", "ArgError", "Module", "coerce", "normalise", "unknown_arg_message"]
+
+# Ansible's task keywords for a process: they become the module's arguments.
+_PROCESS_KEYWORDS = ("environment", "timeout")
 
 
-class ArgError(CpuaccelError):
-    """An argument has the wrong type or value (the caller adds file, line and task)."""
+def _template_exists(args: Mapping[str, Any], where: Where) -> None:
+    """A literal template source must exist now: a missing one fails no host later."""
+    src = args["src"]
+    if not templar.is_template(src) and find_source(str(src), where.directory, "templates") is None:
+        raise where.error(
+            f"template {src!r} not found",
+            f"put it in {where.directory / 'templates'} or next to the playbook, "
+            "or give an absolute path",
+        )
 
 
-@dataclass(frozen=True)
-class Arg:
-    kind: str = "str"  # str | path | bool | int | float | list | dict | mode | raw
-    required: bool = False
-    choices: tuple[str, ...] = ()
-    default: Any = None
-    aliases: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Module:
-    name: str
-    args: Mapping[str, Arg]
-    # Ansible's free form: `command: echo hi` puts the string into this argument.
-    free_form: str | None = None
-    # set_fact takes any names: its arguments are the variables it sets.
-    any_args: bool = False
-    # A module that never touches a node is run by the controller (assert, debug ...).
-    on_controller: bool = False
-    summary: str = ""
-
-    def canonical(self, name: str) -> str | None:
-        """The argument's own name for ``name`` or one of its aliases; None if unknown."""
-        if name in self.args:
-            return name
-        for arg_name, arg in self.args.items():
-            if name in arg.aliases:
-                return arg_name
-        return None
+def _that_parses(args: Mapping[str, Any], where: Where) -> None:
+    that = args.get("that")
+    for expr in that if isinstance(that, list) else [] if that is None else [that]:
+        where.parse(
+            templar.check_expression,
+            str(expr),
+            "that",
+            "each 'that' item is a Jinja2 expression without {{ }}",
+        )
 
 
 _PROCESS = {
@@ -65,12 +70,14 @@ MODULES: dict[str, Module] = {
             "command",
             {"cmd": Arg("str"), "argv": Arg("list"), **_PROCESS},
             free_form="cmd",
+            task_keywords=_PROCESS_KEYWORDS,
             summary="run a program (no shell); changed unless creates/removes say it is done",
         ),
         Module(
             "shell",
             {"cmd": Arg("str", required=True), "executable": Arg("path"), **_PROCESS},
             free_form="cmd",
+            task_keywords=_PROCESS_KEYWORDS,
             summary="run a command line through /bin/sh",
         ),
         Module(
@@ -93,6 +100,9 @@ MODULES: dict[str, Module] = {
                 "mode": Arg("mode"),
                 "force": Arg("bool", default=True),
             },
+            one_of=(
+                OneOf(("src", "content"), "add 'src: FILE' (on the controller) or 'content: TEXT'"),
+            ),
             summary="a file from the controller (or content) at dest; skipped when the "
             "checksums match",
         ),
@@ -104,6 +114,7 @@ MODULES: dict[str, Module] = {
                 "mode": Arg("mode"),
                 "force": Arg("bool", default=True),
             },
+            check=_template_exists,
             summary="a Jinja2 template rendered per host on the controller, then as copy",
         ),
         Module(
@@ -124,6 +135,7 @@ MODULES: dict[str, Module] = {
                 "no_index": Arg("bool"),
                 "environment": Arg("dict"),
             },
+            task_keywords=_PROCESS_KEYWORDS,
             summary="Python packages; installed versions are compared first, ok when "
             "nothing would change",
         ),
@@ -163,6 +175,7 @@ MODULES: dict[str, Module] = {
                 "quiet": Arg("bool"),
             },
             on_controller=True,
+            check=_that_parses,
             summary="fail the host unless every expression is true",
         ),
         Module(
@@ -205,80 +218,8 @@ MODULES: dict[str, Module] = {
     )
 }
 
-_TRUE = {"true", "yes", "on", "1", "y"}
-_FALSE = {"false", "no", "off", "0", "n", ""}
 
-
-def coerce(kind: str, value: Any) -> Any:
-    """A rendered argument value as its kind; raises ArgError saying what was expected."""
-    if value is None or kind == "raw":
-        return value
-    if kind in ("str", "path"):
-        if isinstance(value, dict | list):
-            raise ArgError(f"expected a string, got {type(value).__name__}")
-        return str(value)
-    if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ArgError(f"expected true or false, got {value!r}")
-    if kind in ("int", "float"):
-        try:
-            return int(value) if kind == "int" else float(value)
-        except (TypeError, ValueError):
-            raise ArgError(f"expected a number, got {value!r}") from None
-    if kind == "list":
-        if isinstance(value, list | tuple):
-            return [str(v) if not isinstance(v, dict | list) else v for v in value]
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return [str(value)]
-    if kind == "dict":
-        if not isinstance(value, dict):
-            raise ArgError(f"expected a mapping, got {value!r}")
-        return {str(k): str(v) for k, v in value.items()}
-    if kind == "mode":
-        # YAML 1.1 already read 0755 as an octal int; a quoted "0755" is octal text.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        text = str(value).strip()
-        try:
-            return int(text, 8)
-        except ValueError:
-            raise ArgError(f"expected an octal mode like '0644', got {value!r}") from None
-    raise AssertionError(f"unknown argument kind {kind}")
-
-
-def normalise(module: Module, args: Mapping[str, Any]) -> dict[str, Any]:
-    """Aliases resolved, types coerced, choices checked and defaults filled in."""
-    if module.any_args:
-        return dict(args)
-    out: dict[str, Any] = {}
-    for name, value in args.items():
-        canonical = module.canonical(name)
-        if canonical is None:
-            raise ArgError(unknown_arg_message(module, name))
-        spec = module.args[canonical]
-        try:
-            value = coerce(spec.kind, value)
-        except ArgError as exc:
-            raise ArgError(f"{module.name}: argument {name}: {exc.message}") from None
-        if spec.choices and value is not None and value not in spec.choices:
-            raise ArgError(
-                f"{module.name}: argument {name} must be one of {', '.join(spec.choices)}, "
-                f"not {value!r}"
-            )
-        out[canonical] = value
-    for name, spec in module.args.items():
-        if name not in out and spec.default is not None:
-            out[name] = spec.default
-    return out
-
-
-def unknown_arg_message(module: Module, name: str) -> str:
-    known = ", ".join(sorted(module.args))
-    return f"{module.name}: unsupported argument {name!r} (known: {known})"
+def keyword_takers(keyword: str) -> str:
+    """The modules that take a task keyword, for the message when another has it."""
+    names = [m.name for m in MODULES.values() if keyword in m.task_keywords]
+    return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]

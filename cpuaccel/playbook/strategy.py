@@ -1,16 +1,15 @@
 """Run a playbook with Ansible's linear strategy.
 
-Each task runs on every remaining host in parallel (up to ``forks``), then the next
-task starts. A host that fails drops out of the rest of the playbook; the others go
-on. Variables, lowest first: inventory, play vars, gathered facts, registered results
-and set_fact, task vars, then ``-e`` over everything.
+Each task runs on every remaining host in parallel (up to ``forks``, through the
+executor's fan-out), then the next task starts. A host that fails drops out of the rest
+of the playbook; the others go on. Variables, lowest first: inventory, play vars,
+gathered facts, registered results and set_fact, task vars, then ``-e`` over everything.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from cpuaccel import __version__
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError, HostError
-from cpuaccel.executor import ConnectionPool
+from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import EXTRA_VARS_SOURCE, Inventory
 from cpuaccel.playbook import modules as catalogue
@@ -53,7 +52,7 @@ class Listener:
     def task_start(self, task: Task | None, title: str, hosts: Sequence[str]) -> None: ...
 
     def host_progress(self, host: str) -> None:
-        """A host finished the current step (called from its worker thread)."""
+        """A host finished the current step (called from the strategy's thread)."""
 
     def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None: ...
 
@@ -228,16 +227,21 @@ class LinearStrategy:
         self.listener.task_start(task, title, [s.host.name for s in states])
         started = time.monotonic()
         targets = states[:1] if task is not None and task.run_once else states
-        results: dict[str, Result] = {}
 
         def one(state: HostState) -> tuple[str, Result]:
             result = self._gather(state) if task is None else self._run_task(state, play, task)
-            self.listener.host_progress(state.host.name)
             return state.host.name, result
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.forks, len(targets)))) as workers:
-            for name, result in workers.map(one, targets):
-                results[name] = result
+        # The executor's fan-out, not run_on_hosts: a task connects only when it needs
+        # the node (through its HostContext and the pool), so assert, debug and set_fact
+        # never open a connection, and an unreachable host is this task's result.
+        done = fan_out(
+            targets,
+            one,
+            forks=max(1, self.forks),
+            on_done=lambda pair: self.listener.host_progress(pair[0]),
+        )
+        results: dict[str, Result] = dict(done)
         if task is not None and task.module in FINISHERS:
             FINISHERS[task.module](results, {n: task.args for n in results})
         if task is not None and task.run_once:
