@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.inventory.host import Host
 from cpuaccel.playbook import templar
@@ -49,7 +49,6 @@ class HostContext:
 
     host: Host
     connect: Callable[[], Connector]
-    options: ConnectOptions
     playbook_dir: Path
     check: bool
     diff: bool

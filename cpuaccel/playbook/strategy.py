@@ -119,7 +119,6 @@ class LinearStrategy:
             ctx = HostContext(
                 host=host,
                 connect=self._connector(host),
-                options=options,
                 playbook_dir=playbook.directory,
                 check=check,
                 diff=diff,
