@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from cpuaccel import node
 from cpuaccel.connectors import programs
-from cpuaccel.playbook import node
-from cpuaccel.playbook.node import common, pep440, pip
+from cpuaccel.node import common, pep440, pip
 
-SOURCE = node.program()
+SOURCE = node.program("agent")
 
 
 class Agent:

@@ -21,7 +21,6 @@ from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import nodeops
 from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan, choose_hosts, new_run_id
 from cpuaccel.launch.preflight import run_preflight
 from cpuaccel.launch.rundir import RunDir, render_job_files
@@ -106,7 +105,7 @@ def _copy_files(
 
     def write(conn: Connector) -> dict[str, object]:
         return programs.call(
-            conn, nodeops, ["write", plan.run_dir], payload, what="writing the run's files"
+            conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
         )
 
     failed = [r for r in run_on_hosts(plan.hosts, write, forks=target.forks, pool=pool) if not r.ok]

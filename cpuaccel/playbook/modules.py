@@ -3,7 +3,7 @@
 This is the declared catalogue that the loader validates against before anything runs
 (an unknown module or argument is a playbook error with its line), and that coerces
 rendered values to the types the module code expects. How each module runs is in
-``actions.py``; what runs on the node is ``cpuaccel.playbook.node``.
+``actions.py``; what runs on the node is ``cpuaccel.node`` (its agent).
 """
 
 from __future__ import annotations

@@ -6,22 +6,19 @@ import json
 import os
 import sys
 
+from cpuaccel.node.common import dist_infos, which
+from cpuaccel.node.moduleutil import TAIL, Fail, as_list, expand, last_line, run
+from cpuaccel.node.pep440 import (
+    parse_requirement,
+    read_requirements,
+    satisfied,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import TAIL, Fail, as_list, expand, last_line, run, which
-    from cpuaccel.playbook.node.pep440 import (
-        normalise,
-        parse_requirement,
-        read_requirements,
-        satisfied,
-    )
+    from cpuaccel.node.moduleutil import Reply
 
 
 _SITE_DIRS: dict[str, list[str]] = {}
@@ -67,20 +64,9 @@ def scan(dirs: list[str]) -> tuple[dict[str, str], frozenset[str]]:
     about."""
     found: dict[str, str] = {}
     seen = set()
-    for folder in dirs:
-        try:
-            entries = sorted(os.listdir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            stem, _, kind = entry.rpartition(".")
-            if kind not in ("dist-info", "egg-info"):
-                continue
-            path = os.path.join(folder, entry)
-            seen.add(path)
-            parts = stem.split("-")  # NAME-VERSION.dist-info, NAME-VERSION-pyX.Y.egg-info
-            name = parts[0] if kind == "egg-info" or len(parts) < 2 else "-".join(parts[:-1])
-            found.setdefault(normalise(name), path)
+    for name, _, path in dist_infos(dirs):
+        seen.add(path)
+        found.setdefault(name, path)
     return found, frozenset(seen)
 
 

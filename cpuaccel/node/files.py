@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import os
 
+from cpuaccel.node.common import write_atomic
+from cpuaccel.node.moduleutil import (
+    DIFF_LIMIT,
+    Fail,
+    expand,
+    octal,
+    run,
+    sha1_file,
+    want_mode,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import (
-        DIFF_LIMIT,
-        Fail,
-        expand,
-        octal,
-        run,
-        sha1_file,
-        want_mode,
-        write_atomic,
-    )
+    from cpuaccel.node.moduleutil import Reply
 
 
 def _matches(pattern: str) -> bool:
@@ -245,7 +242,7 @@ def mod_copy(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         if diff:
             reply["diff"] = _text_diff(dest, old_data, data)
         if not check:
-            write_atomic(dest, data, mode)
+            write_atomic(dest, data, mode, durable=True)
             final = stat.S_IMODE(os.stat(dest).st_mode)  # a new file's: per the umask
     if final is not None:
         reply["mode"] = octal(final)
