@@ -1,4 +1,4 @@
-"""The playbook agent (cpuaccel/playbook/node) without nodes: started as the
+"""The playbook agent (cpuaccel/node, program "agent") without nodes: started as the
 controller starts it (``python -c BOOT LEN``, source then request lines on stdin), one
 test folder each; plus its version and requirement helpers imported directly."""
 

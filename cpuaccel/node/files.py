@@ -119,6 +119,27 @@ def _makedirs(path: str, mode: int | None) -> None:
             os.chmod(folder, mode)
 
 
+def _set_times(path: str, args: dict[str, Any], default: str, act: bool) -> bool:
+    """Whether the file's times change (set to now when ``act``)."""
+    times = [str(args.get(k) or default) for k in ("access_time", "modification_time")]
+    if any(t not in ("now", "preserve") for t in times):
+        raise Fail(f"access_time and modification_time take now or preserve, not {times}")
+    if "now" not in times:
+        return False
+    if act:
+        import time
+
+        st, now = os.stat(path), time.time_ns()
+        os.utime(
+            path,
+            ns=(
+                now if times[0] == "now" else st.st_atime_ns,
+                now if times[1] == "now" else st.st_mtime_ns,
+            ),
+        )
+    return True
+
+
 def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
     import stat
 
@@ -157,23 +178,8 @@ def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         there = os.path.exists(path)  # False in check mode for what would be created
         # Ansible: touch sets both times to now unless told to preserve them; other states
         # preserve both unless told otherwise.
-        default = "now" if state == "touch" else "preserve"
-        times = [str(args.get(k) or default) for k in ("access_time", "modification_time")]
-        if any(t not in ("now", "preserve") for t in times):
-            raise Fail(f"access_time and modification_time take now or preserve, not {times}")
-        if "now" in times:
+        if _set_times(path, args, "now" if state == "touch" else "preserve", there and not check):
             changed = True
-            if there and not check:
-                import time
-
-                st, now = os.stat(path), time.time_ns()
-                os.utime(
-                    path,
-                    ns=(
-                        now if times[0] == "now" else st.st_atime_ns,
-                        now if times[1] == "now" else st.st_mtime_ns,
-                    ),
-                )
         now_mode = stat.S_IMODE(os.stat(path).st_mode) if there else None
         if mode is not None and mode != now_mode:
             changed = True
