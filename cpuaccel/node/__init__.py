@@ -16,6 +16,11 @@ The programs are named after the part whose ``main()`` they run: ``facts``, ``tr
 part with the parts it imports, and no other: the fact probe, for one, carries
 ``common`` and nothing of the agent. On the node each part becomes the module it is
 here, so the parts import each other as usual.
+
+A new node-side operation is a function in the part of the program that needs it,
+reached by a new operation word in that part's ``main()``, and called from the
+controller as ``programs.call(conn, PROGRAM, [WORD, ARG...], payload, what=...)``; a
+new part needs nothing more than its imports (stdlib, or ``from cpuaccel.node.x``).
 """
 
 from __future__ import annotations
