@@ -13,9 +13,9 @@ import pytest
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
-from cpuaccel.facts import probe
 from cpuaccel.facts.gather import gather, names_to_resolve
 from cpuaccel.inventory.host import Host
+from cpuaccel.node import facts as probe
 
 
 def local(**vars: str) -> LocalConnector:

@@ -1,4 +1,4 @@
-"""The playbook agent (cpuaccel/playbook/node) without nodes: started as the
+"""The playbook agent (cpuaccel/node, program "agent") without nodes: started as the
 controller starts it (``python -c BOOT LEN``, source then request lines on stdin), one
 test folder each; plus its version and requirement helpers imported directly."""
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from cpuaccel import node
 from cpuaccel.connectors import programs
-from cpuaccel.playbook import node
-from cpuaccel.playbook.node import common, pep440, pip
+from cpuaccel.node import common, pep440, pip
 
-SOURCE = node.program()
+SOURCE = node.program("agent")
 
 
 class Agent:

@@ -18,7 +18,8 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync import engine, remote, transfer
+from cpuaccel.node import tree as remote
+from cpuaccel.sync import engine, transfer
 from cpuaccel.sync.engine import SyncOptions, plan, render_dest
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest, build

@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.node.common import TMP_MARK
 from cpuaccel.testing.cluster import WORKDIR, Cluster
 
 pytestmark = pytest.mark.cluster
 
 NODES = ("node1", "node2", "node3")
-TMP_MARK = ".cpxl-tmp-"
 STATE = ".cpuaccel"
 MB = 1 << 20
 

@@ -1,29 +1,26 @@
-"""Run one of cpuaccel's stdlib-only node programs on a host, with data on stdin.
+"""Run cpuaccel's node programs (cpuaccel.node) on a host: one protocol, one error
+translation.
 
 The node needs nothing but a Python: the program's source travels on stdin, followed by
-its payload, as ``python -c BOOT LENGTH ARGS...``; BOOT reads LENGTH bytes of stdin as
-the program and runs it, leaving the rest of stdin to the program. The program prints
-one JSON object (its report).
+its payload, as ``python -c BOOT LENGTH WORD...``; BOOT reads LENGTH bytes of stdin as
+the program and runs it, leaving the rest of stdin to the program. The words after
+LENGTH are the request (the operation and its arguments); the answer is one JSON object
+on stdout. The playbook agent boots the same way and then stays, one JSON line each way
+per request (cpuaccel.playbook.session).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
-from pathlib import Path
-from types import ModuleType
 from typing import Any, BinaryIO
 
-from cpuaccel.connectors.base import Connector
+from cpuaccel import node
+from cpuaccel.connectors.base import CommandResult, Connector
 from cpuaccel.errors import HostError
 
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel','exec'))"
-
-
-@functools.cache
-def _source(path: str) -> bytes:
-    return Path(path).read_bytes()
+PYTHON_HINT = "set cpuaccel_python to the node's interpreter, or run cpuaccel provision"
 
 
 class _Chain:
@@ -43,44 +40,63 @@ class _Chain:
         return self._tail.read(size)
 
 
+def argv(python: str, program: str, words: Sequence[str] = ()) -> list[str]:
+    """The command that boots ``program`` (its source to be sent first on stdin)."""
+    return [python, "-c", BOOT, str(len(node.program(program))), *words]
+
+
 def call(
     conn: Connector,
-    program: ModuleType,
-    args: Sequence[str],
+    program: str,
+    words: Sequence[str],
     payload: bytes | BinaryIO = b"",
     *,
     what: str,
     timeout: float = 600.0,
+    python: str | None = None,
 ) -> dict[str, Any]:
-    """Run ``program`` (a module of cpuaccel) on the host; return its report.
+    """Run node program ``program`` (a name of cpuaccel.node.PROGRAMS) with the request
+    ``words`` on the host; return its answer.
 
-    ``what`` names the operation in error messages ("syncing to /x", "writing the run").
+    ``what`` names the operation in error messages ("syncing to /x", "the fact probe");
+    ``python`` is the interpreter to use, by default the host's ``cpuaccel_python``.
     """
-    assert program.__file__ is not None
-    source = _source(program.__file__)
+    python = python or conn.host.python
+    source = node.program(program)
     stdin: bytes | BinaryIO
     stdin = source + payload if isinstance(payload, bytes) else _Chain(source, payload)  # type: ignore[assignment]
-    argv = [conn.host.python, "-c", BOOT, str(len(source)), *args]
-    result = conn.run(argv, stdin=stdin, timeout=timeout)
-    if result.exit_code in (126, 127):
-        raise HostError(
-            conn.host.name,
-            f"cpuaccel_python {conn.host.python!r} cannot be run on the node",
-            hint="set cpuaccel_python to the node's interpreter, or run cpuaccel provision",
-        )
+    result = conn.run(argv(python, program, words), stdin=stdin, timeout=timeout)
+    return answer(conn.host.name, python, result, what)
+
+
+def answer(host: str, python: str, result: CommandResult, what: str) -> dict[str, Any]:
+    """A node program's answer, or the HostError that says why there is none."""
+    last = (result.stderr.strip().splitlines() or ["no message"])[-1]
+    if result.exit_code in (126, 127):  # the shell's "not executable" / "not found"
+        raise interpreter_error(host, python, last)
     if not result.ok:
-        last = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HostError(conn.host.name, f"{what} failed on the node: {last}")
+        old = "SyntaxError" in result.stderr  # the node's Python is older than 3.8
+        raise HostError(
+            host,
+            f"{what} failed on the node (exit code {result.exit_code}): {last}",
+            hint=f"check that {python} is Python 3.8 or newer" if old else None,
+        )
     try:
         value = json.loads(result.stdout)
     except ValueError:
         value = None
     if not isinstance(value, dict):
         raise HostError(
-            conn.host.name,
+            host,
             f"{what}: the node program's answer was not understood "
             f"(first bytes: {result.stdout[:80]!r})",
             hint="a login script on the node may print text; make it quiet for "
             "non-interactive shells",
         )
     return value
+
+
+def interpreter_error(host: str, python: str, detail: str, hint: str = PYTHON_HINT) -> HostError:
+    return HostError(
+        host, f"the interpreter {python!r} cannot be run on the node: {detail}", hint=hint
+    )

@@ -32,7 +32,6 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
-from cpuaccel.launch import nodeops
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import run_preflight
 from cpuaccel.launch.rundir import RunDir, render_job_files
@@ -196,7 +195,7 @@ def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
 
     def write(conn: Connector) -> dict[str, object]:
         return programs.call(
-            conn, nodeops, ["write", plan.run_dir], payload, what="writing the run's files"
+            conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
         )
 
     failed = [

@@ -26,7 +26,6 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
-from cpuaccel.launch import nodeops
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
@@ -184,7 +183,7 @@ class Job:
     def _signal_launcher(self, signum: int) -> None:
         args = ["signal", self.plan.run_id, self.plan.path("launcher.pid"), str(int(signum))]
         try:
-            programs.call(self.pool.get(self.plan.head), nodeops, args, what="signalling the job")
+            programs.call(self.pool.get(self.plan.head), "jobs", args, what="signalling the job")
         except CpuaccelError as exc:
             # The sweep that follows still ends every process of the job, node by node.
             self.router.err.print(f"[yellow]could not signal the launcher: {escape(str(exc))}[/]")
@@ -194,7 +193,7 @@ class Job:
 
         def end(conn: Connector) -> dict[str, Any]:
             return programs.call(
-                conn, nodeops, ["end", self.plan.run_id, "2"], what="ending the job's processes"
+                conn, "jobs", ["end", self.plan.run_id, "2"], what="ending the job's processes"
             )
 
         results: list[HostResult[dict[str, Any]]] = run_on_hosts(

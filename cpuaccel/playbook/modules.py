@@ -5,7 +5,7 @@ Each module's spec carries its own rules (see ``argspec``): the loader calls
 value is a playbook error with its line), and the strategy coerces rendered values to
 the types the module code expects. A new module declares its rules here, not in the
 loader. How each module runs is in ``actions.py``; what runs on the node is
-``cpuaccel.playbook.node``.
+``cpuaccel.node`` (its agent).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One resident agent per host for a whole playbook run.
 
 Ansible starts a Python process on the node for every task. Here the agent program
-(``cpuaccel.playbook.node``, stdlib only) is started once per host over the host's open connection,
-and each task is one JSON line each way on that channel: a task that changes nothing
-costs a message, not an interpreter start, which is what makes a no-op re-run fast.
+(``cpuaccel.node.program("agent")``, stdlib only) is started once per host over the
+host's open connection, and each task is one JSON line each way on that channel: a task
+that changes nothing costs a message, not an interpreter start, which is what makes a
+no-op re-run fast.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+from cpuaccel import node
+from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector, Process
-from cpuaccel.connectors.programs import BOOT
 from cpuaccel.errors import HostError
-from cpuaccel.playbook import node
 
 
 class AgentSession:
@@ -28,10 +29,9 @@ class AgentSession:
         self.python = python
         self._ids = itertools.count(1)
         self._stderr: deque[str] = deque(maxlen=20)
-        source = node.program()
-        self._process: Process = conn.start([python, "-c", BOOT, str(len(source))])
+        self._process: Process = conn.start(programs.argv(python, "agent"))
         self._lines: Iterator[tuple[str, str]] = self._process.lines()
-        self._send(source)
+        self._send(node.program("agent"))
         hello = self._reply(None)
         self.info = hello
 
@@ -49,11 +49,8 @@ class AgentSession:
         tail = [line for line in self._stderr if line.strip()]
         last = tail[-1] if tail else "no message"
         if any("not found" in line or "No such file" in line for line in tail[-3:]):
-            return HostError(
-                self.host,
-                f"the interpreter {self.python!r} cannot be run on the node: {last}",
-                hint="set ansible_python_interpreter to a Python 3.8+ on the node",
-            )
+            hint = "set ansible_python_interpreter to a Python 3.8+ on the node"
+            return programs.interpreter_error(self.host, self.python, last, hint)
         return HostError(self.host, f"the cpuaccel agent ended ({why}): {last}")
 
     def _reply(self, want: int | None) -> dict[str, Any]:

@@ -279,11 +279,11 @@ class LinearStrategy:
 
     def _gather(self, state: HostState) -> Result:
         """Facts from the host's agent, which runs the probe in its own process."""
-        from cpuaccel.facts.gather import probe_source, settle
+        from cpuaccel.facts.gather import settle
 
         host = state.host
         request: dict[str, Any] = {"workdir": host.workdir, "setvars": host.setvars, "resolve": []}
-        args = {"source": probe_source().decode(), "request": request}
+        args = {"request": request}
         try:
             state.ctx.agent()  # started first: its start-up is no clock skew
             sent = time.time()

@@ -23,11 +23,11 @@ from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync import remote, transfer
+from cpuaccel.node.tree import Entry
+from cpuaccel.sync import transfer
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest
 from cpuaccel.sync.memory import SyncMemory
-from cpuaccel.sync.remote import Entry
 
 REMOTE_TIMEOUT = 3600.0
 
@@ -117,7 +117,7 @@ def call_remote(
     """
     value = programs.call(
         conn,
-        remote,
+        "tree",
         [mode, dest, *([f"--expect={expect}"] if expect else []), *PRUNE_NAMES],
         payload,
         what=f"syncing to {dest}",
@@ -164,7 +164,7 @@ def _header(
     source: SourceManifest, deleted: Sequence[str], *, tar: bool, trusted: Sequence[str] = ()
 ) -> bytes:
     """The apply request: the manifest to verify against, what to delete, and which
-    entries rsync delivered (verified by rsync's own checksums, see remote.apply)."""
+    entries rsync delivered (verified by rsync's own checksums, see cpuaccel.node.tree.apply)."""
     header = {
         "manifest": source.entries,
         "delete": list(deleted),

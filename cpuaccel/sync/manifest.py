@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import UsageError
+from cpuaccel.node.tree import Entry, entry_of, manifest_hash
 from cpuaccel.sync.ignore import Ignore
-from cpuaccel.sync.remote import Entry, entry_of, manifest_hash
 
 
 @dataclass

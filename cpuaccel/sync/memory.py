@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.sync.remote import Entry
+from cpuaccel.node.tree import Entry
 
 KEEP_MANIFESTS = 4  # manifests kept per (sources, destination): nodes lag a few syncs at most
 

@@ -6,27 +6,23 @@ import json
 import os
 import sys
 
+from cpuaccel.node.facts import collect
+from cpuaccel.node.files import mod_command, mod_copy, mod_file, mod_stat, mod_tree
+from cpuaccel.node.moduleutil import Fail
+from cpuaccel.node.pip import mod_pip
+from cpuaccel.node.setvars import mod_setvars
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Handler, Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import Fail
-    from cpuaccel.playbook.node.files import mod_command, mod_copy, mod_file, mod_stat, mod_tree
-    from cpuaccel.playbook.node.pip import mod_pip
-    from cpuaccel.playbook.node.setvars import mod_setvars
+    from cpuaccel.node.moduleutil import Handler, Reply
 
 
 def mod_facts(args: dict[str, Any], check: bool, diff: bool) -> Reply:
-    """Run cpuaccel's fact probe (its source comes with the request) in this process:
-    gathering facts then costs the node no interpreter start of its own."""
-    namespace: dict[str, Any] = {"__name__": "cpuaccel_probe"}
-    exec(compile(str(args["source"]), "cpuaccel/facts/probe.py", "exec"), namespace)
-    return {"changed": False, "facts": namespace["gather"](dict(args.get("request") or {}))}
+    """Run cpuaccel's fact probe (a part of this program) in this process: gathering
+    facts then costs the node no interpreter start of its own."""
+    return {"changed": False, "facts": collect(dict(args.get("request") or {}))}
 
 
 MODULES: dict[str, Handler] = {
@@ -86,7 +82,3 @@ def main() -> None:
             send({"id": None, "changed": False, "failed": True, "msg": f"bad request: {exc}"})
             continue
         send(handle(request))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,9 @@
-"""Shared by the node agent's parts: the failure type and small file and process helpers.
+"""What the playbook agent's modules share: the failure type, running a command, and
+small coercions of their arguments.
 
-Part of the node agent (see ``cpuaccel.playbook.node``): stdlib only, Python 3.8+,
-imports made where they are needed, because the node pays for each.
+Part of cpuaccel's node package (see ``cpuaccel.node``), carried by the agent only:
+stdlib only, Python 3.8+, imports made where they are needed, because the node pays for
+each.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
 
 DIFF_LIMIT = 64 * 1024  # larger files are reported changed without their text
 TAIL = 4000  # characters of pip's output kept in a reply
-TMP_MARK = ".cpxl-tmp-"
 MARK = "__CPUACCEL_OK__"  # printed once a setvars script is sourced, before its env
 
 
@@ -49,14 +50,6 @@ def as_list(value: Any) -> list[str]:
     return (
         [] if value is None else [str(value)] if isinstance(value, str) else [str(v) for v in value]
     )
-
-
-def which(name: str) -> str | None:
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        path = os.path.join(folder, name)
-        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def last_line(*texts: str) -> str:
@@ -113,38 +106,6 @@ def run(
         err.decode("utf-8", "replace"),
         timed_out,
     )
-
-
-def write_atomic(dest: str, data: bytes, mode: int | None) -> None:
-    """Write through a temporary file in dest's folder, renamed onto dest: readers see
-    the old file or the new one, never half of one. A replaced file keeps its mode (and
-    its owner, when root writes it) unless ``mode`` is given."""
-    import stat
-
-    try:
-        old: os.stat_result | None = os.stat(dest)
-    except FileNotFoundError:
-        old = None
-    tmp = os.path.join(
-        os.path.dirname(dest) or ".", "." + os.path.basename(dest) + TMP_MARK + os.urandom(4).hex()
-    )
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # new files: per umask
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if mode is None and old is not None:
-            mode = stat.S_IMODE(old.st_mode)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        if old is not None and os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, os.getgid()):
-            os.chown(tmp, old.st_uid, old.st_gid)
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def sha1_file(path: str, keep: int = 0) -> tuple[str, bytes | None]:

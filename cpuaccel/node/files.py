@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import os
 
+from cpuaccel.node.common import write_atomic
+from cpuaccel.node.moduleutil import (
+    DIFF_LIMIT,
+    Fail,
+    expand,
+    octal,
+    run,
+    sha1_file,
+    want_mode,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import (
-        DIFF_LIMIT,
-        Fail,
-        expand,
-        octal,
-        run,
-        sha1_file,
-        want_mode,
-        write_atomic,
-    )
+    from cpuaccel.node.moduleutil import Reply
 
 
 def _matches(pattern: str) -> bool:
@@ -122,6 +119,27 @@ def _makedirs(path: str, mode: int | None) -> None:
             os.chmod(folder, mode)
 
 
+def _set_times(path: str, args: dict[str, Any], default: str, act: bool) -> bool:
+    """Whether the file's times change (set to now when ``act``)."""
+    times = [str(args.get(k) or default) for k in ("access_time", "modification_time")]
+    if any(t not in ("now", "preserve") for t in times):
+        raise Fail(f"access_time and modification_time take now or preserve, not {times}")
+    if "now" not in times:
+        return False
+    if act:
+        import time
+
+        st, now = os.stat(path), time.time_ns()
+        os.utime(
+            path,
+            ns=(
+                now if times[0] == "now" else st.st_atime_ns,
+                now if times[1] == "now" else st.st_mtime_ns,
+            ),
+        )
+    return True
+
+
 def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
     import stat
 
@@ -160,23 +178,8 @@ def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         there = os.path.exists(path)  # False in check mode for what would be created
         # Ansible: touch sets both times to now unless told to preserve them; other states
         # preserve both unless told otherwise.
-        default = "now" if state == "touch" else "preserve"
-        times = [str(args.get(k) or default) for k in ("access_time", "modification_time")]
-        if any(t not in ("now", "preserve") for t in times):
-            raise Fail(f"access_time and modification_time take now or preserve, not {times}")
-        if "now" in times:
+        if _set_times(path, args, "now" if state == "touch" else "preserve", there and not check):
             changed = True
-            if there and not check:
-                import time
-
-                st, now = os.stat(path), time.time_ns()
-                os.utime(
-                    path,
-                    ns=(
-                        now if times[0] == "now" else st.st_atime_ns,
-                        now if times[1] == "now" else st.st_mtime_ns,
-                    ),
-                )
         now_mode = stat.S_IMODE(os.stat(path).st_mode) if there else None
         if mode is not None and mode != now_mode:
             changed = True
@@ -245,7 +248,7 @@ def mod_copy(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         if diff:
             reply["diff"] = _text_diff(dest, old_data, data)
         if not check:
-            write_atomic(dest, data, mode)
+            write_atomic(dest, data, mode, durable=True)
             final = stat.S_IMODE(os.stat(dest).st_mode)  # a new file's: per the umask
     if final is not None:
         reply["mode"] = octal(final)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import os
 
+from cpuaccel.node.common import normalise
+from cpuaccel.node.moduleutil import Fail, expand
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply, Version
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import Fail, expand
+    from cpuaccel.node.moduleutil import Reply, Version
 
 
 _VERSION = (
@@ -102,12 +100,6 @@ def version_matches(version: str, op: str, spec: str) -> bool:
 
 
 # ---------------------------------------------------------------- pip: requirements
-
-
-def normalise(name: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def parse_requirement(text: str) -> Reply:

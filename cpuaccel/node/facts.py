@@ -1,4 +1,4 @@
-"""The fact probe: sent as source to each node and run by the node's Python.
+"""The fact probe: the node program ``facts`` (with ``common``), and a part of the agent.
 
 It must run on any Python 3.8+ with the standard library alone (the node may have
 nothing installed yet), finish in well under a second, and print one JSON object.
@@ -6,7 +6,7 @@ It never imports torch or MPI: package versions come from their metadata, and th
 flavour from the launcher file's contents, because importing or starting them costs
 seconds per node.
 
-Input: argv WORKDIR SETVARS PORT NAME... (SETVARS and PORT may be empty: PORT is a TCP
+Input: the words WORKDIR SETVARS PORT NAME... (SETVARS and PORT may be empty: PORT is a TCP
 port to test for being free, for run's master port); the names are those of
 the other nodes, to resolve. Output: one JSON object, written by the small encoder
 below: the json module's import alone (it pulls in re) costs more than the probe's own
@@ -21,6 +21,8 @@ import _socket as socket
 import os
 import sys
 import time
+
+from cpuaccel.node.common import dist_infos, normalise, which
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's import costs more than the probe's own work
@@ -38,32 +40,14 @@ PACKAGES = {
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 
 
-def _normalize(name: str) -> str:
-    return name.lower().replace("-", "_").replace(".", "_")
-
-
 def package_versions() -> dict[str, str | None]:
-    """Versions from the ``NAME-VERSION.dist-info`` folders on sys.path.
-
-    The folder names carry both (PEP 427), so there is no need for importlib.metadata,
-    whose import alone costs more than the rest of the probe.
-    """
-    wanted = {_normalize(dist): key for key, dist in PACKAGES.items()}
+    """Versions from the metadata folders' names on sys.path (see common.dist_infos)."""
+    wanted = {normalise(dist): key for key, dist in PACKAGES.items()}
     found: dict[str, str | None] = {key: None for key in PACKAGES}
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith((".dist-info", ".egg-info")):
-                continue
-            parts = name.rsplit(".", 1)[0].split("-")
-            if len(parts) < 2:
-                continue
-            key = wanted.get(_normalize(parts[0]))
-            if key is not None and found[key] is None:  # the first on sys.path wins
-                found[key] = parts[1]
+    for name, version, _ in dist_infos(sys.path):
+        key = wanted.get(name)
+        if key is not None and version and found[key] is None:  # the first on sys.path wins
+            found[key] = version
     return found
 
 
@@ -73,14 +57,6 @@ def read(path: str, limit: int | None = None) -> bytes:
             return f.read(limit) if limit else f.read()
     except OSError:
         return b""
-
-
-def which(name: str) -> str | None:
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        path = os.path.join(folder, name)
-        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 def mpi_flavour(path: str) -> str:
@@ -274,7 +250,7 @@ def os_release() -> str:
     return " ".join(os.uname()[0:3:2])
 
 
-def gather(request: dict[str, Any]) -> dict[str, Any]:
+def collect(request: dict[str, Any]) -> dict[str, Any]:
     workdir = os.path.expanduser(request.get("workdir") or "~/cpuaccel")
     return {
         "hostname": os.uname().nodename,
@@ -326,16 +302,13 @@ def to_json(value: Any) -> str:
 
 
 def main() -> None:
-    args = [*sys.argv[1:], "", "", ""]
+    words = sys.argv[2:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
+    args = [*words, "", "", ""]
     request = {
         "workdir": args[0],
         "setvars": args[1] or None,
         "port": int(args[2]) if args[2] else None,
-        "resolve": sys.argv[4:],
+        "resolve": words[3:],
     }
-    sys.stdout.write(to_json(gather(request)))
+    sys.stdout.write(to_json(collect(request)))
     sys.stdout.write("\n")
-
-
-if __name__ == "__main__":
-    main()

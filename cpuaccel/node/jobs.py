@@ -1,4 +1,4 @@
-"""Node-side operations of ``cpuaccel run``: a stdlib-only program sent over the connection.
+"""Node-side operations of ``cpuaccel run``: the node program ``jobs`` (with ``common``).
 
 Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs):
 
@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 import time
+
+from cpuaccel.node.common import write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -75,13 +77,8 @@ def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
     for name, (mode, text) in files.items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"refusing file name {name!r}")
-        path = os.path.join(run_dir, name)
-        tmp = f"{path}.cpxl-tmp-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)  # whatever the umask
-        os.replace(tmp, path)
+        # Created with its mode (whatever the umask), then renamed into place.
+        write_atomic(os.path.join(run_dir, name), text.encode(), mode)
     return {"written": sorted(files)}
 
 
@@ -126,7 +123,7 @@ def end(run_id: str, grace: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    mode, args = sys.argv[2], sys.argv[3:]
+    mode, args = sys.argv[2], sys.argv[3:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
     if mode == "write":
         result = write(args[0], json.loads(sys.stdin.buffer.read()))
     elif mode == "procs":
@@ -138,7 +135,3 @@ def main() -> None:
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -6,22 +6,19 @@ import json
 import os
 import sys
 
+from cpuaccel.node.common import dist_infos, which
+from cpuaccel.node.moduleutil import TAIL, Fail, as_list, expand, last_line, run
+from cpuaccel.node.pep440 import (
+    parse_requirement,
+    read_requirements,
+    satisfied,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import TAIL, Fail, as_list, expand, last_line, run, which
-    from cpuaccel.playbook.node.pep440 import (
-        normalise,
-        parse_requirement,
-        read_requirements,
-        satisfied,
-    )
+    from cpuaccel.node.moduleutil import Reply
 
 
 _SITE_DIRS: dict[str, list[str]] = {}
@@ -67,20 +64,9 @@ def scan(dirs: list[str]) -> tuple[dict[str, str], frozenset[str]]:
     about."""
     found: dict[str, str] = {}
     seen = set()
-    for folder in dirs:
-        try:
-            entries = sorted(os.listdir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            stem, _, kind = entry.rpartition(".")
-            if kind not in ("dist-info", "egg-info"):
-                continue
-            path = os.path.join(folder, entry)
-            seen.add(path)
-            parts = stem.split("-")  # NAME-VERSION.dist-info, NAME-VERSION-pyX.Y.egg-info
-            name = parts[0] if kind == "egg-info" or len(parts) < 2 else "-".join(parts[:-1])
-            found.setdefault(normalise(name), path)
+    for name, _, path in dist_infos(dirs):
+        seen.add(path)
+        found.setdefault(name, path)
     return found, frozenset(seen)
 
 
@@ -143,17 +129,66 @@ def script_python(script: str) -> str:
     return python
 
 
+def _pip_argv(
+    state: str,
+    base: list[str],
+    args: dict[str, Any],
+    named: list[dict[str, Any]],
+    listed: list[dict[str, Any]],
+    req_file: str | None,
+    versions: dict[str, str],
+) -> list[str]:
+    """pip's command for what is not as wanted (each requirement's "met" set); [] when
+    there is nothing to do."""
+    import shlex
+
+    extra = shlex.split(str(args.get("extra_args") or ""))
+    if state == "absent":
+        # What is installed and matches goes (by name alone when only pip can tell).
+        gone = {
+            r["name"]
+            for r in named + listed
+            if r["name"] in versions and (r["met"] or not r["known"])
+        }
+        cmd = [*base, "uninstall", "-y", "--disable-pip-version-check", *extra, *sorted(gone)]
+        return cmd if gone else []
+    cmd = [*base, "install", "--disable-pip-version-check"]
+    if args.get("index_url"):
+        cmd += ["--index-url", str(args["index_url"])]
+    for url in as_list(args.get("extra_index_url")):
+        cmd += ["--extra-index-url", url]
+    for link in as_list(args.get("find_links")):
+        cmd += ["--find-links", expand(link)]
+    cmd += ["--no-index"] if args.get("no_index") else []
+    cmd += extra
+    if state == "present":  # only what is missing; the file whole if any of it is
+        todo = [r["arg"] for r in named if not r["met"]]
+        use_file = not all(r["met"] for r in listed)
+    else:
+        cmd.append("-U" if state == "latest" else "--force-reinstall")
+        todo, use_file = [r["arg"] for r in named], True
+    if req_file is not None and use_file:
+        todo += ["-r", req_file]
+    return [*cmd, *todo] if todo else []
+
+
+def _requirements(args: dict[str, Any]) -> tuple[list[Reply], list[Reply], str | None]:
+    """The requirements named, those of the requirements file, and that file."""
+    named = [parse_requirement(str(n)) for n in args.get("name") or []]
+    req_file = expand(args["requirements"]) if args.get("requirements") else None
+    listed = [parse_requirement(t) for t in read_requirements(req_file)] if req_file else []
+    if not named and req_file is None:
+        raise Fail("pip needs name or requirements")
+    return named, listed, req_file
+
+
 def mod_pip(args: dict[str, Any], check: bool, diff: bool) -> Reply:
     import shlex
 
     state = str(args.get("state") or "present")
     if state not in ("present", "latest", "absent", "forcereinstall"):
         raise Fail(f"unsupported state {state!r}")
-    named = [parse_requirement(str(n)) for n in args.get("name") or []]
-    req_file = expand(args["requirements"]) if args.get("requirements") else None
-    listed = [parse_requirement(t) for t in read_requirements(req_file)] if req_file else []
-    if not named and req_file is None:
-        raise Fail("pip needs name or requirements")
+    named, listed, req_file = _requirements(args)
     wanted = named + listed
     reply: Reply = {"cmd": [], "rc": 0, "stdout": "", "stderr": "", "changed": False}
     env = dict(os.environ, PIP_NO_INPUT="1")
@@ -184,31 +219,7 @@ def mod_pip(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         r["met"] = satisfied(r, versions)
     reply.update(python=python, installed=versions)
     reply["missing"] = [r["text"] for r in wanted if not r["met"]]
-    extra = shlex.split(str(args.get("extra_args") or ""))
-    if state == "absent":
-        # What is installed and matches goes (by name alone when only pip can tell).
-        gone = {r["name"] for r in wanted if r["name"] in versions and (r["met"] or not r["known"])}
-        cmd = [*base, "uninstall", "-y", "--disable-pip-version-check", *extra, *sorted(gone)]
-        cmd = cmd if gone else []
-    else:
-        cmd = [*base, "install", "--disable-pip-version-check"]
-        if args.get("index_url"):
-            cmd += ["--index-url", str(args["index_url"])]
-        for url in as_list(args.get("extra_index_url")):
-            cmd += ["--extra-index-url", url]
-        for link in as_list(args.get("find_links")):
-            cmd += ["--find-links", expand(link)]
-        cmd += ["--no-index"] if args.get("no_index") else []
-        cmd += extra
-        if state == "present":  # only what is missing; the file whole if any of it is
-            todo = [r["arg"] for r in named if not r["met"]]
-            use_file = not all(r["met"] for r in listed)
-        else:
-            cmd.append("-U" if state == "latest" else "--force-reinstall")
-            todo, use_file = [r["arg"] for r in named], True
-        if req_file is not None and use_file:
-            todo += ["-r", req_file]
-        cmd = [*cmd, *todo] if todo else []
+    cmd = _pip_argv(state, base, args, named, listed, req_file, versions)
     if check or not cmd:
         # latest: what is missing will surely be installed; newer versions of the rest
         # cannot be told without asking the index.

@@ -5,24 +5,20 @@ from __future__ import annotations
 import os
 import sys
 
+from cpuaccel.node.common import which, write_atomic
+from cpuaccel.node.moduleutil import (
+    MARK,
+    Fail,
+    expand,
+    last_line,
+    run,
+)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cpuaccel.playbook.node.common import Reply
-
-# Bundled for the node (see cpuaccel.playbook.node) the earlier parts have run in this
-# namespace already; imported as a module (tests, type checking) this part imports them.
-if TYPE_CHECKING or __name__ != "__main__":
-    from cpuaccel.playbook.node.common import (
-        MARK,
-        Fail,
-        expand,
-        last_line,
-        run,
-        which,
-        write_atomic,
-    )
+    from cpuaccel.node.moduleutil import Reply
 
 
 def _sourced_env(shell: str, step: str, path: str) -> tuple[int, dict[str, str] | None, str]:
@@ -87,5 +83,5 @@ def mod_setvars(args: dict[str, Any], check: bool, diff: bool) -> Reply:
             reply["changed"] = True
             if not check:
                 os.makedirs(os.path.dirname(record) or ".", exist_ok=True)
-                write_atomic(record, (path + "\n").encode(), None)
+                write_atomic(record, (path + "\n").encode(), durable=True)
     return reply

@@ -1,4 +1,4 @@
-"""The node side of ``cpuaccel sync``: a stdlib-only program sent over the connection.
+"""The node side of ``cpuaccel sync``: the node program ``tree`` (with ``common``).
 
 It runs as ``python -c BOOT LENGTH MODE DEST [PRUNE...]`` (cpuaccel.connectors.programs):
 one channel carries program and data, so a sync costs one command per node per phase.
@@ -25,6 +25,8 @@ import os
 import stat
 import sys
 
+from cpuaccel.node.common import TMP_MARK, temp_name, which, write_atomic
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
     from typing import Any, BinaryIO, TypeAlias
@@ -38,7 +40,6 @@ RECORD = "manifest"
 CACHE = "hashcache"
 FSID = "fsid"
 RSYNC_TMP = "tmp"
-TMP_MARK = ".cpxl-tmp-"
 
 
 def file_digest(path: str) -> str:
@@ -91,14 +92,7 @@ def _load_cache(state: str) -> dict[str, Any]:
 def _save_cache(state: str, cache: dict[str, Any]) -> None:
     import marshal
 
-    _write_atomic(os.path.join(state, CACHE), marshal.dumps(dict(cache)))
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}{TMP_MARK}{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomic(os.path.join(state, CACHE), marshal.dumps(dict(cache)))
 
 
 def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_result], int]:
@@ -163,7 +157,7 @@ def _fsid(state: str, create: bool) -> str | None:
     except OSError:
         if not create:
             return None
-    tmp = f"{path}{TMP_MARK}{os.getpid()}"
+    tmp = temp_name(path)
     with open(tmp, "w") as f:
         f.write(os.urandom(16).hex())
     try:
@@ -222,12 +216,7 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
             record = f.read().strip() or None
     except OSError:
         pass
-    rsync = None
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = os.path.join(folder, "rsync")
-        if folder and os.access(candidate, os.X_OK):
-            rsync = candidate
-            break
+    rsync = which("rsync")
     return {
         "dest": dest,
         "exists": os.path.isdir(dest),
@@ -274,9 +263,7 @@ def _extract(dest: str, stream: BinaryIO) -> int:
                 os.makedirs(path, exist_ok=True)
                 os.chmod(path, member.mode & 0o7777)
                 continue
-            tmp = os.path.join(
-                parent, "." + os.path.basename(path) + TMP_MARK + os.urandom(4).hex()
-            )
+            tmp = temp_name(path)
             if member.issym():
                 os.symlink(member.linkname, tmp)
             elif member.isfile():
@@ -344,7 +331,7 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
     digest = manifest_hash(expected)
     tree = None
     if not mismatches:
-        _write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
+        write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
         tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
     return {
         "hash": digest,
@@ -374,7 +361,7 @@ def _apply_to_known_tree(
         after = scan(dest, prune, create=True)
     ok = after["hash"] == header["target"]
     if ok and after.get("recorded") != header["target"]:  # unchanged trees stay untouched
-        _write_atomic(os.path.join(dest, STATE, RECORD), header["target"].encode() + b"\n")
+        write_atomic(os.path.join(dest, STATE, RECORD), header["target"].encode() + b"\n")
     return {
         "hash": after["hash"],
         "mismatches": [] if ok else ["(the tree's hash differs from the source's)"],
@@ -384,6 +371,7 @@ def _apply_to_known_tree(
 
 
 def main() -> None:
+    # After BOOT's LENGTH (cpuaccel.connectors.programs): MODE DEST [--expect=H] [PRUNE...]
     mode, dest = sys.argv[2], os.path.abspath(os.path.expanduser(sys.argv[3]))
     expect = next((a[9:] for a in sys.argv[4:] if a.startswith("--expect=")), None)
     prune = {a for a in sys.argv[4:] if not a.startswith("--")}
@@ -394,7 +382,3 @@ def main() -> None:
     import json
 
     sys.stdout.write(json.dumps(result) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,81 @@
+"""The node package's bundler, its shared part, and the controller's one error translation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpuaccel import node
+from cpuaccel.connectors import programs
+from cpuaccel.connectors.base import CommandResult
+from cpuaccel.errors import HostError
+from cpuaccel.node import common
+
+
+def test_each_program_carries_only_the_parts_it_imports() -> None:
+    assert node.parts("facts") == ["common", "facts"]
+    assert node.parts("tree") == ["common", "tree"]
+    assert node.parts("jobs") == ["common", "jobs"]
+    agent = node.parts("agent")
+    assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)
+    assert agent.index("pep440") < agent.index("pip")  # what a part imports runs first
+    with pytest.raises(ValueError, match="no node program"):
+        node.parts("common")
+
+
+def test_a_bundled_program_runs_without_cpuaccel_installed(tmp_path: Path) -> None:
+    """-I: no PYTHONPATH, no site-packages; the program has everything it imports."""
+    source = node.program("jobs")
+    argv = programs.argv(sys.executable, "jobs", ["procs", "no-such-run"])
+    isolated = [argv[0], "-I", *argv[1:]]
+    done = subprocess.run(isolated, input=source, capture_output=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b'{"pids": []}\n'
+
+
+def test_pep503_names() -> None:
+    assert common.normalise("Oneccl_Bind.PT") == "oneccl-bind-pt"
+    assert common.normalise("a--b__c..d") == "a-b-c-d"
+
+
+def test_dist_infos_read_names_and_versions_from_folder_names(tmp_path: Path) -> None:
+    for name in ("torch-2.13.0+cpu.dist-info", "Old_Pkg-0.5-py3.8.egg-info", "dev.egg-info"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "torch").mkdir()
+    found = {name: version for name, version, _ in common.dist_infos([str(tmp_path)])}
+    assert found == {"torch": "2.13.0+cpu", "old-pkg": "0.5", "dev": None}
+
+
+def test_write_atomic_creates_with_the_mode_and_leaves_no_temp(tmp_path: Path) -> None:
+    dest = tmp_path / "secret.env"
+    common.write_atomic(str(dest), b"K=V\n", 0o600)
+    assert dest.read_bytes() == b"K=V\n" and dest.stat().st_mode & 0o777 == 0o600
+    common.write_atomic(str(dest), b"K=W\n")  # a replaced file keeps its mode
+    assert dest.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["secret.env"]
+    assert common.TMP_MARK in common.temp_name(str(dest)) and "cpuaccel" in common.TMP_MARK
+
+
+@pytest.mark.parametrize(
+    ("code", "stdout", "stderr", "message"),
+    [
+        (127, "", "sh: 1: /x/python: not found", "the interpreter '/x/python' cannot be run"),
+        (1, "", "Traceback\nOSError: disk full", r"syncing failed on the node \(exit code 1\)"),
+        (0, "Welcome!\n{}", "", "answer was not understood"),
+        (0, "[1]", "", "answer was not understood"),
+    ],
+)
+def test_answer_turns_every_failure_into_a_host_error(
+    code: int, stdout: str, stderr: str, message: str
+) -> None:
+    result = CommandResult("node1", "python", code, stdout, stderr, 0.1)
+    with pytest.raises(HostError, match=message):
+        programs.answer("node1", "/x/python", result, "syncing")
+
+
+def test_answer_returns_the_json_object() -> None:
+    result = CommandResult("node1", "python", 0, '{"a": 1}\n', "", 0.1)
+    assert programs.answer("node1", "python3", result, "x") == {"a": 1}
