@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.command import cpuaccel, inherited_env
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_DIR = "/srv/cpuaccel-node"
@@ -65,12 +65,8 @@ EVERY_MODULE = """\
 def provision(
     inventory: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "provision", str(inventory), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        timeout=timeout,
+    return cpuaccel(
+        "provision", str(inventory), *args, env=inherited_env(**(env or {})), timeout=timeout
     )
 
 
@@ -247,11 +243,6 @@ def test_default_playbook_takes_fresh_nodes_to_ready(cluster: Cluster, tmp_path:
         assert on_node(
             cluster, name, f"{venv}/bin/python", "-c", "import torch; print(torch.__version__)"
         ).startswith("2.13.0")
-    check = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "check", "-i", str(inventory), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    check = cpuaccel("check", "-i", str(inventory), "--json", timeout=120)
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr
     assert json.loads(check.stdout)["problems"] == []
