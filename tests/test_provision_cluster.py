@@ -14,6 +14,8 @@ import pytest
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
+pytestmark = pytest.mark.cluster
+
 REPO = Path(__file__).resolve().parent.parent
 NODE_DIR = "/srv/cpuaccel-node"
 # Filled by `make wheelhouse` (part of `make test`'s install step): the controller's

@@ -74,11 +74,6 @@ def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
         assert left == [], (node, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left])
 
 
-@pytest.fixture(scope="module")
-def inventory(cluster: Cluster) -> str:
-    return str(cluster.inventory_path)
-
-
 # ---------------------------------------------------------------- ranks start
 
 
