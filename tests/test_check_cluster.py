@@ -106,14 +106,19 @@ def test_missing_interpreter_is_reported_for_that_node(cluster: Cluster, tmp_pat
     assert report["hosts"]["node2"]["facts"]["hostname"] == "node2"
 
 
+def inventory_knowing(cluster: Cluster, path: Path, known_hosts: Path) -> Path:
+    """An inventory of the cluster whose host keys are checked against `known_hosts` alone."""
+    return cluster.write_inventory(
+        path,
+        cpuaccel_known_hosts=str(known_hosts),
+        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(known_hosts),
+    )
+
+
 def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    inv = cluster.write_inventory(
-        tmp_path / "unknown.yaml",
-        cpuaccel_known_hosts=str(empty),
-        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(empty),
-    )
+    inv = inventory_knowing(cluster, tmp_path / "unknown.yaml", empty)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
     assert proc.returncode == 2
     assert "host key of" in proc.stdout and "is not known" in proc.stdout
@@ -132,11 +137,7 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
         f"{node1.address} {Path(str(key) + '.pub').read_text().split()[0]} "
         f"{Path(str(key) + '.pub').read_text().split()[1]}\n"
     )
-    inv = cluster.write_inventory(
-        tmp_path / "changed.yaml",
-        cpuaccel_known_hosts=str(known),
-        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(known),
-    )
+    inv = inventory_knowing(cluster, tmp_path / "changed.yaml", known)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
     assert proc.returncode == 2
     assert "CHANGED" in proc.stdout

@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from cpuaccel.cli.main import cli
-from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testing.command import cpuaccel, output_section
 
 DATA = Path(__file__).resolve().parent / "data"
 SEED_SINGLE = DATA / "default_config.single-cpu.yaml"
@@ -26,14 +26,8 @@ HOSTFILE = "36.112.23.24 # node0 ip\n192.0.2.11\n192.0.2.12:4\n192.0.2.13 slots=
 
 
 def section(text: str, title: str) -> list[str]:
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title}"))
-    body: list[str] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("## "):
-            break
-        body.append(line)
-    return [line for line in body if line.strip()]
+    """The non-blank lines of a `## title` section."""
+    return [line for line in output_section(text, title) if line.strip()]
 
 
 def command(out: str) -> list[str]:

@@ -96,6 +96,17 @@ def workspace(tmp_path: Path, cluster: Cluster) -> tuple[Path, str]:
     return tmp_path, base
 
 
+def playbook_on(
+    cluster: Cluster, workspace: tuple[Path, str], playbook: str
+) -> tuple[Path, Path, str]:
+    """The playbook written into the workspace, an inventory of the cluster whose `base`
+    var is the workspace's path on the nodes, and that path."""
+    folder, base = workspace
+    book = folder / "play.yaml"
+    book.write_text(playbook)
+    return book, cluster.write_inventory(folder / "inventory.yaml", base=base), base
+
+
 def tiny_wheel(folder: Path) -> Path:
     """A minimal valid wheel (one module), for pip on nodes without an index."""
     import base64
@@ -124,10 +135,7 @@ def tiny_wheel(folder: Path) -> Path:
 def test_every_module_runs_then_reruns_with_no_change(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(EVERY_MODULE)
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, base = playbook_on(cluster, workspace, EVERY_MODULE)
     first = report(provision(inventory, "--playbook", str(book), "--json"))
     assert first["ok"], json.dumps(first["plays"], indent=1)[-3000:]
     for name in cluster.names:
@@ -161,10 +169,7 @@ def test_every_module_runs_then_reruns_with_no_change(
 def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(EVERY_MODULE)
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, base = playbook_on(cluster, workspace, EVERY_MODULE)
     result = report(provision(inventory, "--playbook", str(book), "--check", "--json"))
     assert result["check"] is True
     for name in cluster.names:
@@ -175,9 +180,9 @@ def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
 def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(
+    book, inventory, base = playbook_on(
+        cluster,
+        workspace,
         """\
 - hosts: all
   tasks:
@@ -186,9 +191,8 @@ def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
       when: inventory_hostname == groups['all'][1]
     - name: the others go on
       file: {path: "{{ base }}", state: directory}
-"""
+""",
     )
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
     proc = provision(inventory, "--playbook", str(book))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     broken = cluster.names[1]
@@ -204,10 +208,11 @@ def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
 def test_an_unreachable_node_is_counted_and_the_rest_run(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text("- hosts: all\n  tasks:\n    - file: {path: '{{ base }}', state: directory}\n")
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, _ = playbook_on(
+        cluster,
+        workspace,
+        "- hosts: all\n  tasks:\n    - file: {path: '{{ base }}', state: directory}\n",
+    )
     down = cluster.names[2]
     with cluster.sshd_stopped(down):
         result = report(provision(inventory, "--playbook", str(book), "--json", "-T", "3"))

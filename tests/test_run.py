@@ -30,6 +30,7 @@ from cpuaccel.launch.plan import RunPlan, RunRequest, build_plan
 from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
 from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
 from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER, derive_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,20 +55,6 @@ def project(tmp_path: Path, name: str = "proj") -> Path:
     folder.mkdir()
     (folder / "train.py").write_text("print('hello')\n")
     return folder
-
-
-def section(text: str, title: str) -> list[str]:
-    """The lines of a `## title` section of the dry-run output."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title}"))
-    body: list[str] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("## "):
-            break
-        body.append(line)
-    while body and not body[-1].strip():
-        body.pop()
-    return body
 
 
 # ---------------------------------------------------------------- --dry-run
@@ -212,13 +199,20 @@ def test_script_outside_the_project_by_absolute_path(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_usage_errors_of_click_exit_2_without_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--nodes", "0", "train.py"], id="nodes-0"),
+        pytest.param(["--launcher", "lam", "train.py"], id="unknown-launcher"),
+        pytest.param([], id="no-script"),
+    ],
+)
+def test_usage_errors_of_click_exit_2_without_traceback(tmp_path: Path, args: list[str]) -> None:
     proj = project(tmp_path)
-    for args in (["--nodes", "0", "train.py"], ["--launcher", "lam", "train.py"], []):
-        proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
-        assert proc.returncode == 2, args
-        assert "Traceback" not in proc.stderr
-        assert "Error:" in proc.stderr
+    proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
+    assert proc.returncode == 2, args
+    assert "Traceback" not in proc.stderr
+    assert "Error:" in proc.stderr
 
 
 # ---------------------------------------------------------------- plans and launchers

@@ -79,3 +79,18 @@ def start_cpuaccel(
         text=True,
         **popen,
     )
+
+
+def output_section(text: str, title: str) -> list[str]:
+    """The lines of the ``## title`` section of a command's output (``run --dry-run``,
+    ``config show``), up to the next ``## `` heading, without trailing blank lines."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title}"))
+    body: list[str] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        body.append(line)
+    while body and not body[-1].strip():
+        body.pop()
+    return body
