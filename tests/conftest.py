@@ -1,8 +1,18 @@
 """Shared fixtures: a real 3-node namespace cluster for tests marked `cluster`.
 
-Tests marked ``@pytest.mark.cluster`` (or using the ``cluster`` fixture, which marks them)
-need root. Off root they are skipped with the reason; with ``CPUACCEL_REQUIRE_CLUSTER=1``
-(set by CI) they fail with it instead, so a CI run cannot pass by skipping them.
+The one rule for cluster tests: a test that needs root and namespace nodes is marked
+``cluster`` explicitly, so that ``-m "not cluster"`` and a reader see it without following
+fixtures. A file of cluster tests only (``test_*_cluster.py``, ``test_scenario.py``) says so
+once with ``pytestmark = pytest.mark.cluster``; a file that mixes them with plain tests
+(``test_cluster.py``) puts ``@pytest.mark.cluster`` on each. A test that uses the
+``cluster`` fixture (directly or through another fixture) without the mark is a
+collection error.
+
+Cluster tests need root. Off root they are skipped with the reason; with
+``CPUACCEL_REQUIRE_CLUSTER=1`` (set by CI) they fail with it instead, so a CI run cannot pass
+by skipping them.
+
+Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
 
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
@@ -13,7 +23,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -39,14 +48,18 @@ def _refusal() -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Runs before `-m` deselection, so `-m "not cluster"` also drops tests that only use
-    # the fixture.
-    for item in items:
-        if (
-            "cluster" in getattr(item, "fixturenames", ())
-            and item.get_closest_marker("cluster") is None
-        ):
-            item.add_marker(pytest.mark.cluster)
+    # Runs before `-m` deselection, so that `-m "not cluster"` cannot hide an unmarked one.
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "cluster" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("cluster") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests use the cluster fixture but are not marked `cluster` (see "
+            "tests/conftest.py): " + ", ".join(unmarked)
+        )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -77,9 +90,9 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def cluster_inventory(cluster: Cluster) -> Path:
-    """Path of the session cluster's inventory.yaml."""
-    return cluster.inventory_path
+def inventory(cluster: Cluster) -> str:
+    """The session cluster's inventory.yaml, as the `-i` argument of a command line."""
+    return str(cluster.inventory_path)
 
 
 @pytest.fixture(autouse=True)

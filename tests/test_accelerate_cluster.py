@@ -107,18 +107,16 @@ def _plain_accelerator_script() -> str:
     return script.replace(WITH_CPU_FLAG, PLAIN)
 
 
-def test_plain_accelerator_is_multi_cpu_with_accelerate_use_cpu(
-    cluster: Cluster, tmp_path: Path
+@pytest.mark.parametrize(
+    ("port", "env"),
+    [
+        pytest.param(29612, ["ACCELERATE_USE_CPU=true"], id="with-accelerate-use-cpu"),
+        # cpuaccel run exports ACCELERATE_USE_CPU=true, as `accelerate launch --cpu` does.
+        pytest.param(29613, [], id="under-cpuaccel-run"),
+    ],
+)
+def test_plain_accelerator_is_multi_cpu(
+    cluster: Cluster, tmp_path: Path, port: int, env: list[str]
 ) -> None:
     project = make_project(tmp_path, _plain_accelerator_script())
-    proc = run_on_two_nodes(cluster, project, 29612, "ACCELERATE_USE_CPU=true")
-    assert_one_multi_cpu_job(ran_on_four_ranks(proc))
-
-
-def test_plain_accelerator_is_multi_cpu_under_cpuaccel_run(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    project = make_project(tmp_path, _plain_accelerator_script())
-    # cpuaccel run exports ACCELERATE_USE_CPU=true, as `accelerate launch --cpu` does.
-    ranks = ran_on_four_ranks(run_on_two_nodes(cluster, project, 29613))
-    assert_one_multi_cpu_job(ranks)
+    assert_one_multi_cpu_job(ran_on_four_ranks(run_on_two_nodes(cluster, project, port, *env)))

@@ -15,22 +15,18 @@ from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.command import clean_env, cpuaccel
 
 pytestmark = pytest.mark.cluster
 
 
-def cpuaccel(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
-        timeout=120,
-    )
+def clean_cpuaccel(*args: str) -> subprocess.CompletedProcess[str]:
+    """`cpuaccel ARGS` from a user's plain shell (no venv on PATH)."""
+    return cpuaccel(*args, env=clean_env(), timeout=120)
 
 
 def check_json(*args: str) -> tuple[int, dict[str, Any]]:
-    proc = cpuaccel("check", "--json", *args)
+    proc = clean_cpuaccel("check", "--json", *args)
     assert not proc.stderr.strip() or "Traceback" not in proc.stderr, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -57,7 +53,7 @@ def test_check_reports_each_nodes_own_facts(cluster: Cluster) -> None:
 
 
 def test_check_table_names_every_node(cluster: Cluster) -> None:
-    proc = cpuaccel("check", "-i", str(cluster.inventory_path))
+    proc = clean_cpuaccel("check", "-i", str(cluster.inventory_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     for node in cluster.nodes:
@@ -69,7 +65,7 @@ def test_check_table_names_every_node(cluster: Cluster) -> None:
 def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster) -> None:
     with cluster.sshd_stopped("node2"):
         code, report = check_json("-i", str(cluster.inventory_path))
-        table = cpuaccel("check", "-i", str(cluster.inventory_path))
+        table = clean_cpuaccel("check", "-i", str(cluster.inventory_path))
     assert code == 2
     assert report["hosts"]["node2"]["reachable"] is False
     assert "refused" in report["hosts"]["node2"]["error"].lower()
@@ -110,20 +106,25 @@ def test_missing_interpreter_is_reported_for_that_node(cluster: Cluster, tmp_pat
     assert report["hosts"]["node2"]["facts"]["hostname"] == "node2"
 
 
+def inventory_knowing(cluster: Cluster, path: Path, known_hosts: Path) -> Path:
+    """An inventory of the cluster whose host keys are checked against `known_hosts` alone."""
+    return cluster.write_inventory(
+        path,
+        cpuaccel_known_hosts=str(known_hosts),
+        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(known_hosts),
+    )
+
+
 def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    inv = cluster.write_inventory(
-        tmp_path / "unknown.yaml",
-        cpuaccel_known_hosts=str(empty),
-        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(empty),
-    )
-    proc = cpuaccel("check", "-i", str(inv), "--limit", "node1")
+    inv = inventory_knowing(cluster, tmp_path / "unknown.yaml", empty)
+    proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
     assert proc.returncode == 2
     assert "host key of" in proc.stdout and "is not known" in proc.stdout
     assert "ssh-keyscan" in proc.stdout
     assert "Traceback" not in proc.stderr
-    insecure = cpuaccel("check", "-i", str(inv), "--limit", "node1", "--no-host-key-checking")
+    insecure = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1", "--no-host-key-checking")
     assert insecure.returncode == 0, insecure.stdout
 
 
@@ -136,12 +137,8 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
         f"{node1.address} {Path(str(key) + '.pub').read_text().split()[0]} "
         f"{Path(str(key) + '.pub').read_text().split()[1]}\n"
     )
-    inv = cluster.write_inventory(
-        tmp_path / "changed.yaml",
-        cpuaccel_known_hosts=str(known),
-        ansible_ssh_common_args="-o UserKnownHostsFile=" + str(known),
-    )
-    proc = cpuaccel("check", "-i", str(inv), "--limit", "node1")
+    inv = inventory_knowing(cluster, tmp_path / "changed.yaml", known)
+    proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
     assert proc.returncode == 2
     assert "CHANGED" in proc.stdout
 

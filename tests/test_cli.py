@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from cpuaccel import __version__
-
-
-def cpuaccel(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**base, "NO_COLOR": "1", **env},
-        timeout=60,
-    )
+from cpuaccel.testing.command import cpuaccel, inherited_env
 
 
 def test_version_and_help_with_examples() -> None:
@@ -82,6 +69,6 @@ def test_limit_matching_nothing_and_bad_arguments(tmp_path: Path) -> None:
 def test_inventory_from_environment_variable(tmp_path: Path) -> None:
     inv = tmp_path / "env-inv.yaml"
     inv.write_text("all:\n  hosts:\n    localhost:\n")
-    proc = cpuaccel("check", "--json", cwd=tmp_path, CPUACCEL_INVENTORY=str(inv))
+    proc = cpuaccel("check", "--json", cwd=tmp_path, env=inherited_env(CPUACCEL_INVENTORY=str(inv)))
     assert proc.returncode == 0, proc.stderr
     assert list(json.loads(proc.stdout)["hosts"]) == ["localhost"]

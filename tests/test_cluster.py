@@ -22,7 +22,7 @@ from cpuaccel.testing.cluster import (
     namespace_name,
     veth_name,
 )
-from cpuaccel.testing.netns import leftovers
+from cpuaccel.testing.state import leftovers
 
 REPO = Path(__file__).resolve().parents[1]
 SCRATCH_ID = 7  # a throw-away cluster, so the shared session cluster stays up

@@ -4,12 +4,10 @@ user meets them: `config import`, `config show`, `run --dry-run` (none contacts 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from cpuaccel.cli.main import cli
+from cpuaccel.testing.command import cpuaccel, output_section
 
 DATA = Path(__file__).resolve().parent / "data"
 SEED_SINGLE = DATA / "default_config.single-cpu.yaml"
@@ -26,27 +25,9 @@ SEED_MULTI = DATA / "default_config.multi-cpu.yaml"
 HOSTFILE = "36.112.23.24 # node0 ip\n192.0.2.11\n192.0.2.12:4\n192.0.2.13 slots=4\n"
 
 
-def cpuaccel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**env, "NO_COLOR": "1"},
-        timeout=60,
-    )
-
-
 def section(text: str, title: str) -> list[str]:
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title}"))
-    body: list[str] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("## "):
-            break
-        body.append(line)
-    return [line for line in body if line.strip()]
+    """The non-blank lines of a `## title` section."""
+    return [line for line in output_section(text, title) if line.strip()]
 
 
 def command(out: str) -> list[str]:

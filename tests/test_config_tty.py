@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import select
 import shlex
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from tests.test_config import command, cpuaccel, env_of, section
+from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
+from tests.test_config import command, env_of, section
 
 
 class Terminal:
@@ -22,11 +21,9 @@ class Terminal:
 
     def __init__(self, args: list[str], cwd: Path) -> None:
         self.master, slave = os.openpty()
-        env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cpuaccel", *args],
-            stdin=slave, stdout=slave, stderr=slave, cwd=cwd,
-            env={**env, "NO_COLOR": "1", "TERM": "dumb"}, start_new_session=True,
+        self.proc = start_cpuaccel(
+            *args, cwd=cwd, env=inherited_env(TERM="dumb"),
+            stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
         )  # fmt: skip
         os.close(slave)
         self.seen = ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,9 @@ from typing import Any
 import pytest
 
 from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.command import cpuaccel, inherited_env
+
+pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
 NODE_DIR = "/srv/cpuaccel-node"
@@ -65,12 +67,8 @@ EVERY_MODULE = """\
 def provision(
     inventory: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "provision", str(inventory), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1", **(env or {})},
-        timeout=timeout,
+    return cpuaccel(
+        "provision", str(inventory), *args, env=inherited_env(**(env or {})), timeout=timeout
     )
 
 
@@ -96,6 +94,17 @@ def workspace(tmp_path: Path, cluster: Cluster) -> tuple[Path, str]:
     (tmp_path / "tree" / "sub" / "f.txt").write_text("pushed\n")
     tiny_wheel(tmp_path / "tree")
     return tmp_path, base
+
+
+def playbook_on(
+    cluster: Cluster, workspace: tuple[Path, str], playbook: str
+) -> tuple[Path, Path, str]:
+    """The playbook written into the workspace, an inventory of the cluster whose `base`
+    var is the workspace's path on the nodes, and that path."""
+    folder, base = workspace
+    book = folder / "play.yaml"
+    book.write_text(playbook)
+    return book, cluster.write_inventory(folder / "inventory.yaml", base=base), base
 
 
 def tiny_wheel(folder: Path) -> Path:
@@ -126,10 +135,7 @@ def tiny_wheel(folder: Path) -> Path:
 def test_every_module_runs_then_reruns_with_no_change(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(EVERY_MODULE)
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, base = playbook_on(cluster, workspace, EVERY_MODULE)
     first = report(provision(inventory, "--playbook", str(book), "--json"))
     assert first["ok"], json.dumps(first["plays"], indent=1)[-3000:]
     for name in cluster.names:
@@ -163,10 +169,7 @@ def test_every_module_runs_then_reruns_with_no_change(
 def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(EVERY_MODULE)
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, base = playbook_on(cluster, workspace, EVERY_MODULE)
     result = report(provision(inventory, "--playbook", str(book), "--check", "--json"))
     assert result["check"] is True
     for name in cluster.names:
@@ -177,9 +180,9 @@ def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
 def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text(
+    book, inventory, base = playbook_on(
+        cluster,
+        workspace,
         """\
 - hosts: all
   tasks:
@@ -188,9 +191,8 @@ def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
       when: inventory_hostname == groups['all'][1]
     - name: the others go on
       file: {path: "{{ base }}", state: directory}
-"""
+""",
     )
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
     proc = provision(inventory, "--playbook", str(book))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     broken = cluster.names[1]
@@ -206,10 +208,11 @@ def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
 def test_an_unreachable_node_is_counted_and_the_rest_run(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:
-    folder, base = workspace
-    book = folder / "play.yaml"
-    book.write_text("- hosts: all\n  tasks:\n    - file: {path: '{{ base }}', state: directory}\n")
-    inventory = cluster.write_inventory(folder / "inventory.yaml", base=base)
+    book, inventory, _ = playbook_on(
+        cluster,
+        workspace,
+        "- hosts: all\n  tasks:\n    - file: {path: '{{ base }}', state: directory}\n",
+    )
     down = cluster.names[2]
     with cluster.sshd_stopped(down):
         result = report(provision(inventory, "--playbook", str(book), "--json", "-T", "3"))
@@ -247,11 +250,6 @@ def test_default_playbook_takes_fresh_nodes_to_ready(cluster: Cluster, tmp_path:
         assert on_node(
             cluster, name, f"{venv}/bin/python", "-c", "import torch; print(torch.__version__)"
         ).startswith("2.13.0")
-    check = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "check", "-i", str(inventory), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    check = cpuaccel("check", "-i", str(inventory), "--json", timeout=120)
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr
     assert json.loads(check.stdout)["problems"] == []

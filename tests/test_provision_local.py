@@ -7,13 +7,14 @@ real nodes show (per-host templates, a node failing alone, the default playbook)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from cpuaccel.testing.command import cpuaccel
 
 PLAYBOOK = """\
 - name: every module
@@ -83,23 +84,7 @@ def provision(
     (tmp_path / "templates" / "conf.j2").write_text(
         "host={{ inventory_hostname }} root={{ root }}\n"
     )
-    env = {**os.environ, "NO_COLOR": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "cpuaccel",
-            "provision",
-            str(inventory),
-            "--playbook",
-            str(book),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return cpuaccel("provision", str(inventory), "--playbook", str(book), *args, timeout=120)
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
@@ -206,9 +191,7 @@ def test_bad_playbook_exits_2_before_touching_anything(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["--list-modules", "--help"])
 def test_help_and_module_list(tmp_path: Path, flag: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "provision", flag], capture_output=True, text=True
-    )
+    proc = cpuaccel("provision", flag)
     assert proc.returncode == 0
     assert (
         ("synchronize" in proc.stdout) if flag == "--list-modules" else ("Examples" in proc.stdout)
@@ -216,13 +199,6 @@ def test_help_and_module_list(tmp_path: Path, flag: str) -> None:
 
 
 def test_no_inventory_refuses_to_provision_the_controller(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "provision"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    proc = cpuaccel("provision", cwd=tmp_path)
     assert proc.returncode == 2
     assert "no inventory given" in proc.stderr and "Traceback" not in proc.stderr

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import struct
 import subprocess
@@ -15,20 +14,14 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.testing.command import cpuaccel as run_cpuaccel
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def cpuaccel(*args: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """`cpuaccel ARGS` in a fresh interpreter; PRELUDE runs first (to hide a module)."""
-    code = f"{prelude}\nimport sys\nfrom cpuaccel.cli.main import main\n"
-    code += "sys.argv[0] = 'cpuaccel'\nmain()\n"
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NO_COLOR": "1"},
-        timeout=120,
-    )
+    return run_cpuaccel(*args, prelude=prelude, timeout=120)
 
 
 def training_records(steps: int = 50) -> list[dict[str, Any]]:

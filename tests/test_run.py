@@ -32,6 +32,8 @@ from cpuaccel.launch import launchers
 from cpuaccel.launch.plan import RunPlan, Script, build_plan
 from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
 from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
+from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER, derive_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,17 +47,9 @@ RUN_DIR = f"{WORKDIR}/runs/{RUN_ID}"
 NO_CONTACT_SECONDS = 8.0
 
 
-def cpuaccel(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
+def timed_cpuaccel(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**env, "NO_COLOR": "1"},
-        timeout=60,
-    )
+    proc = cpuaccel(*args, cwd=cwd)
     return proc, time.monotonic() - started
 
 
@@ -66,26 +60,12 @@ def project(tmp_path: Path, name: str = "proj") -> Path:
     return folder
 
 
-def section(text: str, title: str) -> list[str]:
-    """The lines of a `## title` section of the dry-run output."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"## {title}"))
-    body: list[str] = []
-    for line in lines[start + 1 :]:
-        if line.startswith("## "):
-            break
-        body.append(line)
-    while body and not body[-1].strip():
-        body.pop()
-    return body
-
-
 # ---------------------------------------------------------------- --dry-run
 
 
 def test_dry_run_prints_hostfile_env_and_command_quickly(tmp_path: Path) -> None:
     proj = project(tmp_path)
-    proc, elapsed = cpuaccel(
+    proc, elapsed = timed_cpuaccel(
         "run", "-i", str(EXAMPLE_INVENTORY), "--nodes", "4", "--ppn", "4", "--dry-run",
         "train.py", "--epochs", "3", "a b", "$(touch x)", "--nodes", "9",
         cwd=proj,
@@ -121,7 +101,7 @@ def test_dry_run_prints_hostfile_env_and_command_quickly(tmp_path: Path) -> None
 
 
 def test_dry_run_without_ppn_shows_placeholders(tmp_path: Path) -> None:
-    proc, elapsed = cpuaccel(
+    proc, elapsed = timed_cpuaccel(
         "run", "-i", str(EXAMPLE_INVENTORY), "--nodes", "2", "--dry-run", "train.py",
         cwd=project(tmp_path),
     )  # fmt: skip
@@ -166,7 +146,7 @@ def test_dry_run_hides_secret_values(tmp_path: Path) -> None:
         "all:\n  vars:\n    cpuaccel_secret_env: {API_TOKEN: dry-s3cr3t}\n"
         "  hosts:\n    n1: {ansible_host: 192.0.2.1}\n"
     )
-    proc, elapsed = cpuaccel(
+    proc, elapsed = timed_cpuaccel(
         "run", "-i", str(inventory), "--ppn", "1", "--dry-run", "train.py",
         cwd=project(tmp_path),
     )  # fmt: skip
@@ -200,7 +180,7 @@ def test_bad_input_is_one_clear_error_before_any_node(
     (proj / "sub").mkdir()
     (tmp_path / "outside.py").write_text("print('not synced')\n")
     # Not a dry run: the error must come before anything is contacted.
-    proc, elapsed = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
+    proc, elapsed = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert elapsed < NO_CONTACT_SECONDS
     assert "Traceback" not in proc.stderr
@@ -216,19 +196,26 @@ def test_script_outside_the_project_by_absolute_path(tmp_path: Path) -> None:
     proj = project(tmp_path)
     outside = tmp_path / "elsewhere.py"
     outside.write_text("")
-    proc, _ = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), str(outside), cwd=proj)
+    proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), str(outside), cwd=proj)
     assert proc.returncode == 2
     assert f"is outside the project folder {proj}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_usage_errors_of_click_exit_2_without_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--nodes", "0", "train.py"], id="nodes-0"),
+        pytest.param(["--launcher", "lam", "train.py"], id="unknown-launcher"),
+        pytest.param([], id="no-script"),
+    ],
+)
+def test_usage_errors_of_click_exit_2_without_traceback(tmp_path: Path, args: list[str]) -> None:
     proj = project(tmp_path)
-    for args in (["--nodes", "0", "train.py"], ["--launcher", "lam", "train.py"], []):
-        proc, _ = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
-        assert proc.returncode == 2, args
-        assert "Traceback" not in proc.stderr
-        assert "Error:" in proc.stderr
+    proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
+    assert proc.returncode == 2, args
+    assert "Traceback" not in proc.stderr
+    assert "Error:" in proc.stderr
 
 
 # ---------------------------------------------------------------- plans and launchers

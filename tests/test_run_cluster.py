@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.command import start_cpuaccel
 from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
@@ -72,11 +72,6 @@ def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
         # Only the sessions of cpuaccel's own connections may take a moment to close.
         left = cluster.wait_idle(node, timeout=5)
         assert left == [], (node, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left])
-
-
-@pytest.fixture(scope="module")
-def inventory(cluster: Cluster) -> str:
-    return str(cluster.inventory_path)
 
 
 # ---------------------------------------------------------------- ranks start
@@ -193,13 +188,13 @@ class Background:
     """`cpuaccel run` in the background, its output collected line by line."""
 
     def __init__(self, project: Path, *args: str, new_session: bool = False) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cpuaccel", "run", *args],
+        self.proc = start_cpuaccel(
+            "run",
+            *args,
             cwd=project,
             env=ENV,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            text=True,
             start_new_session=new_session,
         )
         self.out: list[str] = []

@@ -38,11 +38,6 @@ def port() -> str:
     return str(next(_ports))
 
 
-@pytest.fixture(scope="module")
-def inventory(cluster: Cluster) -> str:
-    return str(cluster.inventory_path)
-
-
 def rank_json(run: Run, world: int) -> dict[int, dict[str, Any]]:
     """rank -> the JSON object it printed (its stdout line starting with '{')."""
     found: dict[int, dict[str, Any]] = {}

@@ -23,6 +23,7 @@ from cpuaccel.sync import engine, transfer
 from cpuaccel.sync.engine import SyncOptions, plan, render_dest
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.testing.command import cpuaccel, inherited_env
 
 PRUNE = set(PRUNE_NAMES)
 
@@ -601,16 +602,9 @@ def test_engine_writes_a_shared_destination_once(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the command line
 
 
-def cpuaccel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**base, "NO_COLOR": "1", "XDG_CACHE_HOME": str(cwd.parent / "xdg-cache")},
-        timeout=60,
-    )
+def cached_cpuaccel(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`cpuaccel ARGS` with a cache of the test's own, next to its project folder."""
+    return cpuaccel(*args, cwd=cwd, env=inherited_env(XDG_CACHE_HOME=str(cwd.parent / "xdg-cache")))
 
 
 @pytest.fixture
@@ -655,7 +649,7 @@ def test_cli_bad_input_exits_2_without_traceback_and_writes_nothing(
     (tmp_path / "linked" / "ext").symlink_to("/etc/hostname")
     out = str(tmp_path / "out")
     args = [a.replace("{out}", out) for a in args]
-    proc = cpuaccel("sync", "-i", str(local_inventory), *args, cwd=tmp_path / "proj")
+    proc = cached_cpuaccel("sync", "-i", str(local_inventory), *args, cwd=tmp_path / "proj")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     message = " ".join(proc.stderr.split())
@@ -667,7 +661,7 @@ def test_cli_bad_input_exits_2_without_traceback_and_writes_nothing(
 
 def test_cli_json_and_exit_codes_on_a_local_host(tmp_path: Path, local_inventory: Path) -> None:
     proj = make_tree(tmp_path / "proj", {"a.py": "1", "run.sh": "#!/bin/sh\n"})
-    first = cpuaccel("sync", "-i", str(local_inventory), "--json", cwd=proj)
+    first = cached_cpuaccel("sync", "-i", str(local_inventory), "--json", cwd=proj)
     assert first.returncode == 0, first.stdout + first.stderr
     report = json.loads(first.stdout)
     assert report["files"] == 2 and report["manifest"] == build([str(proj)]).hash
@@ -676,11 +670,11 @@ def test_cli_json_and_exit_codes_on_a_local_host(tmp_path: Path, local_inventory
     assert here["dest"] == str(tmp_path / "work" / "proj")
     assert sorted(here["changed"]) == ["a.py", "run.sh"]
     (proj / "a.py").write_text("2")
-    check = cpuaccel("sync", "-i", str(local_inventory), "--check", cwd=proj)
+    check = cached_cpuaccel("sync", "-i", str(local_inventory), "--check", cwd=proj)
     assert check.returncode == 1, check.stdout + check.stderr
     assert "here: 1 would change, 0 deleted" in check.stdout
     assert "0/1 node(s) match the source" in check.stdout
     assert (tmp_path / "work" / "proj" / "a.py").read_text() == "1"
-    second = cpuaccel("sync", "-i", str(local_inventory), cwd=proj)
+    second = cached_cpuaccel("sync", "-i", str(local_inventory), cwd=proj)
     assert second.returncode == 0 and "1/1 node(s) match the source" in second.stdout
     assert (tmp_path / "work" / "proj" / "a.py").read_text() == "2"

@@ -27,6 +27,7 @@ import pytest
 
 from cpuaccel.node.common import TMP_MARK
 from cpuaccel.testing.cluster import WORKDIR, Cluster
+from cpuaccel.testing.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
 
 pytestmark = pytest.mark.cluster
 
@@ -119,17 +120,12 @@ def source_tree(root: Path) -> Tree:
 # ---------------------------------------------------------------- running the CLI
 
 
-def cpuaccel(
-    *args: str, cwd: Path, cache: Path, path: str = "/usr/bin:/bin", timeout: float = 120
+def cached_cpuaccel(
+    *args: str, cwd: Path, cache: Path, path: str = CLEAN_PATH, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cpuaccel", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={"NO_COLOR": "1", "PATH": path, "HOME": str(Path.home()), "XDG_CACHE_HOME": str(cache)},
-        timeout=timeout,
-    )
+    """`cpuaccel ARGS` from a plain shell with `path`, its cache in `cache`."""
+    env = clean_env(path=path, XDG_CACHE_HOME=str(cache))
+    return cpuaccel(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 class Env:
@@ -144,7 +140,7 @@ class Env:
         self.src.mkdir()
 
     def run(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return cpuaccel(
+        return cached_cpuaccel(
             "sync",
             "-i",
             str(self.cluster.inventory_path),
@@ -384,16 +380,13 @@ def test_killed_sync_leaves_no_partial_file_and_the_next_run_converges(
     write(env.src / "train.py", "print('go')\n")
     expected = source_tree(env.src)
     # Without rsync on the controller the tar stream carries everything.
-    path = "/usr/bin:/bin" if method == "rsync" else str(env.scratch / "bin-without-rsync")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cpuaccel", "sync", "-i", str(env.cluster.inventory_path)],
+    path = CLEAN_PATH if method == "rsync" else str(env.scratch / "bin-without-rsync")
+    proc = start_cpuaccel(
+        "sync",
+        "-i",
+        str(env.cluster.inventory_path),
         cwd=env.src,
-        env={
-            "NO_COLOR": "1",
-            "PATH": path,
-            "HOME": str(Path.home()),
-            "XDG_CACHE_HOME": str(env.scratch / "cache"),
-        },
+        env=clean_env(path=path, XDG_CACHE_HOME=str(env.scratch / "cache")),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own group: the controller and the rsync/ssh it started
@@ -475,7 +468,7 @@ def test_shared_filesystem_node_joining_during_the_write(env: Env, tmp_path: Pat
         tmp_path / "late.yaml", host_overrides={"node3": {"cpuaccel_python": str(late)}}
     )
     shared = env.scratch / "shared" / "proj"
-    proc = cpuaccel(
+    proc = cached_cpuaccel(
         "sync",
         "-i",
         str(inventory),

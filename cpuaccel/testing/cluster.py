@@ -5,6 +5,11 @@ its own hostname (UTS namespace), its own ``/etc/hosts`` and a private directory
 over one common path, :data:`NODE_DIR` (mount namespace). The rest of the filesystem
 (the venv, the checkout, /tmp) is shared, like a cluster with an NFS home.
 
+The parts live next to this class: :mod:`~cpuaccel.testing.netns` (names, namespaces,
+processes), :mod:`~cpuaccel.testing.sshd` (each node's sshd),
+:mod:`~cpuaccel.testing.inventory_file` (inventory, known_hosts, hosts) and
+:mod:`~cpuaccel.testing.state` (state file, lock and clean-up, found again by id).
+
 Everything created is named after the cluster id, so several clusters can coexist::
 
     bridge      cpxl{id}br          address 10.77.{id}.254/24 (the controller side)
@@ -28,81 +33,49 @@ From a shell (nodes keep running after ``up`` returns)::
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import shlex
-import shutil
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import yaml
-
+from cpuaccel.testing import sshd
+from cpuaccel.testing.inventory_file import hosts_text, inventory_text, known_hosts_text
 from cpuaccel.testing.netns import (
-    _STATE_FILE,
-    CONTROLLER_NAME,
     MAX_NODES,
     NODE_DIR,
     PRIVSEP_DIR,
-    SKEL_BASHRC,
-    SSHD,
     WORKDIR,
     ClusterError,
+    Node,
     _alive,
     _check_id,
-    _cmdline,
-    _descendants,
     _is_our_sshd,
-    _Lock,
-    _netns_inode,
-    _pids_in_netns,
-    _run,
     _terminate,
     bridge_name,
-    cleanup_stale,
     controller_address,
+    create_network,
+    cwd_or_root,
+    enter_new_node_argv,
+    exec_argv,
     lock_path_for,
+    make_nodes,
     namespace_name,
-    node_address,
+    namespace_pids,
+    node_pids,
     state_dir_for,
     unavailable_reason,
     veth_name,
 )
+from cpuaccel.testing.state import Lock, cleanup_stale, load_state, save_state
 
-# --------------------------------------------------------------------------- cluster
-
-
-@dataclass
-class Node:
-    index: int
-    name: str
-    address: str
-    namespace: str
-    pid: int | None
-    """pid of the node's sshd listener, None while it is stopped."""
-    private_dir: Path
-    """Host-side path of the directory mounted over NODE_DIR inside the node."""
-
-
-class _FlowDict(dict[str, Any]):
-    """A mapping written in YAML flow style (``{ansible_host: 10.77.0.1}``)."""
-
-
-class _InventoryDumper(yaml.SafeDumper):
-    pass
-
-
-def _represent_flow(dumper: yaml.SafeDumper, data: _FlowDict) -> yaml.Node:
-    return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True)
-
-
-_InventoryDumper.add_representer(_FlowDict, _represent_flow)
+# Tests and benches import these names from here, where the cluster is.
+__all__ = [
+    "NODE_DIR", "WORKDIR", "Cluster", "ClusterError", "Node",
+    "bridge_name", "lock_path_for", "namespace_name", "unavailable_reason", "veth_name",
+]  # fmt: skip
 
 
 class Cluster:
@@ -129,18 +102,8 @@ class Cluster:
         self.bridge = bridge_name(cluster_id)
         self.controller_address = controller_address(cluster_id)
         self.python = sys.executable
-        self.nodes = [
-            Node(
-                index=k,
-                name=f"node{k}",
-                address=node_address(cluster_id, k),
-                namespace=namespace_name(cluster_id, k),
-                pid=None,
-                private_dir=self.state_dir / "nodes" / f"node{k}",
-            )
-            for k in range(1, nodes + 1)
-        ]
-        self._lock = _Lock(lock_path_for(cluster_id, self.state_root))
+        self.nodes = make_nodes(cluster_id, nodes, self.state_dir / "nodes")
+        self._lock = Lock(lock_path_for(cluster_id, self.state_root))
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def __repr__(self) -> str:
@@ -159,33 +122,24 @@ class Cluster:
         return [node.name for node in self.nodes]
 
     def sshd_config_path(self, name: str) -> Path:
-        return self.state_dir / "sshd" / f"{name}.conf"
+        return sshd.config_path(self.state_dir, name)
 
     def host_key_path(self, name: str) -> Path:
-        return self.state_dir / "sshd" / f"{name}_host_ed25519_key"
+        return sshd.host_key_path(self.state_dir, name)
 
     def pid_path(self, name: str) -> Path:
-        return self.state_dir / f"{name}.pid"
+        return sshd.pid_path(self.state_dir, name)
 
     def log_path(self, name: str) -> Path:
-        return self.state_dir / f"{name}.log"
+        return sshd.log_path(self.state_dir, name)
 
     def ssh_args(self) -> list[str]:
         """`ssh` options that log in to any node strictly (append `root@ADDRESS cmd`)."""
         return [
-            "-i",
-            str(self.key_path),
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            f"UserKnownHostsFile={self.known_hosts_path}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=10",
-        ]
+            "-i", str(self.key_path), "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={self.known_hosts_path}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+        ]  # fmt: skip
 
     def ssh_argv(self, name: str, *command: str) -> list[str]:
         """A full system-ssh command line running `command` on node `name` as root."""
@@ -224,7 +178,7 @@ class Cluster:
         try:
             cleanup_stale(self.cluster_id, self.state_root)
             self._write_files()
-            self._create_network()
+            create_network(self.cluster_id, self.nodes)
             for node in self.nodes:
                 self._spawn_sshd(node)
             self._wait_for_sshd(self.nodes, timeout)
@@ -243,16 +197,8 @@ class Cluster:
         """
         if not self._lock.held:
             self._lock.acquire()
-        pids: set[int] = set()
-        groups: list[int] = []
-        for node in self.nodes:
-            if node.pid is not None and _is_our_sshd(node.pid, self.sshd_config_path(node.name)):
-                pids.add(node.pid)
-                groups.append(node.pid)
-            inode = _netns_inode(node.namespace)
-            if inode is not None:
-                pids |= _pids_in_netns(inode)
-        pids.discard(os.getpid())
+        groups = sshd.our_listeners(self.nodes, self.state_dir)
+        pids = set(groups) | namespace_pids(self.nodes)
         _terminate(pids, groups)
         self._reap()
         for node in self.nodes:
@@ -268,6 +214,11 @@ class Cluster:
                 proc.wait(timeout=2)
         self._procs.clear()
 
+    def leave_running(self) -> None:
+        """Let the nodes outlive this process (the `up` command): release the lock, keep
+        the state. A later ``Cluster.attach(...).down()`` or ``down`` command removes them."""
+        self._lock.release(remove=False)
+
     # ---- files
 
     def _write_files(self) -> None:
@@ -276,65 +227,14 @@ class Cluster:
         PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         # The mount point must exist; it stays empty on the host side.
         NODE_DIR.mkdir(parents=True, exist_ok=True)
-        keygens = [self._keygen(self.key_path, f"cpxl{self.cluster_id}-user")]
         for node in self.nodes:
             node.private_dir.mkdir(parents=True, exist_ok=True)
-            keygens.append(self._keygen(self.host_key_path(node.name), node.name))
-        for proc, path in keygens:
-            _, err = proc.communicate(timeout=60)
-            if proc.returncode != 0:
-                raise ClusterError(f"ssh-keygen for {path} failed: {err.strip()}")
-
-        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-        lines.append(f"{self.controller_address} {CONTROLLER_NAME}")
-        lines += [f"{node.address} {node.name}" for node in self.nodes]
-        self.hosts_path.write_text("\n".join(lines) + "\n")
-
-        known = []
-        for node in self.nodes:
-            key_type, key = (
-                self.host_key_path(node.name).with_suffix(".pub").read_text().split()[:2]
-            )
-            known.append(f"{node.name},{node.address} {key_type} {key}")
-        self.known_hosts_path.write_text("\n".join(known) + "\n")
-
-        for node in self.nodes:
-            self.sshd_config_path(node.name).write_text(self._sshd_config(node))
+        sshd.write_files(self.state_dir, self.cluster_id, self.nodes, self.key_path)
+        self.hosts_path.write_text(hosts_text(self.controller_address, self.nodes))
+        self.known_hosts_path.write_text(
+            known_hosts_text([(node, self.host_key_path(node.name)) for node in self.nodes])
+        )
         self.write_inventory(self.inventory_path)
-
-    @staticmethod
-    def _keygen(path: Path, comment: str) -> tuple[subprocess.Popen[str], Path]:
-        argv = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        return proc, path
-
-    def _sshd_config(self, node: Node) -> str:
-        settings = [
-            ("ListenAddress", node.address),
-            ("Port", "22"),
-            ("HostKey", str(self.host_key_path(node.name))),
-            ("AuthorizedKeysFile", f"{self.key_path}.pub"),
-            ("PermitRootLogin", "prohibit-password"),
-            ("PubkeyAuthentication", "yes"),
-            ("PasswordAuthentication", "no"),
-            ("KbdInteractiveAuthentication", "no"),
-            ("UsePAM", "no"),
-            ("StrictModes", "no"),
-            ("PidFile", "none"),
-            ("MaxSessions", "200"),
-            ("MaxStartups", "200:30:400"),
-            ("PrintMotd", "no"),
-            ("PrintLastLog", "no"),
-            ("UseDNS", "no"),
-            ("X11Forwarding", "no"),
-            ("Subsystem", "sftp internal-sftp"),
-            ("LogLevel", "ERROR"),
-        ]
-        header = f"# {node.name} of test cluster {self.cluster_id} (cpuaccel.testing.cluster)\n"
-        return header + "".join(f"{key} {value}\n" for key, value in settings)
 
     def write_inventory(
         self,
@@ -350,38 +250,15 @@ class Cluster:
         ``cpuaccel_python`` on one node); `only` limits the hosts listed; `extra_vars` adds
         or replaces group vars under ``all.vars`` (None leaves one of the defaults out).
         """
-        overrides = dict(host_overrides or {})
-        unknown = set(overrides) - set(self.names)
-        if only is not None:
-            unknown |= set(only) - set(self.names)
-        if unknown:
-            raise KeyError(f"no such nodes in {self!r}: {sorted(unknown)}")
-        group_vars: dict[str, Any] = {
-            "ansible_user": "root",
-            "ansible_ssh_private_key_file": str(self.key_path),
-            "ansible_ssh_common_args": (
-                f"-o UserKnownHostsFile={self.known_hosts_path} -o StrictHostKeyChecking=yes"
-            ),
-            # Without it ansible-core probes for an interpreter over ssh, and on a machine
-            # with pyenv in root's login PATH it picks a shim that fails on the nodes. The
-            # caller's venv python is on every node (shared filesystem).
-            "ansible_python_interpreter": self.python,
-            "cpuaccel_python": self.python,
-            "cpuaccel_workdir": str(WORKDIR),
-        }
-        group_vars.update(extra_vars)
-        # None removes a default (e.g. cpuaccel_python=None: nodes use cpuaccel_venv).
-        group_vars = {k: v for k, v in group_vars.items() if v is not None}
-        hosts: dict[str, Any] = {}
-        for node in self.nodes:
-            if only is not None and node.name not in only:
-                continue
-            host = _FlowDict(ansible_host=node.address)
-            host.update(overrides.get(node.name, {}))
-            hosts[node.name] = host
-        document = {"all": {"vars": group_vars, "hosts": hosts}}
-        text = yaml.dump(
-            document, Dumper=_InventoryDumper, sort_keys=False, default_flow_style=False, width=200
+        text = inventory_text(
+            self.nodes,
+            key_path=self.key_path,
+            known_hosts_path=self.known_hosts_path,
+            python=self.python,
+            host_overrides=host_overrides or {},
+            only=only,
+            extra_vars=extra_vars,
+            owner=repr(self),
         )
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -389,113 +266,21 @@ class Cluster:
         return out
 
     def _save_state(self) -> None:
-        state = {
-            "cluster_id": self.cluster_id,
-            "python": self.python,
-            "nodes": [
-                {"name": n.name, "address": n.address, "namespace": n.namespace, "pid": n.pid}
-                for n in self.nodes
-            ],
-        }
-        (self.state_dir / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-
-    # ---- network
-
-    def _create_network(self) -> None:
-        prefix = f"{self.controller_address}/24"
-        batch = [
-            f"link add {self.bridge} type bridge",
-            f"addr add {prefix} dev {self.bridge}",
-            f"link set {self.bridge} up",
-        ]
-        for node in self.nodes:
-            veth = veth_name(self.cluster_id, node.index)
-            batch += [
-                f"netns add {node.namespace}",
-                f"link add {veth} type veth peer name eth0 netns {node.namespace}",
-                f"link set {veth} master {self.bridge} up",
-            ]
-        _run(["ip", "-batch", "-"], input="\n".join(batch) + "\n")
-        for node in self.nodes:
-            inside = ["link set lo up", f"addr add {node.address}/24 dev eth0", "link set eth0 up"]
-            _run(["ip", "-n", node.namespace, "-batch", "-"], input="\n".join(inside) + "\n")
+        save_state(self.state_dir, self.cluster_id, self.python, self.nodes)
 
     # ---- sshd
 
-    def _node_prelude(self, node: Node) -> str:
-        """Shell commands that make a fresh mount+UTS namespace into this node."""
-        prelude = (
-            f"hostname {shlex.quote(node.name)} && "
-            f"mount --bind {shlex.quote(str(self.hosts_path))} /etc/hosts && "
-            f"mount --bind {shlex.quote(str(node.private_dir))} {shlex.quote(str(NODE_DIR))}"
-        )
-        # A fresh node has Debian's default root ~/.bashrc, not this controller's (which
-        # here runs `pyenv init`, ~100 ms of CPU in every SSH command). bash reads
-        # ~/.bashrc for commands run by sshd, so without this every node would pay the
-        # developer machine's shell set-up.
-        bashrc = Path.home() / ".bashrc"
-        if self.fresh_bashrc and bashrc.is_file() and SKEL_BASHRC.is_file():
-            prelude += f" && mount --bind {SKEL_BASHRC} {shlex.quote(str(bashrc))}"
-        return prelude
-
-    def _enter_new_node_argv(self, node: Node, script: str) -> list[str]:
-        return [
-            "ip", "netns", "exec", node.namespace,
-            "unshare", "--mount", "--uts", "--propagation", "private",
-            "sh", "-c", f"{self._node_prelude(node)} && {script}",
-        ]  # fmt: skip
-
     def _spawn_sshd(self, node: Node) -> None:
-        config = self.sshd_config_path(node.name)
-        script = f"exec {SSHD} -D -e -f {shlex.quote(str(config))}"
-        # The Popen child is never a process group leader, so setsid(1) does not fork:
-        # every link of the chain execs, and the pid we get is sshd's.
-        argv = ["setsid", *self._enter_new_node_argv(node, script)]
-        with self.log_path(node.name).open("ab") as log:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                close_fds=True,
-            )  # fmt: skip
+        script = sshd.sshd_script(self.sshd_config_path(node.name))
+        enter = enter_new_node_argv(node, self.hosts_path, self.fresh_bashrc, script)
+        proc = sshd.spawn(enter, self.log_path(node.name))
         self._procs[node.name] = proc
         node.pid = proc.pid
         self.pid_path(node.name).write_text(f"{proc.pid}\n")
 
     def _wait_for_sshd(self, nodes: Sequence[Node], timeout: float | None) -> None:
         limit = timeout if timeout is not None else 10.0 + 0.5 * len(nodes)
-        deadline = time.monotonic() + limit
-        pending = list(nodes)
-        while pending:
-            for node in list(pending):
-                proc = self._procs.get(node.name)
-                if proc is not None and proc.poll() is not None:
-                    raise ClusterError(
-                        f"sshd of {node.name} ({node.namespace}) exited with {proc.returncode}: "
-                        f"{self._log_tail(node.name)}"
-                    )
-                if _ssh_banner(node.address, timeout=0.5):
-                    pending.remove(node)
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                names = ", ".join(f"{n.name} ({n.address})" for n in pending)
-                raise ClusterError(
-                    f"sshd did not answer on port 22 within {limit:.0f}s on: {names}; "
-                    f"log of {pending[0].name}: {self._log_tail(pending[0].name)}"
-                )
-            time.sleep(0.02)
-        for node in nodes:
-            assert node.pid is not None
-            if not _is_our_sshd(node.pid, self.sshd_config_path(node.name)):
-                raise ClusterError(
-                    f"pid {node.pid} of {node.name} is not its sshd: {_cmdline(node.pid)}"
-                )
-
-    def _log_tail(self, name: str) -> str:
-        try:
-            text = self.log_path(name).read_text(errors="replace").strip()
-        except OSError:
-            return "(no log)"
-        return text[-2000:] or "(empty log)"
+        sshd.wait_for_sshd(nodes, self._procs, self.state_dir, limit)
 
     def stop_sshd(self, name: str, *, kill_sessions: bool = False) -> None:
         """Stop a node's sshd so that port 22 refuses connections (the node stays).
@@ -504,11 +289,8 @@ class Cluster:
         `kill_sessions` is set, which kills every process in the node.
         """
         node = self.node(name)
-        pids: set[int] = set()
-        groups: list[int] = []
-        if node.pid is not None and _is_our_sshd(node.pid, self.sshd_config_path(name)):
-            pids.add(node.pid)
-            groups.append(node.pid)
+        groups = sshd.our_listeners([node], self.state_dir)
+        pids = set(groups)
         if kill_sessions:
             pids |= set(self.pids(name, include_sshd=True))
         _terminate(pids, groups)
@@ -560,22 +342,14 @@ class Cluster:
         timeout 120 s, and the caller's working directory (a shared path).
         """
         node = self.node(name)
-        cwd = str(kw.pop("cwd", None) or _cwd_or_root())
+        cwd = str(kw.pop("cwd", None) or cwd_or_root())
         if not any(key in kw for key in ("stdout", "stderr", "capture_output")):
             kw["capture_output"] = True
         if not any(key in kw for key in ("text", "universal_newlines", "encoding", "errors")):
             kw["text"] = True
         kw.setdefault("check", False)
         kw.setdefault("timeout", 120)
-        if node.pid is not None and _alive(node.pid):
-            full = [
-                "nsenter", "--target", str(node.pid), "--net", "--mount", "--uts",
-                f"--wd={cwd}", "--", *argv,
-            ]  # fmt: skip
-        else:
-            # sshd stopped: build the same node view in a fresh mount+UTS namespace.
-            script = f'cd {shlex.quote(cwd)} && exec "$@"'
-            full = [*self._enter_new_node_argv(node, script), "sh", *argv]
+        full = exec_argv(node, argv, cwd, self.hosts_path, self.fresh_bashrc)
         return subprocess.run(full, **kw)
 
     def pids(self, name: str, *, include_sshd: bool = False) -> list[int]:
@@ -584,19 +358,7 @@ class Cluster:
         Includes processes that left sshd's tree (daemonised, orphaned). Excludes the sshd
         listener itself unless `include_sshd`.
         """
-        node = self.node(name)
-        found: set[int] = set()
-        inode = _netns_inode(node.namespace)
-        if inode is not None:
-            found |= _pids_in_netns(inode)
-        if node.pid is not None:
-            found |= _descendants(node.pid)
-            if include_sshd:
-                found.add(node.pid)
-            else:
-                found.discard(node.pid)
-        found.discard(os.getpid())
-        return sorted(pid for pid in found if _alive(pid))
+        return node_pids(self.node(name), include_sshd=include_sshd)
 
     def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
         """Wait until node `name` has no process but its sshd; return what is left."""
@@ -607,33 +369,9 @@ class Cluster:
                 return left
             time.sleep(0.05)
 
-    def clear_private_dirs(self) -> None:
-        """Empty every node's private directory (what nodes see at NODE_DIR)."""
-        for node in self.nodes:
-            for entry in node.private_dir.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
-
     def status(self) -> list[dict[str, Any]]:
         """One row per node: name, address, pid, whether sshd lives and answers."""
-        rows = []
-        for node in self.nodes:
-            alive = node.pid is not None and _is_our_sshd(
-                node.pid, self.sshd_config_path(node.name)
-            )
-            rows.append(
-                {
-                    "name": node.name,
-                    "address": node.address,
-                    "namespace": node.namespace,
-                    "pid": node.pid,
-                    "sshd": alive,
-                    "port22": _ssh_banner(node.address, timeout=0.5),
-                }
-            )
-        return rows
+        return [sshd.status_row(node, self.state_dir) for node in self.nodes]
 
     @classmethod
     def attach(cls, cluster_id: int = 0, state_root: Path = Path("/tmp")) -> Cluster:
@@ -641,11 +379,7 @@ class Cluster:
 
         It does not own the lock; its down() still removes everything of that id.
         """
-        state_file = state_dir_for(cluster_id, state_root) / _STATE_FILE
-        try:
-            state = json.loads(state_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise ClusterError(f"no running cluster {cluster_id}: {exc}") from None
+        state = load_state(cluster_id, state_root)
         cluster = cls(len(state["nodes"]), cluster_id, state_root)
         cluster.python = state.get("python", cluster.python)
         for node, saved in zip(cluster.nodes, state["nodes"], strict=True):
@@ -653,27 +387,6 @@ class Cluster:
             ok = pid is not None and _is_our_sshd(pid, cluster.sshd_config_path(node.name))
             node.pid = pid if ok else None
         return cluster
-
-
-def _cwd_or_root() -> str:
-    try:
-        return os.getcwd()
-    except FileNotFoundError:
-        return "/"
-
-
-def _ssh_banner(address: str, timeout: float) -> bool:
-    """True if an SSH server answers with its banner on address:22."""
-    try:
-        with socket.create_connection((address, 22), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            ok = sock.recv(8).startswith(b"SSH-")
-            # Say who we are before hanging up, or sshd logs an error for each probe.
-            with contextlib.suppress(OSError):
-                sock.sendall(b"SSH-2.0-cpxl-probe\r\n")
-            return ok
-    except OSError:
-        return False
 
 
 # The shell commands (up, down, status) live in cluster_cli; `python -m` runs them here.

@@ -11,15 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.netns import (
-    MAX_CLUSTER_ID,
-    NETNS_DIR,
-    ClusterError,
-    _Lock,
-    cleanup_stale,
-    leftovers,
-    lock_path_for,
-)
+from cpuaccel.testing.netns import MAX_CLUSTER_ID, NETNS_DIR, ClusterError, lock_path_for
+from cpuaccel.testing.state import Lock, cleanup_stale, leftovers
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -27,7 +20,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     cluster = Cluster(args.nodes, args.id, args.state_root)
     cluster.up()
     # This process ends here; the nodes keep running and `down` removes them.
-    cluster._lock.release(remove=False)
+    cluster.leave_running()
     elapsed = time.monotonic() - start
     print(f"{len(cluster.nodes)} nodes of cluster {args.id} up in {elapsed:.1f}s", file=sys.stderr)
     print(cluster.inventory_path)
@@ -35,7 +28,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 
 def _cmd_down(args: argparse.Namespace) -> int:
-    lock = _Lock(lock_path_for(args.id, args.state_root))
+    lock = Lock(lock_path_for(args.id, args.state_root))
     if not args.force:
         lock.acquire()
     try:

@@ -1,30 +1,29 @@
-"""The host side of the test cluster: names, processes, leftovers and the lock.
+"""The test nodes as namespaces: names, the network, entering a node, its processes.
 
-Everything here works from an id alone, so that a later process can find (and clean
-up) what an earlier one left: names follow from the id, processes are recognised on
-/proc by their namespace or by the sshd config they were started with, never by a
-pattern that could match someone else's.
+Names follow from the cluster id alone, so that a later process can find (and clean up)
+what an earlier one left (see :mod:`cpuaccel.testing.state`). Processes are recognised on
+/proc by their namespace or by the sshd config they were started with, never by a pattern
+that could match someone else's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
 NODE_DIR = Path("/srv/cpuaccel-node")
-SKEL_BASHRC = Path("/etc/skel/.bashrc")
 """The one path that is private to each node (a per-node directory is mounted over it)."""
+SKEL_BASHRC = Path("/etc/skel/.bashrc")
 WORKDIR = NODE_DIR / "work"
 PRIVSEP_DIR = Path("/run/sshd")
 NETNS_DIR = Path("/run/netns")
@@ -33,8 +32,6 @@ CONTROLLER_HOST = 254
 MAX_NODES = 253
 MAX_CLUSTER_ID = 255
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setsid", "ssh-keygen", "hostname", "mount")
-
-_STATE_FILE = "state.json"
 
 
 class ClusterError(RuntimeError):
@@ -90,6 +87,137 @@ def unavailable_reason() -> str | None:
     if missing:
         return f"missing tools for the namespace cluster: {', '.join(missing)}"
     return None
+
+
+@dataclass
+class Node:
+    index: int
+    name: str
+    address: str
+    namespace: str
+    pid: int | None
+    """pid of the node's sshd listener, None while it is stopped."""
+    private_dir: Path
+    """Host-side path of the directory mounted over NODE_DIR inside the node."""
+
+
+def make_nodes(cluster_id: int, count: int, private_root: Path) -> list[Node]:
+    """Nodes 1..count of a cluster (not started), each with a private dir below private_root."""
+    return [
+        Node(
+            index=k,
+            name=f"node{k}",
+            address=node_address(cluster_id, k),
+            namespace=namespace_name(cluster_id, k),
+            pid=None,
+            private_dir=private_root / f"node{k}",
+        )
+        for k in range(1, count + 1)
+    ]
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+def create_network(cluster_id: int, nodes: Sequence[Node]) -> None:
+    """The bridge with the controller's address, and each node's namespace on it."""
+    bridge = bridge_name(cluster_id)
+    batch = [
+        f"link add {bridge} type bridge",
+        f"addr add {controller_address(cluster_id)}/24 dev {bridge}",
+        f"link set {bridge} up",
+    ]
+    for node in nodes:
+        veth = veth_name(cluster_id, node.index)
+        batch += [
+            f"netns add {node.namespace}",
+            f"link add {veth} type veth peer name eth0 netns {node.namespace}",
+            f"link set {veth} master {bridge} up",
+        ]
+    _run(["ip", "-batch", "-"], input="\n".join(batch) + "\n")
+    for node in nodes:
+        inside = ["link set lo up", f"addr add {node.address}/24 dev eth0", "link set eth0 up"]
+        _run(["ip", "-n", node.namespace, "-batch", "-"], input="\n".join(inside) + "\n")
+
+
+def _node_prelude(node: Node, hosts_path: Path, fresh_bashrc: bool) -> str:
+    """Shell commands that make a fresh mount+UTS namespace into this node."""
+    prelude = (
+        f"hostname {shlex.quote(node.name)} && "
+        f"mount --bind {shlex.quote(str(hosts_path))} /etc/hosts && "
+        f"mount --bind {shlex.quote(str(node.private_dir))} {shlex.quote(str(NODE_DIR))}"
+    )
+    # A fresh node has Debian's default root ~/.bashrc, not this controller's (which
+    # here runs `pyenv init`, ~100 ms of CPU in every SSH command). bash reads
+    # ~/.bashrc for commands run by sshd, so without this every node would pay the
+    # developer machine's shell set-up.
+    bashrc = Path.home() / ".bashrc"
+    if fresh_bashrc and bashrc.is_file() and SKEL_BASHRC.is_file():
+        prelude += f" && mount --bind {SKEL_BASHRC} {shlex.quote(str(bashrc))}"
+    return prelude
+
+
+def enter_new_node_argv(node: Node, hosts_path: Path, fresh_bashrc: bool, script: str) -> list[str]:
+    """argv running the shell `script` in the node's network namespace, in a fresh
+    mount+UTS namespace made into the node (hostname, /etc/hosts, NODE_DIR)."""
+    return [
+        "ip", "netns", "exec", node.namespace,
+        "unshare", "--mount", "--uts", "--propagation", "private",
+        "sh", "-c", f"{_node_prelude(node, hosts_path, fresh_bashrc)} && {script}",
+    ]  # fmt: skip
+
+
+def exec_argv(
+    node: Node, argv: Sequence[str], cwd: str, hosts_path: Path, fresh_bashrc: bool
+) -> list[str]:
+    """argv running `argv` in `cwd` inside the node, not via ssh: in its sshd's namespaces,
+    or, with sshd stopped, in the same node view built afresh."""
+    if node.pid is not None and _alive(node.pid):
+        return [
+            "nsenter", "--target", str(node.pid), "--net", "--mount", "--uts",
+            f"--wd={cwd}", "--", *argv,
+        ]  # fmt: skip
+    script = f'cd {shlex.quote(cwd)} && exec "$@"'
+    return [*enter_new_node_argv(node, hosts_path, fresh_bashrc, script), "sh", *argv]
+
+
+def cwd_or_root() -> str:
+    """This process's working directory (a path nodes share), or / if it was deleted."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        return "/"
+
+
+def namespace_pids(nodes: Sequence[Node]) -> set[int]:
+    """Every process in the nodes' network namespaces (sessions, strays) but this one."""
+    found: set[int] = set()
+    for node in nodes:
+        inode = _netns_inode(node.namespace)
+        if inode is not None:
+            found |= _pids_in_netns(inode)
+    found.discard(os.getpid())
+    return found
+
+
+def node_pids(node: Node, *, include_sshd: bool = False) -> list[int]:
+    """Live processes inside the node: its network namespace and sshd's descendants.
+
+    Includes processes that left sshd's tree (daemonised, orphaned). Excludes the sshd
+    listener itself unless `include_sshd`.
+    """
+    found: set[int] = set()
+    inode = _netns_inode(node.namespace)
+    if inode is not None:
+        found |= _pids_in_netns(inode)
+    if node.pid is not None:
+        found |= _descendants(node.pid)
+        if include_sshd:
+            found.add(node.pid)
+        else:
+            found.discard(node.pid)
+    found.discard(os.getpid())
+    return sorted(pid for pid in found if _alive(pid))
 
 
 # --------------------------------------------------------------------------- processes
@@ -217,133 +345,3 @@ def _terminate(pids: Iterable[int], groups: Iterable[int] = (), timeout: float =
             if not targets:
                 return
             time.sleep(0.02)
-
-
-# --------------------------------------------------------------------------- cleanup
-
-
-def _list_netns(cluster_id: int) -> list[str]:
-    pattern = re.compile(rf"^cpxl{cluster_id}-node\d+$")
-    try:
-        names = os.listdir(NETNS_DIR)
-    except OSError:
-        names = []
-    return sorted(name for name in names if pattern.match(name))
-
-
-def _list_links(cluster_id: int) -> list[str]:
-    pattern = re.compile(rf"^cpxl{cluster_id}(br|v\d+)$")
-    try:
-        names = os.listdir("/sys/class/net")
-    except OSError:
-        names = []
-    return sorted(name for name in names if pattern.match(name))
-
-
-def _stale_processes(cluster_id: int, state_root: Path) -> set[int]:
-    state_dir = state_dir_for(cluster_id, state_root)
-    found: set[int] = set()
-    for namespace in _list_netns(cluster_id):
-        inode = _netns_inode(namespace)
-        if inode is not None:
-            found |= _pids_in_netns(inode)
-    found |= {pid for pid in _all_pids() if _names_state_dir(pid, state_dir)}
-    found.discard(os.getpid())
-    return found
-
-
-def leftovers(cluster_id: int, state_root: Path = Path("/tmp")) -> dict[str, list[str]]:
-    """What exists on this machine for a cluster id: namespaces, links, processes, state dir."""
-    _check_id(cluster_id)
-    state_dir = state_dir_for(cluster_id, state_root)
-    return {
-        "namespaces": _list_netns(cluster_id),
-        "links": _list_links(cluster_id),
-        "processes": [
-            f"{pid} {shlex.join(_cmdline(pid))}"
-            for pid in sorted(_stale_processes(cluster_id, state_root))
-            if _alive(pid)
-        ],
-        "state_dir": [str(state_dir)] if state_dir.exists() else [],
-    }
-
-
-def cleanup_stale(cluster_id: int, state_root: Path = Path("/tmp")) -> None:
-    """Remove everything named after this cluster id, and nothing else.
-
-    Kills every process inside the id's namespaces and every sshd whose ``-f`` config lives
-    in its state dir (both checked on /proc before killing), then deletes its links,
-    namespaces and state dir. Does not take the lock: callers that care do.
-    """
-    _check_id(cluster_id)
-    state_dir = state_dir_for(cluster_id, state_root)
-    pids = _stale_processes(cluster_id, state_root)
-    # sshd listeners were started with setsid: their process group is theirs alone.
-    groups = [pid for pid in pids if (f := _stat_fields(pid)) is not None and f[2] == pid]
-    _terminate(pids, groups)
-    # Delete the host-side veths before the namespaces: namespace teardown is
-    # asynchronous in the kernel, `ip link del` is not.
-    links = _list_links(cluster_id)
-    for link in sorted(links, key=lambda name: name.endswith("br")):
-        with contextlib.suppress(ClusterError):
-            _run(["ip", "link", "del", link])
-    for namespace in _list_netns(cluster_id):
-        with contextlib.suppress(ClusterError):
-            _run(["ip", "netns", "del", namespace])
-    if state_dir.is_dir() and not state_dir.is_symlink():
-        shutil.rmtree(state_dir, ignore_errors=True)
-    left = {kind: items for kind, items in leftovers(cluster_id, state_root).items() if items}
-    if left:
-        raise ClusterError(f"cluster {cluster_id}: could not remove {left}")
-
-
-# --------------------------------------------------------------------------- lock
-
-
-class _Lock:
-    """An flock on state_root/cpxl-{id}.lock, held while a process owns a cluster."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
-    def acquire(self) -> None:
-        if self._fd is not None:
-            return
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = ""
-                with contextlib.suppress(OSError, ValueError):
-                    owner = os.read(fd, 64).decode().strip()
-                os.close(fd)
-                raise ClusterError(
-                    f"{self.path} is held by a running process (pid {owner or '?'}): that "
-                    "cluster id is in use; pick another id or stop that process first"
-                ) from None
-            # The file may have been unlinked by its previous owner between open and flock.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-
-    def release(self, *, remove: bool) -> None:
-        if self._fd is None:
-            return
-        if remove:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-        os.close(self._fd)
-        self._fd = None

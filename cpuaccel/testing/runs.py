@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.testing.command import clean_env, cpuaccel
+
 # A clean environment: what a user's shell would pass, without this session's variables.
-ENV = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+ENV = clean_env()
 LABELLED = re.compile(r"^\[rank (\d+) ([^\]]+)\] (.*)$")
 
 
@@ -76,14 +77,7 @@ def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:
 def cpuaccel_run(project: Path, *args: str, timeout: float = 240) -> Run:
     """``cpuaccel run ARGS`` from the project folder; never a traceback."""
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "cpuaccel", "run", *args],
-        capture_output=True,
-        text=True,
-        cwd=project,
-        env=ENV,
-        timeout=timeout,
-    )
+    proc = cpuaccel("run", *args, cwd=project, env=ENV, timeout=timeout)
     run = Run(proc, time.monotonic() - started)
     assert "Traceback" not in run.stderr, run
     return run
