@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.errors import EXIT_USAGE, InventoryError
 from cpuaccel.inventory.inventory import (
     ENV_VAR,
@@ -414,13 +415,18 @@ def no_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 ONE_HOST = "all:\n  hosts:\n    {name}:\n"
 
 
+def discover(path: str | None, extra_vars: dict[str, Any] | None = None) -> Inventory:
+    """What every verb does with -i (and no project file): choose, then load."""
+    return choose_inventory(path, None).load(extra_vars)
+
+
 def test_discover_prefers_the_given_path(
     tmp_path: Path, no_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     given = write(tmp_path, ONE_HOST.format(name="given"), "given.yaml")
     monkeypatch.setenv(ENV_VAR, str(write(tmp_path, ONE_HOST.format(name="env"), "env.yaml")))
     write(no_env, ONE_HOST.format(name="cwd"))
-    inv = Inventory.discover(str(given))
+    inv = discover(str(given))
     assert list(inv.hosts) == ["given"]
     assert inv.source == str(given)
 
@@ -430,18 +436,18 @@ def test_discover_then_the_environment(
 ) -> None:
     monkeypatch.setenv(ENV_VAR, str(write(tmp_path, ONE_HOST.format(name="env"), "env.yaml")))
     write(no_env, ONE_HOST.format(name="cwd"))
-    assert list(Inventory.discover(None).hosts) == ["env"]
+    assert list(discover(None).hosts) == ["env"]
 
 
 def test_discover_then_inventory_yaml_in_the_current_directory(no_env: Path) -> None:
     write(no_env, ONE_HOST.format(name="cwd"))
-    inv = Inventory.discover(None, {"x": 1})
+    inv = discover(None, {"x": 1})
     assert list(inv.hosts) == ["cwd"]
     assert inv.hosts["cwd"].vars["x"] == 1
 
 
 def test_discover_falls_back_to_the_implicit_inventory(no_env: Path) -> None:
-    inv = Inventory.discover(None)
+    inv = discover(None)
     assert inv.source is None
     assert list(inv.hosts) == ["localhost"]
 
@@ -451,7 +457,7 @@ def test_discover_reports_a_missing_file_from_the_environment(
 ) -> None:
     monkeypatch.setenv(ENV_VAR, "/nonexistent/inv.yaml")
     with pytest.raises(InventoryError) as info:
-        Inventory.discover(None)
+        discover(None)
     assert str(info.value).startswith("/nonexistent/inv.yaml: inventory file not found")
 
 

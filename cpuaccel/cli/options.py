@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.config.effective import choose_inventory
+from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.config.settings import Setting
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
@@ -142,10 +142,7 @@ def resolve_target(
     project = discover_config(config_path)
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
-    if choice.path is None:
-        inventory = Inventory.implicit(cli_vars)
-    else:
-        inventory = Inventory.load(choice.path, cli_vars)
+    inventory = choice.load(cli_vars)
     limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
     if limit is None and project is not None and project.get("limit"):
         limit = str(project.get("limit"))

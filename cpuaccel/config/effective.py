@@ -21,10 +21,7 @@ per node?" has an answer.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cpuaccel.config.project import LAUNCHERS, ProjectConfig
@@ -33,7 +30,6 @@ from cpuaccel.config.settings import (
     DEFAULT,
     DEFAULT_CCL_WORKERS,
     DEFAULT_MASTER_PORT,
-    ENVIRONMENT,
     FLAG,
     INVENTORY,
     PROJECT,
@@ -44,38 +40,9 @@ from cpuaccel.config.settings import (
 from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.hostfile import SLOTS_VAR
-from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory
+from cpuaccel.inventory.inventory import Inventory
 
-__all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "choose_inventory", "resolve"]
-
-
-@dataclass(frozen=True)
-class InventoryChoice:
-    path: str | None  # None: this machine alone
-    setting: Setting[str]
-
-
-def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
-    """-i, else the project file's inventory (or Accelerate's hostfile), else
-    $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone."""
-    if flag:
-        return InventoryChoice(flag, Setting("inventory", flag, FLAG, "-i"))
-    if project is not None:
-        if project.get("inventory"):
-            if project.inventory_error is not None:
-                raise project.inventory_error
-            path = str(project.get("inventory"))
-            where = project.where("inventory")
-            return InventoryChoice(path, Setting("inventory", path, PROJECT, where))
-        if project.local_only:
-            where = f"{project.path} (distributed_type 'NO')"
-            return InventoryChoice(None, Setting("inventory", "localhost", PROJECT, where))
-    from_env = os.environ.get(ENV_VAR)
-    if from_env:
-        return InventoryChoice(from_env, Setting("inventory", from_env, ENVIRONMENT, f"${ENV_VAR}"))
-    if Path(DEFAULT_FILE).is_file():
-        return InventoryChoice(DEFAULT_FILE, Setting("inventory", DEFAULT_FILE, DEFAULT, "./"))
-    return InventoryChoice(None, Setting("inventory", "localhost", DEFAULT, "no inventory file"))
+__all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
 
 # ---------------------------------------------------------------- checks of one value

@@ -8,7 +8,6 @@ the rest of cpuaccel uses: loading, the implicit localhost, discovery, --limit, 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -103,18 +102,6 @@ class Inventory:
         origins = dict.fromkeys(local, Origin(None, None))
         builder.add_host(builder.groups["all"], "localhost", local, origins)
         return cls.built(builder, extra_vars)
-
-    @classmethod
-    def discover(cls, path: str | None, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
-        """-i PATH, else $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine."""
-        if path:
-            return cls.load(path, extra_vars)
-        from_env = os.environ.get(ENV_VAR)
-        if from_env:
-            return cls.load(from_env, extra_vars)
-        if Path(DEFAULT_FILE).is_file():
-            return cls.load(DEFAULT_FILE, extra_vars)
-        return cls.implicit(extra_vars)
 
     def select(self, limit: str | None) -> list[Host]:
         """The hosts an Ansible host pattern (--limit) selects; all hosts for None."""

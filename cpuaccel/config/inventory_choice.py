@@ -1,0 +1,53 @@
+"""Which inventory a verb reads, and where that choice came from.
+
+-i, else the project file's inventory (or Accelerate's hostfile), else
+$CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone. The choice is a
+``Setting`` so that ``config show`` can say why that file was read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
+from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory
+
+
+@dataclass(frozen=True)
+class InventoryChoice:
+    path: str | None  # None: this machine alone
+    setting: Setting[str]
+
+    def load(self, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
+        """The chosen inventory, read (with -e on top)."""
+        if self.path is None:
+            return Inventory.implicit(extra_vars)
+        return Inventory.load(self.path, extra_vars)
+
+
+def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
+    """-i, else the project file's inventory (or Accelerate's hostfile), else
+    $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone."""
+    if flag:
+        return InventoryChoice(flag, Setting("inventory", flag, FLAG, "-i"))
+    if project is not None:
+        if project.get("inventory"):
+            if project.inventory_error is not None:
+                raise project.inventory_error
+            path = str(project.get("inventory"))
+            where = project.where("inventory")
+            return InventoryChoice(path, Setting("inventory", path, PROJECT, where))
+        if project.local_only:
+            where = f"{project.path} (distributed_type 'NO')"
+            return InventoryChoice(None, Setting("inventory", "localhost", PROJECT, where))
+    from_env = os.environ.get(ENV_VAR)
+    if from_env:
+        return InventoryChoice(from_env, Setting("inventory", from_env, ENVIRONMENT, f"${ENV_VAR}"))
+    if Path(DEFAULT_FILE).is_file():
+        return InventoryChoice(DEFAULT_FILE, Setting("inventory", DEFAULT_FILE, DEFAULT, "./"))
+    return InventoryChoice(None, Setting("inventory", "localhost", DEFAULT, "no inventory file"))
