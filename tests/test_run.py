@@ -297,6 +297,25 @@ def test_mpich_command_shape() -> None:
     assert render_job_files(plan, ConnectOptions())["hostfile"][1] == "n1\nn2\n"
 
 
+def test_own_templates_come_from_the_settings_not_the_hosts(tmp_path: Path) -> None:
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "hostfile.j2").write_text(
+        "# mine\n{% for node in nodes %}{{ node.name | quote }}\n{% endfor %}"
+    )
+    plan = plan_for(["impi"], chosen=hosts(cpuaccel_templates=str(own)))
+    assert plan.templates == str(own)
+    files = render_job_files(plan, ConnectOptions())
+    assert files["hostfile"][1] == "# mine\nn1\nn2\n"
+    assert "#!/bin/sh" in files["launch.sh"][1]  # the others are still cpuaccel's own
+
+
+def test_own_templates_must_be_a_folder(tmp_path: Path) -> None:
+    plan = plan_for(["impi"], chosen=hosts(cpuaccel_templates=str(tmp_path / "missing")))
+    with pytest.raises(UsageError, match=r"cpuaccel_templates is .*missing, which is not a folder"):
+        render_job_files(plan, ConnectOptions())
+
+
 def test_open_mpi_command_shape_forwards_every_variable() -> None:
     plan = plan_for(["openmpi"], env={"FI_PROVIDER": "tcp"}, cores=24, ppn=3)
     assert plan.launcher.name == "openmpi"

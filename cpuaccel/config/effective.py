@@ -192,6 +192,7 @@ SPECS: dict[str, _Spec] = {
     "mpirun": (None, ("cpuaccel_mpirun",), _text, None, "the head node's, from its facts"),
     "fi_provider": (None, ("cpuaccel_fi_provider",), _text, None, None),
     "allocator": (None, ("cpuaccel_allocator",), _one_of(ALLOCATOR_CHOICES), "auto", None),
+    "templates": (None, ("cpuaccel_templates",), _text, None, "cpuaccel's own templates/"),
 }  # fmt: skip
 
 
@@ -236,6 +237,7 @@ def resolve(
         fi_provider=got["fi_provider"],
         secret_env=_secret_env(src),
         allocator=got["allocator"],
+        templates=got["templates"],
         chosen=tuple(chosen),
     )
 

@@ -108,6 +108,7 @@ class LaunchSettings:
     fi_provider: Setting[str | None]
     secret_env: Setting[SecretEnv]
     allocator: Setting[str]  # one of ALLOCATOR_CHOICES
+    templates: Setting[str | None]  # a folder of the user's own run templates
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

@@ -71,6 +71,7 @@ class RunPlan:
     secret_env: SecretEnv  # its repr hides the values: a plan may be printed or logged
     setvars: str | None
     allocator: str
+    templates: str | None  # the user's own templates folder (cpuaccel_templates)
     script: Script
     shared_cores: bool = False  # several chosen nodes are one machine
 
@@ -167,6 +168,7 @@ def build_plan(
         secret_env=settings.secret_env.value,
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
         allocator=settings.allocator.value,
+        templates=settings.templates.value,
         script=script,
         shared_cores=sharing > 1,
     )

@@ -32,9 +32,8 @@ PUBLIC = 0o644
 
 def _environment(plan: RunPlan) -> jinja2.Environment:
     folders = [str(data_dir("templates"))]
-    custom = plan.head.vars.get("cpuaccel_templates")
-    if custom:
-        custom = os.path.expanduser(str(custom))
+    if plan.templates:
+        custom = os.path.expanduser(plan.templates)
         if not os.path.isdir(custom):
             raise UsageError(
                 f"cpuaccel_templates is {custom}, which is not a folder",
