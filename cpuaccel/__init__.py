@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from cpuaccel.runtime.context import Context, init
+    from cpuaccel.runtime import Context, init
 
 __all__ = ["Context", "__version__", "init"]
 _RUNTIME = ("Context", "init")
@@ -19,7 +19,7 @@ _RUNTIME = ("Context", "init")
 
 def __getattr__(name: str) -> Any:
     if name in _RUNTIME:
-        from cpuaccel.runtime import context
+        from cpuaccel import runtime
 
-        return getattr(context, name)
+        return getattr(runtime, name)
     raise AttributeError(f"module 'cpuaccel' has no attribute {name!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
@@ -15,7 +16,9 @@ from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.display import Display, ProgressBar
+from cpuaccel.playbook.model import Playbook
 from cpuaccel.playbook.modules import MODULES
+from cpuaccel.playbook.stats import HostStats
 from cpuaccel.playbook.strategy import LinearStrategy, Listener, default_playbook
 
 EPILOG = """\b
@@ -57,6 +60,48 @@ def _list_modules() -> None:
             out.print(f"    {name}: {arg.kind}{need}{extra}{aliases}")
 
 
+def _refuse_local_default(target: Target, playbook_path: str | None, tags: tuple[str, ...]) -> None:
+    if target.inventory.source is None and not playbook_path and _tags(tags) != {"wheelhouse"}:
+        # No inventory means this machine alone: the default playbook would reinstall
+        # the environment cpuaccel itself runs from. Only its wheelhouse step is safe.
+        raise UsageError(
+            "no inventory given: the default playbook would provision this machine's own "
+            "Python environment",
+            hint="give the nodes' inventory (cpuaccel provision inventory.yaml); "
+            "--tags wheelhouse alone fills the controller's wheelhouse",
+        )
+
+
+def _list_tasks(playbook: Playbook) -> None:
+    out = ui.stdout()
+    for play in playbook.plays:
+        out.print(f"play: {escape(play.name)} (hosts: {escape(play.hosts)})")
+        for task in play.tasks:
+            tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
+            out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
+
+
+def _print_json(
+    path: Path,
+    *,
+    check: bool,
+    ok: bool,
+    seconds: float,
+    stats: dict[str, HostStats],
+    log: list[dict[str, Any]],
+) -> None:
+    ui.print_json(
+        {
+            "playbook": str(path),
+            "check": check,
+            "ok": ok,
+            "seconds": round(seconds, 3),
+            "stats": {name: s.to_json() for name, s in stats.items()},
+            "plays": log,
+        }
+    )
+
+
 @click.command(epilog=EPILOG)
 @click.argument("inventory_file", required=False, metavar="[INVENTORY]")
 @host_options
@@ -96,25 +141,12 @@ def provision_command(
     if list_modules:
         _list_modules()
         return
-    if target.inventory.source is None and not playbook_path and _tags(tags) != {"wheelhouse"}:
-        # No inventory means this machine alone: the default playbook would reinstall
-        # the environment cpuaccel itself runs from. Only its wheelhouse step is safe.
-        raise UsageError(
-            "no inventory given: the default playbook would provision this machine's own "
-            "Python environment",
-            hint="give the nodes' inventory (cpuaccel provision inventory.yaml); "
-            "--tags wheelhouse alone fills the controller's wheelhouse",
-        )
+    _refuse_local_default(target, playbook_path, tags)
     path = Path(playbook_path) if playbook_path else default_playbook()
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
     if list_tasks:
-        out = ui.stdout()
-        for play in playbook.plays:
-            out.print(f"play: {escape(play.name)} (hosts: {escape(play.hosts)})")
-            for task in play.tasks:
-                tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
-                out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
+        _list_tasks(playbook)
         return
     listener: Listener = (
         ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
@@ -141,16 +173,7 @@ def provision_command(
     seconds = time.monotonic() - started
     ok = all(s.succeeded for s in stats.values())
     if as_json:
-        ui.print_json(
-            {
-                "playbook": str(path),
-                "check": check,
-                "ok": ok,
-                "seconds": round(seconds, 3),
-                "stats": {name: s.to_json() for name, s in stats.items()},
-                "plays": runner.log,
-            }
-        )
+        _print_json(path, check=check, ok=ok, seconds=seconds, stats=stats, log=runner.log)
     else:
         assert isinstance(listener, Display)
         listener.recap(stats, seconds)

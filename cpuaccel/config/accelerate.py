@@ -9,6 +9,7 @@ never silently dropped. A file that contradicts itself is an error naming the fi
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
@@ -67,6 +68,11 @@ def _number(fields: dict[str, Field], name: str, source: str, low: int = 1) -> i
     return value
 
 
+# How the steps below report: a warning line (name, line, message), or the error to raise.
+Warn = Callable[[str, int | None, str], None]
+Fail = Callable[[str, str, str], ProjectFileError]
+
+
 def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
     config = ProjectConfig(source, kind="accelerate")
 
@@ -78,6 +84,18 @@ def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
         where = f"{source}:{line}" if line is not None else source
         config.warnings.append(f"{where}: {name}: {message}")
 
+    distributed = _distributed_type(fields, fail)
+    _world(fields, source, config, distributed, fail)
+    _settings(fields, source, config, distributed, warn, fail)
+    _mpirun(fields, source, config, warn)
+    if distributed == "MULTI_CPU":
+        _head(fields, source, config, warn)
+    _warn_unmapped(fields, warn)
+    return config
+
+
+def _distributed_type(fields: dict[str, Field], fail: Fail) -> str:
+    """The checked distributed_type ("MULTI_CPU" or "NO"), on this machine's own hosts."""
     env = fields.get("compute_environment")
     if env is not None and env.value != "LOCAL_MACHINE":
         raise fail(
@@ -93,6 +111,13 @@ def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
             f"{distributed!r} is not CPU training",
             "use distributed_type: MULTI_CPU (several processes or machines) or 'NO'",
         )
+    return distributed
+
+
+def _world(
+    fields: dict[str, Field], source: str, config: ProjectConfig, distributed: str, fail: Fail
+) -> None:
+    """nodes and ppn, from num_machines and num_processes (the total over all machines)."""
     machines = _number(fields, "num_machines", source) or 1
     processes = _number(fields, "num_processes", source) or 1
     if distributed == "NO":
@@ -113,6 +138,16 @@ def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
     config.set("nodes", machines, _line(fields, "num_machines"), "num_machines")
     config.set("ppn", processes // machines, _line(fields, "num_processes"), "num_processes")
 
+
+def _settings(
+    fields: dict[str, Field],
+    source: str,
+    config: ProjectConfig,
+    distributed: str,
+    warn: Warn,
+    fail: Fail,
+) -> None:
+    """use_cpu, mixed_precision, main_process_port and num_cpu_threads_per_process."""
     use_cpu = fields.get("use_cpu")
     if use_cpu is not None and use_cpu.value is not True and distributed == "NO":
         warn("use_cpu", use_cpu.line, f"{use_cpu.value!r}: cpuaccel trains on CPUs only")
@@ -139,9 +174,9 @@ def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
         line = fields["num_cpu_threads_per_process"].line
         config.set("env", {"OMP_NUM_THREADS": str(threads)}, line, "num_cpu_threads_per_process")
 
-    _mpirun(fields, source, config, warn)
-    if distributed == "MULTI_CPU":
-        _head(fields, source, config, warn)
+
+def _warn_unmapped(fields: dict[str, Field], warn: Warn) -> None:
+    """Never drop a field silently: name each one whose value cpuaccel does not honour."""
     for name, item in fields.items():
         if name in NEUTRAL:
             if item.value != NEUTRAL[name] and item.value not in (None, "", [], {}):
@@ -149,7 +184,6 @@ def from_accelerate(fields: dict[str, Field], source: str) -> ProjectConfig:
                 warn(name, item.line, f"{item.value!r} is not honoured: {reason}")
         elif name not in _MAPPED:
             warn(name, item.line, f"{_short(item.value)} is not honoured: {_NO_SETTING}")
-    return config
 
 
 _MAPPED = {

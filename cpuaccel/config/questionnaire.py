@@ -170,6 +170,20 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
     a = given
     asker = Asker(interactive)
     asker.section("Machines")
+    multi = _ask_machines(a, asker)
+    if multi and not a.source_is_inventory:
+        asker.section("SSH (how cpuaccel reaches the machines)")
+        _ask_ssh(a, asker)
+    asker.section("Processes")
+    _ask_processes(a, asker, multi)
+    if not a.source_is_inventory:
+        asker.section("Python environment on the nodes")
+        _ask_environment(a, asker, multi)
+    return a
+
+
+def _ask_machines(a: Answers, asker: Asker) -> bool:
+    """Single or multi (the answer), the file to start from, and the machines' addresses."""
     if a.mode is None:
         a.mode = "multi" if (a.hosts or a.source) else None
     if a.mode is None:
@@ -196,30 +210,38 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
         a.source_is_inventory = not looks_like_hostfile(Path(a.source).read_text(encoding="utf-8"))
         a.hosts = a.hosts or list(inventory.hosts)
     if multi and not a.hosts:
-        machines = a.machines or asker.ask(
-            "How many machines will you use?", 2, check_int(1, 4096), "--hosts"
-        )
-        for i in range(machines):
-            role = " (the main node: rank 0 and mpirun)" if i == 0 else ""
-            while True:
-                host = asker.ask(f"Address of machine {i}{role}", None, check_host, "--hosts")
-                if host not in a.hosts:
-                    break
-                click.echo(f"Error: {host} is already machine {a.hosts.index(host)}")
-            a.hosts.append(host)
+        _ask_hosts(a, asker)
     if not multi:
         a.hosts = ["localhost"]
-    if multi and not a.source_is_inventory:
-        asker.section("SSH (how cpuaccel reaches the machines)")
-        if a.user is None:
-            a.user = asker.ask("SSH user", getpass.getuser(), check_word, "--user")
-        if a.ssh_port is None:
-            a.ssh_port = asker.ask("SSH port", 22, check_int(1, 65535), "--ssh-port")
-        if a.key is None:
-            a.key = asker.ask(
-                "SSH private key (empty: ssh's defaults)", default_key(), check_key, "--key"
-            )
-    asker.section("Processes")
+    return multi
+
+
+def _ask_hosts(a: Answers, asker: Asker) -> None:
+    machines = a.machines or asker.ask(
+        "How many machines will you use?", 2, check_int(1, 4096), "--hosts"
+    )
+    for i in range(machines):
+        role = " (the main node: rank 0 and mpirun)" if i == 0 else ""
+        while True:
+            host = asker.ask(f"Address of machine {i}{role}", None, check_host, "--hosts")
+            if host not in a.hosts:
+                break
+            click.echo(f"Error: {host} is already machine {a.hosts.index(host)}")
+        a.hosts.append(host)
+
+
+def _ask_ssh(a: Answers, asker: Asker) -> None:
+    if a.user is None:
+        a.user = asker.ask("SSH user", getpass.getuser(), check_word, "--user")
+    if a.ssh_port is None:
+        a.ssh_port = asker.ask("SSH port", 22, check_int(1, 65535), "--ssh-port")
+    if a.key is None:
+        a.key = asker.ask(
+            "SSH private key (empty: ssh's defaults)", default_key(), check_key, "--key"
+        )
+
+
+def _ask_processes(a: Answers, asker: Asker, multi: bool) -> None:
     if a.ppn is None:
         a.ppn = asker.ask(
             "How many processes per machine?", local_sockets(), check_int(1, 1024), "--ppn"
@@ -257,21 +279,21 @@ def run_questionnaire(given: Answers, interactive: bool) -> Answers:
             check_choice(("bf16", "fp32")),
             "--mixed-precision",
         )
-    if not a.source_is_inventory:
-        asker.section("Python environment on the nodes")
-        if a.python is None:
-            a.python = asker.ask(
-                "Python on every node, the same path everywhere: an interpreter "
-                "(.../bin/python3), or a venv folder for `cpuaccel provision` to create",
-                sys.executable,
-                check_word,
-                "--python",
-            )
-        if a.workdir is None and multi:
-            a.workdir = asker.ask(
-                "Folder on the nodes for the synced code and runs",
-                "~/cpuaccel",
-                check_word,
-                "--workdir",
-            )
-    return a
+
+
+def _ask_environment(a: Answers, asker: Asker, multi: bool) -> None:
+    if a.python is None:
+        a.python = asker.ask(
+            "Python on every node, the same path everywhere: an interpreter "
+            "(.../bin/python3), or a venv folder for `cpuaccel provision` to create",
+            sys.executable,
+            check_word,
+            "--python",
+        )
+    if a.workdir is None and multi:
+        a.workdir = asker.ask(
+            "Folder on the nodes for the synced code and runs",
+            "~/cpuaccel",
+            check_word,
+            "--workdir",
+        )

@@ -83,7 +83,14 @@ def run_preflight(
     found.problems += checks.unreachable(results)
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     found.problems += checks.resolution(facts)
-    for r in results:
+    _check_nodes(found, source)
+    _check_head(found, head.name, master_port, launcher_flavour)
+    return found
+
+
+def _check_nodes(found: Preflight, source: SourceManifest) -> None:
+    """Every node: cpuaccel installed, its setvars.sh present, its project copy current."""
+    for r in found.results:
         if r.value is None:
             continue
         name, f = r.host.name, r.value.facts
@@ -107,13 +114,19 @@ def run_preflight(
             )
         if r.value.project is not None and _differs(source, r.value.project):
             found.stale.append(name)
-    head_facts = facts.get(head.name)
+
+
+def _check_head(
+    found: Preflight, head: str, master_port: int, launcher_flavour: str | None
+) -> None:
+    """The head node: the master port free, and the launcher the job will use present."""
+    head_facts = found.facts.get(head)
     if head_facts is not None:
         if head_facts.get("port_free") is False:
             found.problems.append(
                 Problem(
                     ERROR,
-                    head.name,
+                    head,
                     f"master port {master_port} is in use on the head node",
                     hint="pass another --master-port, or end what listens there",
                 )
@@ -123,9 +136,8 @@ def run_preflight(
             found.problems.append(
                 Problem(
                     ERROR,
-                    head.name,
+                    head,
                     f"no {launcher_flavour} launcher here (found: {', '.join(flavours) or 'none'})",
                     hint="install it, pick another --launcher, or set cpuaccel_mpirun",
                 )
             )
-    return found

@@ -22,6 +22,7 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cpuaccel
 from cpuaccel.errors import CpuaccelError
@@ -182,6 +183,23 @@ def fill_wheelhouse(
         # pip picks wheels for this interpreter's tags: another one may need others.
         "python": python,
     }
+    files = _stamped(dest, stamp_path, request)
+    if files is not None:
+        return WheelhouseResult(dest, False, files, time.monotonic() - started)
+
+    dest.mkdir(parents=True, exist_ok=True)
+    _pip_download(python, dest, requirements, constraints, progress)
+
+    files = _wheels(dest)
+    tmp = stamp_path.with_name(f"{STAMP_NAME}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**request, "files": list(files)}, indent=1) + "\n")
+    os.replace(tmp, stamp_path)  # a torn stamp would only cost a re-run, but is avoidable
+    return WheelhouseResult(dest, True, files, time.monotonic() - started)
+
+
+def _stamped(dest: Path, stamp_path: Path, request: dict[str, Any]) -> tuple[str, ...] | None:
+    """The wheels of the last successful request, when it was this one and they are all
+    still there; None when pip must run."""
     try:
         stamp = json.loads(stamp_path.read_text())
     except (OSError, ValueError):
@@ -192,10 +210,18 @@ def fill_wheelhouse(
         and isinstance(stamp.get("files"), list)
         and all((dest / name).is_file() for name in stamp["files"])
     ):
-        files = tuple(stamp["files"])
-        return WheelhouseResult(dest, False, files, time.monotonic() - started)
+        return tuple(stamp["files"])
+    return None
 
-    dest.mkdir(parents=True, exist_ok=True)
+
+def _pip_download(
+    python: str,
+    dest: Path,
+    requirements: Sequence[str],
+    constraints: Path | None,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Run ``pip download`` into dest, its output to the log file there (and progress)."""
     command = [python, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:"]
     # No version check (it would contact the index) and no prompt (it would hang).
     command += ["--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
@@ -224,9 +250,3 @@ def fill_wheelhouse(
         ]
         reason = lines[-1].strip() if lines else f"exit code {returncode}"
         raise WheelhouseError(f"pip download failed: {reason}", hint=_PIP_HINT.format(log=log))
-
-    files = _wheels(dest)
-    tmp = stamp_path.with_name(f"{STAMP_NAME}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**request, "files": list(files)}, indent=1) + "\n")
-    os.replace(tmp, stamp_path)  # a torn stamp would only cost a re-run, but is avoidable
-    return WheelhouseResult(dest, True, files, time.monotonic() - started)

@@ -1,13 +1,16 @@
 """The training runtime each rank runs: ``ctx = cpuaccel.init(...)`` and its helpers.
 
-See :mod:`cpuaccel.runtime.context` for the API; the other modules are its parts:
-``env`` (rank and world from the launcher), ``backend`` (process group, IPEX),
-``gradsync`` (MPI gradient allreduce), ``data`` (sharded loaders), ``checkpoint``
-(atomic saves), ``metrics`` (metrics.jsonl).
+:mod:`cpuaccel.runtime.start` holds ``init`` (joining the job) and
+:mod:`cpuaccel.runtime.context` the :class:`Context` it returns; the other modules are
+their parts: ``env`` (rank and world from the launcher), ``group`` (the process group's
+creation and teardown), ``backend`` (process-group backend, IPEX), ``precision``
+(mixed precision), ``gradsync`` (MPI gradient allreduce), ``data`` (sharded loaders),
+``checkpoint`` (atomic saves), ``metrics`` (metrics.jsonl).
 """
 
 from __future__ import annotations
 
-from cpuaccel.runtime.context import Context, init
+from cpuaccel.runtime.context import Context
+from cpuaccel.runtime.start import init
 
 __all__ = ["Context", "init"]

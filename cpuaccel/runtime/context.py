@@ -1,92 +1,32 @@
-"""``cpuaccel.init()`` and the :class:`Context` it returns: the training runtime's API.
+"""The :class:`Context` that ``cpuaccel.init()`` returns: a rank's training helpers.
 
-::
-
-    import cpuaccel
-
-    ctx = cpuaccel.init(mixed_precision="bf16")
-    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
-    for step, (x, y) in enumerate(loader, 1):
-        with ctx.accumulate(model):
-            with ctx.autocast():
-                loss = loss_fn(model(x), y)
-            ctx.backward(loss)
-            if ctx.sync_gradients:
-                ctx.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad()
-        ctx.log(step=step, loss=ctx.mean(loss))
-    ctx.save("checkpoint.pt", model=model, optimizer=optimizer, step=step)
+``init`` itself (joining the job) is in :mod:`cpuaccel.runtime.start`; this module holds
+what a training script calls on the context afterwards: ``prepare``, ``accumulate``,
+``autocast``, ``backward``, ``mean``, ``save``/``load``, ``log`` and ``close``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
 import hashlib
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed import HashStore  # type: ignore[attr-defined]
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from cpuaccel.runtime import checkpoint, gradsync
 from cpuaccel.runtime._log import note
-from cpuaccel.runtime.backend import (
-    BACKEND_ENV,
-    IPEX_DISTS,
-    IPEX_MODULE,
-    BackendChoice,
-    choose_backend,
-    find_extension,
-)
+from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
 from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
 from cpuaccel.runtime.metrics import MetricsLog, default_path
 from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
-
-PRECISION_ENV = "CPUACCEL_MIXED_PRECISION"
-PRECISIONS: dict[str, torch.dtype | None] = {
-    "no": None,
-    "fp32": None,
-    "none": None,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-}
-
-
-def precision_dtype(mixed_precision: str | None) -> torch.dtype | None:
-    name = (mixed_precision or "no").strip().lower()
-    if name in ("fp16", "float16"):
-        raise ValueError(
-            "mixed_precision='fp16' is not supported on CPUs (it needs loss scaling and is "
-            "not faster there): use 'bf16'"
-        )
-    if name not in PRECISIONS:
-        raise ValueError(f"mixed_precision={mixed_precision!r}: use 'bf16' or 'no'")
-    return PRECISIONS[name]
-
-
-def cpu_bf16_support() -> str:
-    """The CPU's native bf16 instructions, from /proc/cpuinfo ("" when none or unknown)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            break
-    return ", ".join(f for f in ("amx_bf16", "avx512_bf16") if f in flags)
 
 
 class Context:
@@ -396,107 +336,3 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def init(
-    mixed_precision: str | None = None,
-    *,
-    gradient_accumulation_steps: int = 1,
-    seed: int | None = None,
-    backend: str | None = None,
-    grad_sync: str | None = None,
-    ipex: bool | None = None,
-    metrics_path: str | os.PathLike[str] | None = None,
-    find_unused_parameters: bool = False,
-    verbose: bool = True,
-) -> Context:
-    """Join the job (or start a world of one) and return its :class:`Context`.
-
-    - ``mixed_precision``: ``"bf16"`` (autocast to bfloat16 on the CPU) or ``"no"``;
-      default $CPUACCEL_MIXED_PRECISION (what ``cpuaccel run`` exports from the project
-      file or an Accelerate config), else ``"no"``;
-    - ``backend``: the process group's; default $CPUACCEL_BACKEND, else ``ccl`` when
-      oneCCL's bindings import and match torch, else ``gloo``;
-    - ``grad_sync``: ``"mpi"`` or ``"pg"``; default $CPUACCEL_GRAD_SYNC, else MPI when
-      the job was started by an MPI launcher and mpi4py works, else the process group;
-    - ``ipex``: None uses IPEX when it imports and matches torch; False never; True
-      requires it;
-    - ``seed``: seeds torch on every rank (and the data loaders' shuffles).
-
-    Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
-    run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
-    process group the script initialized itself is used as it is.
-    """
-    if mixed_precision is None:
-        mixed_precision = os.environ.get(PRECISION_ENV) or "no"
-    dtype = precision_dtype(mixed_precision)
-    env = DistEnv.from_environ()
-    owns = not (dist.is_available() and dist.is_initialized())
-    if not owns:
-        env = _with_world(env, dist.get_rank(), dist.get_world_size())
-        choice = BackendChoice(str(dist.get_backend()), "initialized by the script")
-    elif env.world_size == 1 and not backend and not os.environ.get(BACKEND_ENV):
-        choice = BackendChoice("gloo", "a single process")
-    else:
-        choice = choose_backend(backend, os.environ, torch.__version__, dist.is_mpi_available())
-    sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
-    if owns:
-        _init_group(choice.name, env)
-        atexit.register(_close_at_exit)
-    if seed is not None:
-        torch.manual_seed(seed)
-    ctx = Context(
-        env,
-        choice,
-        sync,
-        dtype=dtype,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        seed=seed or 0,
-        ipex=ipex,
-        metrics_path=metrics_path,
-        find_unused_parameters=find_unused_parameters,
-        verbose=verbose,
-        owns_group=owns,
-    )
-    ctx.note(f"backend {choice.name}: {choice.reason} ({env.world_size} rank(s))")
-    if env.world_size > 1:
-        ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
-    if dtype is not None:
-        native = cpu_bf16_support()
-        ctx.note(
-            f"mixed precision bf16: the CPU has {native}"
-            if native
-            else "mixed precision bf16: this CPU has no native bf16 (may be slower than fp32)"
-        )
-    return ctx
-
-
-def _with_world(env: DistEnv, rank: int, world_size: int) -> DistEnv:
-    return replace(env, rank=rank, world_size=world_size)
-
-
-def _init_group(backend: str, env: DistEnv) -> None:
-    if env.world_size == 1:
-        dist.init_process_group(backend, store=HashStore(), rank=0, world_size=1)
-        return
-    host = env.master_addr
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{host}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-    )
-
-
-def _close_at_exit() -> None:
-    if dist.is_initialized():
-        with contextlib.suppress(Exception):
-            if dist.get_backend() == "gloo":
-                # Ranks leave together: a rank that tears down its gloo connections
-                # while a peer still reads from them can abort that peer (SIGABRT at
-                # exit, seen in about 1 run in 15). Bounded, in case a peer is gone.
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()

@@ -9,24 +9,22 @@ Nodes that see the same destination folder (a shared filesystem) are written onc
 from __future__ import annotations
 
 import json
-import posixpath
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-import jinja2
-
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.connectors.openssh import port_of
-from cpuaccel.errors import HostError, UsageError
+from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.tree import Entry
 from cpuaccel.sync import transfer
 from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.sync.location import render_dest
+from cpuaccel.sync.manifest import SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
 
 REMOTE_TIMEOUT = 3600.0
@@ -55,49 +53,6 @@ class NodeReport:
             "shared_with": self.shared_with,
             "in_sync": self.in_sync,
         }
-
-
-# ---- destination
-
-
-def _normpath(path: str) -> str:
-    path = posixpath.normpath(path)
-    # normpath keeps a leading "//" (POSIX leaves its meaning open); Linux reads it as "/"
-    return "/" + path.lstrip("/") if path.startswith("//") else path
-
-
-def render_dest(host: Host, template: str, *, delete: bool) -> str:
-    """The destination on one host, templated with its variables and checked."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-    context = {**host.vars, "cpuaccel_workdir": host.workdir, "inventory_hostname": host.name}
-    try:
-        dest = env.from_string(template).render(context)
-    except jinja2.TemplateError as exc:
-        raise UsageError(
-            f"--dest {template!r} on {host.name}: {exc}",
-            hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
-        ) from None
-    if "\n" in dest or "\r" in dest or "\0" in dest:
-        raise UsageError(f"--dest on {host.name} holds a newline: {dest!r}", hint="fix --dest")
-    if not (dest.startswith("/") or dest.startswith("~/")):
-        raise UsageError(
-            f"--dest on {host.name} is {dest!r}, not an absolute path",
-            hint="give an absolute path (or one below ~/), e.g. {{ cpuaccel_workdir }}/project",
-        )
-    dest = _normpath(dest)
-    workdir = _normpath(host.workdir)
-    if dest in ("/", "~") or dest.count("/") < 1 + dest.startswith("~"):
-        raise UsageError(
-            f"--dest on {host.name} is {dest!r}: refusing to sync into a top-level folder",
-            hint="sync into a folder of its own, e.g. {{ cpuaccel_workdir }}/project",
-        )
-    if delete and (dest == workdir or workdir.startswith(dest + "/")):
-        raise UsageError(
-            f"--delete with --dest {dest!r} on {host.name} would delete inside the workdir "
-            f"{workdir} (runs, other projects)",
-            hint="sync into a folder below the workdir, or leave out --delete",
-        )
-    return dest
 
 
 # ---- the node program
@@ -135,29 +90,7 @@ def _tupled(report: dict[str, Any]) -> None:
         report["entries"] = {rel: tuple(entry) for rel, entry in report["entries"].items()}
 
 
-# ---- planning
-
-
-def plan(source: SourceManifest, node: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(changed, deleted): what differs from the source, and what the node has extra.
-
-    Extra paths under the source's ignore rules are neither compared nor deleted; a
-    deleted folder takes its contents with it, so only its top is listed.
-    """
-    changed = [rel for rel, entry in source.entries.items() if node.get(rel) != entry]
-    extra = sorted(
-        (
-            rel
-            for rel, entry in node.items()
-            if rel not in source.entries and not source.ignored_on_node(rel, entry[0] == "d")
-        ),
-        key=lambda rel: rel.split("/"),  # a folder right before its contents ("a.txt" after)
-    )
-    deleted: list[str] = []
-    for rel in extra:
-        if not any(rel.startswith(top + "/") for top in deleted[-1:]):
-            deleted.append(rel)
-    return sorted(changed), deleted
+# ---- the apply request
 
 
 def _header(

@@ -1,4 +1,5 @@
-"""The source side of a sync: what to send, described entry by entry and as one hash."""
+"""The source side of a sync: what to send, described entry by entry and as one hash,
+and :func:`plan`, what a node's tree lacks or has extra compared with it."""
 
 from __future__ import annotations
 
@@ -176,3 +177,25 @@ def build(
     builder.result.hash = manifest_hash(builder.result.entries)
     builder.result.roots = paths
     return builder.result
+
+
+def plan(source: SourceManifest, node: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(changed, deleted): what differs from the source, and what the node has extra.
+
+    Extra paths under the source's ignore rules are neither compared nor deleted; a
+    deleted folder takes its contents with it, so only its top is listed.
+    """
+    changed = [rel for rel, entry in source.entries.items() if node.get(rel) != entry]
+    extra = sorted(
+        (
+            rel
+            for rel, entry in node.items()
+            if rel not in source.entries and not source.ignored_on_node(rel, entry[0] == "d")
+        ),
+        key=lambda rel: rel.split("/"),  # a folder right before its contents ("a.txt" after)
+    )
+    deleted: list[str] = []
+    for rel in extra:
+        if not any(rel.startswith(top + "/") for top in deleted[-1:]):
+            deleted.append(rel)
+    return sorted(changed), deleted

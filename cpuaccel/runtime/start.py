@@ -1,0 +1,102 @@
+"""``cpuaccel.init()``: join the job (or start a world of one) and build its :class:`Context`.
+
+::
+
+    import cpuaccel
+
+    ctx = cpuaccel.init(mixed_precision="bf16")
+    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+    for step, (x, y) in enumerate(loader, 1):
+        with ctx.accumulate(model):
+            with ctx.autocast():
+                loss = loss_fn(model(x), y)
+            ctx.backward(loss)
+            if ctx.sync_gradients:
+                ctx.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+        ctx.log(step=step, loss=ctx.mean(loss))
+    ctx.save("checkpoint.pt", model=model, optimizer=optimizer, step=step)
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+
+import torch
+
+from cpuaccel.runtime import gradsync, group
+from cpuaccel.runtime.backend import BackendChoice
+from cpuaccel.runtime.context import Context
+from cpuaccel.runtime.precision import PRECISION_ENV, cpu_bf16_support, precision_dtype
+
+
+def init(
+    mixed_precision: str | None = None,
+    *,
+    gradient_accumulation_steps: int = 1,
+    seed: int | None = None,
+    backend: str | None = None,
+    grad_sync: str | None = None,
+    ipex: bool | None = None,
+    metrics_path: str | os.PathLike[str] | None = None,
+    find_unused_parameters: bool = False,
+    verbose: bool = True,
+) -> Context:
+    """Join the job (or start a world of one) and return its :class:`Context`.
+
+    - ``mixed_precision``: ``"bf16"`` (autocast to bfloat16 on the CPU) or ``"no"``;
+      default $CPUACCEL_MIXED_PRECISION (what ``cpuaccel run`` exports from the project
+      file or an Accelerate config), else ``"no"``;
+    - ``backend``: the process group's; default $CPUACCEL_BACKEND, else ``ccl`` when
+      oneCCL's bindings import and match torch, else ``gloo``;
+    - ``grad_sync``: ``"mpi"`` or ``"pg"``; default $CPUACCEL_GRAD_SYNC, else MPI when
+      the job was started by an MPI launcher and mpi4py works, else the process group;
+    - ``ipex``: None uses IPEX when it imports and matches torch; False never; True
+      requires it;
+    - ``seed``: seeds torch on every rank (and the data loaders' shuffles).
+
+    Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
+    run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
+    process group the script initialized itself is used as it is.
+    """
+    if mixed_precision is None:
+        mixed_precision = os.environ.get(PRECISION_ENV) or "no"
+    dtype = precision_dtype(mixed_precision)
+    env, choice, owns = group.place(backend)
+    sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
+    if owns:
+        group.create(choice.name, env)
+        atexit.register(group.close_at_exit)
+    if seed is not None:
+        torch.manual_seed(seed)
+    ctx = Context(
+        env,
+        choice,
+        sync,
+        dtype=dtype,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        seed=seed or 0,
+        ipex=ipex,
+        metrics_path=metrics_path,
+        find_unused_parameters=find_unused_parameters,
+        verbose=verbose,
+        owns_group=owns,
+    )
+    _note_choices(ctx, choice, sync)
+    return ctx
+
+
+def _note_choices(ctx: Context, choice: BackendChoice, sync: gradsync.SyncChoice) -> None:
+    """One line per decision init made, with its reason (rank 0, unless ``verbose=False``)."""
+    ctx.note(f"backend {choice.name}: {choice.reason} ({ctx.world_size} rank(s))")
+    if ctx.world_size > 1:
+        ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
+    if ctx.dtype is not None:
+        native = cpu_bf16_support()
+        ctx.note(
+            f"mixed precision bf16: the CPU has {native}"
+            if native
+            else "mixed precision bf16: this CPU has no native bf16 (may be slower than fp32)"
+        )
