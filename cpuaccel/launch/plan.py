@@ -142,17 +142,7 @@ def build_plan(
     run_id = run_id or new_run_id()
     project_dir = local_project or posixpath.join(workdir, script.project_name)
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
-    computed: dict[str, str] = {
-        "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
-        "CPUACCEL_RUN_DIR": run_dir,
-        "CPUACCEL_LABEL_OUTPUT": "1",
-        "MASTER_ADDR": head.name,
-        "MASTER_PORT": str(settings.master_port.value),
-        "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
-        # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
-        # without a GPU silently trains as separate one-process jobs.
-        "ACCELERATE_USE_CPU": "true",
-    }
+    computed = _computed_env(settings, head, run_id, run_dir, threads)
     return RunPlan(
         run_id=run_id,
         hosts=chosen,
@@ -172,6 +162,23 @@ def build_plan(
         script=script,
         shared_cores=sharing > 1,
     )
+
+
+def _computed_env(
+    settings: LaunchSettings, head: Host, run_id: str, run_dir: str, threads: int | None
+) -> dict[str, str]:
+    """What every rank gets from cpuaccel itself, before the user's variables."""
+    return {
+        "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
+        "CPUACCEL_RUN_DIR": run_dir,
+        "CPUACCEL_LABEL_OUTPUT": "1",
+        "MASTER_ADDR": head.name,
+        "MASTER_PORT": str(settings.master_port.value),
+        "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
+        # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
+        # without a GPU silently trains as separate one-process jobs.
+        "ACCELERATE_USE_CPU": "true",
+    }
 
 
 def _workdir(settings: LaunchSettings, head_facts: Facts | None) -> str:
