@@ -134,8 +134,8 @@ def test_one_quote_filter_for_playbooks_and_job_templates() -> None:
     assert templar.environment().filters["quote"] is quote
     assert templar.render_text("{{ x | quote }}", {"x": "a b'c"}) == "'a b'\"'\"'c'"
     assert quote(None) == "None" and quote(2) == "2"
-    # run's job templates only read the head's variables to find their folder
-    plan = cast(RunPlan, SimpleNamespace(head=Host("h")))
+    # run's job templates read only the plan's templates folder (none: cpuaccel's own)
+    plan = cast(RunPlan, SimpleNamespace(templates=None))
     jobs = rundir._environment(plan)
     assert jobs.filters["quote"] is quote and "shquote" not in jobs.filters
 
