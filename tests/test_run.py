@@ -140,6 +140,22 @@ def test_dry_run_opens_no_connection_and_starts_no_process(
     assert "-n 16 -ppn 4" in result.output
 
 
+def test_dry_run_loads_no_ssh_library(tmp_path: Path) -> None:
+    """paramiko and Fabric cost ~0.3 s to import; a dry run connects nowhere, so it must
+    not pay for them (the A/B bench caught ssh.sh's argv being taken from a connector)."""
+    report = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED', [m for m in ('paramiko', 'fabric')"
+        " if m in sys.modules]))"
+    )
+    proc = cpuaccel(
+        "run", "-i", str(EXAMPLE_INVENTORY), "--ppn", "2", "--dry-run", "train.py",
+        cwd=project(tmp_path), prelude=report,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "LOADED []" in proc.stdout
+
+
 def test_dry_run_hides_secret_values(tmp_path: Path) -> None:
     inventory = tmp_path / "inv.yaml"
     inventory.write_text(
