@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cpuaccel.inventory.host import Host, ssh_options
+from cpuaccel.inventory.variables import parse_bool
 
 if TYPE_CHECKING:
     from cpuaccel.connectors.base import ConnectOptions
@@ -49,12 +50,6 @@ class HostKeyPolicy:
         ]
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "yes", "true", "on")
-
-
 def _inventory_opt_out(host: Host) -> str | None:
     """Which inventory setting turns checking off for ``host``, if one does.
 
@@ -64,7 +59,9 @@ def _inventory_opt_out(host: Host) -> str | None:
     if "ansible_host_key_checking" in host.vars:
         value = host.vars["ansible_host_key_checking"]
         shown = str(value).lower() if isinstance(value, bool) else value  # as YAML says it
-        return None if _truthy(value) else f"ansible_host_key_checking: {shown}"
+        # Checked at inventory load (inventory/variables.py); a word that is no boolean
+        # (a Host built by hand) keeps checking on: a typo must never turn it off.
+        return None if parse_bool(value) is not False else f"ansible_host_key_checking: {shown}"
     strict = ssh_options(host.vars).get("stricthostkeychecking")
     if strict is not None and strict.lower() in _OFF:
         return f"StrictHostKeyChecking={strict} in ansible_ssh_common_args"
