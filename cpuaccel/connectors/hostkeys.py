@@ -8,6 +8,7 @@ never disagree about whether a connection may go to an unknown key.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from cpuaccel.connectors.base import ConnectOptions
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# Read by OpenSSH on its own (GlobalKnownHostsFile): paramiko must be told.
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _OFF = ("no", "off", "false")
 
 
@@ -42,12 +45,38 @@ class HostKeyPolicy:
         """The same policy as ``-o`` options of the OpenSSH client."""
         if not self.check:
             return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        return [
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "UserKnownHostsFile=" + " ".join(self.known_hosts),
-        ]
+        # ssh splits the option's value at spaces: a path holding one is quoted.
+        files = " ".join(f'"{f}"' if any(c.isspace() for c in f) else f for f in self.known_hosts)
+        return ["-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + files]
+
+    @property
+    def optional_known_hosts(self) -> list[str]:
+        """The files read if they exist, as OpenSSH does: the user's, then the system's
+        (the extra file, which the inventory names, must exist)."""
+        return [os.path.expanduser(USER_KNOWN_HOSTS), SYSTEM_KNOWN_HOSTS]
+
+
+def _known_hosts_name(address: str, port: int) -> str:
+    """How known_hosts names a host: ``address``, or ``[address]:port`` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def add_key_hint(address: str, port: int) -> str:
+    """How to record a host's key after checking it, for this port."""
+    scan = ["ssh-keyscan", *(["-p", str(port)] if port != 22 else []), address]
+    return (
+        f"check the fingerprint, then add it: {shlex.join(scan)} >> ~/.ssh/known_hosts "
+        "(or set cpuaccel_known_hosts to your file); to skip the check set "
+        "ansible_host_key_checking: false"
+    )
+
+
+def forget_key_hint(address: str, port: int) -> str:
+    """How to drop a host's old key (its known_hosts name includes a non-22 port)."""
+    forget = shlex.join(["ssh-keygen", "-R", _known_hosts_name(address, port)])
+    return (
+        f"if the node was reinstalled, remove its old line with {forget}; otherwise do not connect"
+    )
 
 
 def _inventory_opt_out(host: Host) -> str | None:
