@@ -172,6 +172,7 @@ VARIABLES: dict[str, Check] = {
     "ansible_host_key_checking": boolean,
     "ansible_ssh_private_key_file": text,
     "ansible_private_key_file": text,
+    "ansible_python_interpreter": text,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
     "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
