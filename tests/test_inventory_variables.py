@@ -58,9 +58,11 @@ def host_with(var_line: str) -> str:
         (host_with("cpuaccel_secret_env: oops"), 5, "cpuaccel_secret_env must be a mapping"),
         (host_with("cpuaccel_python: [1, 2]"), 5, "cpuaccel_python must be a plain string"),
         (host_with("cpuaccel_workdir: \"a\\nb\""), 5, "without control characters"),
-        (host_with("ansible_user: -oProxyCommand=x"), 5, "is not a login name"),
-        (host_with("ansible_user: 'a b'"), 5, "is not a login name"),
+        (host_with("ansible_user: -oProxyCommand=x"), 5, "not a login name"),
+        (host_with("ansible_user: 'a b'"), 5, "not a login name"),
         (host_with("ansible_ssh_common_args: -o StrictHostKeyChecking=ture"), 5, "not a value"),
+        (host_with("ansible_ssh_common_args: \"-o 'User=x\""), 5, "cannot be split into words"),
+        (host_with("ansible_ssh_common_args: -o User=-oProxyCommand=x"), 5, "not a login name"),
         # env names: the bad key's own line, not the mapping's first
         (host_with("cpuaccel_env:\n        GOOD: 1\n        \"X;touch /tmp/p;Y\": v"), 7,
          "'X;touch /tmp/p;Y' is not a variable name"),

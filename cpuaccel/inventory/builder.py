@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.host import Host, ssh_options
-from cpuaccel.inventory.variables import VARIABLES, BadValue, hint_for
+from cpuaccel.inventory.variables import VARIABLES, BadValue, hint_for, user_name_problem
 
 CONNECTIONS = ("ssh", "local", "paramiko", "smart")
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
@@ -232,6 +232,9 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
             f"host {host!r}: {message}", source=at.source, line=at.line, hint=hint
         )
 
+    for var, check in VARIABLES.items():
+        if merged.get(var) is not None:
+            _check_variable(host, var, merged[var], check, where)
     port_hint = "use an integer from 1 to 65535, e.g. ansible_port: 2222"
     for var in PORT_VARS:
         if merged.get(var) is not None and not _is_port(merged[var]):
@@ -240,9 +243,10 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
         port = ssh_options({var: merged.get(var)}).get("port")
         if port is not None and not _is_port(port):
             raise fail(var, f"{var} sets Port to {port!r}, not a port number", port_hint)
-    for var, check in VARIABLES.items():
-        if merged.get(var) is not None:
-            _check_variable(host, var, merged[var], check, where)
+    for var in SSH_ARGS_VARS:  # a User= there is the login name, as ansible_user is
+        user = ssh_options({var: merged.get(var)}).get("user")
+        if user is not None and user_name_problem(user) is not None:
+            raise fail(var, f"{var} sets User to {user_name_problem(user)}", hint_for(var))
     strict = ssh_options(merged).get("stricthostkeychecking")
     if strict is not None and strict.lower() not in STRICT_WORDS:
         var = next(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -104,6 +105,16 @@ def text(value: Any) -> str | None:
     return str(value) if str(value) else None
 
 
+def ssh_args(value: Any) -> str | None:
+    """ssh arguments as Ansible passes them: words a shell would split (quotes closed)."""
+    line = text(value)
+    try:
+        shlex.split(line or "")
+    except ValueError as exc:
+        raise BadValue(f"cannot be split into words: {exc}") from None
+    return line
+
+
 def env_name_problem(name: Any) -> str | None:
     """Why ``name`` cannot be an environment variable's name, or None."""
     if isinstance(name, str) and ENV_NAME.fullmatch(name):
@@ -153,12 +164,19 @@ def host_address(value: Any) -> str:
     return str(value)
 
 
+def user_name_problem(value: Any) -> str | None:
+    if not isinstance(value, bool) and USER_NAME.fullmatch(str(value)):
+        return None
+    return (
+        f"{value!r}, not a login name (letters, digits, '.', '-', '_'; no spaces, "
+        "not starting with '-')"
+    )
+
+
 def user_name(value: Any) -> str:
-    if isinstance(value, bool) or not USER_NAME.fullmatch(str(value)):
-        raise BadValue(
-            f"{value!r} is not a login name (letters, digits, '.', '-', '_'; no spaces, "
-            "not starting with '-')"
-        )
+    problem = user_name_problem(value)
+    if problem is not None:
+        raise BadValue(f"is {problem}")
     return str(value)
 
 
@@ -173,6 +191,8 @@ VARIABLES: dict[str, Check] = {
     "ansible_ssh_private_key_file": text,
     "ansible_private_key_file": text,
     "ansible_python_interpreter": text,
+    "ansible_ssh_common_args": ssh_args,
+    "ansible_ssh_extra_args": ssh_args,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
     "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
