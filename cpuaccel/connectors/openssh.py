@@ -23,7 +23,8 @@ DEFAULT_PORT = 22
 
 
 def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
-    """``ssh`` and its options (no host, no command)."""
+    """``ssh`` and its options (no host, no command). Whoever appends the host puts
+    ``--`` before it (rsync_argv does), so that no host is ever read as an option."""
     timeout = max(1, round(options.connect_timeout))
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
