@@ -556,11 +556,14 @@ def test_select_errors(tmp_path: Path, limit: str, fragments: list[str]) -> None
         (["nproc=4"], {"nproc": 4}),
         (["flag=true", "off=no"], {"flag": True, "off": False}),
         (["ratio=1.5"], {"ratio": 1.5}),
-        (["msg=hello world"], {"msg": "hello world"}),
+        (['msg="hello world"'], {"msg": "hello world"}),
+        (["a=1 b=2"], {"a": 1, "b": 2}),  # one -e, two variables, as in Ansible
+        (["a='x y' b=2"], {"a": "x y", "b": 2}),
+        (["a=1  b=two", "b=3"], {"a": 1, "b": 3}),
         (["empty="], {"empty": ""}),
         (["nothing=null"], {"nothing": None}),
         (["expr=a=b"], {"expr": "a=b"}),
-        (["not_scalar=a: b", "day=2024-01-02"], {"not_scalar": "a: b", "day": "2024-01-02"}),
+        (["not_scalar='a: b'", "day=2024-01-02"], {"not_scalar": "a: b", "day": "2024-01-02"}),
         (["x=1", "x=2"], {"x": 2}),
         (['{"a": 1, "b": [2]}'], {"a": 1, "b": [2]}),
     ],
@@ -574,7 +577,10 @@ def test_parse_extra_vars_reads_a_file(tmp_path: Path) -> None:
     assert parse_extra_vars(["nproc=2", f"@{path}", "user=me"]) == {"nproc": 8, "user": "me"}
 
 
-@pytest.mark.parametrize("item", ["novalue", "=3", "1x=3", "bad key=1", "{not: [closed"])
+@pytest.mark.parametrize(
+    "item",
+    ["novalue", "=3", "1x=3", "bad key=1", "{not: [closed", "msg=hello world", "a='open"],
+)
 def test_parse_extra_vars_rejects(item: str) -> None:
     with pytest.raises(InventoryError) as info:
         parse_extra_vars([item])

@@ -15,7 +15,7 @@ from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.executor import HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
-from cpuaccel.facts.problems import ERROR, Problem, find_problems, mpi_flavour
+from cpuaccel.facts.problems import ERROR, Problem, find_problems, mpi_flavour, same_account
 
 EPILOG = """\b
 Examples:
@@ -64,10 +64,14 @@ def check_command(
     """
     results = gather_all(target)
     problems = find_problems(results)
+    notes = same_account(results)  # said, never counted: exit codes stay the problems'
     if as_json:
-        ui.print_json(to_json(results, problems))
+        ui.print_json({**to_json(results, problems), "notes": [n.to_json() for n in notes]})
     else:
         print_report(results, problems)
+        for note in notes:
+            ui.stdout().print(f"[cyan]note[/]    {escape(note.message)}")
+            ui.stdout().print(f"         [dim]{escape(note.hint or '')}[/]")
     sys.exit(exit_code(results, problems))
 
 

@@ -20,6 +20,7 @@ from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
+from cpuaccel.inventory.variables import env_name_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -164,9 +165,10 @@ def parse_env(items: tuple[str, ...]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.isidentifier():
+        if not sep or env_name_problem(key) is not None:
             raise UsageError(
-                f"--env {item!r}: expected KEY=VALUE", hint="e.g. --env FI_PROVIDER=tcp"
+                f"--env {item!r}: expected KEY=VALUE, KEY a variable name",
+                hint="e.g. --env FI_PROVIDER=tcp",
             )
         env[key] = value
     return env

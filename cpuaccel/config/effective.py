@@ -38,6 +38,7 @@ from cpuaccel.config.settings import (
     Setting,
 )
 from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
+from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.hostfile import SLOTS_VAR
 from cpuaccel.inventory.inventory import Inventory
@@ -46,44 +47,13 @@ __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
 
 # ---------------------------------------------------------------- checks of one value
-# Each turns what a file or -e said into the setting's type, or raises ValueError with
-# the complaint; the caller adds where the value was written.
-
-
-def _whole(low: int, high: int | None = None) -> Callable[[Any], int]:
-    def check(value: Any) -> int:
-        text = str(value).strip()
-        if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()):
-            raise ValueError(f"must be a whole number, got {value!r}")
-        number = int(text)
-        if number < low or (high is not None and number > high):
-            upper = f" to {high}" if high is not None else " or more"
-            raise ValueError(f"must be {low}{upper}, got {number}")
-        return number
-
-    return check
-
-
-def _one_of(options: Sequence[str]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if str(value) not in options:
-            raise ValueError(f"is {value!r}; use one of {', '.join(options)}")
-        return str(value)
-
-    return check
-
-
-def _text(value: Any) -> str | None:
-    return str(value) if value else None  # an empty value is not set
-
-
-def _mapping(value: Any) -> dict[str, str]:
-    if not value:
-        return {}
-    if not isinstance(value, Mapping):
-        # Not the value itself: it may be cpuaccel_secret_env's.
-        raise ValueError("must be a mapping of NAME: value lines")
-    return {str(k): str(v) for k, v in value.items()}
+# The declared types of inventory/variables.py: each turns what a file or -e said into
+# the setting's type, or raises ValueError (BadValue) with the complaint; the caller adds
+# where the value was written.
+_whole = variables.whole
+_one_of = variables.choice
+_mapping = variables.env_mapping
+_text = variables.text
 
 
 def _same(value: Any) -> Any:
@@ -182,7 +152,7 @@ SPECS: dict[str, _Spec] = {
         "--master-port", ("cpuaccel_master_port",), _whole(1, 65535), DEFAULT_MASTER_PORT, None,
     ),
     "mixed_precision": (
-        "--mixed-precision", ("cpuaccel_mixed_precision",), _same, None,
+        "--mixed-precision", ("cpuaccel_mixed_precision",), variables.precision, None,
         "the script's own choice",
     ),
     "ccl_workers": (

@@ -17,9 +17,10 @@ from typing import Any
 
 from cpuaccel.config.yamlfile import Field, parse_mapping, read_text
 from cpuaccel.errors import InventoryError, ProjectFileError
+from cpuaccel.inventory import variables
 
 PROJECT_FILE = "cpuaccel.yaml"
-LAUNCHERS = ("auto", "impi", "mpich", "openmpi")
+LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
 PRECISIONS = ("bf16", "no")
 # The key written in the file -> what it means, for --help-like hints and `config show`.
 KEYS: dict[str, str] = {
@@ -114,14 +115,8 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], Any]:
 
 
 def _env(value: Any) -> Any:
-    if not isinstance(value, dict):
-        raise ValueError("must be a mapping of NAME: value lines")
-    for key, item in value.items():
-        if not isinstance(key, str) or not key.isidentifier():
-            raise ValueError(f"{key!r} is not a variable name")
-        if isinstance(item, (dict, list)) or item is None:
-            raise ValueError(f"{key}: the value must be a plain string or number")
-    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+    # The same rules as the inventory's cpuaccel_env: a name a shell accepts.
+    return variables.env_mapping(value)
 
 
 def _patterns(value: Any) -> Any:
@@ -172,8 +167,12 @@ def _checked(key: str, item: Field, source: str) -> Any:
     try:
         return CHECKS[key](item.value)
     except ValueError as exc:
+        line = item.line
+        bad = getattr(exc, "key", None)  # a bad key of a mapping: name its own line
+        if bad is not None and item.children and bad in item.children:
+            line = item.children[bad].line
         raise ProjectFileError(
-            f"{key} {exc}", source=source, line=item.line, hint=f"{key}: {KEYS[key]}"
+            f"{key} {exc}", source=source, line=line, hint=f"{key}: {KEYS[key]}"
         ) from None
 
 

@@ -22,6 +22,7 @@ import click
 
 from cpuaccel.config.project import LAUNCHERS
 from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.inventory import variables
 from cpuaccel.inventory.hostfile import looks_like_hostfile
 from cpuaccel.inventory.inventory import Inventory
 
@@ -232,7 +233,7 @@ def _ask_hosts(a: Answers, asker: Asker) -> None:
 
 def _ask_ssh(a: Answers, asker: Asker) -> None:
     if a.user is None:
-        a.user = asker.ask("SSH user", getpass.getuser(), check_word, "--user")
+        a.user = asker.ask("SSH user", getpass.getuser(), variables.user_name, "--user")
     if a.ssh_port is None:
         a.ssh_port = asker.ask("SSH port", 22, check_int(1, 65535), "--ssh-port")
     if a.key is None:

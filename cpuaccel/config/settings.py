@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 
 FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
@@ -23,7 +24,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_CCL_WORKERS = 1
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
-ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
+ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
 
 T = TypeVar("T")
 

@@ -8,16 +8,20 @@ never disagree about whether a connection may go to an unknown key.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cpuaccel.inventory.host import Host, ssh_options
+from cpuaccel.inventory.variables import parse_bool
 
 if TYPE_CHECKING:
     from cpuaccel.connectors.base import ConnectOptions
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# Read by OpenSSH on its own (GlobalKnownHostsFile): paramiko must be told.
+SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 _OFF = ("no", "off", "false")
 
 
@@ -41,18 +45,38 @@ class HostKeyPolicy:
         """The same policy as ``-o`` options of the OpenSSH client."""
         if not self.check:
             return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        return [
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "UserKnownHostsFile=" + " ".join(self.known_hosts),
-        ]
+        # ssh splits the option's value at spaces: a path holding one is quoted.
+        files = " ".join(f'"{f}"' if any(c.isspace() for c in f) else f for f in self.known_hosts)
+        return ["-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=" + files]
+
+    @property
+    def optional_known_hosts(self) -> list[str]:
+        """The files read if they exist, as OpenSSH does: the user's, then the system's
+        (the extra file, which the inventory names, must exist)."""
+        return [os.path.expanduser(USER_KNOWN_HOSTS), SYSTEM_KNOWN_HOSTS]
 
 
-def _truthy(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("1", "yes", "true", "on")
+def _known_hosts_name(address: str, port: int) -> str:
+    """How known_hosts names a host: ``address``, or ``[address]:port`` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def add_key_hint(address: str, port: int) -> str:
+    """How to record a host's key after checking it, for this port."""
+    scan = ["ssh-keyscan", *(["-p", str(port)] if port != 22 else []), address]
+    return (
+        f"check the fingerprint, then add it: {shlex.join(scan)} >> ~/.ssh/known_hosts "
+        "(or set cpuaccel_known_hosts to your file); to skip the check set "
+        "ansible_host_key_checking: false"
+    )
+
+
+def forget_key_hint(address: str, port: int) -> str:
+    """How to drop a host's old key (its known_hosts name includes a non-22 port)."""
+    forget = shlex.join(["ssh-keygen", "-R", _known_hosts_name(address, port)])
+    return (
+        f"if the node was reinstalled, remove its old line with {forget}; otherwise do not connect"
+    )
 
 
 def _inventory_opt_out(host: Host) -> str | None:
@@ -64,7 +88,9 @@ def _inventory_opt_out(host: Host) -> str | None:
     if "ansible_host_key_checking" in host.vars:
         value = host.vars["ansible_host_key_checking"]
         shown = str(value).lower() if isinstance(value, bool) else value  # as YAML says it
-        return None if _truthy(value) else f"ansible_host_key_checking: {shown}"
+        # Checked at inventory load (inventory/variables.py); a word that is no boolean
+        # (a Host built by hand) keeps checking on: a typo must never turn it off.
+        return None if parse_bool(value) is not False else f"ansible_host_key_checking: {shown}"
     strict = ssh_options(host.vars).get("stricthostkeychecking")
     if strict is not None and strict.lower() in _OFF:
         return f"StrictHostKeyChecking={strict} in ansible_ssh_common_args"

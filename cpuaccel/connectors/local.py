@@ -20,7 +20,7 @@ from cpuaccel.connectors.base import (
     Process,
     split_lines,
 )
-from cpuaccel.connectors.rsync import RsyncResult, run_rsync
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
 
 class LocalProcess(Process):
@@ -84,7 +84,9 @@ class LocalConnector(Connector):
         stdin: bytes | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> RsyncResult:
-        return run_rsync(["rsync", *flags, source, dest], stdin=stdin, on_line=on_line)
+        # No shell expands "~" here: rsync would make a folder named "~" in the cwd.
+        argv = rsync_argv(flags, source, os.path.expanduser(dest))
+        return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def start(
         self,

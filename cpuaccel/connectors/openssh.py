@@ -23,7 +23,8 @@ DEFAULT_PORT = 22
 
 
 def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
-    """``ssh`` and its options (no host, no command)."""
+    """``ssh`` and its options (no host, no command). Whoever appends the host puts
+    ``--`` before it (rsync_argv does), so that no host is ever read as an option."""
     timeout = max(1, round(options.connect_timeout))
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
@@ -62,11 +63,32 @@ def port_of(host: Host) -> int:
 
 
 def remote_spec(host: Host, path: str) -> str:
-    """``host:path`` as rsync and scp read it (IPv6 addresses in brackets)."""
+    """``host:path`` as rsync and scp read it (IPv6 addresses in brackets).
+
+    rsync sends the path through its protocol (``--secluded-args``), where no shell
+    expands ``~``: a path in the home folder is written relative, which the node's rsync
+    resolves from the login folder, the home.
+    """
     address = host.address
     try:
         if ipaddress.ip_address(address).version == 6:
             address = f"[{address}]"
     except ValueError:
         pass
-    return f"{address}:{path}"
+    return f"{address}:{home_relative(host, path)}"
+
+
+def home_relative(host: Host, path: str) -> str:
+    """``~`` and ``~/x`` as the login folder's ``.`` and ``x``; another user's ``~name``
+    cannot be said without a shell, so it is refused."""
+    if path == "~" or path == "~/":
+        return "."
+    if path.startswith("~/"):
+        return path[2:].lstrip("/") or "."
+    if path.startswith("~"):
+        raise HostError(
+            host.name,
+            f"cannot copy to {path}: another user's ~ folder",
+            hint="write the destination as an absolute path",
+        )
+    return path

@@ -1,13 +1,17 @@
 """Running rsync on the controller, for the connectors' ``rsync()``.
 
 The connector decides where the files go (a local path, or ``host:path`` over its own
-ssh argv); this runs the argv and collects what every caller needs: the exit code, the
-``--out-format`` lines and the last line of stderr, which says why rsync failed.
+ssh argv); ``rsync_argv`` builds the one argv shape, and ``run_rsync`` runs it and
+collects what every caller needs: the exit code, the ``--out-format`` lines and the last
+line of stderr, which says why rsync failed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
+import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
@@ -24,6 +28,37 @@ class RsyncResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+@functools.cache
+def secluded_flag() -> tuple[str, ...]:
+    """The flag that sends file names through rsync's protocol instead of the node's
+    shell command line, so that no shell ever splits or expands a destination: named
+    ``--secluded-args`` since rsync 3.2.6, ``--protect-args`` from 3.0.0 (both ``-s``).
+    Asked of the installed rsync once."""
+    try:
+        out = subprocess.run(
+            ["rsync", "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()  # no rsync here: the caller's rsync fails and says so
+    found = re.search(r"version\s+v?(\d+)\.(\d+)\.(\d+)", out)
+    version = tuple(int(part) for part in found.groups()) if found else (0, 0, 0)
+    if version >= (3, 2, 6):
+        return ("--secluded-args",)
+    return ("--protect-args",) if version >= (3, 0, 0) else ()
+
+
+def rsync_argv(
+    flags: Sequence[str], source: str, dest: str, ssh: Sequence[str] | None = None
+) -> list[str]:
+    """``rsync FLAGS [-e SSH] -- SOURCE DEST``: with the secluded-args flag, and ``--``
+    before the paths and at the end of the ssh command (rsync appends the host there),
+    so that neither a path nor a host is ever read as an option."""
+    argv = ["rsync", *secluded_flag(), *flags]
+    if ssh is not None:
+        argv += ["-e", shlex.join([*ssh, "--"])]
+    return [*argv, "--", source, dest]
 
 
 def run_rsync(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shlex
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,8 +30,13 @@ from cpuaccel.connectors.base import (
     Unreachable,
     split_lines,
 )
-from cpuaccel.connectors.hostkeys import USER_KNOWN_HOSTS, HostKeyPolicy, host_key_policy
-from cpuaccel.connectors.rsync import RsyncResult, run_rsync
+from cpuaccel.connectors.hostkeys import (
+    HostKeyPolicy,
+    add_key_hint,
+    forget_key_hint,
+    host_key_policy,
+)
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
 _READ_CHUNK = 1 << 16
 
@@ -40,9 +44,10 @@ _READ_CHUNK = 1 << 16
 class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
     """Refuse hosts whose key is not in known_hosts, saying how to trust them."""
 
-    def __init__(self, host_name: str, known_hosts: list[str]) -> None:
+    def __init__(self, host_name: str, known_hosts: list[str], hint: str) -> None:
         self.host_name = host_name
         self.known_hosts = known_hosts
+        self.hint = hint
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
         fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_name()
@@ -51,11 +56,7 @@ class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
             self.host_name,
             f"host key of {hostname} is not known ({key.get_name()} {fingerprint}; "
             f"looked in {files})",
-            hint=(
-                f"check the fingerprint, then add it: ssh-keyscan {hostname} >> "
-                "~/.ssh/known_hosts (or set cpuaccel_known_hosts to your file); "
-                "to skip the check set ansible_host_key_checking: false"
-            ),
+            hint=self.hint,
         )
 
 
@@ -145,8 +146,7 @@ class SSHConnector(Connector):
                 host.name,
                 f"host key of {host.address} has CHANGED since it was recorded "
                 f"(got {exc.key.get_name()} {exc.key.fingerprint})",
-                hint="if the node was reinstalled, remove its old line with "
-                f"ssh-keygen -R {host.address}; otherwise do not connect",
+                hint=forget_key_hint(host.address, conn.port),
             ) from None
         except paramiko.AuthenticationException as exc:
             raise Unreachable(
@@ -168,8 +168,11 @@ class SSHConnector(Connector):
         if not policy.check:
             client.set_missing_host_key_policy(_AcceptAnyKey())
             return
-        client.load_system_host_keys()  # ~/.ssh/known_hosts, read-only
-        known = [USER_KNOWN_HOSTS]
+        known = []
+        for path in policy.optional_known_hosts:  # the user's and the system's, read-only
+            with contextlib.suppress(OSError):  # absent or unreadable: ssh skips it too
+                client.load_system_host_keys(path)
+                known.append(path)
         if policy.extra_known_hosts:
             path = policy.extra_known_hosts
             try:
@@ -181,7 +184,8 @@ class SSHConnector(Connector):
                     hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
                 ) from None
             known.append(path)
-        client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known))
+        hint = add_key_hint(self.host.address, openssh.port_of(self.host))
+        client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, hint))
 
     def rsync(
         self,
@@ -194,8 +198,7 @@ class SSHConnector(Connector):
     ) -> RsyncResult:
         # rsync starts its own ssh: it gets this connector's argv, so the same port,
         # user, key and host-key policy; the paramiko connection is not needed.
-        argv = ["rsync", *flags, "-e", shlex.join(self.ssh_argv())]
-        argv += [source, openssh.remote_spec(self.host, dest)]
+        argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self.ssh_argv())
         return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def close(self) -> None:

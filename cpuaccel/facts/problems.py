@@ -16,6 +16,7 @@ from cpuaccel.facts.gather import Facts
 
 ERROR = "error"
 WARNING = "warning"
+NOTE = "note"  # worth knowing; never changes the exit code
 MAX_CLOCK_SKEW = 2.0  # seconds
 
 
@@ -155,6 +156,40 @@ def bf16_support(facts_by_host: dict[str, Facts]) -> list[Problem]:
     ]
 
 
+def same_account(results: Sequence[HostResult[Facts]]) -> list[Problem]:
+    """Inventory names that reach one machine as one user: the same address, port and
+    user, or the same kernel (boot id) and login name in the facts. A note, not an
+    error (namespaces and test setups do it on purpose): their ranks share the cores,
+    and what is synced to one is the other's."""
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for r in results:
+        host = r.host
+        if not host.is_local:
+            groups[("ssh", host.address, str(host.port), str(host.user))].append(host.name)
+        facts = r.value if r.ok else None
+        if facts and facts.get("boot_id") and facts.get("user"):
+            groups[("boot", str(facts["boot_id"]), str(facts["user"]))].append(host.name)
+    seen: set[tuple[str, ...]] = set()
+    notes: list[Problem] = []
+    for key, names in groups.items():
+        if len(names) < 2 or tuple(names) in seen:
+            continue
+        seen.add(tuple(names))
+        how = (
+            f"address {key[1]}" if key[0] == "ssh" else "kernel (boot id)"
+        ) + f" and user {key[-1] if key[-1] != 'None' else '(ssh default)'}"
+        notes.append(
+            Problem(
+                NOTE,
+                None,
+                f"{', '.join(names)} are one machine and one user (the same {how})",
+                hint="fine for a test setup; otherwise list the machine once, as its ranks "
+                "share its cores and its files",
+            )
+        )
+    return notes
+
+
 def unreachable(results: Sequence[HostResult[Any]]) -> list[Problem]:
     problems = []
     for r in results:
@@ -176,4 +211,4 @@ def find_problems(results: Sequence[HostResult[Facts]]) -> list[Problem]:
     return problems
 
 
-__all__ = ["ERROR", "WARNING", "Problem", "find_problems"]
+__all__ = ["ERROR", "NOTE", "WARNING", "Problem", "find_problems", "same_account"]

@@ -17,6 +17,7 @@ from yaml.nodes import MappingNode, Node
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.builder import GroupDraft, InventoryBuilder, Origin
 from cpuaccel.inventory.patterns import parse_host_key
+from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.yamlsource import YamlReader, is_null, kind, line_of
 
 GROUP_KEYS = ("hosts", "vars", "children")
@@ -127,6 +128,15 @@ class _Walker:
                 names, port = parse_host_key(key)
             except InventoryError as exc:
                 raise self.error(exc.message, line, exc.hint or "") from None
+            for name in names:
+                problem = host_name_problem(name)
+                if problem is not None:
+                    raise self.error(
+                        f"host {problem}",
+                        line,
+                        "name each host as ssh knows it (node1, node1.example.org, 10.0.0.2), "
+                        "or give it an alias here and its address in ansible_host",
+                    )
             host_vars: dict[str, Any] = {}
             origins: dict[str, Origin] = {}
             if port is not None:
@@ -188,4 +198,8 @@ class _Walker:
                 )
             values[name] = self.yaml.construct(value)
             origins[name] = Origin(self.source, line_of(value))
+            if isinstance(value, MappingNode):
+                # Each key's own line, for an error about one key (a bad cpuaccel_env name).
+                for key_node, _ in value.value:
+                    origins[f"{name}.{key_node.value}"] = Origin(self.source, line_of(key_node))
         return values, origins

@@ -9,18 +9,21 @@ host ends up with, blaming the line that wrote a bad one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, NamedTuple
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.host import Host, ssh_options
+from cpuaccel.inventory.variables import VARIABLES, BadValue, hint_for, user_name_problem
 
 CONNECTIONS = ("ssh", "local", "paramiko", "smart")
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 EXTRA_VARS_SOURCE = "-e"
+# OpenSSH's words for StrictHostKeyChecking (readconf.c).
+STRICT_WORDS = ("yes", "no", "ask", "accept-new", "off", "true", "false")
 
 
 class Origin(NamedTuple):
@@ -127,6 +130,9 @@ class InventoryBuilder:
                 )
             host.vars[var] = value
             host.origins[var] = origins[var]
+        for key, at in origins.items():
+            if "." in key:  # the line of each key of a mapping value (see _check_variable)
+                host.origins[key] = at
 
     def build(self, extra_vars: Mapping[str, Any]) -> Built:
         parents = self._parents()
@@ -226,6 +232,9 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
             f"host {host!r}: {message}", source=at.source, line=at.line, hint=hint
         )
 
+    for var, check in VARIABLES.items():
+        if merged.get(var) is not None:
+            _check_variable(host, var, merged[var], check, where)
     port_hint = "use an integer from 1 to 65535, e.g. ansible_port: 2222"
     for var in PORT_VARS:
         if merged.get(var) is not None and not _is_port(merged[var]):
@@ -234,6 +243,21 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
         port = ssh_options({var: merged.get(var)}).get("port")
         if port is not None and not _is_port(port):
             raise fail(var, f"{var} sets Port to {port!r}, not a port number", port_hint)
+    for var in SSH_ARGS_VARS:  # a User= there is the login name, as ansible_user is
+        user = ssh_options({var: merged.get(var)}).get("user")
+        if user is not None and user_name_problem(user) is not None:
+            raise fail(var, f"{var} sets User to {user_name_problem(user)}", hint_for(var))
+    strict = ssh_options(merged).get("stricthostkeychecking")
+    if strict is not None and strict.lower() not in STRICT_WORDS:
+        var = next(
+            (v for v in SSH_ARGS_VARS if "stricthostkeychecking" in str(merged.get(v)).lower()),
+            SSH_ARGS_VARS[0],
+        )
+        raise fail(
+            var,
+            f"StrictHostKeyChecking={strict} in {var} is not a value ssh knows",
+            f"use one of {', '.join(STRICT_WORDS)}",
+        )
     connection = merged.get("ansible_connection")
     if connection is not None and str(connection) not in CONNECTIONS:
         short = str(connection).rsplit(".", 1)[-1].replace("paramiko_ssh", "paramiko")
@@ -245,3 +269,23 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
             else f"use one of {', '.join(CONNECTIONS)} (cpuaccel reaches hosts over SSH or runs "
             "locally)",
         )
+
+
+def _check_variable(
+    host: str, var: str, value: Any, check: Callable[[Any], Any], where: Mapping[str, Origin]
+) -> None:
+    """``var``'s value against its declared type (inventory/variables.py); the error
+    names the line that wrote it (a bad key of a mapping: that key's line), or the -e."""
+    try:
+        check(value)
+    except BadValue as exc:
+        at = where.get(var, Origin(None, None))
+        if exc.key is not None:
+            at = where.get(f"{var}.{exc.key}", at)
+        if at.source == EXTRA_VARS_SOURCE:
+            raise InventoryError(
+                f"-e {var}: {var} {exc}", hint=f"fix -e {var}: {hint_for(var)}"
+            ) from None
+        raise InventoryError(
+            f"host {host!r}: {var} {exc}", source=at.source, line=at.line, hint=hint_for(var)
+        ) from None

@@ -20,6 +20,7 @@ from cpuaccel.inventory.builder import InventoryBuilder, Origin
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
 _LINE = re.compile(rf"^{_NAME}(?::(?P<colon>\d+))?(?P<words>(?:\s+[A-Za-z_]+=\S+)*)$")
+_YAMLISH = re.compile(r"^(?:[^:]*:(?:\s|$)|-\s|[{\[])")
 # The seed's hostfile is a template: "xxx.xxx.xxx.xxx #node0 ip".
 _PLACEHOLDER = re.compile(r"^[xX]+(?:\.[xX]+)+$")
 SLOTS_VAR = "cpuaccel_slots"
@@ -44,7 +45,11 @@ def looks_like_hostfile(text: str) -> bool:
     its first line is a key ending in ':')."""
     lines = [_strip(line) for line in text.splitlines()]
     significant = [line for line in lines if line]
-    return bool(significant) and all(_LINE.match(line) for line in significant)
+    if not significant or not _LINE.match(significant[0]):
+        return False
+    # A hostfile with one bad line is still a hostfile (its error names that line), as
+    # long as nothing in it looks like YAML ("key:" or "- item").
+    return all(_LINE.match(line) or not _YAMLISH.match(line) for line in significant)
 
 
 def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:

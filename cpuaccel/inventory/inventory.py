@@ -8,6 +8,7 @@ the rest of cpuaccel uses: loading, the implicit localhost, discovery, --limit, 
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -138,13 +139,28 @@ def parse_extra_vars(items: Sequence[str]) -> dict[str, Any]:
         elif item.lstrip().startswith("{"):
             result.update(_vars_mapping(item, f"-e {item!r}", None))
         else:
-            key, sep, raw = item.partition("=")
-            if not sep or not key.strip().isidentifier():
-                raise InventoryError(
-                    f"-e {item!r}: expected KEY=VALUE, @FILE.yaml or a YAML mapping",
-                    hint="write e.g. -e ansible_user=train, -e nproc=4 or -e @vars.yaml",
-                )
-            result[key.strip()] = _scalar(raw)
+            result.update(_key_values(item))
+    return result
+
+
+def _key_values(item: str) -> dict[str, Any]:
+    """``-e 'a=1 b="x y"'``: words split as a shell would, each KEY=VALUE (Ansible's
+    parse_kv), so that one -e may set several variables."""
+    hint = "write e.g. -e ansible_user=train, -e 'nproc=4 ppn=2' or -e @vars.yaml"
+    try:
+        words = shlex.split(item)
+    except ValueError as exc:
+        raise InventoryError(f"-e {item!r}: expected KEY=VALUE words ({exc})", hint=hint) from None
+    result: dict[str, Any] = {}
+    for word in words or [item]:
+        key, sep, raw = word.partition("=")
+        if not sep or not key.isidentifier():
+            raise InventoryError(
+                f"-e {item!r}: expected KEY=VALUE, @FILE.yaml or a YAML mapping"
+                + (f" ({word!r} is not KEY=VALUE)" if len(words) > 1 else ""),
+                hint=hint,
+            )
+        result[key] = _scalar(raw)
     return result
 
 

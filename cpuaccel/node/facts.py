@@ -243,6 +243,15 @@ def port_free(port: int) -> bool:
         sock.close()
 
 
+def login_name() -> str:
+    try:
+        import pwd  # POSIX only, like the rest of the probe
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.geteuid())
+
+
 def os_release() -> str:
     for line in read("/etc/os-release").decode(errors="replace").splitlines():
         if line.startswith("PRETTY_NAME="):
@@ -257,6 +266,8 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         # The same boot id means the same kernel: "nodes" that are containers or
         # namespaces of one machine, whose ranks share its cores.
         "boot_id": read("/proc/sys/kernel/random/boot_id").decode(errors="replace").strip(),
+        # Who we are there: with boot_id, tells `check` that two names are one account.
+        "user": login_name(),
         "os": os_release(),
         "kernel": os.uname().release,
         "python": {

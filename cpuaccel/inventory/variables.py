@@ -1,0 +1,232 @@
+"""The declared type of every inventory variable cpuaccel reads: ``VARIABLES``.
+
+A value reaches an argv, a rendered shell script, an ssh option or a path on a node, so
+each has a type, checked when the inventory (and ``-e``) loads (``builder.validate``),
+for every host and every verb: ``cpuaccel_ppn: four`` or ``ansible_host_key_checking:
+ture`` is then one error naming the line that wrote it, before anything connects.
+``config/effective.py`` converts run settings with the same checks.
+
+A check takes the value and returns it converted, or raises :class:`BadValue` with the
+complaint (the caller adds where it was written). None means "not set" and is never
+checked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from typing import Any
+
+LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi")
+ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
+PRECISION_CHOICES = ("bf16", "no", "fp32")
+# YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
+TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
+FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})
+# A shell variable name: anything else is code once written as `export NAME=...`.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Host names (letters, digits, '.', '-', '_' as Ansible aliases use it); never a leading
+# '-', which ssh and rsync would read as an option.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+# A login name: no space, no control character, no leading '-' (an ssh option).
+USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,63}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+Check = Callable[[Any], Any]
+
+
+class BadValue(ValueError):
+    """A value of the wrong type; ``key`` names the bad key of a mapping value."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def parse_bool(value: Any) -> bool | None:
+    """True or False for a YAML/Ansible boolean spelling (any case), else None."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    word = str(value).strip().lower() if isinstance(value, str) else None
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    return None
+
+
+def boolean(value: Any) -> bool:
+    parsed = parse_bool(value)
+    if parsed is None:
+        raise BadValue(f"must be true or false (or yes/no, on/off, 1/0), got {value!r}")
+    return parsed
+
+
+def whole(low: int, high: int | None = None) -> Check:
+    def check(value: Any) -> int:
+        text = str(value).strip()
+        if isinstance(value, bool) or not (isinstance(value, int) or text.isdigit()):
+            raise BadValue(f"must be a whole number, got {value!r}")
+        number = int(text)
+        if number < low or (high is not None and number > high):
+            upper = f" to {high}" if high is not None else " or more"
+            raise BadValue(f"must be {low}{upper}, got {number}")
+        return number
+
+    return check
+
+
+def choice(options: tuple[str, ...], *, fold: bool = False) -> Check:
+    def check(value: Any) -> str:
+        word = str(value).strip().lower() if fold else str(value)
+        if isinstance(value, (bool, list, dict)) or word not in options:
+            raise BadValue(f"is {value!r}; use one of {', '.join(options)}")
+        return word
+
+    return check
+
+
+def precision(value: Any) -> str:
+    """bf16 or no (fp32 is written "no", as Accelerate reads it)."""
+    word = choice(PRECISION_CHOICES, fold=True)(value)
+    return "no" if word == "fp32" else word
+
+
+def text(value: Any) -> str | None:
+    """A plain value (a path, a name): a string or number on one line; empty is unset."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise BadValue(f"must be a plain string, got {type(value).__name__} {value!r}")
+    if _CONTROL.search(str(value)):
+        raise BadValue(f"must be one line without control characters, got {value!r}")
+    return str(value) if str(value) else None
+
+
+def ssh_args(value: Any) -> str | None:
+    """ssh arguments as Ansible passes them: words a shell would split (quotes closed)."""
+    line = text(value)
+    try:
+        shlex.split(line or "")
+    except ValueError as exc:
+        raise BadValue(f"cannot be split into words: {exc}") from None
+    return line
+
+
+def env_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be an environment variable's name, or None."""
+    if isinstance(name, str) and ENV_NAME.fullmatch(name):
+        return None
+    return f"{name!r} is not a variable name (letters, digits and '_', not starting with a digit)"
+
+
+def env_mapping(value: Any) -> dict[str, str]:
+    """``NAME: value`` lines for the ranks' environment: names a shell accepts, plain
+    values (a boolean as YAML wrote it)."""
+    if value is None or value == "" or value == {}:
+        return {}
+    if not isinstance(value, Mapping):
+        # Not the value itself: it may be cpuaccel_secret_env's.
+        raise BadValue(f"must be a mapping of NAME: value lines, got {type(value).__name__}")
+    result: dict[str, str] = {}
+    for key, item in value.items():
+        problem = env_name_problem(key)
+        if problem is not None:
+            raise BadValue(problem, key=str(key))
+        if item is None or isinstance(item, (dict, list)):
+            raise BadValue(f"{key}: the value must be a plain string or number", key=key)
+        result[key] = str(item).lower() if isinstance(item, bool) else str(item)
+    return result
+
+
+def host_name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot be a host's name or address, or None."""
+    text_ = str(name)
+    if isinstance(name, str) and HOST_NAME.fullmatch(text_):
+        return None
+    try:
+        ipaddress.ip_address(text_)
+        return None
+    except ValueError:
+        pass
+    lead = " and must not start with '-'" if text_.startswith("-") else ""
+    return (
+        f"{text_!r} is not a host name or IP address: use letters, digits, '.', '-' and '_'{lead}"
+    )
+
+
+def host_address(value: Any) -> str:
+    problem = host_name_problem(value)
+    if problem is not None:
+        raise BadValue(problem)
+    return str(value)
+
+
+def user_name_problem(value: Any) -> str | None:
+    if not isinstance(value, bool) and USER_NAME.fullmatch(str(value)):
+        return None
+    return (
+        f"{value!r}, not a login name (letters, digits, '.', '-', '_'; no spaces, "
+        "not starting with '-')"
+    )
+
+
+def user_name(value: Any) -> str:
+    problem = user_name_problem(value)
+    if problem is not None:
+        raise BadValue(f"is {problem}")
+    return str(value)
+
+
+# Every variable cpuaccel's code reads, with its type. (Playbooks read their own
+# variables through Jinja: those are the playbook's to check.)
+VARIABLES: dict[str, Check] = {
+    "ansible_host": host_address,
+    "ansible_ssh_host": host_address,
+    "ansible_user": user_name,
+    "ansible_ssh_user": user_name,
+    "ansible_host_key_checking": boolean,
+    "ansible_ssh_private_key_file": text,
+    "ansible_private_key_file": text,
+    "ansible_python_interpreter": text,
+    "ansible_ssh_common_args": ssh_args,
+    "ansible_ssh_extra_args": ssh_args,
+    "cpuaccel_ppn": whole(1),
+    "cpuaccel_slots": whole(1),
+    "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
+    "cpuaccel_master_port": whole(1, 65535),
+    "cpuaccel_mixed_precision": precision,
+    "cpuaccel_ccl_workers": whole(0),
+    "cpuaccel_mpirun": text,
+    "cpuaccel_fi_provider": text,
+    "cpuaccel_allocator": choice(ALLOCATOR_CHOICES),
+    "cpuaccel_templates": text,
+    "cpuaccel_backend": text,
+    "cpuaccel_env": env_mapping,
+    "cpuaccel_secret_env": env_mapping,
+    "cpuaccel_python": text,
+    "cpuaccel_venv": text,
+    "cpuaccel_workdir": text,
+    "cpuaccel_setvars": text,
+    "cpuaccel_known_hosts": text,
+}
+
+HINTS: dict[str, str] = {
+    "ansible_host": "write the node's host name or IP address, e.g. ansible_host: 10.0.0.2",
+    "ansible_host_key_checking": "write ansible_host_key_checking: true (or false, to "
+    "accept any host key: unsafe)",
+    "cpuaccel_env": "write one NAME: value line per variable, e.g. cpuaccel_env: "
+    "{FI_PROVIDER: tcp}",
+    "cpuaccel_ppn": "write the ranks per node as a whole number, e.g. cpuaccel_ppn: 2",
+}
+HINTS["ansible_ssh_host"] = HINTS["ansible_host"]
+HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
+
+
+def hint_for(name: str) -> str:
+    return HINTS.get(name, f"fix the value of {name}")
+
+
+__all__ = ["VARIABLES", "BadValue", "env_name_problem", "host_name_problem", "parse_bool"]
