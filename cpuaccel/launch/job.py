@@ -32,9 +32,10 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import run_preflight
-from cpuaccel.launch.rundir import RunDir, render_job_files
+from cpuaccel.launch.preflight import Preflight, check_launcher_reach, run_preflight
+from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files, render_ssh_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import build
@@ -94,12 +95,26 @@ def launch(
         return _run(plan, project, local is not None, timeout, nodes)
 
 
+def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
+    """The key each node's connection verified (they are open since preflight)."""
+    keys = {h.name: pool.get(h).host_key() for h in hosts}
+    return {name: key for name, key in keys.items() if key}
+
+
 def _run(plan: RunPlan, project: Path, local: bool, timeout: float | None, nodes: _Nodes) -> int:
     """Render and copy the files, run the job, keep its record, print its summary."""
-    files = render_job_files(plan, nodes.connect)
+    files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
     run_dir = RunDir.create(project / "runs", plan, files)
-    if not local or "secret.env" in files:
-        _copy_files(plan, files, nodes)
+    try:
+        if not local or "secret.env" in files:
+            _copy_files(plan, files, nodes)
+        return _supervise(plan, run_dir, timeout, nodes)
+    finally:
+        run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
+
+
+def _supervise(plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _Nodes) -> int:
+    """Start the job, watch it to its end, and keep its record."""
     run_dir.record(
         run_id=plan.run_id,
         hosts=[h.name for h in plan.hosts],
@@ -160,6 +175,7 @@ def _preflight_and_sync(
             )
             for name in found.stale
         ]
+    problems += _launcher_reach(settings, draft, found, local, nodes)
     if problems:
         _print_problems(problems)
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
@@ -182,6 +198,25 @@ def _preflight_and_sync(
     return found.facts
 
 
+def _launcher_reach(
+    settings: LaunchSettings, draft: RunPlan, found: Preflight, local: bool, nodes: _Nodes
+) -> list[Problem]:
+    """The head node's ssh.sh to every other node that answered the controller, with
+    the files the job will have (its plan needs the head's facts)."""
+    facts = found.facts
+    targets = [h for h in draft.hosts[1:] if h.name in facts]
+    if draft.head.name not in facts or not targets:
+        return []
+    local_project = draft.project_dir if local else None
+    try:
+        plan = build_plan(settings, draft.script, facts, draft.run_id, local_project)
+    except CpuaccelError:
+        return []  # the same error ends the run right after preflight, with its own words
+    keys = _host_keys([h for h in plan.hosts if h.name in facts], nodes.pool)
+    files = render_ssh_files(plan, nodes.connect, keys)
+    return check_launcher_reach(nodes.pool.get(plan.head), plan, files, targets)
+
+
 def _print_problems(problems: list[Problem]) -> None:
     err = ui.stderr()
     for p in problems:
@@ -198,14 +233,23 @@ def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
             conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
         )
 
-    failed = [
-        r for r in run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool) if not r.ok
-    ]
+    results = run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool)
+    failed = [r for r in results if not r.ok]
     if failed:
+        if "secret.env" in files:  # no job starts: take the secrets back off the others
+            _forget_secrets(plan, [r.host for r in results if r.ok], nodes)
         raise UsageError(
             "; ".join(f"{r.host.name}: {r.error}" for r in failed),
             hint="check free disk and permissions at cpuaccel_workdir",
         )
+
+
+def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
+    def forget(conn: Connector) -> dict[str, object]:
+        words = ["end", plan.run_id, "0", plan.run_dir]
+        return programs.call(conn, "jobs", words, what="removing the run's secrets")
+
+    run_on_hosts(hosts, forget, forks=nodes.forks, pool=nodes.pool)
 
 
 def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:

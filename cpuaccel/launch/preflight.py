@@ -2,22 +2,28 @@
 
 One connection per node, in parallel: the fact probe (versions, launchers, how the node
 resolves the others' names, the master port on the head) and a look at the node's copy
-of the project (its manifest hash against the controller's). Each failure is one line
-naming the node and the fix; no job starts unless all pass.
+of the project (its manifest hash against the controller's). Then, on the head node,
+the launcher's own ssh (``ssh.sh NODE true``) to every other node, so that no job
+starts that MPI cannot start. Each failure is one line naming the node (or the pair)
+and the fix; no job starts unless all pass.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpuaccel.connectors import openssh, programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch.plan import RunPlan
 from cpuaccel.sync.engine import call_remote
 from cpuaccel.sync.manifest import SourceManifest
 
@@ -141,3 +147,66 @@ def _check_head(
                     hint="install it, pick another --launcher, or set cpuaccel_mpirun",
                 )
             )
+
+
+# ---------------------------------------------------------------- the launcher's ssh
+
+REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
+
+
+def check_launcher_reach(
+    head: Connector, plan: RunPlan, files: dict[str, tuple[int, str]], targets: Sequence[Host]
+) -> list[Problem]:
+    """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
+    with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
+    proxies. A pair that fails is one problem naming head -> node and the fix."""
+    if not targets:
+        return []
+    names = [h.name for h in targets]
+    words = ["reach", plan.run_dir, f"{REACH_TIMEOUT:g}", *names]
+    payload = json.dumps(files).encode()
+    what = "trying the launcher's ssh from the head node"
+    try:
+        answer = programs.call(head, "jobs", words, payload, what=what, timeout=REACH_TIMEOUT + 30)
+    except CpuaccelError as exc:
+        return [Problem(ERROR, head.host.name, f"{what}: {exc}")]
+    problems = []
+    for host in targets:
+        code, said = answer["reach"].get(host.name) or [None, ""]
+        if code != 0:
+            problems.append(_unreached(plan.head, host, code, said))
+    return problems
+
+
+def _unreached(head: Host, node: Host, code: int | None, said: str) -> Problem:
+    port = openssh.port_of(node)
+    user = f"{node.user}@" if node.user else ""
+    where = f"{user}{node.address}:{port}"
+    if code is None:
+        outcome = f"no answer within {REACH_TIMEOUT:g} s"
+    else:
+        outcome = f"exit code {code}" + (f": {said}" if said else "")
+    message = f"the MPI launcher on {head.name} cannot ssh to {node.name} ({where}): {outcome}"
+    low = said.lower()
+    if "host key" in low or "identification has changed" in low:
+        hint = (
+            f"from {head.name}, {node.address}:{port} answers with another host key than the "
+            f"controller verified: make ansible_host of {node.name} an address that means "
+            "the same machine from every node"
+        )
+    elif "permission denied" in low or "too many authentication" in low:
+        key = node.key_file or "the head's default keys"
+        hint = (
+            f"{node.name} must let {node.user or 'the same user'} log in from {head.name} with "
+            f"{key} (a key path is read on {head.name}, ~ is the home there): copy the key "
+            f"there or authorize the head's, and check AllowUsers/Match in {node.name}'s sshd"
+        )
+    elif "resolve" in low:
+        hint = f"{node.address} does not resolve on {head.name}: use an ansible_host all resolve"
+    else:
+        hint = (
+            f"{head.name} cannot open {node.address}:{port}: let {node.name}'s sshd accept "
+            "connections from the other nodes (firewall, ListenAddress), or set "
+            "ansible_host/ansible_port to what the nodes' network reaches"
+        )
+    return Problem(ERROR, f"{head.name} -> {node.name}", message, hint=hint)
