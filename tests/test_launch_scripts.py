@@ -388,3 +388,15 @@ def test_reach_problems_name_the_pair_and_the_fix(tmp_path: Path) -> None:
     assert "Permission denied" in denied.message and "AllowUsers" in str(denied.hint)
     assert "another host key" in str(by_pair["head -> changed"].hint)
     assert not Path(workdir).exists()
+
+
+@needs_ssh
+def test_hostile_paths_reach_ssh_config_whole(tmp_path: Path) -> None:
+    files = render_job_files(hostile_plan(tmp_path), ConnectOptions())
+    config = tmp_path / "ssh_config"
+    config.write_text(files["ssh_config"][1])
+    seen = ssh_g(config, "node-2.example")
+    # ssh -G shows the words as parsed, before ~ and %-token expansion (%% is one %).
+    assert seen["identityfile"] == "~/" + HOSTILE.replace("%", "%%")
+    assert seen["userknownhostsfile"].endswith(f"/runs/{RUN_ID}/known_hosts")
+    assert "$(touch M)" in seen["userknownhostsfile"]

@@ -204,7 +204,10 @@ def _launcher_reach(
     """The head node's ssh.sh to every other node that answered the controller, with
     the files the job will have (its plan needs the head's facts)."""
     facts = found.facts
-    targets = [h for h in draft.hosts[1:] if h.name in facts]
+    # Hosts that answered; the controller itself needs no ssh when it is the head too.
+    targets = [
+        h for h in draft.hosts[1:] if h.name in facts and not (h.is_local and draft.head.is_local)
+    ]
     if draft.head.name not in facts or not targets:
         return []
     local_project = draft.project_dir if local else None
