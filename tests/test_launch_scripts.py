@@ -12,16 +12,19 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from cpuaccel import node
 from cpuaccel.config.effective import resolve
-from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.base import ConnectOptions, Connector, connector_for
 from cpuaccel.errors import HostError, InventoryError
+from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.launch import preflight
 from cpuaccel.launch.plan import RunPlan, Script, build_plan
 from cpuaccel.launch.preflight import check_launcher_reach
 from cpuaccel.launch.rundir import RunDir, render_job_files, render_ssh_files
@@ -400,3 +403,42 @@ def test_hostile_paths_reach_ssh_config_whole(tmp_path: Path) -> None:
     assert seen["identityfile"] == "~/" + HOSTILE.replace("%", "%%")
     assert seen["userknownhostsfile"].endswith(f"/runs/{RUN_ID}/known_hosts")
     assert "$(touch M)" in seen["userknownhostsfile"]
+
+
+class _Connected:
+    def __init__(self, host: Host, key: str) -> None:
+        self.host = host
+        self.key = key
+
+    def host_key(self) -> str:
+        return self.key
+
+
+def test_the_head_check_starts_once_every_node_is_connected_or_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, list[str], str]] = []
+
+    def record(conn: Any, plan: RunPlan, files: Any, targets: list[Host]) -> list[Any]:
+        calls.append((plan.run_dir, [t.name for t in targets], files["known_hosts"][1]))
+        return []
+
+    monkeypatch.setattr(preflight, "check_launcher_reach", record)
+    chosen = [
+        Host(f"n{i}", {"ansible_host": f"10.0.0.{i}", "ansible_port": 22, "cpuaccel_workdir": "/w"})
+        for i in (1, 2, 3)
+    ]
+    plan = plan_of(chosen)
+    reach = preflight.LauncherReach(
+        plan, ConnectOptions(), cast(ConnectionPool, SimpleNamespace(get=lambda h: None))
+    )
+    reach.connected(cast(Connector, _Connected(chosen[0], "ssh-ed25519 K1")))
+    reach.connected(cast(Connector, _Connected(chosen[1], "ssh-ed25519 K2")))
+    assert calls == [] and reach.problems() == []  # n3 is still connecting
+    reach.finished(HostResult(chosen[2], Status.UNREACHABLE, error="refused"))
+    for host in chosen[:2]:
+        reach.finished(HostResult(host, Status.OK))  # ended after connecting: no news
+    assert reach.problems() == []
+    known = "n1,10.0.0.1 ssh-ed25519 K1\nn2,10.0.0.2 ssh-ed25519 K2\n"
+    # Once, in a folder of its own on the head, to the node the controller reached.
+    assert calls == [(f"/tmp/cpuaccel-reach-{RUN_ID}", ["n2"], known)]

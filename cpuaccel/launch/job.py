@@ -34,8 +34,8 @@ from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import Preflight, check_launcher_reach, run_preflight
-from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files, render_ssh_files
+from cpuaccel.launch.preflight import LauncherReach, run_preflight
+from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import build
@@ -152,6 +152,8 @@ def _preflight_and_sync(
     # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
     source = build([str(Path.cwd())], excludes=settings.exclude.value)
     launcher = settings.launcher.value
+    # The head's ssh to the others runs within the same pass (see LauncherReach).
+    reach = LauncherReach(draft, nodes.connect, nodes.pool)
     with ui.progress("preflight", 1):
         found = run_preflight(
             draft.hosts,
@@ -163,8 +165,10 @@ def _preflight_and_sync(
             launcher_flavour=None if launcher == "auto" else launcher,
             check_project=not local,
             pool=nodes.pool,
+            reach=reach,
         )
-    problems = list(found.errors)
+        reached = reach.problems()
+    problems = list(found.errors) + reached
     if found.stale and not allow_sync:
         problems += [
             Problem(
@@ -175,7 +179,6 @@ def _preflight_and_sync(
             )
             for name in found.stale
         ]
-    problems += _launcher_reach(settings, draft, found, local, nodes)
     if problems:
         _print_problems(problems)
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
@@ -196,28 +199,6 @@ def _preflight_and_sync(
                 "; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed)
             )
     return found.facts
-
-
-def _launcher_reach(
-    settings: LaunchSettings, draft: RunPlan, found: Preflight, local: bool, nodes: _Nodes
-) -> list[Problem]:
-    """The head node's ssh.sh to every other node that answered the controller, with
-    the files the job will have (its plan needs the head's facts)."""
-    facts = found.facts
-    # Hosts that answered; the controller itself needs no ssh when it is the head too.
-    targets = [
-        h for h in draft.hosts[1:] if h.name in facts and not (h.is_local and draft.head.is_local)
-    ]
-    if draft.head.name not in facts or not targets:
-        return []
-    local_project = draft.project_dir if local else None
-    try:
-        plan = build_plan(settings, draft.script, facts, draft.run_id, local_project)
-    except CpuaccelError:
-        return []  # the same error ends the run right after preflight, with its own words
-    keys = _host_keys([h for h in plan.hosts if h.name in facts], nodes.pool)
-    files = render_ssh_files(plan, nodes.connect, keys)
-    return check_launcher_reach(nodes.pool.get(plan.head), plan, files, targets)
 
 
 def _print_problems(problems: list[Problem]) -> None:
