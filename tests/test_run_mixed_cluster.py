@@ -158,3 +158,4 @@ def test_a_worker_the_head_cannot_reach_fails_preflight_naming_the_pair(
     assert "Permission denied" in run.stderr and "AllowUsers" in run.stderr
     assert "no job was started" in run.stderr and run.stdout == ""
     assert after == before  # the check left nothing on the nodes
+    assert list(Path("/tmp").glob("cpuaccel-reach-*")) == []  # /tmp: shared by the nodes

@@ -262,7 +262,9 @@ def _unreached(head: Host, node: Host, code: int | None, said: str) -> Problem:
         outcome = f"exit code {code}" + (f": {said}" if said else "")
     message = f"the MPI launcher on {head.name} cannot ssh to {node.name} ({where}): {outcome}"
     low = said.lower()
-    if "host key" in low or "identification has changed" in low:
+    if code == 127:
+        hint = f"install the OpenSSH client (ssh) on {head.name}: MPI's launcher runs it there"
+    elif "host key" in low or "identification has changed" in low:
         hint = (
             f"from {head.name}, {node.address}:{port} answers with another host key than the "
             f"controller verified: make ansible_host of {node.name} an address that means "
