@@ -5,6 +5,7 @@ modes and secrets, and the head's ``reach`` check."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import stat
@@ -442,3 +443,19 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     known = "n1,10.0.0.1 ssh-ed25519 K1\nn2,10.0.0.2 ssh-ed25519 K2\n"
     # Once, in a folder of its own on the head, to the node the controller reached.
     assert calls == [(f"/tmp/cpuaccel-reach-{RUN_ID}", ["n2"], known)]
+
+
+def test_a_node_without_a_user_is_reached_as_the_controller_reaches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host 10.0.0.3\n    User carol\n")
+    chosen = mixed()
+    chosen[1] = Host("n2", {k: v for k, v in chosen[1].vars.items() if k != "ansible_user"})
+    chosen.append(Host("n3", {**chosen[1].vars, "ansible_host": "10.0.0.3"}))
+    config = render_ssh_files(plan_of(chosen), ConnectOptions())["ssh_config"][1]
+    blocks = {block.split("\n")[0]: block for block in config.split("Host ")[1:]}
+    # Fabric's order: the inventory, the controller's ssh_config, the controller's user.
+    assert f'User "{getpass.getuser()}"' in blocks["n2"]
+    assert 'User "carol"' in blocks["n3"] and 'User "root"' in blocks["n1"]

@@ -96,14 +96,15 @@ def _config_word(owner: str, what: str, value: str, tokens: bool = True) -> str:
 
 
 def _config_user(host: Host) -> str | None:
-    """The user the controller logs in as, when something names one: the inventory's,
-    else the controller's ssh_config (as Fabric reads it). None: the head's own user."""
+    """The user the controller logs in as: the inventory's, else the controller's
+    ssh_config's, else the controller's own (Fabric's order), so that the head's ssh
+    logs in as the same user, not as whoever it runs as."""
     if host.user or host.is_local:
         return host.user
     from fabric import Config
 
-    value = Config().base_ssh_config.lookup(host.address).get("user")
-    return str(value) if value else None
+    config = Config()
+    return str(config.base_ssh_config.lookup(host.address).get("user") or config.user)
 
 
 def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> str:
