@@ -459,3 +459,14 @@ def test_a_node_without_a_user_is_reached_as_the_controller_reaches_it(
     # Fabric's order: the inventory, the controller's ssh_config, the controller's user.
     assert f'User "{getpass.getuser()}"' in blocks["n2"]
     assert 'User "carol"' in blocks["n3"] and 'User "root"' in blocks["n1"]
+
+
+def test_reach_never_uses_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("x")
+    planted = tmp_path / f"cpuaccel-reach-{RUN_ID}"
+    planted.symlink_to(elsewhere)
+    with pytest.raises(FileExistsError):
+        jobs.reach(str(planted), 1.0, ["good"], {"ssh.sh": (0o700, REACH_SSH)})
+    assert [p.name for p in elsewhere.iterdir()] == ["keep"] and planted.is_symlink()

@@ -37,8 +37,6 @@ PLAIN = 0o600
 PRIVATE = 0o600
 FOLDER = 0o700
 SECRET_FILES = frozenset({"secret.env"})  # never on the controller's disk or records
-# MPI's launcher reaches the other nodes with these (ssh.sh runs ssh -F ssh_config).
-SSH_FILES = ("ssh.sh", "ssh_config", "known_hosts")
 
 HostKeys = Mapping[str, str]  # host name -> "TYPE BASE64", as the controller verified it
 

@@ -99,13 +99,19 @@ def reach(run_dir: str, timeout: float, hosts: list[str], files: Any) -> dict[st
     import shutil
     import subprocess
 
-    if os.path.lexists(run_dir):
-        raise ValueError(f"{run_dir} exists already")
     created = []  # the folders made here, removed again: preflight leaves nothing
-    folder = run_dir
+    folder = os.path.dirname(run_dir)
     while not os.path.isdir(folder):
         created.append(folder)
         folder = os.path.dirname(folder)
+    try:
+        for folder in reversed(created):
+            os.mkdir(folder, 0o700)
+        # Exclusive: never into a folder, or through a link, that someone else made.
+        os.mkdir(run_dir, 0o700)
+    except OSError:
+        _rmdirs(created)
+        raise
     try:
         write(run_dir, files)
         procs = {
@@ -122,8 +128,7 @@ def reach(run_dir: str, timeout: float, hosts: list[str], files: Any) -> dict[st
         found = {host: _reached(proc, deadline) for host, proc in procs.items()}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-        for folder in created[1:]:  # the parents made for it, innermost first
-            _rmdir(folder)
+        _rmdirs(created)
     return {"reach": found}
 
 
@@ -140,11 +145,13 @@ def _reached(proc: Any, deadline: float) -> list[Any]:
     return [proc.returncode, lines[-1] if lines else ""]
 
 
-def _rmdir(folder: str) -> None:
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass
+def _rmdirs(folders: list[str]) -> None:
+    """Remove empty folders, innermost first (what is not empty stays)."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def signal_launcher(run_id: str, pidfile: str, signum: int) -> dict[str, Any]:
