@@ -410,10 +410,15 @@ def test_secret_env_reaches_ranks_and_no_record(cluster: Cluster, tmp_path: Path
     assert secret not in dry.stdout + dry.stderr
     assert "API_TOKEN" in dry.stdout
 
+    # The run folders are the user's alone, and no node keeps the secrets after the job
+    # (the sweep removes secret.env; the ranks read it while the job ran: see above).
+    assert run.run_dir.stat().st_mode & 0o777 == 0o700
     node_run = f"{WORKDIR}/runs/{record['run_id']}"
     for node in NODES:
-        stat = cluster.exec(node, ["stat", "-c", "%a %U", f"{node_run}/secret.env"])
-        assert stat.stdout.strip() == "600 root", (node, stat.stderr)
+        stat = cluster.exec(node, ["stat", "-c", "%a %U", node_run])
+        assert stat.stdout.strip() == "700 root", (node, stat.stderr)
+        left = cluster.exec(node, ["test", "-e", f"{node_run}/secret.env"])
+        assert left.returncode == 1, node
         env_sh = cluster.exec(node, ["cat", f"{node_run}/env.sh"])
         assert env_sh.returncode == 0 and "API_TOKEN" not in env_sh.stdout
         assert secret not in env_sh.stdout

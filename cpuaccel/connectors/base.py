@@ -136,6 +136,11 @@ class Connector(abc.ABC):
         ssh.sh): this host's user, port, key and host-key policy."""
         return openssh.ssh_argv(self.host, self.options)
 
+    def host_key(self) -> str | None:
+        """The host key this connection verified ("TYPE BASE64"), for the run's own
+        known_hosts; None when no ssh is involved."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None: ...
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from typing import TYPE_CHECKING
 
 from cpuaccel.connectors.hostkeys import host_key_policy
@@ -92,3 +93,94 @@ def home_relative(host: Host, path: str) -> str:
             hint="write the destination as an absolute path",
         )
     return path
+
+
+# ---------------------------------------------------------------- MPI's ssh_config
+
+# What an ssh_config word may hold: ssh splits on blanks and quotes (quoted here), expands
+# %-tokens (doubled here) and, from OpenSSH 8.4, ${VAR} (no escape: refused), and a file
+# is read line by line (no line breaks). Quotes and backslashes are refused too: older
+# OpenSSH releases read them without escapes.
+_CONFIG_REFUSED = ("\n", "\r", "\0", '"', "\\", "${")
+_HOST_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+
+def _config_word(owner: str, what: str, value: str, tokens: bool = True) -> str:
+    """``value`` as one double-quoted ssh_config argument (``~`` left for ssh)."""
+    bad = next((s for s in _CONFIG_REFUSED if s in value), None)
+    if bad is not None:
+        raise HostError(
+            owner,
+            f"{what} {value!r} holds {bad!r}, which MPI's ssh_config cannot carry",
+            hint=f"use a {what} without quotes, backslashes, line breaks or ${{",
+        )
+    return '"' + (value.replace("%", "%%") if tokens else value) + '"'
+
+
+def _config_user(host: Host) -> str | None:
+    """The user the controller logs in as: the inventory's, else the controller's
+    ssh_config's, else the controller's own (Fabric's order), so that the head's ssh
+    logs in as the same user, not as whoever it runs as."""
+    if host.user or host.is_local:
+        return host.user
+    from fabric import Config
+
+    config = Config()
+    return str(config.base_ssh_config.lookup(host.address).get("user") or config.user)
+
+
+def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> str:
+    """One ``Host`` block of the ssh_config that MPI's launcher uses to reach ``host``
+    from the head node (``ssh -F``): the address, port, user and key the controller
+    uses, and its host-key policy, with ``known_hosts`` (a path on the head) as the
+    only file of known keys. Paths keep ``~`` for the head's ssh to expand.
+    """
+    if not _HOST_PATTERN.match(host.name):
+        raise HostError(
+            host.name,
+            "this inventory name cannot be an ssh_config Host",
+            hint="name hosts with letters, digits, '.', '_' and '-' only",
+        )
+    policy = host_key_policy(host, options)
+    lines = [
+        f"Host {host.name}",
+        f"HostName {_config_word(host.name, 'ansible_host', host.address)}",
+        f"Port {port_of(host)}",
+    ]
+    user = _config_user(host)
+    if user:
+        lines.append(f"User {_config_word(host.name, 'ansible_user', user, tokens=False)}")
+    if host.key_file:
+        key = _config_word(host.name, "ansible_ssh_private_key_file", host.key_file)
+        lines.append(f"IdentityFile {key}")
+    if policy.check:
+        lines += [
+            "StrictHostKeyChecking yes",
+            f"UserKnownHostsFile {_config_word(host.name, 'known_hosts', known_hosts)}",
+            "GlobalKnownHostsFile /dev/null",  # only the keys the controller verified
+        ]
+    else:
+        lines += ["StrictHostKeyChecking no", "UserKnownHostsFile /dev/null"]
+    timeout = max(1, round(options.connect_timeout))
+    lines += ["BatchMode yes", f"ConnectTimeout {timeout}"]
+    return lines[0] + "\n" + "".join(f"    {line}\n" for line in lines[1:])
+
+
+def ssh_config_default(known_hosts: str) -> str:
+    """The block after every host's own: any other name is checked against the same
+    keys, and ssh never asks (MPI has no terminal)."""
+    path = _config_word("the run folder", "path", known_hosts)
+    return (
+        f"Host *\n    StrictHostKeyChecking yes\n    UserKnownHostsFile {path}\n    BatchMode yes\n"
+    )
+
+
+def known_hosts_line(host: Host, key: str) -> str:
+    """A known_hosts line giving ``key`` ("TYPE BASE64", as the controller verified it)
+    to the names ssh looks the host up by: the inventory name and the address, as
+    ``[name]:port`` when the port is not 22."""
+    port = port_of(host)
+    names = list(dict.fromkeys([host.name, host.address]))
+    if port != DEFAULT_PORT:
+        names = [f"[{name}]:{port}" for name in names]
+    return f"{','.join(names)} {key}\n"

@@ -201,6 +201,13 @@ class SSHConnector(Connector):
         argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self.ssh_argv())
         return run_rsync(argv, stdin=stdin, on_line=on_line)
 
+    def host_key(self) -> str | None:
+        transport = self._conn.client.get_transport() if self._conn is not None else None
+        if transport is None:
+            return None
+        key = transport.get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

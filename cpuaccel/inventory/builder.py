@@ -24,6 +24,10 @@ SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 EXTRA_VARS_SOURCE = "-e"
 # OpenSSH's words for StrictHostKeyChecking (readconf.c).
 STRICT_WORDS = ("yes", "no", "ask", "accept-new", "off", "true", "false")
+# Variables whose values are secrets: messages name them, never show their values.
+SECRET_VARS = frozenset(
+    {"cpuaccel_secret_env", "ansible_password", "ansible_ssh_pass", "ansible_become_password"}
+)
 
 
 class Origin(NamedTuple):
@@ -121,8 +125,10 @@ class InventoryBuilder:
             group.hosts.append(name)
         for var, value in host_vars.items():
             if var in host.vars and not _same(host.vars[var], value):
+                # A secret's values never reach a message (a terminal, a CI log).
+                now, then = (value, host.vars[var]) if var not in SECRET_VARS else ("***",) * 2
                 raise self.error(
-                    f"host {name!r} sets {var} to {value!r} here, but to {host.vars[var]!r} "
+                    f"host {name!r} sets {var} to {now!r} here, but to {then!r} "
                     f"at line {host.origins[var].line}",
                     origins[var].line,
                     f"a host's own variables must agree wherever it is listed: keep one value "

@@ -32,9 +32,10 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import run_preflight
-from cpuaccel.launch.rundir import RunDir, render_job_files
+from cpuaccel.launch.preflight import LauncherReach, run_preflight
+from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import build
@@ -94,12 +95,26 @@ def launch(
         return _run(plan, project, local is not None, timeout, nodes)
 
 
+def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
+    """The key each node's connection verified (they are open since preflight)."""
+    keys = {h.name: pool.get(h).host_key() for h in hosts}
+    return {name: key for name, key in keys.items() if key}
+
+
 def _run(plan: RunPlan, project: Path, local: bool, timeout: float | None, nodes: _Nodes) -> int:
     """Render and copy the files, run the job, keep its record, print its summary."""
-    files = render_job_files(plan, nodes.connect)
+    files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
     run_dir = RunDir.create(project / "runs", plan, files)
-    if not local or "secret.env" in files:
-        _copy_files(plan, files, nodes)
+    try:
+        if not local or "secret.env" in files:
+            _copy_files(plan, files, nodes)
+        return _supervise(plan, run_dir, timeout, nodes)
+    finally:
+        run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
+
+
+def _supervise(plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _Nodes) -> int:
+    """Start the job, watch it to its end, and keep its record."""
     run_dir.record(
         run_id=plan.run_id,
         hosts=[h.name for h in plan.hosts],
@@ -137,6 +152,8 @@ def _preflight_and_sync(
     # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
     source = build([str(Path.cwd())], excludes=settings.exclude.value)
     launcher = settings.launcher.value
+    # The head's ssh to the others runs within the same pass (see LauncherReach).
+    reach = LauncherReach(draft, nodes.connect, nodes.pool)
     with ui.progress("preflight", 1):
         found = run_preflight(
             draft.hosts,
@@ -148,8 +165,10 @@ def _preflight_and_sync(
             launcher_flavour=None if launcher == "auto" else launcher,
             check_project=not local,
             pool=nodes.pool,
+            reach=reach,
         )
-    problems = list(found.errors)
+        reached = reach.problems()
+    problems = list(found.errors) + reached
     if found.stale and not allow_sync:
         problems += [
             Problem(
@@ -198,14 +217,23 @@ def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
             conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
         )
 
-    failed = [
-        r for r in run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool) if not r.ok
-    ]
+    results = run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool)
+    failed = [r for r in results if not r.ok]
     if failed:
+        if "secret.env" in files:  # no job starts: take the secrets back off the others
+            _forget_secrets(plan, [r.host for r in results if r.ok], nodes)
         raise UsageError(
             "; ".join(f"{r.host.name}: {r.error}" for r in failed),
             hint="check free disk and permissions at cpuaccel_workdir",
         )
+
+
+def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
+    def forget(conn: Connector) -> dict[str, object]:
+        words = ["end", plan.run_id, "0", plan.run_dir]
+        return programs.call(conn, "jobs", words, what="removing the run's secrets")
+
+    run_on_hosts(hosts, forget, forks=nodes.forks, pool=nodes.pool)
 
 
 def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:

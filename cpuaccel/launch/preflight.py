@@ -2,22 +2,30 @@
 
 One connection per node, in parallel: the fact probe (versions, launchers, how the node
 resolves the others' names, the master port on the head) and a look at the node's copy
-of the project (its manifest hash against the controller's). Each failure is one line
-naming the node and the fix; no job starts unless all pass.
+of the project (its manifest hash against the controller's); and, on the head node once
+every node is connected, the launcher's own ssh (``ssh.sh NODE true``) to every other
+node, so that no job starts that MPI cannot start. Each failure is one line naming the
+node (or the pair) and the fix; no job starts unless all pass.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cpuaccel.connectors import openssh, programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.rundir import render_ssh_files
 from cpuaccel.sync.engine import call_remote
 from cpuaccel.sync.manifest import SourceManifest
 
@@ -66,10 +74,15 @@ def run_preflight(
     launcher_flavour: str | None,
     check_project: bool = True,
     pool: ConnectionPool | None = None,
+    reach: LauncherReach | None = None,
 ) -> Preflight:
+    """Probe every node at once; ``reach`` (which needs the pool) is told of each
+    connection as it opens and each host as it ends."""
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
+        if reach is not None:
+            reach.connected(conn)
         port = master_port if conn.host.name == head.name else None
         facts = gather(conn, names_to_resolve(conn.host, hosts), port)
         project = (
@@ -77,7 +90,10 @@ def run_preflight(
         )
         return NodeState(facts, project)
 
-    results = run_on_hosts(hosts, probe, forks=forks, options=connect, pool=pool)
+    on_result = reach.finished if reach is not None else None
+    results = run_on_hosts(
+        hosts, probe, forks=forks, options=connect, pool=pool, on_result=on_result
+    )
     found = Preflight(results)
     facts = found.facts
     found.problems += checks.unreachable(results)
@@ -141,3 +157,132 @@ def _check_head(
                     hint="install it, pick another --launcher, or set cpuaccel_mpirun",
                 )
             )
+
+
+# ---------------------------------------------------------------- the launcher's ssh
+
+REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
+
+
+class LauncherReach:
+    """The head node's ssh.sh to every other node, within the preflight pass: it starts
+    on a channel of its own once the controller has connected to every node (their keys
+    are what the run's known_hosts holds), beside the head's own probe.
+
+    The files are the draft plan's ssh files, placed in a folder of their own on the
+    head (``/tmp/cpuaccel-reach-<run id>``, made exclusively and removed after)."""
+
+    def __init__(self, draft: RunPlan, connect: ConnectOptions, pool: ConnectionPool) -> None:
+        self.plan = replace(draft, run_dir=f"/tmp/cpuaccel-reach-{draft.run_id}")
+        self.connect = connect
+        self.pool = pool
+        local_head = draft.head.is_local  # the controller reaches itself without ssh
+        self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
+        self._waiting = {h.name for h in draft.hosts}
+        self._keys: dict[str, str] = {}
+        self._failed: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._problems: list[Problem] = []
+
+    def connected(self, conn: Connector) -> None:
+        self._settle(conn.host.name, conn.host_key(), ok=True)
+
+    def finished(self, result: HostResult[Any]) -> None:
+        self._settle(result.host.name, None, ok=result.ok)  # no-op once connected
+
+    def _settle(self, name: str, key: str | None, *, ok: bool) -> None:
+        with self._lock:
+            if name not in self._waiting:
+                return
+            self._waiting.discard(name)
+            if key:
+                self._keys[name] = key
+            if not ok:
+                self._failed.add(name)
+            ready = not self._waiting
+        if ready:
+            self._start()
+
+    def _start(self) -> None:
+        head = self.plan.head
+        targets = [h for h in self.targets if h.name not in self._failed]
+        if head.name in self._failed or not targets:
+            return  # the controller's own checks name what is wrong
+
+        def work() -> None:
+            try:
+                files = render_ssh_files(self.plan, self.connect, self._keys)
+                conn = self.pool.get(head)
+                self._problems = check_launcher_reach(conn, self.plan, files, targets)
+            except CpuaccelError as exc:
+                self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
+
+        self._thread = threading.Thread(target=work, name="launcher-reach", daemon=True)
+        self._thread.start()
+
+    def problems(self) -> list[Problem]:
+        """What the check found, once it ended (bounded: the node program's timeout)."""
+        if self._thread is not None:
+            self._thread.join(REACH_TIMEOUT + 60)
+        return list(self._problems)
+
+
+def check_launcher_reach(
+    head: Connector, plan: RunPlan, files: dict[str, tuple[int, str]], targets: Sequence[Host]
+) -> list[Problem]:
+    """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
+    with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
+    proxies. A pair that fails is one problem naming head -> node and the fix."""
+    if not targets:
+        return []
+    names = [h.name for h in targets]
+    words = ["reach", plan.run_dir, f"{REACH_TIMEOUT:g}", *names]
+    payload = json.dumps(files).encode()
+    what = "trying the launcher's ssh from the head node"
+    try:
+        answer = programs.call(head, "jobs", words, payload, what=what, timeout=REACH_TIMEOUT + 30)
+    except CpuaccelError as exc:
+        return [Problem(ERROR, head.host.name, f"{what}: {exc}")]
+    problems = []
+    for host in targets:
+        code, said = answer["reach"].get(host.name) or [None, ""]
+        if code != 0:
+            problems.append(_unreached(plan.head, host, code, said))
+    return problems
+
+
+def _unreached(head: Host, node: Host, code: int | None, said: str) -> Problem:
+    port = openssh.port_of(node)
+    user = f"{node.user}@" if node.user else ""
+    where = f"{user}{node.address}:{port}"
+    if code is None:
+        outcome = f"no answer within {REACH_TIMEOUT:g} s"
+    else:
+        outcome = f"exit code {code}" + (f": {said}" if said else "")
+    message = f"the MPI launcher on {head.name} cannot ssh to {node.name} ({where}): {outcome}"
+    low = said.lower()
+    if code == 127:
+        hint = f"install the OpenSSH client (ssh) on {head.name}: MPI's launcher runs it there"
+    elif "host key" in low or "identification has changed" in low:
+        hint = (
+            f"from {head.name}, {node.address}:{port} answers with another host key than the "
+            f"controller verified: make ansible_host of {node.name} an address that means "
+            "the same machine from every node"
+        )
+    elif "permission denied" in low or "too many authentication" in low:
+        key = node.key_file or "the head's default keys"
+        hint = (
+            f"{node.name} must let {node.user or 'the same user'} log in from {head.name} with "
+            f"{key} (a key path is read on {head.name}, ~ is the home there): copy the key "
+            f"there or authorize the head's, and check AllowUsers/Match in {node.name}'s sshd"
+        )
+    elif "resolve" in low:
+        hint = f"{node.address} does not resolve on {head.name}: use an ansible_host all resolve"
+    else:
+        hint = (
+            f"{head.name} cannot open {node.address}:{port}: let {node.name}'s sshd accept "
+            "connections from the other nodes (firewall, ListenAddress), or set "
+            "ansible_host/ansible_port to what the nodes' network reaches"
+        )
+    return Problem(ERROR, f"{head.name} -> {node.name}", message, hint=hint)

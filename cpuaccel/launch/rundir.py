@@ -2,17 +2,21 @@
 
 Everything a job runs is rendered from Jinja templates (templates/*.j2, or the user's
 copies in ``cpuaccel_templates``) into ``runs/<id>/`` on the controller, with the exact
-command, and copied to ``{{cpuaccel_workdir}}/runs/<id>/`` on every node. Secrets go to
-the nodes only (secret.env, mode 0600), never into the controller's records.
+command, and copied to ``{{cpuaccel_workdir}}/runs/<id>/`` on every node; run folders
+are 0700 and their files 0600 (0700 the scripts). Secrets go to the nodes only
+(secret.env), never into the controller's records, and the sweep at the end of the job
+removes them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,15 @@ from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.resources import data_dir
 
-EXECUTABLE = 0o755
+# Only the user who runs the job reads its files: env.sh and the logs may hold what a
+# script prints or an inventory sets, and secret.env is the secrets.
+EXECUTABLE = 0o700
+PLAIN = 0o600
 PRIVATE = 0o600
-PUBLIC = 0o644
+FOLDER = 0o700
+SECRET_FILES = frozenset({"secret.env"})  # never on the controller's disk or records
+
+HostKeys = Mapping[str, str]  # host name -> "TYPE BASE64", as the controller verified it
 
 
 def _environment(plan: RunPlan) -> jinja2.Environment:
@@ -51,10 +61,8 @@ def _environment(plan: RunPlan) -> jinja2.Environment:
     return env
 
 
-def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[int, str]]:
-    """name -> (mode, text) of every file of the run, as the nodes get them."""
-    env = _environment(plan)
-    context: dict[str, Any] = {
+def _context(plan: RunPlan) -> dict[str, Any]:
+    return {
         "run_id": plan.run_id,
         "run_dir": plan.run_dir,
         "head": plan.head.name,
@@ -68,33 +76,61 @@ def render_job_files(plan: RunPlan, connect: ConnectOptions) -> dict[str, tuple[
         "allocator": plan.allocator,
         "allocator_candidates": allocator_candidates(plan),
         "iomp_candidates": iomp_candidates(plan),
-        # ssh.sh runs on the head node: the connectors' OpenSSH argv says how to reach a
-        # node (the function itself, not a connector: that would import paramiko, which
-        # costs a third of a second in a dry run that connects nowhere).
-        "ssh_argv": openssh.ssh_argv(plan.head, connect),
+        # ssh.sh runs on the head node, with the run's own ssh_config: each node as the
+        # inventory says (its address, port, user, key), whatever the head's own are.
+        "ssh_argv": ["ssh", "-F", plan.path("ssh_config")],
         "launcher_env": plan.launcher.env(plan.spec()),
         "command": plan.command(),
         "mpirun_dir": posixpath.dirname(plan.mpirun),
     }
+
+
+def _render(env: jinja2.Environment, name: str, context: dict[str, Any]) -> str:
+    try:
+        return env.get_template(f"{name}.j2").render(context)
+    except jinja2.TemplateError as exc:
+        where = f"{getattr(exc, 'filename', None) or name + '.j2'}"
+        line = getattr(exc, "lineno", None)
+        hint = "fix the template (or remove it from cpuaccel_templates to use cpuaccel's)"
+        if "shquote" in str(exc):  # a copy of an older template
+            hint = "the shell-quoting filter is named quote now: write | quote"
+        raise UsageError(
+            f"template {where}{':' + str(line) if line else ''}: {exc}", hint=hint
+        ) from None
+
+
+def render_ssh_files(
+    plan: RunPlan, connect: ConnectOptions, host_keys: HostKeys | None = None
+) -> dict[str, tuple[int, str]]:
+    """ssh.sh, its ssh_config (one Host block a node) and the run's known_hosts (the
+    keys the controller verified, none in a dry run): how the launcher reaches nodes."""
+    known_hosts = plan.path("known_hosts")
+    config = "".join(openssh.ssh_config_stanza(h, connect, known_hosts) for h in plan.hosts)
+    config += openssh.ssh_config_default(known_hosts)
+    keys = host_keys or {}
+    lines = [openssh.known_hosts_line(h, keys[h.name]) for h in plan.hosts if keys.get(h.name)]
+    return {
+        "ssh.sh": (EXECUTABLE, _render(_environment(plan), "ssh.sh", _context(plan))),
+        "ssh_config": (PLAIN, config),
+        "known_hosts": (PLAIN, "".join(lines)),
+    }
+
+
+def render_job_files(
+    plan: RunPlan, connect: ConnectOptions, host_keys: HostKeys | None = None
+) -> dict[str, tuple[int, str]]:
+    """name -> (mode, text) of every file of the run, as the nodes get them."""
+    env = _environment(plan)
+    context = _context(plan)
     files: dict[str, tuple[int, str]] = {}
     for name, mode in (
-        ("hostfile", PUBLIC),
-        ("env.sh", PUBLIC),
+        ("hostfile", PLAIN),
+        ("env.sh", PLAIN),
         ("rank.sh", EXECUTABLE),
-        ("ssh.sh", EXECUTABLE),
         ("launch.sh", EXECUTABLE),
     ):
-        try:
-            files[name] = (mode, env.get_template(f"{name}.j2").render(context))
-        except jinja2.TemplateError as exc:
-            where = f"{getattr(exc, 'filename', None) or name + '.j2'}"
-            line = getattr(exc, "lineno", None)
-            hint = "fix the template (or remove it from cpuaccel_templates to use cpuaccel's)"
-            if "shquote" in str(exc):  # a copy of an older template
-                hint = "the shell-quoting filter is named quote now: write | quote"
-            raise UsageError(
-                f"template {where}{':' + str(line) if line else ''}: {exc}", hint=hint
-            ) from None
+        files[name] = (mode, _render(env, name, context))
+    files.update(render_ssh_files(plan, connect, host_keys))
     if plan.secret_env:
         lines = [f"export {k}={shlex.quote(v)}\n" for k, v in plan.secret_env.items()]
         files["secret.env"] = (PRIVATE, "".join(lines))
@@ -110,23 +146,40 @@ class RunDir:
     @classmethod
     def create(cls, base: Path, plan: RunPlan, files: dict[str, tuple[int, str]]) -> RunDir:
         path = base / plan.run_id
-        path.mkdir(parents=True, exist_ok=False)
+        path.mkdir(parents=True, exist_ok=False, mode=FOLDER)
+        path.chmod(FOLDER)  # whatever the umask
+        run_dir = cls(path)
         for name, (mode, text) in files.items():
-            if mode == PRIVATE:
-                continue  # secrets stay off the controller's disk and records
-            (path / name).write_text(text)
-            (path / name).chmod(mode)
-        (path / "command.txt").write_text(shlex.join(plan.command()) + "\n")
-        return cls(path)
+            if name not in SECRET_FILES:  # secrets stay off the controller's disk and records
+                run_dir.write(name, text, mode)
+        run_dir.write("command.txt", shlex.join(plan.command()) + "\n")
+        return run_dir
+
+    def write(self, name: str, text: str, mode: int = PLAIN) -> None:
+        """A file of the run, created with ``mode`` (never readable by others)."""
+        target = self.path / name
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        target.chmod(mode)
 
     def record(self, **fields: Any) -> None:
         """Merge fields into run.json (no secrets: callers pass names, never values)."""
         target = self.path / "run.json"
         data: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
         data.update(fields, updated=time.time())
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-        tmp.replace(target)
+        self.write("run.json.tmp", json.dumps(data, indent=2, default=str) + "\n")
+        (self.path / "run.json.tmp").replace(target)
 
     def log(self, name: str) -> Path:
-        return self.path / name
+        """The path of a log of the run, created private (0600) if it is new."""
+        path = self.path / name
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, PLAIN))
+        return path
+
+    def forget_secrets(self) -> None:
+        """Remove secret.env where the controller's run folder is the nodes' one too (a
+        run on this machine): the job has ended, and secrets must not stay on disk."""
+        for name in SECRET_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / name).unlink()

@@ -192,9 +192,9 @@ class Job:
         """End what is left of the job on every node; report what was ended and what stays."""
 
         def end(conn: Connector) -> dict[str, Any]:
-            return programs.call(
-                conn, "jobs", ["end", self.plan.run_id, "2"], what="ending the job's processes"
-            )
+            # With the run folder: the node removes secret.env once the job is over.
+            words = ["end", self.plan.run_id, "2", self.plan.run_dir]
+            return programs.call(conn, "jobs", words, what="ending the job's processes")
 
         results: list[HostResult[dict[str, Any]]] = run_on_hosts(
             self.plan.hosts, end, forks=self.forks, pool=self.pool

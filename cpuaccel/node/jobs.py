@@ -9,7 +9,13 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
   signal RUN_ID PIDFILE SIG
                      signal the launcher's process group, after checking that its leader
                      really belongs to this job (a stale pid file must not hit another)
-  end RUN_ID GRACE   SIGTERM this job's processes, SIGKILL what is left after GRACE s
+  end RUN_ID GRACE [RUN_DIR]
+                     SIGTERM this job's processes, SIGKILL what is left after GRACE s;
+                     then remove RUN_DIR/secret.env (the job is over)
+  reach RUN_DIR TIMEOUT HOST...
+                     payload: JSON {name: [mode, text]} (ssh.sh and its files): run
+                     ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
+                     will, within TIMEOUT s; the files and RUN_DIR are removed after
 
 A process belongs to the job when its environment holds CPUACCEL_RUN_ID=<id> exactly,
 and it is ours (same uid): never a pattern over command lines, which would also match
@@ -72,14 +78,80 @@ def _describe(pids: list[int]) -> list[tuple[int, str]]:
     return out
 
 
+SECRET = "secret.env"
+
+
 def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
-    os.makedirs(run_dir, exist_ok=True)
+    # The run folder is the user's alone: its files may carry what the job must keep.
+    os.makedirs(run_dir, mode=0o700, exist_ok=True)
+    os.chmod(run_dir, 0o700)
     for name, (mode, text) in files.items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"refusing file name {name!r}")
         # Created with its mode (whatever the umask), then renamed into place.
         write_atomic(os.path.join(run_dir, name), text.encode(), mode)
     return {"written": sorted(files)}
+
+
+def reach(run_dir: str, timeout: float, hosts: list[str], files: Any) -> dict[str, Any]:
+    """Can the launcher's ssh.sh reach every host from here? {host: [code, last line]},
+    code None when it did not answer within ``timeout``."""
+    import shutil
+    import subprocess
+
+    created = []  # the folders made here, removed again: preflight leaves nothing
+    folder = os.path.dirname(run_dir)
+    while not os.path.isdir(folder):
+        created.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        for folder in reversed(created):
+            os.mkdir(folder, 0o700)
+        # Exclusive: never into a folder, or through a link, that someone else made.
+        os.mkdir(run_dir, 0o700)
+    except OSError:
+        _rmdirs(created)
+        raise
+    try:
+        write(run_dir, files)
+        procs = {
+            host: subprocess.Popen(
+                ["/bin/sh", os.path.join(run_dir, "ssh.sh"), host, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own group: a timeout ends ssh and its children
+            )
+            for host in hosts
+        }
+        deadline = time.monotonic() + timeout
+        found = {host: _reached(proc, deadline) for host, proc in procs.items()}
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        _rmdirs(created)
+    return {"reach": found}
+
+
+def _reached(proc: Any, deadline: float) -> list[Any]:
+    import subprocess
+
+    try:
+        _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill([-proc.pid], signal.SIGKILL)
+        proc.communicate()
+        return [None, ""]
+    lines = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
+    return [proc.returncode, lines[-1] if lines else ""]
+
+
+def _rmdirs(folders: list[str]) -> None:
+    """Remove empty folders, innermost first (what is not empty stays)."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
 
 
 def signal_launcher(run_id: str, pidfile: str, signum: int) -> dict[str, Any]:
@@ -105,7 +177,16 @@ def _kill(pids: list[int], signum: int) -> None:
             continue
 
 
-def end(run_id: str, grace: float) -> dict[str, Any]:
+def forget_secrets(run_dir: str) -> bool:
+    """Remove the run's secret.env (the job is over); whether there was one."""
+    try:
+        os.unlink(os.path.join(run_dir, SECRET))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def end(run_id: str, grace: float, run_dir: str | None = None) -> dict[str, Any]:
     pids = job_pids(run_id)
     terminated = _describe(pids)
     _kill(pids, signal.SIGTERM)
@@ -119,7 +200,8 @@ def end(run_id: str, grace: float) -> dict[str, Any]:
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = job_pids(run_id)
-    return {"terminated": terminated, "killed": killed, "left": _describe(pids)}
+    forgot = forget_secrets(run_dir) if run_dir else False
+    return {"terminated": terminated, "killed": killed, "left": _describe(pids), "forgot": forgot}
 
 
 def main() -> None:
@@ -131,7 +213,10 @@ def main() -> None:
     elif mode == "signal":
         result = signal_launcher(args[0], args[1], int(args[2]))
     elif mode == "end":
-        result = end(args[0], float(args[1]))
+        result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "reach":
+        files = json.loads(sys.stdin.buffer.read())
+        result = reach(args[0], float(args[1]), args[2:], files)
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -43,8 +43,12 @@ def inherited_env(**extra: str) -> dict[str, str]:
 
 
 def clean_env(*, path: str = CLEAN_PATH, **extra: str) -> dict[str, str]:
-    """A user's plain shell: NO_COLOR=1, PATH (system dirs by default), HOME, and `extra`."""
-    return {"NO_COLOR": "1", "PATH": path, "HOME": str(Path.home()), **extra}
+    """A user's plain shell: NO_COLOR=1, PATH (system dirs by default), HOME, and `extra`;
+    and this session's PYTHONPATH, if any, so that a checkout under test is what runs."""
+    base = {"NO_COLOR": "1", "PATH": path, "HOME": str(Path.home())}
+    if os.environ.get("PYTHONPATH"):
+        base["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return {**base, **extra}
 
 
 def cpuaccel(

@@ -1,0 +1,161 @@
+"""`cpuaccel run` on a mixed cluster (issue 12 items 7 and 7b): one node reached on
+another sshd port as another user, host keys recorded by address only, and a worker
+that the controller reaches but the head node cannot.
+
+node2 gets a second sshd (port 2222) that lets in only ``cpxuser``, a user that exists
+on node2 alone (its own /etc/passwd line, uid 0, its home in node2's private folder).
+While node2's usual sshd (root, port 22) is stopped, a job reaches node2 only if MPI's
+ssh on the head uses node2's own port and user: the head's would be refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cpuaccel.testing import sshd
+from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.netns import SSHD
+from cpuaccel.testing.runs import cpuaccel_run, make_project
+
+pytestmark = pytest.mark.cluster
+
+PORT = 2222
+USER = "cpxuser"
+HOME = NODE_DIR / "home-cpx"
+SCRIPT = (
+    "import json, os, socket\n"
+    "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname()}))\n"
+)
+
+
+def _wait_for_port(address: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def second_sshd(cluster: Cluster, name: str, allow: str) -> Iterator[None]:
+    """Another sshd in node ``name`` on PORT, letting in ``allow`` (AllowUsers) only,
+    with USER added to that node's /etc/passwd (a bind mount in its namespace)."""
+    node = cluster.node(name)
+    state = cluster.state_dir
+    passwd = state / f"passwd-{name}"
+    passwd.write_text(
+        Path("/etc/passwd").read_text() + f"{USER}:x:0:0:cpuaccel test:{HOME}:/bin/sh\n"
+    )
+    (node.private_dir / HOME.name).mkdir(exist_ok=True)
+    pid_file = state / f"sshd-{name}-{PORT}.pid"
+    config = state / "sshd" / f"{name}-{PORT}.conf"
+    text = sshd.sshd_config(
+        node, cluster.cluster_id, cluster.host_key_path(name), Path(f"{cluster.key_path}.pub")
+    )
+    text = text.replace("Port 22\n", f"Port {PORT}\n").replace(
+        "PidFile none", f"PidFile {pid_file}"
+    )
+    config.write_text(text + f"AllowUsers {allow}\n")
+    mounted = cluster.exec(name, ["mount", "--bind", str(passwd), "/etc/passwd"])
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        started = cluster.exec(name, [SSHD, "-f", str(config)])  # it forks into the background
+        assert started.returncode == 0, started.stderr
+        _wait_for_port(node.address, PORT)
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        if node.pid is not None:  # the node's own namespace (sshd_stopped replaces it)
+            cluster.exec(name, ["umount", "/etc/passwd"])
+
+
+def _known_by_address(cluster: Cluster, path: Path) -> Path:
+    """known_hosts as a user records what the controller verified: by address only."""
+    lines = []
+    for node in cluster.nodes:
+        key = " ".join(cluster.host_key_path(node.name).with_suffix(".pub").read_text().split()[:2])
+        lines.append(f"{node.address} {key}")
+        if node.name == "node2":
+            lines.append(f"[{node.address}]:{PORT} {key}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _inventory(cluster: Cluster, tmp_path: Path) -> Path:
+    known = _known_by_address(cluster, tmp_path / "known_hosts")
+    return cluster.write_inventory(
+        tmp_path / "mixed.yaml",
+        {"node2": {"ansible_port": PORT, "ansible_user": USER}},
+        only=["node1", "node2"],
+        ansible_ssh_common_args=f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
+    )
+
+
+def _runs_on(cluster: Cluster, name: str) -> list[str]:
+    listed = cluster.exec(name, ["ls", "-A", str(NODE_DIR / "work" / "runs")])
+    return sorted(listed.stdout.split())
+
+
+def test_a_node_on_another_port_and_user_with_keys_by_address(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = _inventory(cluster, tmp_path)
+    launchers = ["impi"] + [
+        name
+        for name, program in (("mpich", "mpirun.mpich"), ("openmpi", "mpirun.openmpi"))
+        if shutil.which(program, path="/usr/bin")
+    ]
+    with second_sshd(cluster, "node2", USER), cluster.sshd_stopped("node2"):
+        for launcher in launchers:
+            proj = make_project(tmp_path, {"script.py": SCRIPT})
+            args = ("-i", str(inventory), "--ppn", "1", "--launcher", launcher, "script.py")
+            run = cpuaccel_run(proj, *args)
+            assert run.code == 0, (launcher, run)
+            seen = {int(rank): text for rank, (_, text) in run.ranks().items()}
+            assert '"host": "node1"' in seen[0] and '"host": "node2"' in seen[1], run
+            # That node2's rank started at all shows MPI's ssh used node2's port (22 is
+            # closed) and user (its sshd lets in cpxuser only). MPI forwards the head's
+            # environment, HOME included, so the rank itself cannot tell.
+            config = (run.run_dir / "ssh_config").read_text()
+            assert f"Port {PORT}" in config and f'User "{USER}"' in config
+            assert (
+                f"[{cluster.node('node2').address}]:{PORT} ssh-ed25519"
+                in (run.run_dir / "known_hosts").read_text()
+            )
+
+
+def test_a_worker_the_head_cannot_reach_fails_preflight_naming_the_pair(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = _inventory(cluster, tmp_path)
+    before = {name: _runs_on(cluster, name) for name in ("node1", "node2")}
+    # node2 lets cpxuser in from the controller only (AllowUsers user@address), as an
+    # admin network may: the controller's checks pass, the head's ssh does not.
+    with second_sshd(cluster, "node2", f"{USER}@{cluster.controller_address}"):
+        proj = make_project(tmp_path, {"script.py": SCRIPT})
+        run = cpuaccel_run(proj, "-i", str(inventory), "--ppn", "1", "script.py")
+        after = {name: _runs_on(cluster, name) for name in ("node1", "node2")}
+    assert run.code == 2, run
+    address = cluster.node("node2").address
+    assert (
+        f"node1 -> node2: the MPI launcher on node1 cannot ssh to node2 "
+        f"({USER}@{address}:{PORT})" in run.stderr
+    ), run
+    assert "Permission denied" in run.stderr and "AllowUsers" in run.stderr
+    assert "no job was started" in run.stderr and run.stdout == ""
+    assert after == before  # the check left nothing on the nodes
+    assert list(Path("/tmp").glob("cpuaccel-reach-*")) == []  # /tmp: shared by the nodes
