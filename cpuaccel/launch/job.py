@@ -57,7 +57,7 @@ def dry_run(
 ) -> tuple[RunPlan, JobFiles]:
     """The plan and files of a run, without the facts: no node is contacted."""
     plan = build_plan(settings, script, None, new_run_id(), _local_project(settings, project))
-    return plan, render_job_files(plan, connect)
+    return plan, render_job_files(plan, connect, ssh_files=False)
 
 
 @dataclass(frozen=True)
