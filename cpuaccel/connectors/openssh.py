@@ -26,6 +26,9 @@ def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
     """``ssh`` and its options (no host, no command)."""
     timeout = max(1, round(options.connect_timeout))
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
+    # The same keepalives as paramiko's (connectors/base.py): a dead node ends ssh.
+    argv += ["-o", f"ServerAliveInterval={options.keepalive_interval}"]
+    argv += ["-o", f"ServerAliveCountMax={options.keepalive_count}"]
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
     if host.port is not None:
         argv += ["-p", str(host.port)]
