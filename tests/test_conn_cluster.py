@@ -63,12 +63,13 @@ def job_pids(cluster: Cluster, node: str, run_id: str | None = None) -> dict[int
     return found
 
 
-def kill_job(cluster: Cluster, run_id: str) -> None:
-    """End what is left of the job the test started (on the node it cut off)."""
-    for node in cluster.names:
-        for pid in job_pids(cluster, node, run_id):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+def restore(cluster: Cluster, node: str, before: set[int]) -> None:
+    """End what the test left in the node it cut off: the job's processes, and the sshd
+    sessions of the connections cut with it (their peer is gone; nothing tells them)."""
+    for pid in set(cluster.pids(node)) - before:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert cluster.wait_idle(node, timeout=10) == [], node
 
 
 class Background:
@@ -128,8 +129,8 @@ def test_a_node_whose_link_drops_mid_run_is_named_and_the_run_ends(
     cluster: Cluster, inventory: str, tmp_path: Path, lost: str
 ) -> None:
     proj = make_project(tmp_path, {"job.py": SLEEPER})
+    before = set(cluster.pids(lost))
     job = Background(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "job.py")
-    run_id: str | None = None
     try:
         job.wait_for("started", 3)
         run_ids = set(job_pids(cluster, "node3").values())
@@ -145,8 +146,7 @@ def test_a_node_whose_link_drops_mid_run_is_named_and_the_run_ends(
                     assert job_pids(cluster, node, run_id) == {}, (node, run)
     finally:
         job.stop()
-        if run_id is not None:
-            kill_job(cluster, run_id)
+        restore(cluster, lost, before)
     assert seconds < DEAD_NODE_BOUND, run
     assert run.code == 255, run
     assert "Traceback" not in run.stderr, run
