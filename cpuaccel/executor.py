@@ -76,6 +76,13 @@ class ConnectionPool:
                 raise
         return conn
 
+    def lost(self, hosts: Sequence[Host]) -> list[str]:
+        """Names of the hosts whose open connection has died, in ``hosts``' order (a
+        host not connected yet is not lost: the next ``get`` connects it)."""
+        with self._lock:
+            conns = [self._conns.get(host.name) for host in hosts]
+        return [host.name for host, conn in zip(hosts, conns, strict=True) if conn and conn.lost()]
+
     def discard(self, host: Host) -> None:
         """Forget (and close) a host's connection, after it failed."""
         with self._lock:

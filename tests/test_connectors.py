@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
+import paramiko
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.base import (
+    KEEPALIVE_COUNT,
+    KEEPALIVE_INTERVAL,
+    CommandTimeout,
+    ConnectOptions,
+    Unreachable,
+    connector_for,
+)
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.hostkeys import host_key_policy, opt_out_warnings
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.openssh import port_of, remote_spec
-from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.connectors.ssh import SSHConnector, SSHProcess
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import rundir
@@ -144,3 +154,76 @@ def test_a_broken_ssh_config_port_is_an_error_of_the_host(home: Path) -> None:
     (home / ".ssh" / "config").write_text("Host n1\n    Port twenty\n")
     with pytest.raises(HostError, match="not a number"):
         port_of(Host("n1"))
+
+
+def test_openssh_and_paramiko_share_one_keepalive_setting() -> None:
+    argv = SSHConnector(Host("n1"), CHECKED).ssh_argv()
+    options = {argv[i + 1] for i, word in enumerate(argv) if word == "-o"}
+    assert f"ServerAliveInterval={KEEPALIVE_INTERVAL}" in options
+    assert f"ServerAliveCountMax={KEEPALIVE_COUNT}" in options
+    tuned = SSHConnector(Host("n1"), ConnectOptions(keepalive_interval=2, keepalive_count=4))
+    assert {"ServerAliveInterval=2", "ServerAliveCountMax=4"} <= set(tuned.ssh_argv())
+    assert tuned.options.keepalive_window == 8
+
+
+class _FakeTransport:
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+class _FakeChannel:
+    """What SSHProcess.wait reads of a paramiko channel."""
+
+    def __init__(self, status: int | None, transport_active: bool) -> None:
+        self.status_event = threading.Event()
+        self.exit_status = -1
+        if status is not None:
+            self.exit_status = status
+            self.status_event.set()
+        self._transport = _FakeTransport(transport_active)
+
+    def get_transport(self) -> _FakeTransport:
+        return self._transport
+
+
+def test_a_process_whose_connection_died_names_its_node() -> None:
+    # A dead transport closes its channels: the status event is set, with no status.
+    chan = _FakeChannel(None, transport_active=False)
+    chan.status_event.set()
+    proc = SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED)
+    with pytest.raises(Unreachable, match=r"^node2: the connection was lost") as info:
+        proc.wait(1)
+    assert f"after {CHECKED.keepalive_window} s" in str(info.value)
+    # Killed by a signal on a live connection: no status either, but not a lost node.
+    chan = _FakeChannel(None, transport_active=True)
+    chan.status_event.set()
+    assert SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED).wait(1) == -1
+    chan = _FakeChannel(3, transport_active=True)
+    assert SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED).wait(1) == 3
+
+
+def test_waiting_for_an_exit_status_is_bounded() -> None:
+    chan = _FakeChannel(None, transport_active=True)
+    proc = SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED)
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"^node2: no exit status 0.2 s"):
+        proc.wait(0.2)
+    assert time.monotonic() - started < 2
+    local = LocalConnector(Host("localhost", {"ansible_connection": "local"}), CHECKED)
+    waiting = local.start(["cat"])  # ends when its stdin closes
+    try:
+        with pytest.raises(CommandTimeout, match=r"^localhost: no exit status"):
+            waiting.wait(0.2)
+    finally:
+        waiting.close()
+    assert waiting.wait(10) == 0
+
+
+@pytest.mark.parametrize("option", ["ProxyJump=jump", "ProxyCommand=nc %h %p"])
+def test_a_proxy_in_ansible_ssh_args_is_refused_naming_the_host(option: str) -> None:
+    host = Host("n1", {"ansible_host": "192.0.2.1", "ansible_ssh_common_args": f"-o '{option}'"})
+    with pytest.raises(Unreachable, match=r"^n1: .* in ansible_ssh_common_args is not supported"):
+        SSHConnector(host, CHECKED).connect()  # refused before any connection

@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-from cpuaccel.connectors.base import Connector, Unreachable
+from cpuaccel import executor
+from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable
+from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
-from cpuaccel.executor import HostResult, Status, fan_out, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status, fan_out, run_on_hosts
 from cpuaccel.inventory.host import Host
 
 LOCAL = {"ansible_connection": "local"}
@@ -87,3 +89,22 @@ def test_fan_out_keeps_order_bounds_workers_and_reports_each() -> None:
     assert fan_out([], work, forks=1) == []
     with pytest.raises(ValueError):
         fan_out([1], work, forks=0)
+
+
+def test_the_pool_names_the_hosts_whose_connection_died(monkeypatch: pytest.MonkeyPatch) -> None:
+    dead = {"h1"}
+
+    class Watched(LocalConnector):
+        def lost(self) -> bool:
+            return self.host.name in dead
+
+    monkeypatch.setattr(executor, "connector_for", lambda host, options: Watched(host, options))
+    group = hosts(4)
+    with ConnectionPool(ConnectOptions()) as pool:
+        assert pool.lost(group) == []  # nothing connected yet: nothing lost
+        for host in group[:3]:
+            pool.get(host)
+        assert pool.lost(group) == ["h1"]
+        dead.add("h2")
+        dead.add("h3")  # never connected: not lost
+        assert pool.lost(group) == ["h1", "h2"]

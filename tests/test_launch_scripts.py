@@ -99,6 +99,7 @@ def test_ssh_config_reaches_each_node_as_the_inventory_says(tmp_path: Path) -> N
     assert worker["identityfile"] == "~/keys/my key"
     for seen in (head, worker):
         assert seen["stricthostkeychecking"] == "true" and seen["batchmode"] == "yes"
+        assert seen["serveraliveinterval"] == "5" and seen["serveralivecountmax"] == "3"
         assert seen["userknownhostsfile"] == f"{plan.run_dir}/known_hosts"
         assert seen["globalknownhostsfile"] == "/dev/null"
     # A name the inventory does not hold is checked against the same keys.

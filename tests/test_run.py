@@ -31,7 +31,13 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import launchers
 from cpuaccel.launch.plan import RunPlan, Script, build_plan
 from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
-from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TIMEOUT, Job, OutputRouter
+from cpuaccel.launch.supervise import (
+    EXIT_INTERRUPTED,
+    EXIT_LOST,
+    EXIT_TIMEOUT,
+    Job,
+    OutputRouter,
+)
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER, derive_env
@@ -741,6 +747,33 @@ def test_job_exit_code(
     job.stop_reason = stop
     outcome = job._outcome(launcher_exit, 1.0, {}, {})
     assert (outcome.exit_code, outcome.reason) == (code, reason)
+
+
+@pytest.mark.parametrize(
+    ("stop", "markers", "launcher_exit", "code", "reason"),
+    [
+        ("lost", [], None, EXIT_LOST, "lost"),  # noticed by cpuaccel; the head gave no status
+        (None, [(2, 1)], 1, EXIT_LOST, "lost"),  # MPI noticed first: its failures follow from it
+        (None, [], 0, 0, "completed"),  # lost only in the sweep after a clean end
+        ("interrupted", [], 130, EXIT_INTERRUPTED, "interrupted"),
+    ],
+)
+def test_a_lost_node_is_the_reason_of_the_ending(
+    tmp_path: Path,
+    stop: str | None,
+    markers: list[tuple[int, int]],
+    launcher_exit: int | None,
+    code: int,
+    reason: str,
+) -> None:
+    r, _, _ = router(tmp_path)
+    for rank, rc in markers:
+        r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
+    job = Job(plan_for(["impi"]), ConnectOptions(), r.run_dir, r, forks=4)
+    job.stop_reason = stop
+    job.lost = ["n2"]
+    outcome = job._outcome(launcher_exit, 1.0, {}, {})
+    assert (outcome.exit_code, outcome.reason, outcome.lost) == (code, reason, ["n2"])
 
 
 def test_a_default_workdir_is_expanded_by_the_head_node() -> None:

@@ -20,6 +20,12 @@ from cpuaccel.inventory.host import Host
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds, as Ansible's and pdsh's defaults
 DEFAULT_COMMAND_TIMEOUT = 120.0
+# Keepalives, one pair for paramiko and OpenSSH (ServerAliveInterval/CountMax): sshd
+# answers them itself, so a busy rank cannot delay one. A node is given up after 3
+# unanswered 5-second probes: that rides out a brief blip (a switch port flapping) yet
+# ends a run on a dead node in about 20 s, not after TCP's 15-minute retransmissions.
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
 
 
 class Unreachable(HostError):
@@ -40,6 +46,13 @@ class ConnectOptions:
     command_timeout: float = DEFAULT_COMMAND_TIMEOUT
     # None: each host's own setting (checked unless the inventory turns it off).
     host_key_checking: bool | None = None
+    keepalive_interval: int = KEEPALIVE_INTERVAL  # seconds between probes
+    keepalive_count: int = KEEPALIVE_COUNT  # unanswered probes before the node is lost
+
+    @property
+    def keepalive_window(self) -> int:
+        """Seconds of silence after which a connection counts as dead."""
+        return self.keepalive_interval * self.keepalive_count
 
 
 @dataclass(frozen=True)
@@ -64,8 +77,12 @@ class Process(abc.ABC):
         """("out" or "err", line without its newline), until both streams end."""
 
     @abc.abstractmethod
-    def wait(self) -> int:
-        """Wait for the exit status (after lines() is exhausted)."""
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status (after lines() is exhausted).
+
+        Raises CommandTimeout past ``timeout``, and Unreachable when the connection died
+        before the status came (the process may still run on its node).
+        """
 
     @abc.abstractmethod
     def send(self, data: bytes) -> None:
@@ -140,6 +157,10 @@ class Connector(abc.ABC):
         """The host key this connection verified ("TYPE BASE64"), for the run's own
         known_hosts; None when no ssh is involved."""
         return None
+
+    def lost(self) -> bool:
+        """True when this connection was open and has died (keepalives unanswered)."""
+        return False
 
     @abc.abstractmethod
     def close(self) -> None: ...

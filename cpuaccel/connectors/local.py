@@ -24,8 +24,9 @@ from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
 
 class LocalProcess(Process):
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], host_name: str) -> None:
         self._proc = proc
+        self._host_name = host_name
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._readers = [
             threading.Thread(target=self._read, args=(name, stream), daemon=True)
@@ -54,8 +55,13 @@ class LocalProcess(Process):
             else:
                 yield item
 
-    def wait(self) -> int:
-        return self._proc.wait()
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(
+                self._host_name, f"no exit status {timeout:g} s after its output ended"
+            ) from None
 
     def send(self, data: bytes) -> None:
         assert self._proc.stdin is not None
@@ -103,7 +109,7 @@ class LocalConnector(Connector):
             stderr=subprocess.PIPE,
             start_new_session=True,  # like an SSH session: its own group, away from our ^C
         )
-        return LocalProcess(proc)
+        return LocalProcess(proc, self.host.name)
 
     def run(
         self,
@@ -130,8 +136,11 @@ class LocalConnector(Connector):
             data = stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()
             out, err = proc.communicate(data or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            # A process that left the group may hold the pipes open: do not wait for it.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=5)
             raise CommandTimeout(
                 self.host.name, f"command timed out after {timeout:g} s: {line}"
             ) from None

@@ -28,6 +28,9 @@ def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
     ``--`` before it (rsync_argv does), so that no host is ever read as an option."""
     timeout = max(1, round(options.connect_timeout))
     argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
+    # The same keepalives as paramiko's (connectors/base.py): a dead node ends ssh.
+    argv += ["-o", f"ServerAliveInterval={options.keepalive_interval}"]
+    argv += ["-o", f"ServerAliveCountMax={options.keepalive_count}"]
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
     if host.port is not None:
         argv += ["-p", str(host.port)]
@@ -163,6 +166,12 @@ def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> 
         lines += ["StrictHostKeyChecking no", "UserKnownHostsFile /dev/null"]
     timeout = max(1, round(options.connect_timeout))
     lines += ["BatchMode yes", f"ConnectTimeout {timeout}"]
+    # MPI's own connections get the same keepalives as cpuaccel's: a node that vanishes
+    # ends the launcher's ssh to it instead of leaving the job waiting.
+    lines += [
+        f"ServerAliveInterval {options.keepalive_interval}",
+        f"ServerAliveCountMax {options.keepalive_count}",
+    ]
     return lines[0] + "\n" + "".join(f"    {line}\n" for line in lines[1:])
 
 

@@ -1,9 +1,11 @@
 """SSH connector: a Fabric Connection (paramiko) with host keys checked by default.
 
 Fabric opens the connection (ssh_config, gateways, keys) on the port that
-``openssh.port_of`` gives. Commands are driven on a paramiko channel directly, because we
-need what Fabric's ``run`` does not give: an EOF after stdin (the fact probe is sent
-that way), a hard per-command deadline, and no inline ``export`` of environment values.
+``openssh.port_of`` gives; a ProxyJump hop gets the same host-key policy as the node.
+Keepalives make a dead node end every read on its connection (``transports``).
+Commands are driven on a paramiko channel directly, because we need what Fabric's
+``run`` does not give: an EOF after stdin (the fact probe is sent that way), a hard
+per-command deadline, and no inline ``export`` of environment values.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import paramiko
 from fabric import Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from cpuaccel.connectors import commandline, openssh
+from cpuaccel.connectors import commandline, openssh, transports
 from cpuaccel.connectors.base import (
     CommandResult,
     CommandTimeout,
+    ConnectOptions,
     Connector,
     HostKeyError,
     Process,
@@ -37,26 +40,37 @@ from cpuaccel.connectors.hostkeys import (
     host_key_policy,
 )
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
+from cpuaccel.inventory.host import ssh_options
 
 _READ_CHUNK = 1 << 16
+
+
+def _address_and_port(hostname: str) -> tuple[str, int]:
+    """paramiko's name of a host key ("addr", or "[addr]:port" off port 22) as its parts,
+    for the hints that give ssh-keyscan and ssh-keygen the port."""
+    if hostname.startswith("[") and "]:" in hostname:
+        address, _, port = hostname[1:].partition("]:")
+        if port.isdigit():
+            return address, int(port)
+    return hostname, 22
 
 
 class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
     """Refuse hosts whose key is not in known_hosts, saying how to trust them."""
 
-    def __init__(self, host_name: str, known_hosts: list[str], hint: str) -> None:
+    def __init__(self, host_name: str, known_hosts: list[str], what: str = "") -> None:
         self.host_name = host_name
         self.known_hosts = known_hosts
-        self.hint = hint
+        self.what = what  # "the ProxyJump hop " for a gateway
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: Any) -> None:
         fingerprint = key.fingerprint if hasattr(key, "fingerprint") else key.get_name()
         files = ", ".join(self.known_hosts) or "~/.ssh/known_hosts"
         raise HostKeyError(
             self.host_name,
-            f"host key of {hostname} is not known ({key.get_name()} {fingerprint}; "
-            f"looked in {files})",
-            hint=self.hint,
+            f"host key of {self.what}{hostname} is not known ({key.get_name()} "
+            f"{fingerprint}; looked in {files})",
+            hint=add_key_hint(*_address_and_port(hostname)),
         )
 
 
@@ -76,9 +90,21 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
+def _lost(host_name: str, options: ConnectOptions) -> Unreachable:
+    return Unreachable(
+        host_name,
+        "the connection was lost (the node stopped answering, or its sshd ended the "
+        f"session; keepalives give up after {options.keepalive_window} s)",
+        hint="check that the node is up and its network reachable; its processes may "
+        "still run there",
+    )
+
+
 class SSHProcess(Process):
-    def __init__(self, chan: paramiko.Channel) -> None:
+    def __init__(self, chan: paramiko.Channel, host_name: str, options: ConnectOptions) -> None:
         self._chan = chan
+        self._host_name = host_name
+        self._options = options
 
     def lines(self) -> Iterator[tuple[str, str]]:
         chan = self._chan
@@ -102,8 +128,16 @@ class SSHProcess(Process):
             if rest:
                 yield name, rest.decode(errors="replace")
 
-    def wait(self) -> int:
-        return self._chan.recv_exit_status()
+    def wait(self, timeout: float | None = None) -> int:
+        chan = self._chan
+        if not chan.status_event.wait(timeout):
+            raise CommandTimeout(
+                self._host_name, f"no exit status {timeout:g} s after the output ended"
+            )
+        # A dead transport closes its channels, which sets the event with no status.
+        if chan.exit_status == -1 and not chan.get_transport().is_active():
+            raise _lost(self._host_name, self._options)
+        return int(chan.exit_status)
 
     def send(self, data: bytes) -> None:
         try:
@@ -121,6 +155,14 @@ class SSHConnector(Connector):
 
     def connect(self) -> None:
         host = self.host
+        for option in ("proxyjump", "proxycommand"):
+            if option in ssh_options(host.vars):
+                raise Unreachable(
+                    host.name,
+                    f"{option} in ansible_ssh_common_args is not supported",
+                    hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
+                    "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
+                )
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.options.connect_timeout,
             "auth_timeout": self.options.connect_timeout,
@@ -134,19 +176,30 @@ class SSHConnector(Connector):
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
         )
+        policy = host_key_policy(host, self.options)
         client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys
-        self._apply(host_key_policy(host, self.options), client)
+        self._apply(policy, client)
         conn.client = client
+        hops = transports.guard_hops(
+            conn, self.options, lambda hop: self._apply(policy, hop, "the ProxyJump hop ")
+        )
         try:
+            transports.open_hops(conn, self.options)
             conn.open()
+            transports.keep_alive(conn, self.options)
         except HostKeyError:
+            transports.close_hops(conn)
             raise
         except paramiko.BadHostKeyException as exc:
+            transports.close_hops(conn)
+            # paramiko names the hop it connected to ("[addr]:port" off port 22).
+            name = exc.hostname.lstrip("[").split("]")[0]
+            what = "the ProxyJump hop " if name in hops else ""
             raise HostKeyError(
                 host.name,
-                f"host key of {host.address} has CHANGED since it was recorded "
+                f"host key of {what}{name} has CHANGED since it was recorded "
                 f"(got {exc.key.get_name()} {exc.key.fingerprint})",
-                hint=forget_key_hint(host.address, conn.port),
+                hint=forget_key_hint(*_address_and_port(exc.hostname)),
             ) from None
         except paramiko.AuthenticationException as exc:
             raise Unreachable(
@@ -155,14 +208,16 @@ class SSHConnector(Connector):
                 hint="check ansible_user and ansible_ssh_private_key_file",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
+            transports.close_hops(conn)
+            via = f" via ProxyJump {', '.join(hops)}" if hops else ""
             raise Unreachable(
                 host.name,
-                f"cannot connect to {host.address}:{conn.port}: {_reason(exc)}",
+                f"cannot connect to {host.address}:{conn.port}{via}: {_reason(exc)}",
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn
 
-    def _apply(self, policy: HostKeyPolicy, client: paramiko.SSHClient) -> None:
+    def _apply(self, policy: HostKeyPolicy, client: paramiko.SSHClient, what: str = "") -> None:
         """The host-key policy on paramiko's client: known keys loaded read-only, and
         unknown ones refused unless checking is off."""
         if not policy.check:
@@ -184,8 +239,7 @@ class SSHConnector(Connector):
                     hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
                 ) from None
             known.append(path)
-        hint = add_key_hint(self.host.address, openssh.port_of(self.host))
-        client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, hint))
+        client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, what))
 
     def rsync(
         self,
@@ -208,9 +262,13 @@ class SSHConnector(Connector):
         key = transport.get_remote_server_key()
         return f"{key.get_name()} {key.get_base64()}"
 
+    def lost(self) -> bool:
+        return self._conn is not None and not self._conn.is_connected
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+            transports.close_hops(self._conn)
             self._conn = None
 
     def start(
@@ -225,13 +283,13 @@ class SSHConnector(Connector):
         assert self._conn is not None
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
-            raise Unreachable(self.host.name, "connection closed")
+            raise _lost(self.host.name, self.options)
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
         except (OSError, paramiko.SSHException) as exc:
             raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
-        return SSHProcess(chan)
+        return SSHProcess(chan, self.host.name, self.options)
 
     def run(
         self,
@@ -252,7 +310,7 @@ class SSHConnector(Connector):
         try:
             transport = self._conn.client.get_transport()
             if transport is None or not transport.is_active():
-                raise Unreachable(self.host.name, "connection closed")
+                raise _lost(self.host.name, self.options)
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(line)
             self._send(chan, stdin)
@@ -263,6 +321,8 @@ class SSHConnector(Connector):
             raise Unreachable(
                 self.host.name, f"connection lost while running a command: {exc}"
             ) from None
+        if code == -1 and not transport.is_active():  # closed by the transport's death
+            raise _lost(self.host.name, self.options)
         return CommandResult(
             host=self.host.name,
             command=line,

@@ -25,7 +25,7 @@ from rich.markup import escape
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
@@ -33,7 +33,12 @@ from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+# Every wait after the kill ends within this: the launcher's last output, its exit
+# status, and each node's sweep (its own 2 s grace plus a node program's start, with room).
+# A node that does not answer in time is reported, not waited for.
+TEARDOWN = 20.0
 EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT = 130, 143, 124
+EXIT_LOST = 255  # a node's connection died during the run (ssh's code for it)
 
 
 @dataclass
@@ -102,6 +107,7 @@ class Outcome:
     first_failure: Failure | None
     swept: dict[str, Any] = field(default_factory=dict)  # node -> what the sweep ended
     left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
+    lost: list[str] = field(default_factory=list)  # nodes whose connection died
 
 
 @contextmanager
@@ -137,6 +143,7 @@ class Job:
         self.router = router
         self.forks = forks
         self.stop_reason: str | None = None
+        self.lost: list[str] = []  # nodes whose connection died, in the order noticed
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -153,28 +160,58 @@ class Job:
             reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
             with _stop_signals(self._on_signal):
                 reader.start()
-                signalled = False
-                while reader.is_alive():
-                    reader.join(0.2)
-                    if timeout is not None and time.monotonic() - started > timeout:
-                        self.stop_reason = self.stop_reason or "timeout"
-                    if self.router.failed.is_set():
-                        self.stop_reason = self.stop_reason or "failed"
-                    if self.stop_reason and not signalled:
-                        signalled = True
-                        self.router.quiet = True
-                        self._signal_launcher(signal.SIGTERM)
-                        reader.join(GRACE)
-                        if reader.is_alive():
-                            self._signal_launcher(signal.SIGKILL)
-                launcher_exit = proc.wait()
+                self._supervise(reader, started, timeout)
+                launcher_exit = self._launcher_exit(proc)
                 proc.close()
                 swept, left = self.sweep()
+                reader.join(GRACE)  # its last lines, before the logs close
         finally:
             if self._own_pool:
                 self.pool.close()
             self.router.close()
         return self._outcome(launcher_exit, time.monotonic() - started, swept, left)
+
+    def _supervise(self, reader: threading.Thread, started: float, timeout: float | None) -> None:
+        """Until the launcher's output ends, watch for a reason to end the job; then
+        signal the launcher's process group, SIGTERM, then SIGKILL."""
+        while reader.is_alive():
+            reader.join(0.2)
+            if timeout is not None and time.monotonic() - started > timeout:
+                self.stop_reason = self.stop_reason or "timeout"
+            if self.router.failed.is_set():
+                self.stop_reason = self.stop_reason or "failed"
+            self._notice_lost()
+            if self.stop_reason:
+                self.router.quiet = True
+                self._signal_launcher(signal.SIGTERM)
+                reader.join(GRACE)
+                if reader.is_alive():
+                    self._signal_launcher(signal.SIGKILL)
+                    # A process outside the group (an MPI proxy whose peer was lost)
+                    # can hold the output open: the sweep ends it; no need to wait more.
+                    reader.join(GRACE)
+                return
+
+    def _notice_lost(self) -> None:
+        """Nodes whose connection died (keepalives unanswered) end the job: named once."""
+        for name in self.pool.lost(self.plan.hosts):
+            if name not in self.lost:
+                self.lost.append(name)
+                self.stop_reason = self.stop_reason or "lost"
+                self.router.err.print(
+                    f"[red]lost the connection to {escape(name)}[/] (no answer to "
+                    "keepalives): ending the job on the other nodes"
+                )
+
+    def _launcher_exit(self, proc: Process) -> int | None:
+        """The launcher's exit status, or None when its node cannot give it in time."""
+        try:
+            return proc.wait(TEARDOWN)
+        except CpuaccelError as exc:
+            self._notice_lost()
+            message = f"no exit status from the launcher: {escape(str(exc))}"
+            self.router.err.print(f"[yellow]{message}[/]")
+            return None
 
     def _pump(self, proc: Process) -> None:
         for stream, line in proc.lines():
@@ -182,8 +219,16 @@ class Job:
 
     def _signal_launcher(self, signum: int) -> None:
         args = ["signal", self.plan.run_id, self.plan.path("launcher.pid"), str(int(signum))]
+        if self.plan.head.name in self.lost:
+            return  # nothing can reach it; the sweep ends the job on the other nodes
         try:
-            programs.call(self.pool.get(self.plan.head), "jobs", args, what="signalling the job")
+            programs.call(
+                self.pool.get(self.plan.head),
+                "jobs",
+                args,
+                what="signalling the job",
+                timeout=TEARDOWN,
+            )
         except CpuaccelError as exc:
             # The sweep that follows still ends every process of the job, node by node.
             self.router.err.print(f"[yellow]could not signal the launcher: {escape(str(exc))}[/]")
@@ -194,15 +239,23 @@ class Job:
         def end(conn: Connector) -> dict[str, Any]:
             # With the run folder: the node removes secret.env once the job is over.
             words = ["end", self.plan.run_id, "2", self.plan.run_dir]
-            return programs.call(conn, "jobs", words, what="ending the job's processes")
+            return programs.call(
+                conn, "jobs", words, what="ending the job's processes", timeout=TEARDOWN
+            )
 
+        self._notice_lost()
+        reachable = [h for h in self.plan.hosts if h.name not in self.lost]
         results: list[HostResult[dict[str, Any]]] = run_on_hosts(
-            self.plan.hosts, end, forks=self.forks, pool=self.pool
+            reachable, end, forks=self.forks, pool=self.pool
         )
         swept: dict[str, Any] = {}
-        left: dict[str, Any] = {}
+        left: dict[str, Any] = {
+            name: "not checked: the connection to it was lost" for name in self.lost
+        }
         for r in results:
             if r.value is None:
+                if r.status is Status.UNREACHABLE and r.host.name not in self.lost:
+                    self.lost.append(r.host.name)
                 left[r.host.name] = f"could not check: {r.error}"
                 continue
             ended = r.value["terminated"] + r.value["killed"]
@@ -213,7 +266,11 @@ class Job:
         return swept, left
 
     def _outcome(
-        self, launcher_exit: int, seconds: float, swept: dict[str, Any], left: dict[str, Any]
+        self,
+        launcher_exit: int | None,
+        seconds: float,
+        swept: dict[str, Any],
+        left: dict[str, Any],
     ) -> Outcome:
         first = self.router.failures[0] if self.router.failures else None
         if self.stop_reason == "interrupted":
@@ -222,12 +279,15 @@ class Job:
             code, reason = EXIT_TERMINATED, "terminated"
         elif self.stop_reason == "timeout":
             code, reason = EXIT_TIMEOUT, "timeout"
+        elif self.lost and (self.stop_reason == "lost" or launcher_exit != 0):
+            # Ranks on the other nodes fail because one was lost: name the cause.
+            code, reason = EXIT_LOST, "lost"
         elif first is not None:
             code, reason = first.code, "failed"
         elif self.stop_reason == "failed":
             code, reason = launcher_exit or 1, "failed"
         elif launcher_exit != 0:
-            code, reason = launcher_exit, "failed"
+            code, reason = 1 if launcher_exit is None else launcher_exit, "failed"
         else:
             code, reason = 0, "completed"
-        return Outcome(code, reason, seconds, launcher_exit, first, swept, left)
+        return Outcome(code, reason, seconds, launcher_exit, first, swept, left, list(self.lost))
