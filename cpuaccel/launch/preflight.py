@@ -18,8 +18,8 @@ from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync.engine import call_remote
 from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.sync.receiver import call_remote
 
 
 @dataclass
