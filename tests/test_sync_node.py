@@ -222,3 +222,24 @@ def test_create_new_never_opens_an_existing_name_or_a_link(tmp_path: Path) -> No
     assert stat.S_IMODE((tmp_path / "new").stat().st_mode) & 0o7000 == 0
     names = {common.temp_name(str(tmp_path / "f")) for _ in range(100)}
     assert len(names) == 100
+
+
+@pytest.mark.parametrize(
+    "content",
+    ['{"nodes": {"n": 1}, "manifests": {}}', '{"nodes": {"n": {"hash": 5}}}', "[", "{}", "7"],
+)
+def test_a_sync_memory_that_does_not_parse_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    from cpuaccel.sync.memory import SyncMemory
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    memory = SyncMemory(["/src"], "/dest")
+    memory.path.parent.mkdir(parents=True)
+    memory.path.write_text(content)
+    again = SyncMemory(["/src"], "/dest")
+    assert again.last("n") is None
+    again.confirm("n", "h", "fsid", {"a": ("d", 0o755)})
+    again.save()
+    assert SyncMemory(["/src"], "/dest").last("n") == ("h", "fsid", {"a": ("d", 0o755)})
+    assert os.listdir(memory.path.parent) == [memory.path.name]  # no temporary file left
