@@ -243,3 +243,16 @@ def test_a_sync_memory_that_does_not_parse_is_ignored(
     again.save()
     assert SyncMemory(["/src"], "/dest").last("n") == ("h", "fsid", {"a": ("d", 0o755)})
     assert os.listdir(memory.path.parent) == [memory.path.name]  # no temporary file left
+
+
+def test_a_state_folder_that_is_a_link_gives_no_filesystem_id(tmp_path: Path) -> None:
+    """The controller skips the scan (which makes the state folder real) when a node's look
+    reports an id: a link there must not report one, or rsync would write through it."""
+    other = tmp_path / "other"
+    remote.scan(str(other), PRUNE, create=True)
+    dest = tmp_path / "dst"
+    dest.mkdir()
+    (dest / remote.STATE).symlink_to(other / remote.STATE)
+    assert remote.scan(str(dest), PRUNE, create=False)["fsid"] is None
+    assert remote.scan(str(dest), PRUNE, create=True)["fsid"] not in (None, "")
+    assert not (dest / remote.STATE).is_symlink()

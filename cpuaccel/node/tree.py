@@ -239,7 +239,9 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
         "entries": None if digest == expect else entries,
         "hash": digest,
         "recorded": record,
-        "fsid": _fsid(state, create) if os.path.isdir(state) else None,
+        # None unless the state folder is a real one (scan made it so): the controller then
+        # scans before writing (rsync's temporary files go there), which replaces a link
+        "fsid": _fsid(state, create) if _real_folder(state) else None,
         "rsync": rsync,
         "leftovers": leftovers,
     }
@@ -252,6 +254,13 @@ def _inside(dest: str, rel: str) -> str:
     if os.path.relpath(path, dest).split(os.sep)[0] == STATE:
         raise ValueError(f"refusing a path inside cpuaccel's state folder: {rel!r}")
     return path
+
+
+def _real_folder(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _rel(dest: str, rel: str) -> str:
