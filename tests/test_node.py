@@ -17,7 +17,7 @@ from cpuaccel.node import common
 
 def test_each_program_carries_only_the_parts_it_imports() -> None:
     assert node.parts("facts") == ["common", "facts"]
-    assert node.parts("tree") == ["common", "tree"]
+    assert node.parts("tree") == ["common", "destination", "nofollow", "tree"]
     assert node.parts("jobs") == ["common", "jobs"]
     agent = node.parts("agent")
     assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)

@@ -780,3 +780,43 @@ def test_runs_on_python_38(tmp_path: Path) -> None:
         assert node.call("setvars", paths=[str(script)])["sets"] == ["CPXL_ONEAPI_ROOT", "PATH"]
     finally:
         assert node.close() == 0
+
+
+# ---------------------------------------------------------------- links at the path
+
+
+def test_file_never_acts_through_a_link_at_the_path(node: Agent, tmp_path: Path) -> None:
+    """A link someone left at the path must not have file chmod, touch or time its target."""
+    target = tmp_path / "target"
+    target.mkdir()
+    target.chmod(0o750)
+    (tmp_path / "secret").write_text("s")
+    (tmp_path / "secret").chmod(0o600)
+    (tmp_path / "dirlink").symlink_to(target)
+    (tmp_path / "filelink").symlink_to(tmp_path / "secret")
+    (tmp_path / "dangling").symlink_to(tmp_path / "created-through-the-link")
+    cases = [
+        ("dirlink", {"state": "directory", "mode": "0777"}),
+        ("filelink", {"state": "file", "mode": "0644"}),
+        ("filelink", {"state": "touch"}),
+        ("dangling", {"state": "touch"}),
+    ]
+    for name, args in cases:
+        reply = node.call("file", path=str(tmp_path / name), **args)
+        assert reply["failed"] and "symbolic link" in reply["msg"], (name, reply)
+    assert mode_of(target) == 0o750
+    assert mode_of(tmp_path / "secret") == 0o600
+    assert not (tmp_path / "created-through-the-link").exists()
+    assert (tmp_path / "dirlink").is_symlink() and (tmp_path / "filelink").is_symlink()
+
+
+def test_copy_replaces_a_link_at_dest_and_leaves_its_target(node: Agent, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"same\n")
+    target.chmod(0o600)
+    dest = tmp_path / "conf"
+    dest.symlink_to(target)
+    reply = node.call("copy", **copy_args(dest, b"same\n", mode="0644"))
+    assert reply["changed"] and not dest.is_symlink() and dest.read_bytes() == b"same\n"
+    assert mode_of(dest) == 0o644
+    assert mode_of(target) == 0o600 and target.read_bytes() == b"same\n"

@@ -19,10 +19,11 @@ from cpuaccel.errors import UsageError
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.node import tree as remote
-from cpuaccel.sync import engine, transfer
-from cpuaccel.sync.engine import SyncOptions, plan, render_dest
+from cpuaccel.sync import engine, receiver, transfer
+from cpuaccel.sync.engine import SyncOptions
 from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.sync.location import render_dest
+from cpuaccel.sync.manifest import SourceManifest, build, plan
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 PRUNE = set(PRUNE_NAMES)
@@ -386,47 +387,52 @@ def host(**vars: Any) -> Host:
 
 
 @pytest.mark.parametrize(
-    ("template", "vars", "delete", "expected"),
+    ("template", "vars", "expected"),
     [
-        ("{{ cpuaccel_workdir }}/proj", {}, True, f"{WORKDIR}/proj"),
-        ("{{cpuaccel_workdir}}/proj/", {}, False, f"{WORKDIR}/proj"),
-        ("/scratch/{{ inventory_hostname }}/job", {}, True, "/scratch/node7/job"),
-        ("{{ data_root }}/x/../code", {"data_root": "/data"}, True, "/data/code"),
-        ("/srv/cpuaccel", {}, False, "/srv/cpuaccel"),  # a parent of the workdir: no --delete
-        ("~/cpuaccel/proj", {}, True, "~/cpuaccel/proj"),
+        ("{{ cpuaccel_workdir }}/proj", {}, f"{WORKDIR}/proj"),
+        ("{{cpuaccel_workdir}}/proj/", {}, f"{WORKDIR}/proj"),
+        ("/scratch/{{ inventory_hostname }}/job", {}, "/scratch/node7/job"),
+        ("{{ data_root }}/x/../code", {"data_root": "/data"}, "/data/code"),
+        ("~/cpuaccel/proj", {}, "~/cpuaccel/proj"),
+        ("/data/{{ 'a' ~ 'b' | upper }}", {}, "/data/aB"),
     ],
 )
-def test_render_dest(template: str, vars: dict[str, Any], delete: bool, expected: str) -> None:
-    assert render_dest(host(**vars), template, delete=delete) == expected
+def test_render_dest(template: str, vars: dict[str, Any], expected: str) -> None:
+    assert render_dest(host(**vars), template) == expected
 
 
 @pytest.mark.parametrize(
-    ("template", "vars", "delete", "words"),
+    ("template", "vars", "words"),
     [
-        ("{{ cpuaccel_workdir }}/x", {"cpuaccel_workdir": "work"}, False, ["'work/x'", "absolute"]),
-        ("proj", {}, False, ["not an absolute path"]),
-        ("", {}, False, ["not an absolute path"]),
-        ("/", {}, False, ["'/'", "top-level"]),
-        ("//", {}, False, ["top-level"]),
-        ("//", {}, True, ["top-level"]),
-        ("//srv/cpuaccel", {}, True, ["--delete", "workdir"]),
-        ("///srv//cpuaccel/work/", {}, True, ["--delete", "workdir"]),
-        ("/srv/..", {}, False, ["top-level"]),
-        ("{{ cpuaccel_workdir }}/..", {}, True, ["--delete", "workdir"]),
-        ("/srv", {}, True, ["--delete", "workdir"]),
-        ("{{ cpuaccel_workdir }}", {}, True, ["--delete", "workdir"]),
-        ("{{ cpuaccel_workdir }}/./", {}, True, ["--delete", "workdir"]),
-        ("/data/a\nb", {}, False, ["newline"]),
-        ("{{ name }}", {"name": "/data/a\rb"}, False, ["newline"]),
-        ("{{ nope }}/x", {}, False, ["'nope' is undefined", "--dest"]),
-        ("{{ cpuaccel_workdir }/x", {}, False, ["--dest"]),
+        ("{{ cpuaccel_workdir }}/x", {"cpuaccel_workdir": "work"}, ["'work/x'", "absolute"]),
+        ("proj", {}, ["not an absolute path"]),
+        ("", {}, ["not an absolute path"]),
+        ("/", {}, ["'/'", "top-level"]),
+        ("//", {}, ["top-level"]),
+        ("//srv/cpuaccel", {}, ["workdir", "above it"]),
+        ("///srv//cpuaccel/work/", {}, ["workdir"]),
+        ("/srv/..", {}, ["top-level"]),
+        ("{{ cpuaccel_workdir }}/..", {}, ["workdir"]),
+        ("/srv", {}, ["workdir"]),
+        # A parent of the workdir was accepted without --delete; a sync owns its destination
+        # (a file where the node has a folder replaces it), so it is refused either way.
+        ("/srv/cpuaccel", {}, ["workdir"]),
+        ("{{ cpuaccel_workdir }}", {}, ["workdir"]),
+        ("{{ cpuaccel_workdir }}/./", {}, ["workdir"]),
+        ("/data/a\nb", {}, ["newline"]),
+        ("{{ name }}", {"name": "/data/a\rb"}, ["newline"]),
+        ("{{ nope }}/x", {}, ["'nope' is undefined", "--dest"]),
+        ("{{ cpuaccel_workdir }/x", {}, ["--dest"]),
+        # Sandboxed, as playbooks are: this ran a shell command through an unsandboxed Jinja.
+        ("/x/{{ cycler.__init__.__globals__.os.system('touch /tmp/pwn') }}", {}, ["unsafe"]),
+        ("/x/{{ ''.__class__.__mro__[1].__subclasses__() }}", {}, ["unsafe"]),
     ],
 )
 def test_render_dest_refuses_bad_destinations(
-    template: str, vars: dict[str, Any], delete: bool, words: list[str]
+    template: str, vars: dict[str, Any], words: list[str]
 ) -> None:
     with pytest.raises(UsageError) as err:
-        render_dest(host(**vars), template, delete=delete)
+        render_dest(host(**vars), template)
     assert "node7" in err.value.message
     for word in words:
         assert word in err.value.message
@@ -466,7 +472,8 @@ def test_node_program_accepts_paths_below_the_destination(rel: str, path: str) -
 
 
 def apply_stream(source: SourceManifest, changed: list[str], deleted: Sequence[str] = ()) -> bytes:
-    with transfer.tar_stream(source, changed, engine._header(source, deleted, tar=True)) as stream:
+    header = receiver.request(source, deleted, tar=True)
+    with transfer.tar_stream(source, changed, header) as stream:
         return stream.read()
 
 
@@ -623,7 +630,14 @@ BAD_INPUT = [
     ("missing source", {}, ["nope"], ["nope: no such file or folder"]),
     ("relative --dest", {}, ["--dest", "rel/dir"], ["not an absolute path"]),
     ("--dest /", {}, ["--dest", "/"], ["top-level"]),
-    ("--delete on the workdir", {}, ["--delete", "--dest", "{{ cpuaccel_workdir }}"], ["--delete"]),
+    ("--delete on the workdir", {}, ["--delete", "--dest", "{{ cpuaccel_workdir }}"], ["workdir"]),
+    ("the workdir's parent", {}, ["--dest", "{{ cpuaccel_workdir }}/.."], ["workdir"]),
+    # Refused by the node, on the path as it resolves there: the text check cannot see it.
+    ("--dest ~/../..", {}, ["--delete", "--dest", "~/../../etc"], ["resolves to /etc", "top-"]),
+    ("--dest $HOME", {}, ["--delete", "--dest", os.path.expanduser("~")], ["home folder"]),
+    ("--dest ~/.ssh", {}, ["--delete", "--dest", "~/.ssh"], ["refusing"]),
+    ("--dest /usr/local", {}, ["--dest", "/usr/local"], ["resolves to /usr/local", "system"]),
+    ("--dest in a sandbox", {}, ["--dest", "/x/{{ cycler.__init__.__globals__ }}"], ["unsafe"]),
     ("undefined variable", {}, ["--dest", "{out}/{{ nothing }}"], ["'nothing' is undefined"]),
     ("newline in --dest", {}, ["--dest", "{out}/a\nb"], ["newline"]),
     ("--dest //", {}, ["--delete", "--dest", "//"], ["top-level"]),

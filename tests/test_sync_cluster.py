@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.testing.cluster import WORKDIR, Cluster
+from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
 from cpuaccel.testing.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
 
 pytestmark = pytest.mark.cluster
@@ -124,8 +124,17 @@ def cached_cpuaccel(
     *args: str, cwd: Path, cache: Path, path: str = CLEAN_PATH, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """`cpuaccel ARGS` from a plain shell with `path`, its cache in `cache`."""
-    env = clean_env(path=path, XDG_CACHE_HOME=str(cache))
+    env = plain_env(path=path, XDG_CACHE_HOME=str(cache))
     return cpuaccel(*args, cwd=cwd, env=env, timeout=timeout)
+
+
+def plain_env(path: str, **extra: str) -> dict[str, str]:
+    """A user's plain shell, running the cpuaccel under test (a worktree's, when PYTHONPATH
+    names one) rather than the one installed in the venv."""
+    env = clean_env(path=path, **extra)
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
 
 
 class Env:
@@ -386,7 +395,7 @@ def test_killed_sync_leaves_no_partial_file_and_the_next_run_converges(
         "-i",
         str(env.cluster.inventory_path),
         cwd=env.src,
-        env=clean_env(path=path, XDG_CACHE_HOME=str(env.scratch / "cache")),
+        env=plain_env(path=path, XDG_CACHE_HOME=str(env.scratch / "cache")),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own group: the controller and the rsync/ssh it started
@@ -601,3 +610,106 @@ def test_a_node_changed_behind_the_controllers_back_still_converges(env: Env) ->
     # Nothing changed since: every node answers in one trip that it is in sync.
     again = env.sync()
     assert all(h["changed"] == [] and h["in_sync"] for h in again["hosts"].values())
+
+
+# ---------------------------------------------------------------- where a sync may write
+
+
+def top_of(cluster: Cluster, name: str, root: str) -> dict[str, int]:
+    """root's entries (name: inode), read on the node: a sync that created, replaced or
+    deleted anything directly in root changes them."""
+    program = (
+        "import json, os, sys\n"
+        "print(json.dumps({e.name: e.inode() for e in os.scandir(sys.argv[1])}))\n"
+    )
+    proc = cluster.exec(name, [sys.executable, "-c", program, root])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def assert_untouched(before: dict[str, int], after: dict[str, int]) -> None:
+    """Nothing removed or replaced, and nothing of the sync's added (a shared folder such
+    as /root may gain other programs' files meanwhile)."""
+    assert {k: after.get(k) for k in before} == before
+    assert not {STATE, "one.py"} & set(after), sorted(after)
+
+
+def assert_refused(env: Env, *args: str, words: tuple[str, ...]) -> None:
+    proc = env.run(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    message = " ".join(proc.stderr.split())
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize(
+    ("dest", "words"),
+    [
+        ("/root", ("node1: --dest resolves to /root on the node", "home folder", "fix:")),
+        ("~/../../etc", ("--dest resolves to /etc on the node", "top-level", "fix:")),
+        # refused by the controller's early check of the text (the node's: the next test)
+        (str(NODE_DIR), ("is the workdir /srv/cpuaccel-node/work or a folder above", "fix:")),
+    ],
+)
+def test_delete_into_a_home_system_or_workdir_parent_is_refused(
+    env: Env, dest: str, words: tuple[str, ...]
+) -> None:
+    """Item 1 of issue 12: `sync --dest <home> --delete` printed "3 deleted", exit 0."""
+    write(env.src / "one.py", "x\n")
+    resolved = {"~/../../etc": "/etc"}.get(dest, dest)
+    before = {name: top_of(env.cluster, name, resolved) for name in NODES}
+    # --check first: were the refusal missing, it would change nothing either
+    assert_refused(env, "--check", "--dest", dest, words=words)
+    assert_refused(env, "--delete", "--dest", dest, words=words)
+    for name in NODES:
+        assert_untouched(before[name], top_of(env.cluster, name, resolved))
+
+
+def test_one_node_refusing_its_destination_changes_no_node(env: Env) -> None:
+    """node2 resolves --dest to its workdir's parent (a link there); node1 and node3 would
+    accept theirs, and yet none is changed: every node is asked before any is written."""
+    write(env.src / "one.py", "x\n")
+    alias = f"alias-{uuid.uuid4().hex[:8]}"
+    ex = env.cluster.exec
+    assert ex("node2", ["ln", "-s", str(NODE_DIR), f"{WORKDIR}/{alias}"]).returncode == 0
+    try:
+        before = {name: top_of(env.cluster, name, str(WORKDIR)) for name in NODES}
+        node_dir = top_of(env.cluster, "node2", str(NODE_DIR))
+        words = ("node2: --dest resolves to /srv/cpuaccel-node on the node", "workdir")
+        assert_refused(env, "--delete", "--dest", "{{ cpuaccel_workdir }}/" + alias, words=words)
+        assert {name: top_of(env.cluster, name, str(WORKDIR)) for name in NODES} == before
+        assert top_of(env.cluster, "node2", str(NODE_DIR)) == node_dir
+    finally:
+        for name in NODES:
+            ex(name, ["rm", "-rf", f"{WORKDIR}/{alias}"])
+
+
+def test_a_link_on_the_node_where_the_source_has_a_folder_is_replaced_not_followed(
+    env: Env,
+) -> None:
+    """Item 2 of issue 12: with dst/data -> /elsewhere, a sync wrote /elsewhere/file.txt
+    and chmodded /elsewhere to 0777."""
+    write(env.src / "a.py", "a\n")
+    write(env.src / "data" / "file.txt", "new\n")
+    (env.src / "data").chmod(0o777)
+    elsewhere = f"{NODE_DIR}/elsewhere-{uuid.uuid4().hex[:8]}"  # private to each node
+    ex = env.cluster.exec
+    for name in NODES:
+        setup = f"mkdir -p {env.dest} {elsewhere} && chmod 750 {elsewhere}"
+        setup += f" && ln -s {elsewhere} {env.dest}/data"
+        assert ex(name, ["sh", "-c", setup]).returncode == 0
+    try:
+        report = env.sync()
+        assert all(node["in_sync"] for node in report["hosts"].values())
+        for name in NODES:
+            assert on_node(env.cluster, name, elsewhere) == {}, name  # no new file
+            assert ex(name, ["stat", "-c", "%a", elsewhere]).stdout.strip() == "750", name
+            tree = env.node(name)
+            assert tree is not None
+            assert tree["data"] == ["d", 0o777], name  # a real folder now, not the link
+            assert tree["data/file.txt"][0] == "f", name
+        assert_identical_everywhere(env, expected_tree(env.src))
+    finally:
+        for name in NODES:
+            ex(name, ["rm", "-rf", elsewhere])

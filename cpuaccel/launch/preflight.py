@@ -26,8 +26,8 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import render_ssh_files
-from cpuaccel.sync.engine import call_remote
 from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.sync.receiver import call_remote
 
 
 @dataclass

@@ -4,9 +4,12 @@ A node needs nothing but a Python 3.8+: a program's source travels over the conn
 each time (cpuaccel.connectors.programs runs it). The parts are ordinary modules here,
 tested and type-checked one by one:
 
-  common      which, atomic writes and their temporary-file marker, the dist-info scan
+  common      which, safe new and atomic writes and their temporary-file marker, the
+              dist-info scan
   facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts)
-  tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``)
+  tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
+              with destination (the node's verdict on where a sync may write) and
+              nofollow (paths reached by descriptors, never through a link)
   jobs        a run's files and processes on a node (``cpuaccel run``)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)

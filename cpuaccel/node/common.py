@@ -1,5 +1,6 @@
-"""What every node program shares: finding a command, writing a file atomically (and
-the marker of its temporary files), and reading which distributions are installed.
+"""What every node program shares: finding a command, creating and writing files
+safely (and the marker of their temporary files), and reading which distributions are
+installed.
 
 Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+, and
 ``os`` the only import, because the fact probe carries this part too and the node pays
@@ -20,9 +21,20 @@ TMP_MARK = ".cpuaccel-tmp-"
 
 
 def temp_name(path: str) -> str:
-    """A fresh hidden name next to ``path``, for a file renamed onto ``path`` later."""
+    """A fresh hidden name next to ``path``, for a file renamed onto ``path`` later.
+
+    Random (64 bits), so that nobody can place a link there in advance; every creator
+    still opens it with ``O_EXCL | O_NOFOLLOW`` (``create_new``)."""
     folder, base = os.path.split(path)
-    return os.path.join(folder, "." + base + TMP_MARK + os.urandom(4).hex())
+    return os.path.join(folder, "." + base + TMP_MARK + os.urandom(8).hex())
+
+
+def create_new(path: str, mode: int = 0o600, dir_fd: int | None = None) -> int:
+    """A descriptor of a file created here and now: never an existing file, never
+    through a symbolic link; ``mode`` is masked to the permission bits (no setuid,
+    setgid or sticky bit from anyone's input) and then the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, mode & 0o777, dir_fd=dir_fd)
 
 
 def which(name: str) -> str | None:
@@ -35,34 +47,40 @@ def which(name: str) -> str | None:
 
 def write_atomic(dest: str, data: bytes, mode: int | None = None, durable: bool = False) -> None:
     """Write through a temporary file in dest's folder, renamed onto dest: readers see
-    the old file or the new one, never half of one.
+    the old file or the new one, never half of one. The one way node programs write a
+    file: the temporary file is new (``create_new``), and a symbolic link at dest is
+    replaced, never written through.
 
-    With ``mode`` the file is created with it (a secret is never readable by others,
-    not even for a moment) and set to it whatever the umask; without, a replaced file
-    keeps its mode. A replaced file keeps its owner when root writes it. ``durable``
-    syncs the data to disk before the rename (a playbook's copy; not a cache).
+    With ``mode`` (masked to 0o777) the file is created with it (a secret is never
+    readable by others, not even for a moment) and set to it whatever the umask;
+    without, a replaced regular file keeps its mode. A replaced regular file keeps its
+    owner when root writes it. ``durable`` syncs the data to disk before the rename (a
+    playbook's copy; not a cache).
     """
     import stat
 
     try:
-        old: os.stat_result | None = os.stat(dest)
+        old: os.stat_result | None = os.lstat(dest)
     except FileNotFoundError:
         old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        old = None  # a link's target (or a folder) lends nothing to the new file
     tmp = temp_name(dest)
     # New files without a mode: per umask, as any program creates them.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    fd = create_new(tmp, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        if mode is None and old is not None:
-            mode = stat.S_IMODE(old.st_mode)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        if old is not None and os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, os.getgid()):
-            os.chown(tmp, old.st_uid, old.st_gid)
+            if mode is None and old is not None:
+                mode = stat.S_IMODE(old.st_mode)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode & 0o777)
+            owner = (old.st_uid, old.st_gid) if old is not None else None
+            if owner is not None and os.geteuid() == 0 and owner != (0, os.getgid()):
+                os.fchown(f.fileno(), *owner)
         os.replace(tmp, dest)
     except BaseException:
         if os.path.lexists(tmp):

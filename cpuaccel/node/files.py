@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from cpuaccel.node.common import write_atomic
+from cpuaccel.node.common import create_new, write_atomic
 from cpuaccel.node.moduleutil import (
     DIFF_LIMIT,
     Fail,
@@ -107,6 +107,40 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+def chmod_here(path: str, mode: int) -> None:
+    """chmod ``path`` itself, never what a link there points to (``follow_symlinks=False``
+    semantics, which Linux's chmod lacks): through a descriptor opened without
+    following a link."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except PermissionError:  # not readable by us: the path itself, checked just before
+        if os.path.islink(path):
+            raise Fail(f"{path} is a symbolic link: refusing to change its target") from None
+        os.chmod(path, mode)
+        return
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Fail(f"{path} is a symbolic link: refusing to change its target") from None
+        raise exc
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _refuse_link(path: str, state: str) -> None:
+    """file's states that write, touch or chmod act on the path itself: a link there
+    (placed by someone else, or left over) would have them act on its target."""
+    if os.path.islink(path):
+        raise Fail(
+            f"{path} is a symbolic link (to {os.readlink(path)}): refusing state={state} "
+            "through it; give the real path, or remove the link first (state: absent)",
+            path=path,
+            state="link",
+        )
+
+
 def _makedirs(path: str, mode: int | None) -> None:
     """Create path and its missing parents, each with ``mode`` (as Ansible does)."""
     missing, current = [], path
@@ -116,7 +150,7 @@ def _makedirs(path: str, mode: int | None) -> None:
     for folder in reversed(missing):
         os.mkdir(folder)
         if mode is not None:
-            os.chmod(folder, mode)
+            chmod_here(folder, mode)
 
 
 def _set_times(path: str, args: dict[str, Any], default: str, act: bool) -> bool:
@@ -129,13 +163,14 @@ def _set_times(path: str, args: dict[str, Any], default: str, act: bool) -> bool
     if act:
         import time
 
-        st, now = os.stat(path), time.time_ns()
+        st, now = os.lstat(path), time.time_ns()
         os.utime(
             path,
             ns=(
                 now if times[0] == "now" else st.st_atime_ns,
                 now if times[1] == "now" else st.st_mtime_ns,
             ),
+            follow_symlinks=False,
         )
     return True
 
@@ -147,6 +182,8 @@ def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
     state = str(args.get("state") or "file")
     mode = want_mode(args)
     before = _kind(path)
+    if state != "absent":
+        _refuse_link(path, state)
     before_mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else None
     changed = False
     if state == "absent":
@@ -165,7 +202,7 @@ def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         if not os.path.exists(path):
             changed = True
             if not check:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o666))
+                os.close(create_new(path, 0o666))  # new, and never through a link
     elif state == "file":
         if not os.path.exists(path):
             raise Fail(f"file ({path}) is absent, cannot continue", path=path, state="absent")
@@ -184,7 +221,7 @@ def mod_file(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         if mode is not None and mode != now_mode:
             changed = True
             if there and not check:
-                os.chmod(path, mode)
+                chmod_here(path, mode)
             now_mode = mode
         reply["state"] = "directory" if state == "directory" or os.path.isdir(path) else "file"
         if now_mode is not None:
@@ -229,8 +266,9 @@ def mod_copy(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         raise Fail(f"Destination directory {parent} does not exist", dest=dest)
     mode = want_mode(args)
     reply: Reply = {"dest": dest, "checksum": checksum, "size": len(data), "changed": False}
-    try:
-        old_mode: int | None = stat.S_IMODE(os.stat(dest).st_mode)
+    try:  # a link at dest is replaced by the file (Ansible's follow: no), never written through
+        old = os.lstat(dest)
+        old_mode: int | None = None if stat.S_ISLNK(old.st_mode) else stat.S_IMODE(old.st_mode)
     except FileNotFoundError:
         old_mode = None
     if old_mode is not None and not args.get("force", True):
@@ -242,13 +280,15 @@ def mod_copy(args: dict[str, Any], check: bool, diff: bool) -> Reply:
         if mode is not None and mode != old_mode:
             reply["changed"] = True
             if not check:
-                os.chmod(dest, mode)
+                chmod_here(dest, mode)
     else:
         reply["changed"] = True
         if diff:
             reply["diff"] = _text_diff(dest, old_data, data)
         if not check:
-            write_atomic(dest, data, mode, durable=True)
+            write_atomic(dest, data, mode, durable=True)  # permission bits only, then
+            if mode is not None and mode & ~0o777:
+                chmod_here(dest, mode)  # the setuid/setgid/sticky bits the playbook asks for
             final = stat.S_IMODE(os.stat(dest).st_mode)  # a new file's: per the umask
     if final is not None:
         reply["mode"] = octal(final)

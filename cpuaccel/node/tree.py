@@ -1,7 +1,15 @@
-"""The node side of ``cpuaccel sync``: the node program ``tree`` (with ``common``).
+"""The node side of ``cpuaccel sync``: the node program ``tree`` (with ``common``,
+``destination`` and ``nofollow``).
 
-It runs as ``python -c BOOT LENGTH MODE DEST [PRUNE...]`` (cpuaccel.connectors.programs):
-one channel carries program and data, so a sync costs one command per node per phase.
+It runs as ``python -c BOOT LENGTH MODE DEST [--expect=H] [--workdir=W] [PRUNE...]``
+(cpuaccel.connectors.programs): one channel carries program and data, so a sync costs
+one command per node per phase.
+
+Every mode first resolves DEST as the node sees it (``~`` expanded, links and ``..``
+resolved) and refuses a folder a sync must never own (``refusal``: the home folder, the
+workdir or a folder above it, a system folder...): the answer is then only
+``{"dest": RESOLVED, "refused": WHY}``, and nothing was changed. Below DEST every path
+is reached by descriptors without following links (cpuaccel.node.nofollow).
 
 Modes:
   scan    report DEST's manifest (creating DEST and its state folder). Temporary files
@@ -20,12 +28,15 @@ describe files the same way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
 import sys
 
-from cpuaccel.node.common import TMP_MARK, temp_name, which, write_atomic
+from cpuaccel.node.common import TMP_MARK, create_new, which, write_atomic
+from cpuaccel.node.destination import resolve
+from cpuaccel.node.nofollow import delete, lstat_below, open_folder, parent_of, unpack
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
@@ -37,7 +48,7 @@ else:
 
 STATE = ".cpuaccel"  # inside DEST: manifest record, hash cache, fs marker, rsync temp dir
 RECORD = "manifest"
-CACHE = "hashcache"
+CACHE = "hashcache.json"
 FSID = "fsid"
 RSYNC_TMP = "tmp"
 
@@ -56,17 +67,18 @@ def entry_of(path: str, st: os.stat_result, cache: dict[str, Any] | None = None)
     """Describe one path; ``cache`` maps path -> (size, mtime, ctime, ino, digest)."""
     if stat.S_ISLNK(st.st_mode):
         return ("l", os.readlink(path))
+    # Permission bits only: a sync neither sends nor keeps setuid, setgid or sticky bits.
     if stat.S_ISDIR(st.st_mode):
-        return ("d", stat.S_IMODE(st.st_mode))
+        return ("d", stat.S_IMODE(st.st_mode) & 0o777)
     key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     cached = cache.get(path) if cache is not None else None
-    if cached is not None and tuple(cached[:4]) == key:
-        digest = cached[4]
+    if isinstance(cached, (list, tuple)) and len(cached) == 5 and tuple(cached[:4]) == key:
+        digest = str(cached[4])
     else:
         digest = file_digest(path)
         if cache is not None:
             cache[path] = (*key, digest)
-    return ("f", stat.S_IMODE(st.st_mode), st.st_size, digest)
+    return ("f", stat.S_IMODE(st.st_mode) & 0o777, st.st_size, digest)
 
 
 def manifest_hash(entries: dict[str, Entry]) -> str:
@@ -79,20 +91,23 @@ def manifest_hash(entries: dict[str, Entry]) -> str:
 
 
 def _load_cache(state: str) -> dict[str, Any]:
-    import marshal  # our own file, written by this same program
+    """The hash cache, or an empty one: it lives in a folder others may write to, so it
+    is plain data (JSON, never marshal or pickle) and anything unexpected is ignored
+    (entry_of checks each entry's shape)."""
+    import json  # imported by main() anyway
 
     try:
         with open(os.path.join(state, CACHE), "rb") as f:
-            cache = marshal.load(f)
-        return cache if isinstance(cache, dict) else {}
-    except (OSError, EOFError, ValueError, TypeError):
+            cache = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def _save_cache(state: str, cache: dict[str, Any]) -> None:
-    import marshal
+    import json
 
-    write_atomic(os.path.join(state, CACHE), marshal.dumps(dict(cache)))
+    write_atomic(os.path.join(state, CACHE), json.dumps(dict(cache)).encode())
 
 
 def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_result], int]:
@@ -157,8 +172,8 @@ def _fsid(state: str, create: bool) -> str | None:
     except OSError:
         if not create:
             return None
-    tmp = temp_name(path)
-    with open(tmp, "w") as f:
+    tmp = path + TMP_MARK + os.urandom(8).hex()
+    with os.fdopen(create_new(tmp, 0o644), "w") as f:
         f.write(os.urandom(16).hex())
     try:
         os.link(tmp, path)  # atomic and exclusive: the first node to get here wins
@@ -200,7 +215,7 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
     """DEST's entries and hash; the entries are left out when the hash is ``expect``."""
     state = os.path.join(dest, STATE)
     if create:
-        os.makedirs(os.path.join(state, RSYNC_TMP), exist_ok=True)
+        _prepare(dest)
     found, leftovers = _walk(dest, prune, clean=False)
     try:  # rsync's partial files from an interrupted run
         leftovers += len(os.listdir(os.path.join(state, RSYNC_TMP)))
@@ -224,7 +239,9 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
         "entries": None if digest == expect else entries,
         "hash": digest,
         "recorded": record,
-        "fsid": _fsid(state, create) if os.path.isdir(state) else None,
+        # None unless the state folder is a real one (scan made it so): the controller then
+        # scans before writing (rsync's temporary files go there), which replaces a link
+        "fsid": _fsid(state, create) if _real_folder(state) else None,
         "rsync": rsync,
         "leftovers": leftovers,
     }
@@ -239,51 +256,34 @@ def _inside(dest: str, rel: str) -> str:
     return path
 
 
-def _remove(path: str) -> None:
-    import shutil
-
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.unlink(path)
+def _real_folder(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
-def _extract(dest: str, stream: BinaryIO) -> int:
-    import tarfile
+def _rel(dest: str, rel: str) -> str:
+    """``rel`` checked (``_inside``) and normalised, for a walk by descriptors."""
+    return os.path.relpath(_inside(dest, rel), dest).replace(os.sep, "/")
 
-    written = 0
-    with tarfile.open(fileobj=stream, mode="r|") as tar:
-        for member in tar:
-            path = _inside(dest, member.name)
-            parent = os.path.dirname(path)
-            os.makedirs(parent, exist_ok=True)
-            if member.isdir():
-                if os.path.lexists(path) and not os.path.isdir(path):
-                    _remove(path)
-                os.makedirs(path, exist_ok=True)
-                os.chmod(path, member.mode & 0o7777)
-                continue
-            tmp = temp_name(path)
-            if member.issym():
-                os.symlink(member.linkname, tmp)
-            elif member.isfile():
-                source = tar.extractfile(member)
-                assert source is not None
-                with open(tmp, "wb") as out:
-                    while True:
-                        chunk = source.read(1 << 20)
-                        if not chunk:
-                            break
-                        out.write(chunk)
-                os.chmod(tmp, member.mode & 0o7777)
-                os.utime(tmp, (member.mtime, member.mtime))
-                written += member.size
-            else:
-                raise ValueError(f"unsupported entry in the stream: {member.name!r}")
-            if os.path.isdir(path) and not os.path.islink(path):
-                _remove(path)  # a folder became a file or a link
-            os.replace(tmp, path)  # atomic: readers see the old file or the new one
-    return written
+
+def _prepare(dest: str) -> None:
+    """DEST and its state folders, real folders all (a link in their place is replaced)."""
+    os.makedirs(dest, exist_ok=True)
+    root = open_folder(dest)
+    try:
+        way = parent_of(root, f"{STATE}/{RSYNC_TMP}/-", create=True)
+        assert way is not None  # create=True: every folder on the way is made
+        os.close(way[0])
+    finally:
+        os.close(root)
+
+
+def _entry_here(root: int, dest: str, rel: str, cache: dict[str, Any]) -> Entry | None:
+    """rel's entry, or None when it is missing or reached only through a link."""
+    st = lstat_below(root, _rel(dest, rel))
+    return None if st is None else entry_of(os.path.join(dest, rel), st, cache)
 
 
 def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
@@ -299,10 +299,10 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
             return {"base_mismatch": True, "scan": now}
         return _apply_to_known_tree(dest, prune, header, stream, now)
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
+    _prepare(dest)
     _clean(dest, prune)  # only the elected writer applies, so nothing else is in flight
-    written = _extract(dest, stream) if header.get("tar") else 0
-    for rel in header.get("delete", []):
-        _remove(_inside(dest, rel))
+    written = unpack(dest, stream, functools.partial(_rel, dest)) if header.get("tar") else 0
+    delete(dest, header.get("delete", []), functools.partial(_rel, dest))
     state = os.path.join(dest, STATE)
     cache = _load_cache(state)
     # Files rsync delivered were checked by rsync itself (a whole-file checksum of what
@@ -317,16 +317,17 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
         if want and want[0] == "f" and stat.S_ISREG(st.st_mode) and st.st_size == want[2]:
             cache[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, want[3])
     mismatches = []
-    actual = {}
-    for rel, want in expected.items():
-        path = os.path.join(dest, rel)
-        try:
-            got = entry_of(path, os.lstat(path), cache)
-        except OSError:
-            got = None
-        actual[rel] = got
-        if got != want:
-            mismatches.append(rel)
+    root = open_folder(dest)
+    try:  # by descriptors: a file reached through a link is not in the tree
+        for rel, want in expected.items():
+            try:
+                got = _entry_here(root, dest, rel, cache)
+            except OSError:
+                got = None
+            if got != want:
+                mismatches.append(rel)
+    finally:
+        os.close(root)
     _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest + "/")})
     digest = manifest_hash(expected)
     tree = None
@@ -355,9 +356,8 @@ def _apply_to_known_tree(
     if not header.get("tar") and not header.get("delete"):
         after, written = now, 0  # nothing to change: the tree just checked is the result
     else:
-        written = _extract(dest, stream) if header.get("tar") else 0
-        for rel in header.get("delete", []):
-            _remove(_inside(dest, rel))
+        written = unpack(dest, stream, functools.partial(_rel, dest)) if header.get("tar") else 0
+        delete(dest, header.get("delete", []), functools.partial(_rel, dest))
         after = scan(dest, prune, create=True)
     ok = after["hash"] == header["target"]
     if ok and after.get("recorded") != header["target"]:  # unchanged trees stay untouched
@@ -371,14 +371,19 @@ def _apply_to_known_tree(
 
 
 def main() -> None:
-    # After BOOT's LENGTH (cpuaccel.connectors.programs): MODE DEST [--expect=H] [PRUNE...]
-    mode, dest = sys.argv[2], os.path.abspath(os.path.expanduser(sys.argv[3]))
-    expect = next((a[9:] for a in sys.argv[4:] if a.startswith("--expect=")), None)
-    prune = {a for a in sys.argv[4:] if not a.startswith("--")}
-    if mode == "apply":
+    import json
+
+    # After BOOT's LENGTH (cpuaccel.connectors.programs):
+    # MODE DEST [--expect=H] [--workdir=W] [PRUNE...]
+    mode, options = sys.argv[2], sys.argv[4:]
+    expect = next((a[9:] for a in options if a.startswith("--expect=")), None)
+    workdir = next((a[10:] for a in options if a.startswith("--workdir=")), None)
+    prune = {a for a in options if not a.startswith("--")}
+    dest, refused = resolve(sys.argv[3], workdir)
+    if refused is not None:  # before anything is created, written or deleted
+        result: dict[str, Any] = {"dest": dest, "refused": refused}
+    elif mode == "apply":
         result = apply(dest, prune, sys.stdin.buffer)
     else:
         result = scan(dest, prune, create=(mode == "scan"), expect=expect)
-    import json
-
     sys.stdout.write(json.dumps(result) + "\n")

@@ -1,20 +1,23 @@
 """Sync one source manifest to many nodes: scan, plan, transfer, verify, record.
 
-Each node costs one connection: the node program scans the destination (hashes cached
-by size, mtime, ctime and inode, so an unchanged tree costs only stats), the controller
-plans what differs, and the changes go over rsync or a tar stream on the same channel.
-Nodes that see the same destination folder (a shared filesystem) are written once.
+Each node costs one connection. First every node looks at its destination, changing
+nothing: the node program resolves it, judges it (cpuaccel.node.destination) and reports
+its tree (hashes cached by size, mtime, ctime and inode, so an unchanged tree costs only
+stats). When any node refuses its destination, the sync stops there, before any node is
+changed. Then the controller plans what differs, and the changes go over rsync or a tar
+stream on the same channel. Nodes that see the same destination folder (a shared
+filesystem) are written once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
-from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError
@@ -22,12 +25,10 @@ from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.tree import Entry
 from cpuaccel.sync import transfer
-from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.location import render_dest
+from cpuaccel.sync.location import DestinationRefused, render_dest
 from cpuaccel.sync.manifest import SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
-
-REMOTE_TIMEOUT = 3600.0
+from cpuaccel.sync.receiver import call_remote, request
 
 
 @dataclass
@@ -53,58 +54,6 @@ class NodeReport:
             "shared_with": self.shared_with,
             "in_sync": self.in_sync,
         }
-
-
-# ---- the node program
-
-
-def call_remote(
-    conn: Connector,
-    mode: str,
-    dest: str,
-    payload: bytes | BinaryIO = b"",
-    expect: str | None = None,
-) -> dict[str, Any]:
-    """Run the node program in MODE on DEST; ``payload`` follows it on stdin.
-
-    With ``expect`` (a manifest hash), a scan leaves its entries out (None) when the
-    node's tree has exactly that hash: an unchanged node answers in a few bytes.
-    """
-    value = programs.call(
-        conn,
-        "tree",
-        [mode, dest, *([f"--expect={expect}"] if expect else []), *PRUNE_NAMES],
-        payload,
-        what=f"syncing to {dest}",
-        timeout=REMOTE_TIMEOUT,
-    )
-    _tupled(value)
-    if "scan" in value:  # apply's answer when the node's tree was not the expected one
-        _tupled(value["scan"])
-    return value
-
-
-def _tupled(report: dict[str, Any]) -> None:
-    """Entries as tuples, as the source's are (JSON brings lists)."""
-    if report.get("entries") is not None:
-        report["entries"] = {rel: tuple(entry) for rel, entry in report["entries"].items()}
-
-
-# ---- the apply request
-
-
-def _header(
-    source: SourceManifest, deleted: Sequence[str], *, tar: bool, trusted: Sequence[str] = ()
-) -> bytes:
-    """The apply request: the manifest to verify against, what to delete, and which
-    entries rsync delivered (verified by rsync's own checksums, see cpuaccel.node.tree.apply)."""
-    header = {
-        "manifest": source.entries,
-        "delete": list(deleted),
-        "tar": tar,
-        "trusted": list(trusted),
-    }
-    return json.dumps(header).encode() + b"\n"
 
 
 # ---- one node
@@ -163,6 +112,21 @@ class Syncer:
         remembered = [self._remembered(h) for h in hosts]
         fsids = [last[1] for last in remembered if last is not None]
         self._shared_fsids = {f for f in fsids if fsids.count(f) > 1}
+        self.looked: dict[str, dict[str, Any]] = {}  # each node's answer to ``look``
+
+    def look(self, conn: Connector) -> dict[str, Any] | DestinationRefused:
+        """The first phase, on every node before any is changed: the node's verdict on
+        its destination and, when it accepts it, its tree (changing nothing)."""
+        last = self._remembered(conn.host)
+        try:  # a tree as remembered, or as the source's, answers in a few bytes
+            found = call_remote(
+                conn, "look", self._dest(conn), expect=last[0] if last else self.source.hash
+            )
+        except DestinationRefused as refused:
+            return refused
+        if found["entries"] is None:
+            found["entries"] = last[2] if last else self.source.entries
+        return found
 
     def _key(self, host: Host) -> str:
         port = port_of(host)  # the port really used (ssh_config's when the inventory has none)
@@ -183,15 +147,15 @@ class Syncer:
     def __call__(self, conn: Connector) -> NodeReport:
         fsid = None
         try:
-            scanned: dict[str, Any] | None = None
+            scanned = self.looked[conn.host.name]
             if not self.options.check:
-                quick = self._one_trip(conn)
+                quick = self._one_trip(conn, scanned)
                 if isinstance(quick, NodeReport):
                     return quick
-                scanned = quick
-            if scanned is None:
-                mode = "look" if self.options.check else "scan"
-                scanned = call_remote(conn, mode, self._dest(conn), expect=self.source.hash)
+                if quick is not None:
+                    scanned = quick
+                elif scanned.get("fsid") is None:  # a new destination: make it, and its id
+                    scanned = call_remote(conn, "scan", self._dest(conn), expect=self.source.hash)
             if scanned["entries"] is None:  # exactly the source's tree
                 scanned["entries"] = self.source.entries
             fsid = scanned.get("fsid")
@@ -208,8 +172,11 @@ class Syncer:
         finally:
             self.shared.done(fsid)
 
-    def _one_trip(self, conn: Connector) -> NodeReport | dict[str, Any] | None:
-        """Send the difference from what the node held last time, in one round trip.
+    def _one_trip(
+        self, conn: Connector, looked: dict[str, Any]
+    ) -> NodeReport | dict[str, Any] | None:
+        """Send the difference from what the node held last time (and still holds, as it
+        just said), in one round trip.
 
         Returns the report when the node applied it; the node's scan when its tree was not
         what we remembered (the caller goes on from there); None when not worth trying.
@@ -218,7 +185,11 @@ class Syncer:
         if last is None or last[1] in self._shared_fsids:
             return None
         base, fsid, before = last
+        if looked["hash"] != base or looked.get("fsid") != fsid or looked.get("leftovers"):
+            return None
         changed, deleted = plan(self.source, before)
+        if not changed and not deleted:
+            return None  # nothing to send: the node's own answer says whether it is in sync
         if deleted and not self.options.delete:
             return None  # the node keeps files the source dropped: its tree won't match
         sent = _file_bytes(self.source, changed)
@@ -325,11 +296,11 @@ class Syncer:
                 self.options.copy_links,
                 self.on_bytes,
             )
-            header = _header(self.source, deleted, tar=False, trusted=changed)
+            header = request(self.source, deleted, tar=False, trusted=changed)
             result = call_remote(conn, "apply", scanned["dest"], header)
             result["method"] = "rsync"
             return result
-        stream = transfer.tar_stream(self.source, changed, _header(self.source, deleted, tar=True))
+        stream = transfer.tar_stream(self.source, changed, request(self.source, deleted, tar=True))
         with stream:
             result = call_remote(conn, "apply", scanned["dest"], stream)
         if self.on_bytes is not None:
@@ -349,16 +320,46 @@ def sync(
     on_bytes: Callable[[int], None] | None = None,
     pool: ConnectionPool | None = None,
 ) -> list[HostResult[NodeReport]]:
-    """Sync to every host in parallel. Destinations are checked before any connection."""
-    dests = {h.name: render_dest(h, options.dest_template, delete=options.delete) for h in hosts}
+    """Sync to every host in parallel. Destinations are checked as text before any
+    connection, then by every node as it resolves them, before any node is changed:
+    DestinationRefused (exit 2) when one refuses."""
+    dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
     syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
-    results = run_on_hosts(
-        hosts, syncer, forks=forks, options=connect, on_result=on_result, pool=pool
-    )
+    with contextlib.ExitStack() as stack:
+        if pool is None:  # one connection a host for both phases
+            pool = stack.enter_context(ConnectionPool(connect))
+        looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
+        _refuse(looked)
+        done: dict[str, HostResult[NodeReport]] = {}
+        for seen in looked:
+            if isinstance(seen.value, dict):
+                syncer.looked[seen.host.name] = seen.value
+                continue
+            # unreachable, or the node program failed: reported as it is
+            failed = HostResult[NodeReport](
+                seen.host, seen.status, None, seen.error, seen.hint, seen.seconds
+            )
+            done[seen.host.name] = failed
+            if on_result is not None:
+                on_result(failed)
+        ready = [h for h in hosts if h.name in syncer.looked]
+        for r in run_on_hosts(ready, syncer, forks=forks, on_result=on_result, pool=pool):
+            done[r.host.name] = r
     if memory is not None:
         memory.save()
-    return results
+    return [done[h.name] for h in hosts]
+
+
+def _refuse(looked: Sequence[HostResult[dict[str, Any] | DestinationRefused]]) -> None:
+    """Raise the nodes' refusals of their destinations, if any, as one error."""
+    refused = [r.value for r in looked if isinstance(r.value, DestinationRefused)]
+    if refused:
+        first = refused[0]
+        if len(refused) > 1:
+            others = ", ".join(exc.host for exc in refused[1:])
+            first.message += f"; {others} refuse(s) theirs too"
+        raise first
 
 
 def _file_bytes(source: SourceManifest, rels: Sequence[str]) -> int:

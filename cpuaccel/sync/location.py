@@ -1,34 +1,54 @@
 """Where a sync writes on each node: ``--dest`` templated with the host's variables.
 
-Checked before any connection, so that a bad destination (relative, a top-level
-folder, or one whose ``--delete`` would reach into the workdir) stops the whole sync.
+The text is checked before any connection, so that a plainly bad destination (relative,
+a top-level folder, the workdir) stops the whole sync early. That check cannot know what
+``~``, ``..`` or a link mean on the node: the node's own verdict on the resolved path
+(cpuaccel.node.destination, asked of every node before any is changed) is what counts,
+and its refusal is ``DestinationRefused``.
 """
 
 from __future__ import annotations
 
 import posixpath
 
-import jinja2
-
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.host import Host
+from cpuaccel.playbook import templar
+
+FIX = "sync into a folder of its own, e.g. --dest '{{ cpuaccel_workdir }}/project'"
+
+
+class DestinationRefused(UsageError):
+    """A node resolved ``--dest`` to a folder a sync must never own (exit 2)."""
+
+    def __init__(self, host: str, dest: str, reason: str) -> None:
+        super().__init__(
+            f"{host}: --dest resolves to {dest} on the node: refusing to sync there ({reason})",
+            hint=FIX,
+        )
+        self.host = host
+        self.dest = dest
 
 
 def _normpath(path: str) -> str:
+    if path == "~" or path.startswith("~/"):
+        # "~" is a name for the node to expand: "~/../../etc" must not become "../etc"
+        # (which the node would read from its login folder)
+        rest = posixpath.normpath(path[2:].lstrip("/") or ".")
+        return "~" if rest == "." else "~/" + rest
     path = posixpath.normpath(path)
     # normpath keeps a leading "//" (POSIX leaves its meaning open); Linux reads it as "/"
     return "/" + path.lstrip("/") if path.startswith("//") else path
 
 
-def render_dest(host: Host, template: str, *, delete: bool) -> str:
+def render_dest(host: Host, template: str) -> str:
     """The destination on one host, templated with its variables and checked."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
     context = {**host.vars, "cpuaccel_workdir": host.workdir, "inventory_hostname": host.name}
-    try:
-        dest = env.from_string(template).render(context)
-    except jinja2.TemplateError as exc:
+    try:  # sandboxed, as playbooks are: an expression must not reach Python's internals
+        dest = templar.render_text(template, context)
+    except templar.TemplateError as exc:
         raise UsageError(
-            f"--dest {template!r} on {host.name}: {exc}",
+            f"--dest {template!r} on {host.name}: {exc.message}",
             hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
         ) from None
     if "\n" in dest or "\r" in dest or "\0" in dest:
@@ -43,12 +63,14 @@ def render_dest(host: Host, template: str, *, delete: bool) -> str:
     if dest in ("/", "~") or dest.count("/") < 1 + dest.startswith("~"):
         raise UsageError(
             f"--dest on {host.name} is {dest!r}: refusing to sync into a top-level folder",
-            hint="sync into a folder of its own, e.g. {{ cpuaccel_workdir }}/project",
+            hint=FIX,
         )
-    if delete and (dest == workdir or workdir.startswith(dest + "/")):
+    if dest == workdir or workdir.startswith(dest + "/"):
+        # A sync owns its destination: --delete would empty the workdir of runs and other
+        # projects, and even without it a file where a folder was replaces the folder.
         raise UsageError(
-            f"--delete with --dest {dest!r} on {host.name} would delete inside the workdir "
-            f"{workdir} (runs, other projects)",
-            hint="sync into a folder below the workdir, or leave out --delete",
+            f"--dest {dest!r} on {host.name} is the workdir {workdir} or a folder above it: "
+            "refusing to sync there (runs, other projects)",
+            hint="sync into a folder below it, e.g. --dest '{{ cpuaccel_workdir }}/project'",
         )
     return dest

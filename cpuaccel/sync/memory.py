@@ -10,9 +10,11 @@ never correctness.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,18 @@ class SyncMemory:
         self.manifests: dict[str, dict[str, Entry]] = {}
         try:
             data = json.loads(self.path.read_text())
-            self.nodes = dict(data["nodes"])
+            # Only well-formed records: last() must never meet something else.
+            self.nodes = {
+                k: v
+                for k, v in dict(data["nodes"]).items()
+                if isinstance(v, dict) and isinstance(v.get("hash"), str)
+            }
             self.manifests = {
                 h: {rel: tuple(e) for rel, e in entries.items()}
                 for h, entries in data["manifests"].items()
             }
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # no memory, or an unreadable one: the sync goes the long way
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            self.nodes, self.manifests = {}, {}  # no memory, or an unreadable one: the long way
 
     @staticmethod
     def node_key(name: str, address: str, port: int, dest: str) -> str:
@@ -69,10 +76,18 @@ class SyncMemory:
         self.manifests = {h: m for h, m in self.manifests.items() if h in used}
         if len(self.manifests) > KEEP_MANIFESTS:
             return  # nodes spread over many versions: not worth remembering
+        tmp: str | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps({"nodes": self.nodes, "manifests": self.manifests}))
-            tmp.replace(self.path)
+            # A new file of random name (O_EXCL): never one placed there, nor a link's target.
+            with tempfile.NamedTemporaryFile(
+                "w", dir=self.path.parent, prefix=self.path.name, delete=False
+            ) as f:
+                tmp = f.name
+                f.write(json.dumps({"nodes": self.nodes, "manifests": self.manifests}))
+            os.replace(tmp, self.path)
         except OSError:
-            pass  # a memory that cannot be written only costs time
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            # a memory that cannot be written only costs time
