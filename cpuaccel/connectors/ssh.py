@@ -40,7 +40,7 @@ from cpuaccel.connectors.hostkeys import (
     host_key_policy,
 )
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
-from cpuaccel.inventory.host import ssh_options
+from cpuaccel.inventory.host import Host, ssh_options
 
 _READ_CHUNK = 1 << 16
 
@@ -53,6 +53,19 @@ def _address_and_port(hostname: str) -> tuple[str, int]:
         if port.isdigit():
             return address, int(port)
     return hostname, 22
+
+
+def _refuse_inline_proxy(host: Host) -> None:
+    """A hop in ansible_ssh_common_args would be connected to unchecked (or ignored):
+    hops are honoured from ~/.ssh/config, where every path reads them alike."""
+    for option in ("proxyjump", "proxycommand"):
+        if option in ssh_options(host.vars):
+            raise Unreachable(
+                host.name,
+                f"{option} in ansible_ssh_common_args is not supported",
+                hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
+                "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
+            )
 
 
 class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
@@ -155,14 +168,7 @@ class SSHConnector(Connector):
 
     def connect(self) -> None:
         host = self.host
-        for option in ("proxyjump", "proxycommand"):
-            if option in ssh_options(host.vars):
-                raise Unreachable(
-                    host.name,
-                    f"{option} in ansible_ssh_common_args is not supported",
-                    hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
-                    "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
-                )
+        _refuse_inline_proxy(host)
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.options.connect_timeout,
             "auth_timeout": self.options.connect_timeout,
