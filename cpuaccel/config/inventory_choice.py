@@ -40,6 +40,14 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
             if project.inventory_error is not None:
                 raise project.inventory_error
             path = str(project.get("inventory"))
+            if not os.path.exists(path):
+                # Blame the line that names it: the user fixes the project file.
+                raise project.error(
+                    "inventory",
+                    f"{path} not found",
+                    "write the path of the inventory (or MPI hostfile), relative to the "
+                    "project file, or pass -i FILE",
+                )
             where = project.where("inventory")
             return InventoryChoice(path, Setting("inventory", path, PROJECT, where))
         if project.local_only:

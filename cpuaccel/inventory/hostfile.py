@@ -40,11 +40,11 @@ def _strip(line: str) -> str:
 
 
 def looks_like_hostfile(text: str) -> bool:
-    """True when every non-comment line is a hostfile line (a YAML inventory never is:
-    its first line is a key ending in ':')."""
-    lines = [_strip(line) for line in text.splitlines()]
-    significant = [line for line in lines if line]
-    return bool(significant) and all(_LINE.match(line) for line in significant)
+    """True when the first non-comment line is a hostfile line (a YAML inventory's never
+    is: it is a key ending in ':', a '- item' or '{'), so that a later bad line is
+    reported as a hostfile line, with its number, rather than as broken YAML."""
+    first = next((line for line in map(_strip, text.splitlines()) if line), "")
+    return _LINE.match(first) is not None
 
 
 def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
@@ -72,13 +72,13 @@ def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
         slots = int(match.group("colon")) if match.group("colon") else None
         for word in match.group("words").split():
             key, _, value = word.partition("=")
-            if key == "slots":
+            if key in ("slots", "max_slots"):
                 if not value.isdigit():
                     raise InventoryError(
-                        f"slots={value!r} is not a number", source=source, line=number,
-                        hint="write slots=N with N a whole number, e.g. node1 slots=4",
+                        f"{key}={value!r} is not a number", source=source, line=number,
+                        hint=f"write {key}=N with N a whole number, e.g. node1 {key}=4",
                     )  # fmt: skip
-                slots = int(value)
+                slots = int(value) if key == "slots" else slots
             elif key != "max_slots":
                 raise InventoryError(
                     f"unknown hostfile option {key!r}",
