@@ -81,6 +81,14 @@ class LineList(list[Any]):
     line = 0
 
 
+def decode_error_line(exc: BaseException) -> int | None:
+    """The 1-based line of the first byte that is not UTF-8, for a file that failed to
+    decode (None for any other error): so that its error names the line like any other."""
+    if not isinstance(exc, UnicodeDecodeError):
+        return None
+    return bytes(exc.object[: exc.start]).count(b"\n") + 1
+
+
 def line_of(node: Node) -> int:
     """The 1-based line a node starts on."""
     return int(node.start_mark.line) + 1
@@ -122,6 +130,11 @@ class YamlReader:
         self._budget = ALIAS_ALLOWANCE + len(text)
         try:
             return yaml.compose(text, Loader=_BoundedLoader)
+        except yaml.reader.ReaderError as exc:
+            # A control character (NUL...): PyYAML's message spans lines and has no line.
+            line = text[: exc.position].count("\n") + 1
+            problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+            raise self.error(message.replace("{problem}", problem), line, hint) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
             problem = getattr(exc, "problem", None) or str(exc)

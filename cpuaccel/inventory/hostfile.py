@@ -16,6 +16,7 @@ from typing import Any
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.builder import InventoryBuilder, Origin
+from cpuaccel.yamlsource import decode_error_line
 
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
@@ -109,7 +110,10 @@ def read_hostfile(path: str | Path) -> list[HostfileEntry]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = "file not found" if isinstance(exc, FileNotFoundError) else str(exc)
         raise InventoryError(
-            f"cannot read the hostfile: {reason}", source=source, hint="check the path"
+            f"cannot read the hostfile: {reason}",
+            source=source,
+            line=decode_error_line(exc),
+            hint="check the path, and that it is UTF-8 text",
         ) from None
     return parse_hostfile(text, source)
 
