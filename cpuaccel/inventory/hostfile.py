@@ -21,6 +21,7 @@ from cpuaccel.yamlsource import decode_error_line
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
 _LINE = re.compile(rf"^{_NAME}(?::(?P<colon>\d+))?(?P<words>(?:\s+[A-Za-z_]+=\S+)*)$")
+_YAMLISH = re.compile(r"^(?:[^:]*:(?:\s|$)|-\s|[{\[])")
 # The seed's hostfile is a template: "xxx.xxx.xxx.xxx #node0 ip".
 _PLACEHOLDER = re.compile(r"^[xX]+(?:\.[xX]+)+$")
 SLOTS_VAR = "cpuaccel_slots"
@@ -41,11 +42,15 @@ def _strip(line: str) -> str:
 
 
 def looks_like_hostfile(text: str) -> bool:
-    """True when the first non-comment line is a hostfile line (a YAML inventory's never
-    is: it is a key ending in ':', a '- item' or '{'), so that a later bad line is
-    reported as a hostfile line, with its number, rather than as broken YAML."""
-    first = next((line for line in map(_strip, text.splitlines()) if line), "")
-    return _LINE.match(first) is not None
+    """True when every non-comment line is a hostfile line (a YAML inventory never is:
+    its first line is a key ending in ':')."""
+    lines = [_strip(line) for line in text.splitlines()]
+    significant = [line for line in lines if line]
+    if not significant or not _LINE.match(significant[0]):
+        return False
+    # A hostfile with one bad line is still a hostfile (its error names that line), as
+    # long as nothing in it looks like YAML ("key:" or "- item").
+    return all(_LINE.match(line) or not _YAMLISH.match(line) for line in significant)
 
 
 def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
