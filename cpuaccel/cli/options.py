@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -23,7 +22,6 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 
 F = TypeVar("F", bound=Callable[..., Any])
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -166,9 +164,7 @@ def parse_env(items: tuple[str, ...]) -> dict[str, str]:
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        # A shell's names, not Python's: 'é' is an identifier, and 'export é=1' fails on
-        # every node, after the job has started.
-        if not sep or not _ENV_NAME.fullmatch(key):
+        if not sep or not key.isidentifier():
             raise UsageError(
                 f"--env {item!r}: expected KEY=VALUE", hint="e.g. --env FI_PROVIDER=tcp"
             )
