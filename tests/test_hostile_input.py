@@ -148,6 +148,7 @@ def execute(case: Case) -> Outcome:
         work.mkdir()
         (work / "train.py").write_text("print('never runs')\n")
         for name, data in case.files.items():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
             (work / name).write_bytes(data)
         before = snapshot(work)
         env = inherited_env(HOME=str(home))
