@@ -17,9 +17,7 @@ Every case runs as a user runs it, ``python -m cpuaccel ...`` in a fresh folder 
 only its files (no inventory around, ``CPUACCEL_INVENTORY`` unset, HOME empty), and must
 end with exit 2, no traceback, one ``error:`` line (plus its ``fix:`` line) naming the
 place, and the folder unchanged. Only verbs that contact no node, or only this machine
-in check mode, are used. ``tests/hostile/pending/`` holds cases that wait for fixes on
-other branches: not collected until those are merged (``CPUACCEL_HOSTILE_PENDING=1``
-adds them, to try them first).
+in check mode, are used.
 
 The subprocesses of the selected cases are started together on a few threads (each costs
 ~0.3 s of start-up), and each test waits for its own.
@@ -27,14 +25,13 @@ The subprocesses of the selected cases are started together on a few threads (ea
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +42,6 @@ from cpuaccel.testing.command import cpuaccel, inherited_env
 
 HOSTILE = Path(__file__).parent / "hostile"
 TABLE = HOSTILE / "cmdline.yaml"
-NOT_COLLECTED = {"pending"}
-PENDING_VAR = "CPUACCEL_HOSTILE_PENDING"
 HEADER = re.compile(r"^# (cmd|expect|line|as): (.*)$")
 TIMEOUT = 60.0  # a YAML bomb or a huge range must be refused, not hang the suite
 WORKERS = 4
@@ -101,7 +96,7 @@ def cases_in(root: Path) -> list[Case]:
     cases = [
         file_case(path)
         for folder in sorted(root.iterdir())
-        if folder.is_dir() and folder.name not in NOT_COLLECTED
+        if folder.is_dir()
         for path in sorted(folder.iterdir())
     ]
     table = root / TABLE.name
@@ -111,10 +106,6 @@ def cases_in(root: Path) -> list[Case]:
 
 
 CASES = cases_in(HOSTILE)
-if os.environ.get(PENDING_VAR):
-    # To try the pending cases on a merged tree before moving them in (they are never
-    # skipped: without the variable they are not collected at all).
-    CASES += [replace(case, id=f"pending/{case.id}") for case in cases_in(HOSTILE / "pending")]
 
 
 def test_the_corpus_is_large_and_ids_are_unique() -> None:
