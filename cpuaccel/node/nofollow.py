@@ -58,6 +58,27 @@ def folder_at(parent: int, name: str, create: bool) -> int | None:
     return os.open(name, FOLDER, dir_fd=parent)
 
 
+class LinkRefused(OSError):
+    """A link (or a file) stands where a folder of cpuaccel's own belongs."""
+
+
+def own_folder_at(parent: int, name: str, mode: int = 0o700) -> int:
+    """A descriptor of the folder ``name`` in ``parent``, made with ``mode`` when
+    missing; LinkRefused when a link or a file is there. For folders whose content
+    must stay where it is put (a run's folder holds its secrets): unlike
+    ``folder_at``, nothing is replaced, so nobody's link is silently undone either."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, FOLDER, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in _NOT_A_FOLDER:
+            raise
+        raise LinkRefused(exc.errno, "a link or a file where a folder belongs", name) from None
+
+
 def parent_of(root: int, rel: str, create: bool) -> tuple[int, str] | None:
     """(descriptor of rel's folder, rel's last name), reached from ``root`` through real
     folders only (see ``folder_at``); None without ``create`` when the way is not all
