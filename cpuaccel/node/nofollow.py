@@ -125,6 +125,33 @@ def remove_at(parent: int, name: str) -> None:
     os.rmdir(name, dir_fd=parent)
 
 
+def remove_marked(root: int, mark: str, skip: Callable[[str], bool]) -> None:
+    """Remove every entry below ``root`` whose name holds ``mark`` (leftover temporary
+    files), each relative to a descriptor of its real folder, as it is found: a link
+    swapped in meanwhile is removed itself or not entered, never followed. Paths
+    (relative, '/'-separated) for which ``skip`` is true are left alone, and so are
+    virtualenvs (a folder holding pyvenv.cfg), as a sync skips them."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        way = parent_of(root, rel + "/-", create=False) if rel else (os.dup(root), "")
+        if way is None:
+            continue  # no longer a real folder
+        try:
+            if rel and lstat_at(way[0], "pyvenv.cfg") is not None:
+                continue
+            for item in list(os.scandir(way[0])):  # listed first: removing changes it
+                below = rel + "/" + item.name if rel else item.name
+                if skip(below):
+                    continue
+                if mark in item.name:
+                    remove_at(way[0], item.name)
+                elif item.is_dir(follow_symlinks=False):
+                    stack.append(below)
+        finally:
+            os.close(way[0])
+
+
 def _member(tar: Any, member: Any, parent: int, name: str) -> int:
     """Write one entry of the stream at ``name`` in ``parent``; the bytes written."""
     if member.isdir():
