@@ -7,7 +7,14 @@ import os
 import sys
 
 from cpuaccel.node.facts import collect
-from cpuaccel.node.files import mod_command, mod_copy, mod_file, mod_stat, mod_tree
+from cpuaccel.node.files import (
+    mod_command,
+    mod_copy,
+    mod_destination,
+    mod_file,
+    mod_stat,
+    mod_tree,
+)
 from cpuaccel.node.moduleutil import Fail
 from cpuaccel.node.pip import mod_pip
 from cpuaccel.node.setvars import mod_setvars
@@ -31,6 +38,7 @@ MODULES: dict[str, Handler] = {
     "copy": mod_copy,
     "stat": mod_stat,
     "tree": mod_tree,  # synchronize's quick check (not a playbook module)
+    "destination": mod_destination,  # synchronize's delete: may it own dest? (idem)
     "pip": mod_pip,
     "setvars": mod_setvars,
     "facts": mod_facts,  # Gathering Facts (not a playbook module)

@@ -45,7 +45,13 @@ def which(name: str) -> str | None:
     return None
 
 
-def write_atomic(dest: str, data: bytes, mode: int | None = None, durable: bool = False) -> None:
+def write_atomic(
+    dest: str,
+    data: bytes,
+    mode: int | None = None,
+    durable: bool = False,
+    dir_fd: int | None = None,
+) -> None:
     """Write through a temporary file in dest's folder, renamed onto dest: readers see
     the old file or the new one, never half of one. The one way node programs write a
     file: the temporary file is new (``create_new``), and a symbolic link at dest is
@@ -55,19 +61,20 @@ def write_atomic(dest: str, data: bytes, mode: int | None = None, durable: bool 
     readable by others, not even for a moment) and set to it whatever the umask;
     without, a replaced regular file keeps its mode. A replaced regular file keeps its
     owner when root writes it. ``durable`` syncs the data to disk before the rename (a
-    playbook's copy; not a cache).
+    playbook's copy; not a cache). With ``dir_fd``, ``dest`` is a name in that folder
+    (reached by a descriptor, never through a link: cpuaccel.node.nofollow).
     """
     import stat
 
     try:
-        old: os.stat_result | None = os.lstat(dest)
+        old: os.stat_result | None = os.stat(dest, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         old = None
     if old is not None and not stat.S_ISREG(old.st_mode):
         old = None  # a link's target (or a folder) lends nothing to the new file
     tmp = temp_name(dest)
     # New files without a mode: per umask, as any program creates them.
-    fd = create_new(tmp, 0o666 if mode is None else mode)
+    fd = create_new(tmp, 0o666 if mode is None else mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -81,10 +88,12 @@ def write_atomic(dest: str, data: bytes, mode: int | None = None, durable: bool 
             owner = (old.st_uid, old.st_gid) if old is not None else None
             if owner is not None and os.geteuid() == 0 and owner != (0, os.getgid()):
                 os.fchown(f.fileno(), *owner)
-        os.replace(tmp, dest)
+        os.replace(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
         raise
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from cpuaccel.node.common import create_new, write_atomic
+from cpuaccel.node.destination import resolve
 from cpuaccel.node.moduleutil import (
     DIFF_LIMIT,
     Fail,
@@ -347,3 +348,11 @@ def mod_tree(args: dict[str, Any], check: bool, diff: bool) -> Reply:
             )
             files[os.path.relpath(path, root)] = entry
     return {"changed": False, "exists": True, "files": files}
+
+
+def mod_destination(args: dict[str, Any], check: bool, diff: bool) -> Reply:
+    """May a push with ``delete`` own ``path``? synchronize asks before rsync runs, with
+    the rule of ``cpuaccel sync --delete`` (cpuaccel.node.destination), judged here,
+    on the path as it resolves on this node: {"dest": resolved, "refused": why|None}."""
+    dest, refused = resolve(str(args["path"]), args.get("workdir"))
+    return {"changed": False, "dest": dest, "refused": refused}

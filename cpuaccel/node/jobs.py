@@ -4,7 +4,8 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
 
   write RUN_DIR      payload: JSON {name: [mode, text]}; each file created with its
                      mode from the start (secret.env is never readable by others), then
-                     renamed into place
+                     renamed into place. RUN_DIR is WORKDIR/runs/RUN_ID: ``runs`` and the
+                     run's folder are made 0700 and never followed if links (refused)
   procs RUN_ID       the processes of this job on this node
   signal RUN_ID PIDFILE SIG
                      signal the launcher's process group, after checking that its leader
@@ -31,6 +32,7 @@ import sys
 import time
 
 from cpuaccel.node.common import write_atomic
+from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -79,55 +81,112 @@ def _describe(pids: list[int]) -> list[tuple[int, str]]:
 
 
 SECRET = "secret.env"
+# The folder a path names, its last name allowed to be a link: the workdir and what
+# holds it are the user's layout (~/cpuaccel may well lead to a scratch disk).
+_FOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _run_folder(run_dir: str, create: bool) -> int | None:
+    """A descriptor of RUN_DIR (WORKDIR/runs/RUN_ID). ``runs`` and the run's folder are
+    cpuaccel's own: reached without following a link (what the job writes there, its
+    secrets, must land there and nowhere else), made 0700 with ``create``. With
+    ``create`` a link or file in their place is refused (LinkRefused, naming the path);
+    without, None when they are missing or not real folders."""
+    runs_path, run_id = os.path.split(run_dir.rstrip("/"))
+    workdir, runs = os.path.split(runs_path)
+    if create:
+        os.makedirs(workdir or ".", mode=0o700, exist_ok=True)
+    try:
+        top = os.open(workdir or ".", _FOLLOW)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    try:
+        if not create:
+            below = folder_at(top, runs, create=False)
+            try:
+                return None if below is None else folder_at(below, run_id, create=False)
+            finally:
+                if below is not None:
+                    os.close(below)
+        path = runs_path
+        try:
+            below = own_folder_at(top, runs)
+            try:
+                path = run_dir
+                return own_folder_at(below, run_id)
+            finally:
+                os.close(below)
+        except LinkRefused as exc:
+            raise LinkRefused(exc.errno, str(exc.strerror), path) from None
+    finally:
+        os.close(top)
+
+
+def _write_files(folder: int, files: dict[str, tuple[int, str]]) -> None:
+    for name, (mode, text) in files.items():
+        if "/" in name or name.startswith(".") or not name:
+            raise ValueError(f"refusing file name {name!r}")
+        # Created with its mode (whatever the umask), then renamed into place.
+        write_atomic(name, text.encode(), mode, dir_fd=folder)
 
 
 def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
-    # The run folder is the user's alone: its files may carry what the job must keep.
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    for name, (mode, text) in files.items():
-        if "/" in name or name.startswith("."):
-            raise ValueError(f"refusing file name {name!r}")
-        # Created with its mode (whatever the umask), then renamed into place.
-        write_atomic(os.path.join(run_dir, name), text.encode(), mode)
+    folder = _run_folder(run_dir, create=True)
+    assert folder is not None  # create=True: made, or refused
+    try:
+        # The run folder is the user's alone: its files may carry what the job must keep.
+        os.fchmod(folder, 0o700)
+        _write_files(folder, files)
+    finally:
+        os.close(folder)
     return {"written": sorted(files)}
 
 
 def reach(run_dir: str, timeout: float, hosts: list[str], files: Any) -> dict[str, Any]:
     """Can the launcher's ssh.sh reach every host from here? {host: [code, last line]},
     code None when it did not answer within ``timeout``."""
-    import shutil
     import subprocess
 
     created = []  # the folders made here, removed again: preflight leaves nothing
-    folder = os.path.dirname(run_dir)
+    above, name = os.path.split(run_dir.rstrip("/"))
+    folder = above
     while not os.path.isdir(folder):
         created.append(folder)
         folder = os.path.dirname(folder)
     try:
         for folder in reversed(created):
             os.mkdir(folder, 0o700)
-        # Exclusive: never into a folder, or through a link, that someone else made.
-        os.mkdir(run_dir, 0o700)
+        parent = os.open(above, _FOLLOW)
     except OSError:
         _rmdirs(created)
         raise
     try:
-        write(run_dir, files)
-        procs = {
-            host: subprocess.Popen(
-                ["/bin/sh", os.path.join(run_dir, "ssh.sh"), host, "true"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own group: a timeout ends ssh and its children
-            )
-            for host in hosts
-        }
-        deadline = time.monotonic() + timeout
-        found = {host: _reached(proc, deadline) for host, proc in procs.items()}
+        # Exclusive: never into a folder, or through a link, that someone else made.
+        os.mkdir(name, 0o700, dir_fd=parent)
+        try:
+            fd = os.open(name, FOLDER, dir_fd=parent)
+            try:
+                _write_files(fd, files)
+            finally:
+                os.close(fd)
+            procs = {
+                host: subprocess.Popen(
+                    ["/bin/sh", os.path.join(run_dir, "ssh.sh"), host, "true"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group: a timeout ends ssh and its children
+                )
+                for host in hosts
+            }
+            deadline = time.monotonic() + timeout
+            found = {host: _reached(proc, deadline) for host, proc in procs.items()}
+        finally:
+            remove_at(parent, name)  # by descriptors: a link inside is removed, not followed
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        os.close(parent)
         _rmdirs(created)
     return {"reach": found}
 
@@ -178,11 +237,17 @@ def _kill(pids: list[int], signum: int) -> None:
 
 
 def forget_secrets(run_dir: str) -> bool:
-    """Remove the run's secret.env (the job is over); whether there was one."""
+    """Remove the run's secret.env (the job is over); whether there was one. Reached by
+    descriptors: a link in the way leads to no one else's secret.env."""
+    folder = _run_folder(run_dir, create=False)
+    if folder is None:
+        return False
     try:
-        os.unlink(os.path.join(run_dir, SECRET))
+        os.unlink(SECRET, dir_fd=folder)  # a link there is removed itself
     except FileNotFoundError:
         return False
+    finally:
+        os.close(folder)
     return True
 
 
@@ -207,7 +272,13 @@ def end(run_id: str, grace: float, run_dir: str | None = None) -> dict[str, Any]
 def main() -> None:
     mode, args = sys.argv[2], sys.argv[3:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
     if mode == "write":
-        result = write(args[0], json.loads(sys.stdin.buffer.read()))
+        try:
+            result = write(args[0], json.loads(sys.stdin.buffer.read()))
+        except LinkRefused as exc:  # one line, the controller's error: no traceback
+            raise SystemExit(
+                f"refused: {exc.filename} is a symbolic link or a file, where cpuaccel keeps "
+                "a folder of its own; remove it (cpuaccel makes the folder)"
+            ) from None
     elif mode == "procs":
         result = {"pids": _describe(job_pids(args[0]))}
     elif mode == "signal":

@@ -58,6 +58,27 @@ def folder_at(parent: int, name: str, create: bool) -> int | None:
     return os.open(name, FOLDER, dir_fd=parent)
 
 
+class LinkRefused(OSError):
+    """A link (or a file) stands where a folder of cpuaccel's own belongs."""
+
+
+def own_folder_at(parent: int, name: str, mode: int = 0o700) -> int:
+    """A descriptor of the folder ``name`` in ``parent``, made with ``mode`` when
+    missing; LinkRefused when a link or a file is there. For folders whose content
+    must stay where it is put (a run's folder holds its secrets): unlike
+    ``folder_at``, nothing is replaced, so nobody's link is silently undone either."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, FOLDER, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in _NOT_A_FOLDER:
+            raise
+        raise LinkRefused(exc.errno, "a link or a file where a folder belongs", name) from None
+
+
 def parent_of(root: int, rel: str, create: bool) -> tuple[int, str] | None:
     """(descriptor of rel's folder, rel's last name), reached from ``root`` through real
     folders only (see ``folder_at``); None without ``create`` when the way is not all
@@ -102,6 +123,33 @@ def remove_at(parent: int, name: str) -> None:
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
+
+
+def remove_marked(root: int, mark: str, skip: Callable[[str], bool]) -> None:
+    """Remove every entry below ``root`` whose name holds ``mark`` (leftover temporary
+    files), each relative to a descriptor of its real folder, as it is found: a link
+    swapped in meanwhile is removed itself or not entered, never followed. Paths
+    (relative, '/'-separated) for which ``skip`` is true are left alone, and so are
+    virtualenvs (a folder holding pyvenv.cfg), as a sync skips them."""
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        way = parent_of(root, rel + "/-", create=False) if rel else (os.dup(root), "")
+        if way is None:
+            continue  # no longer a real folder
+        try:
+            if rel and lstat_at(way[0], "pyvenv.cfg") is not None:
+                continue
+            for item in list(os.scandir(way[0])):  # listed first: removing changes it
+                below = rel + "/" + item.name if rel else item.name
+                if skip(below):
+                    continue
+                if mark in item.name:
+                    remove_at(way[0], item.name)
+                elif item.is_dir(follow_symlinks=False):
+                    stack.append(below)
+        finally:
+            os.close(way[0])
 
 
 def _member(tar: Any, member: Any, parent: int, name: str) -> int:

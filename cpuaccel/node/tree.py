@@ -36,7 +36,15 @@ import sys
 
 from cpuaccel.node.common import TMP_MARK, create_new, which, write_atomic
 from cpuaccel.node.destination import resolve
-from cpuaccel.node.nofollow import delete, lstat_below, open_folder, parent_of, unpack
+from cpuaccel.node.nofollow import (
+    delete,
+    lstat_below,
+    open_folder,
+    parent_of,
+    remove_at,
+    remove_marked,
+    unpack,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
@@ -110,10 +118,10 @@ def _save_cache(state: str, cache: dict[str, Any]) -> None:
     write_atomic(os.path.join(state, CACHE), json.dumps(dict(cache)).encode())
 
 
-def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_result], int]:
+def _walk(dest: str, prune: set[str]) -> tuple[dict[str, os.stat_result], int]:
     """Every path below dest (relative, '/'-separated) with its lstat, and the number of
-    temporary files seen (removed when ``clean``). Virtualenvs are skipped, as the source
-    skips them: a node's own venv is neither compared nor deleted."""
+    temporary files seen. Virtualenvs are skipped, as the source skips them: a node's
+    own venv is neither compared nor deleted."""
     found: dict[str, os.stat_result] = {}
     cleaned = 0
     stack = [""]
@@ -128,8 +136,6 @@ def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_re
             if rel == STATE or item.name in prune:
                 continue
             if TMP_MARK in item.name:
-                if clean:
-                    _unlink_if_there(item.path)
                 cleaned += 1
                 continue
             try:
@@ -144,23 +150,21 @@ def _walk(dest: str, prune: set[str], clean: bool) -> tuple[dict[str, os.stat_re
     return found, cleaned
 
 
-def _unlink_if_there(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass  # another node of a shared filesystem got there first
-
-
 def _clean(dest: str, prune: set[str]) -> None:
-    """Remove leftovers of an interrupted sync: temporary files and rsync's partials."""
-    _walk(dest, prune, clean=True)
-    tmp = os.path.join(dest, STATE, RSYNC_TMP)
+    """Remove leftovers of an interrupted sync: temporary files and rsync's partials,
+    by descriptors (a link swapped in for a folder on the way is never followed)."""
+    root = open_folder(dest)
     try:
-        names = os.listdir(tmp)
-    except OSError:
-        return
-    for name in names:
-        _unlink_if_there(os.path.join(tmp, name))
+        remove_marked(root, TMP_MARK, lambda rel: rel == STATE or rel.split("/")[-1] in prune)
+        way = parent_of(root, f"{STATE}/{RSYNC_TMP}/-", create=False)
+        if way is not None:
+            try:
+                for name in os.listdir(way[0]):
+                    remove_at(way[0], name)
+            finally:
+                os.close(way[0])
+    finally:
+        os.close(root)
 
 
 def _fsid(state: str, create: bool) -> str | None:
@@ -216,7 +220,7 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
     state = os.path.join(dest, STATE)
     if create:
         _prepare(dest)
-    found, leftovers = _walk(dest, prune, clean=False)
+    found, leftovers = _walk(dest, prune)
     try:  # rsync's partial files from an interrupted run
         leftovers += len(os.listdir(os.path.join(state, RSYNC_TMP)))
     except OSError:

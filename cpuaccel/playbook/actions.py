@@ -174,6 +174,18 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
     if not src.exists():
         raise ActionError(f"synchronize: src {src} does not exist on the controller")
     dest = str(args["dest"])
+    if _deletes(args):
+        verdict = ctx.request("destination", {"path": dest, "workdir": ctx.host.workdir})
+        if verdict.get("failed") or verdict.get("refused"):
+            why = verdict.get("refused") or verdict.get("msg")
+            msg = (
+                f"synchronize: refusing to delete in dest {dest} (on the node: "
+                f"{verdict.get('dest')}): {why}; choose a folder of its own for dest, "
+                "as for cpuaccel sync --delete"
+            )
+            return {"failed": True, "changed": False, "msg": msg}
+        # rsync then deletes in the very folder judged (~ and links resolved there).
+        dest = str(verdict["dest"]) + ("/" if dest.endswith("/") else "")
     if src.is_dir() and _unchanged_tree(ctx, src, dest, args):
         return {"changed": False, "failed": False, "items": [], "count": 0}
     # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
@@ -191,6 +203,13 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
     # rsync itemizes only what differs; "cd+++" of dest itself counts as a change too.
     items = [line for line in result.lines if line.strip()]
     return {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
+
+
+def _deletes(args: Mapping[str, Any]) -> bool:
+    """delete: true, or an rsync option that deletes on the receiver (--del,
+    --delete-after, --delete-excluded ...): each is judged like cpuaccel sync --delete."""
+    opts = [str(o).split("=", 1)[0] for o in args.get("rsync_opts") or []]
+    return bool(args.get("delete")) or any(o == "--del" or o.startswith("--delete") for o in opts)
 
 
 def _listing(root: Path, excludes: list[str]) -> dict[str, list[int]]:
