@@ -6,6 +6,11 @@ rules: a syntax error is ``file:line: YAML syntax error`` with a hint, a key wri
 in one mapping is an error (PyYAML would silently keep the last one), and ``<<`` merge
 keys work, the keys written beside a ``<<`` winning over the merged ones. Each caller
 passes its own error class, so that the exit code and the kind of file stay its own.
+
+Hostile files are bounded: values nested deeper than ``MAX_DEPTH`` are refused while
+composing (PyYAML's composer recurses), and since an alias is read again wherever it is
+used, the values read through aliases and merges are counted, so that a "billion laughs"
+file is refused with its line instead of taking all memory.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -28,6 +34,38 @@ SYNTAX_HINT = (
     "space after the colon"
 )
 _MERGE_HINT = "write '<<: *name' with an anchor '&name' on a mapping, or '<<: [*a, *b]'"
+MAX_DEPTH = 100
+# Values read per file beyond its own size: a file without aliases has fewer values than
+# characters, so only aliases (or merges) used over and over can reach the bound.
+ALIAS_ALLOWANCE = 100_000
+_BOMB_HINT = (
+    "use each '*alias' for a value once or a few times: aliases that repeat aliases "
+    "multiply (a 'billion laughs' file)"
+)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing values nested more than MAX_DEPTH deep (its composer
+    is recursive: a deep enough file would end in a RecursionError, not a message)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise ComposerError(
+                    None, None, f"values nested more than {MAX_DEPTH} levels deep",
+                    event.start_mark,
+                )  # fmt: skip
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _BudgetSpent(Exception):
+    """The values read from one file went beyond its budget (see ALIAS_ALLOWANCE)."""
 
 
 class LineDict(dict[Any, Any]):
@@ -41,6 +79,14 @@ class LineList(list[Any]):
     """A list read with ``lines=True``: the line it starts on."""
 
     line = 0
+
+
+def decode_error_line(exc: BaseException) -> int | None:
+    """The 1-based line of the first byte that is not UTF-8, for a file that failed to
+    decode (None for any other error): so that its error names the line like any other."""
+    if not isinstance(exc, UnicodeDecodeError):
+        return None
+    return bytes(exc.object[: exc.start]).count(b"\n") + 1
 
 
 def line_of(node: Node) -> int:
@@ -71,6 +117,7 @@ class YamlReader:
         # Only scalars go through PyYAML's constructor (ints, bools, dates, !!binary...);
         # mappings and lists are built here, so that merges and duplicates are ours.
         self._scalars = SafeConstructor()
+        self._budget = ALIAS_ALLOWANCE
 
     def error(self, message: str, line: int | None, hint: str) -> SourceError:
         return self.error_type(message, source=self.source, line=line, hint=hint)
@@ -80,8 +127,14 @@ class YamlReader:
     ) -> Node | None:
         """The document's root node (None when empty). ``message`` words a syntax error;
         its "{problem}" is replaced (not str.format: it may quote the user's braces)."""
+        self._budget = ALIAS_ALLOWANCE + len(text)
         try:
-            return yaml.compose(text, Loader=yaml.SafeLoader)
+            return yaml.compose(text, Loader=_BoundedLoader)
+        except yaml.reader.ReaderError as exc:
+            # A control character (NUL...): PyYAML's message spans lines and has no line.
+            line = text[: exc.position].count("\n") + 1
+            problem = f"unacceptable character #x{exc.character:04x}: {exc.reason}"
+            raise self.error(message.replace("{problem}", problem), line, hint) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
             problem = getattr(exc, "problem", None) or str(exc)
@@ -100,7 +153,7 @@ class YamlReader:
         """(key, key's line, value node) of a mapping whose keys must be plain names, in
         file order, '<<' merges applied; ``what`` names the mapping in messages."""
         merged: dict[str, tuple[int, Node]] = {}
-        for key, value in self._flatten(node, what, ()):
+        for key, value in self._within_budget(self._flatten, node, what, ()):
             if not isinstance(key, ScalarNode) or not key.value:
                 where = f" of {what}" if what else ""
                 raise self.error(
@@ -113,7 +166,25 @@ class YamlReader:
     def construct(self, node: Node, *, lines: bool = False) -> Any:
         """The plain Python value of a node: dicts, lists and scalars. With ``lines``,
         mappings are LineDicts (keys as strings) and lists LineLists."""
-        return self._construct(node, lines, ())
+        return self._within_budget(self._construct, node, lines, ())
+
+    def _within_budget(self, read: Any, node: Node, *args: Any) -> Any:
+        """``read(node, *args)``; when the file's budget of values runs out, the error
+        names the line of `node`, the value that expands too far."""
+        try:
+            return read(node, *args)
+        except _BudgetSpent:
+            raise self.error(
+                "YAML aliases expand to too many values (more than "
+                f"{ALIAS_ALLOWANCE:,} beyond the file's size)",
+                line_of(node),
+                _BOMB_HINT,
+            ) from None
+
+    def _spend(self, count: int) -> None:
+        self._budget -= count
+        if self._budget < 0:
+            raise _BudgetSpent
 
     def _construct(self, node: Node, lines: bool, stack: tuple[int, ...]) -> Any:
         if id(node) in stack:
@@ -123,6 +194,7 @@ class YamlReader:
                 "an anchor '&name' cannot be used ('*name') inside its own value",
             )
         inner = (*stack, id(node))
+        self._spend(1)
         if isinstance(node, MappingNode) and node.tag == MAP_TAG:
             result: dict[Any, Any] = LineDict() if lines else {}
             key_lines: dict[str, int] = {}
@@ -169,9 +241,10 @@ class YamlReader:
         own: list[tuple[Node, Node]] = []
         merged: list[tuple[Node, Node]] = []
         seen: dict[str, int] = {}
+        self._spend(len(node.value))
         for key, value in node.value:
             if key.tag == MERGE_TAG:
-                merged.extend(self._merge(value, (*stack, id(node))))
+                merged.extend(self._merge(value, line_of(key), (*stack, id(node))))
                 continue
             if isinstance(key, ScalarNode):
                 if key.value in seen:
@@ -187,8 +260,9 @@ class YamlReader:
             own.append((key, value))
         return merged + own
 
-    def _merge(self, value: Node, stack: tuple[int, ...]) -> list[tuple[Node, Node]]:
-        """The pairs a '<<' brings in; of a list of mappings, the first one wins."""
+    def _merge(self, value: Node, line: int, stack: tuple[int, ...]) -> list[tuple[Node, Node]]:
+        """The pairs a '<<' (written at `line`: its value may be an alias of a value
+        written elsewhere) brings in; of a list of mappings, the first one wins."""
         if isinstance(value, MappingNode):
             sources = [value]
         elif isinstance(value, SequenceNode) and all(
@@ -198,7 +272,7 @@ class YamlReader:
         else:
             raise self.error(
                 f"a '<<' merge key takes a mapping or a list of mappings, got {kind(value)}",
-                line_of(value),
+                line,
                 _MERGE_HINT,
             )
         pairs: list[tuple[Node, Node]] = []
@@ -206,7 +280,7 @@ class YamlReader:
             if id(source) in stack:
                 raise self.error(
                     "a '<<' merge key merges the mapping that contains it",
-                    line_of(value),
+                    line,
                     _MERGE_HINT,
                 )
             pairs.extend(self._flatten(source, None, stack))

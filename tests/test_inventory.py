@@ -815,3 +815,15 @@ def test_directory_instead_of_file(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as info:
         Inventory.load(tmp_path)
     assert "is a directory" in assert_points_at(info.value, tmp_path, None)
+
+
+def test_a_host_range_up_to_the_bound_expands_and_beyond_is_refused() -> None:
+    from cpuaccel.inventory.patterns import MAX_RANGE_HOSTS
+
+    names = expand_host_pattern(f"n[1:{MAX_RANGE_HOSTS}]")
+    assert len(names) == MAX_RANGE_HOSTS and names[-1] == f"n{MAX_RANGE_HOSTS}"
+    with pytest.raises(InventoryError, match="expands to 10,001 names"):
+        expand_host_pattern(f"n[0:{MAX_RANGE_HOSTS}]")
+    # Each range within the bound, their product beyond it: refused before it is built.
+    with pytest.raises(InventoryError, match="expands to 1,000,000 names"):
+        expand_host_pattern("r[1:1000]n[1:1000]")

@@ -215,3 +215,25 @@ def test_tag_selection_follows_ansible(
 ) -> None:
     task = Task("t", "debug", {}, "f", 1, tags=frozenset(task_tags))
     assert selected(task, frozenset(tags), frozenset(skip)) is runs
+
+
+def test_loops_over_an_expression_and_public_attributes_still_load(tmp_path: Path) -> None:
+    # The load-time refusals (tests/hostile/playbook/) must not catch what is fine.
+    text = """\
+- hosts: all
+  vars:
+    names: [a, b]
+    conf: {port: 1}
+  tasks:
+    - debug: {msg: "{{ item }} {{ conf.port }} {{ conf['port'] }} {{ _local | default(1) }}"}
+      loop: "{{ names }}"
+      register: said_1
+    - debug: {msg: hi}
+      with_items: [1, 2]
+"""
+    book = loader.load(write(tmp_path, text))
+    tasks = book.plays[0].tasks
+    assert tasks[0].loop == "{{ names }}" and tasks[0].register == "said_1"
+    assert tasks[1].loop == [1, 2]
+    with pytest.raises(templar.TemplateError, match="private attribute '__class__'"):
+        templar.check_expression("conf['__class__']")

@@ -240,3 +240,42 @@ def test_an_inline_extra_vars_mapping_names_its_item() -> None:
         parse_extra_vars(["{a: 1, a: 2}"])
     assert str(info.value).startswith("-e '{a: 1, a: 2}': duplicate key 'a'")
     assert parse_extra_vars(["{<<: {a: 1, b: 1}, b: 2}"]) == {"a": 1, "b": 2}
+
+
+# --- bounds against hostile files (the refusals are cases of tests/hostile/) ----------
+
+
+def test_aliases_used_often_but_within_the_budget_still_load() -> None:
+    from cpuaccel.yamlsource import ALIAS_ALLOWANCE, YamlReader
+
+    # 2,000 hosts sharing one 20-key anchored mapping: 40,000 values read through aliases.
+    lines = ["base: &base {" + ", ".join(f"k{i}: {i}" for i in range(20)) + "}"]
+    lines += [f"h{n}: *base" for n in range(2000)]
+    data = YamlReader("f.yaml", InventoryError).load("\n".join(lines))
+    assert len(data) == 2001 and data["h1999"]["k19"] == 19
+    assert ALIAS_ALLOWANCE > 2000 * 21
+
+
+def test_the_alias_budget_is_per_read_not_per_reader() -> None:
+    from cpuaccel.yamlsource import ALIAS_ALLOWANCE, YamlReader
+
+    reader = YamlReader("f.yaml", InventoryError)
+    text = "a: &a [" + ", ".join(["x"] * 1000) + "]\nb: [" + ", ".join(["*a"] * 60) + "]\n"
+    for _ in range(3):  # 60,000 values each time: a fresh compose() restores the budget
+        assert len(reader.load(text)["b"]) == 60
+    assert 60 * 1000 < ALIAS_ALLOWANCE < 3 * 60 * 1000
+
+
+def test_nesting_up_to_the_bound_loads_and_beyond_is_an_error_at_its_line() -> None:
+    from cpuaccel.yamlsource import MAX_DEPTH, YamlReader
+
+    reader = YamlReader("f.yaml", InventoryError)
+    deep = MAX_DEPTH - 2  # the root mapping is a level, and so is the scalar 1
+    expected: Any = 1
+    for _ in range(deep):
+        expected = [expected]
+    assert reader.load(f"x: {'[' * deep}1{']' * deep}\n") == {"x": expected}
+    with pytest.raises(InventoryError) as info:
+        reader.load("a: 1\nx: " + "[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5) + "\n")
+    assert info.value.line == 2
+    assert f"nested more than {MAX_DEPTH} levels deep" in str(info.value)

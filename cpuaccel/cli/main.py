@@ -67,18 +67,30 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except CpuaccelError as exc:
-        from rich.markup import escape
-
-        from cpuaccel import ui
-
-        ui.stderr().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False)
+        _print_error(str(exc))
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        # One error line and a fix, like every other bad input, rather than click's
+        # usage block with the error at its end.
+        _print_error(f"{exc.format_message()}\n  fix: {_click_hint(exc)}")
         sys.exit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _print_error(text: str) -> None:
+    from rich.markup import escape
+
+    from cpuaccel import ui
+
+    ui.stderr().print(f"[bold red]error:[/] {escape(text)}", markup=True, highlight=False)
+
+
+def _click_hint(exc: click.ClickException) -> str:
+    context = getattr(exc, "ctx", None)
+    path = context.command_path if context is not None else "cpuaccel"
+    return f"see '{path} --help'"

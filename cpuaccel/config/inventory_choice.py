@@ -40,6 +40,15 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
             if project.inventory_error is not None:
                 raise project.inventory_error
             path = str(project.get("inventory"))
+            if not os.path.isfile(path):
+                # Blame the line that names it: the user fixes the project file. Not a
+                # regular file (/dev/zero, a FIFO) would be read forever.
+                raise project.error(
+                    "inventory",
+                    f"{path} not found" if not os.path.exists(path) else f"{path} is not a file",
+                    "write the path of the inventory (or MPI hostfile), relative to the "
+                    "project file, or pass -i FILE",
+                )
             where = project.where("inventory")
             return InventoryChoice(path, Setting("inventory", path, PROJECT, where))
         if project.local_only:

@@ -9,7 +9,7 @@ from typing import Any
 from yaml.nodes import MappingNode, ScalarNode
 
 from cpuaccel.errors import ProjectFileError
-from cpuaccel.yamlsource import YamlReader, line_of
+from cpuaccel.yamlsource import YamlReader, decode_error_line, line_of
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ def read_text(path: str | Path, what: str, hint: str) -> str:
         raise ProjectFileError(
             f"cannot read the {what}: {exc}",
             source=str(path),
+            line=decode_error_line(exc),
             hint="check the file's permissions, and that it is UTF-8 text",
         ) from None
 

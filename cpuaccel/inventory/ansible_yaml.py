@@ -37,6 +37,8 @@ class _Walker:
         self.source = source
         self.yaml = YamlReader(source, InventoryError)
         self.built = InventoryBuilder(source)
+        # The group mappings being walked: an alias can make a group its own child.
+        self._walking: set[int] = set()
 
     def error(self, message: str, line: int | None, hint: str) -> InventoryError:
         return InventoryError(message, source=self.source, line=line, hint=hint)
@@ -77,6 +79,20 @@ class _Walker:
                 line_of(node),
                 f"write it as '{name}:' followed by indented 'hosts:' (or vars:, children:)",
             )
+        if id(node) in self._walking:
+            raise self.error(
+                f"group {name!r} is a YAML alias of a group that contains it",
+                line,
+                "a group cannot be its own child: name the child group without '*alias'",
+            )
+        self._walking.add(id(node))
+        try:
+            self.parse_group_keys(group, node)
+        finally:
+            self._walking.discard(id(node))
+
+    def parse_group_keys(self, group: GroupDraft, node: MappingNode) -> None:
+        name = group.name
         for key, key_line, value in self.yaml.pairs(node, f"group {name!r}"):
             if key == "hosts":
                 self.parse_hosts(group, value)

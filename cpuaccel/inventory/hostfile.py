@@ -16,6 +16,7 @@ from typing import Any
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.builder import InventoryBuilder, Origin
+from cpuaccel.yamlsource import decode_error_line
 
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
@@ -77,13 +78,13 @@ def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
         slots = int(match.group("colon")) if match.group("colon") else None
         for word in match.group("words").split():
             key, _, value = word.partition("=")
-            if key == "slots":
+            if key in ("slots", "max_slots"):
                 if not value.isdigit():
                     raise InventoryError(
-                        f"slots={value!r} is not a number", source=source, line=number,
-                        hint="write slots=N with N a whole number, e.g. node1 slots=4",
+                        f"{key}={value!r} is not a number", source=source, line=number,
+                        hint=f"write {key}=N with N a whole number, e.g. node1 {key}=4",
                     )  # fmt: skip
-                slots = int(value)
+                slots = int(value) if key == "slots" else slots
             elif key != "max_slots":
                 raise InventoryError(
                     f"unknown hostfile option {key!r}",
@@ -114,7 +115,10 @@ def read_hostfile(path: str | Path) -> list[HostfileEntry]:
     except (OSError, UnicodeDecodeError) as exc:
         reason = "file not found" if isinstance(exc, FileNotFoundError) else str(exc)
         raise InventoryError(
-            f"cannot read the hostfile: {reason}", source=source, hint="check the path"
+            f"cannot read the hostfile: {reason}",
+            source=source,
+            line=decode_error_line(exc),
+            hint="check the path, and that it is UTF-8 text",
         ) from None
     return parse_hostfile(text, source)
 

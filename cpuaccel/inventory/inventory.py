@@ -22,7 +22,7 @@ from cpuaccel.inventory.ansible_yaml import read_inventory
 from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.patterns import expand_host_pattern, select_hosts
-from cpuaccel.yamlsource import YamlReader
+from cpuaccel.yamlsource import YamlReader, decode_error_line
 
 __all__ = [
     "ENV_VAR",
@@ -77,6 +77,7 @@ class Inventory:
             raise InventoryError(
                 f"cannot read the inventory: {exc}",
                 source=source,
+                line=decode_error_line(exc),
                 hint="check the file's permissions, and that it is UTF-8 text",
             ) from None
         # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
@@ -183,6 +184,7 @@ def _read_vars_file(path: str, item: str) -> dict[str, Any]:
         raise InventoryError(
             f"-e {item}: {reason}",
             source=path,
+            line=decode_error_line(exc),
             hint="give -e @FILE the path of a readable YAML file of NAME: value lines",
         ) from None
     return _vars_mapping(text, f"-e {item}", path)

@@ -21,6 +21,9 @@ _IPV6_KEY = re.compile(r"^\[([0-9A-Fa-f:.]+)\](?::(\d+))?$")
 # "name:port", where colons inside a range's brackets do not count.
 _HOST_PORT_KEY = re.compile(r"^((?:[^:\[\]]|\[[^\[\]]*\])+):(\d+)$")
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+# Names one host key may stand for: a typo such as node[1:99999999] must be an error, not
+# a hundred million hosts built in memory (Ansible has no bound and hangs).
+MAX_RANGE_HOSTS = 10_000
 
 
 def parse_host_key(key: str) -> tuple[list[str], int | None]:
@@ -56,7 +59,17 @@ def expand_host_pattern(pattern: str) -> list[str]:
         )
     values = _range_values(found.group(1), pattern)
     tails = expand_host_pattern(pattern[found.end() :])
+    if len(values) * len(tails) > MAX_RANGE_HOSTS:
+        raise _too_many(pattern, len(values) * len(tails))
     return [head + value + tail for value in values for tail in tails]
+
+
+def _too_many(pattern: str, count: int) -> InventoryError:
+    return InventoryError(
+        f"host range {pattern!r} expands to {count:,} names, more than {MAX_RANGE_HOSTS:,}",
+        hint="check the bounds of the range: one key stands for at most "
+        f"{MAX_RANGE_HOSTS:,} hosts; split a larger cluster into several keys",
+    )
 
 
 def _range_values(body: str, pattern: str) -> list[str]:
@@ -85,7 +98,10 @@ def _range_values(body: str, pattern: str) -> list[str]:
                 "end of the same width",
                 hint=f"pad both bounds to one width, e.g. [{start}:{end.zfill(width)}]",
             )
-        return [str(n).zfill(width) for n in range(int(start), int(end) + 1, step)]
+        numbers = range(int(start), int(end) + 1, step)
+        if len(numbers) > MAX_RANGE_HOSTS:
+            raise _too_many(pattern, len(numbers))
+        return [str(n).zfill(width) for n in numbers]
     letters = string.ascii_letters
     if len(start) == 1 and len(end) == 1 and start in letters and end in letters:
         if letters.index(start) > letters.index(end):

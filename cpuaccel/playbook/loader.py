@@ -16,7 +16,7 @@ from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Play, Playbook, Task
-from cpuaccel.yamlsource import YamlReader
+from cpuaccel.yamlsource import YamlReader, decode_error_line
 
 PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
 TASK_KEYS = {
@@ -60,8 +60,18 @@ class _Reader:
         return PlaybookError(message, source=self.source, line=line, hint=hint)
 
     def read(self) -> Playbook:
+        if self.path.exists() and not self.path.is_file():
+            # A folder, or a device or FIFO that would be read forever.
+            raise self.error("the playbook is not a file", None, "give a YAML file with --playbook")
         try:
-            text = self.path.read_text()
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise PlaybookError(
+                f"cannot read the playbook: {exc}",
+                source=self.source,
+                line=decode_error_line(exc),
+                hint="save the playbook as UTF-8 text",
+            ) from None
         except OSError as exc:
             raise PlaybookError(
                 f"cannot read the playbook: {exc.strerror}",
@@ -128,6 +138,7 @@ class _Reader:
         args, where = self.module_args(module, raw, label, line)
         module.validate(args, where)
         when, changed_when, failed_when = self.conditions(raw, label, line)
+        self.loop_and_register(raw, label, line)
         loop_control = raw.get("loop_control") or {}
         loop_var = (
             str(loop_control.get("loop_var", "item")) if isinstance(loop_control, dict) else "item"
@@ -210,6 +221,27 @@ class _Reader:
                         "write a Jinja2 expression without {{ }}, e.g. 'when: result is changed'",
                     )
         return when, changed_when, failed_when
+
+    def loop_and_register(self, raw: Mapping[str, Any], label: str, line: int) -> None:
+        """What Ansible refuses when it loads a task, refused here too: not at run time,
+        after other tasks have changed the nodes."""
+        register = raw.get("register")
+        if register is not None and not (isinstance(register, str) and register.isidentifier()):
+            raise self.error(
+                f"{label}: register: {register!r} is not a variable name",
+                _key_line(raw, "register", line),
+                "register the result under a name of letters, digits and '_', e.g. "
+                "'register: result'",
+            )
+        for key in ("loop", "with_items"):
+            value = raw.get(key)
+            if value is not None and not isinstance(value, list) and not templar.is_template(value):
+                raise self.error(
+                    f"{key}: takes a list or a '{{{{ expression }}}}', got {value!r}",
+                    _key_line(raw, key, line),
+                    f"write '{key}:' followed by '- item' lines, or e.g. "
+                    f"'{key}: \"{{{{ names }}}}\"'",
+                )
 
     def checked(
         self, check: Callable[[str], None], text: str, what: str, line: int, hint: str

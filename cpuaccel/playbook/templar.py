@@ -90,15 +90,32 @@ def check_expression(expr: str) -> None:
     """Parse (not evaluate) a ``when``-style expression: for errors at load time."""
     try:
         environment().compile_expression(expr)
+        _refuse_private(environment().parse("{{ " + expr + " }}"), expr)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"cannot parse {expr!r}: {exc.message}") from None
 
 
 def check_template(text: str) -> None:
     try:
-        environment().parse(text)
+        tree = environment().parse(text)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"cannot parse {text!r}: line {exc.lineno}: {exc.message}") from None
+    _refuse_private(tree, text)
+
+
+def _refuse_private(tree: jinja2.nodes.Template, text: str) -> None:
+    """An attribute starting with '_' (``x.__class__``, ``x['__globals__']``) is what every
+    sandbox escape reaches for, and the sandbox refuses it when rendering: refused at load
+    time too, so that the playbook stops before any task has run on any node."""
+    for node in tree.find_all((jinja2.nodes.Getattr, jinja2.nodes.Getitem)):
+        name = node.attr if isinstance(node, jinja2.nodes.Getattr) else None
+        if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+            name = node.arg.value
+        if isinstance(name, str) and name.startswith("_"):
+            raise TemplateError(
+                f"{text!r} reaches for the private attribute {name!r}: unsafe, refused by "
+                "the sandbox"
+            )
 
 
 def is_template(value: Any) -> bool:
