@@ -17,7 +17,7 @@ import stat
 
 from cpuaccel.errors import SourceError
 
-__all__ = ["MAX_SOURCE_BYTES", "decode_error_line", "read_source"]
+__all__ = ["MAX_SOURCE_BYTES", "decode_error_line", "kind_of", "read_source"]
 
 MAX_SOURCE_BYTES = 16 * 1024 * 1024
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -27,6 +27,11 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+def kind_of(mode: int) -> str:
+    """What a file that is not a regular file or a folder is, for messages."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def decode_error_line(exc: BaseException) -> int | None:
@@ -90,7 +95,7 @@ def _require_regular(
         return
     if stat.S_ISDIR(st.st_mode):
         raise error(f"{what} is a directory, not a file", source=source, hint=hint)
-    kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+    kind = kind_of(st.st_mode)
     real = os.path.realpath(source)
     # Through a link, name what it leads to as well: that is what the user must change.
     where = f" ({real})" if real != os.path.abspath(source) else ""

@@ -177,3 +177,23 @@ def test_read_source_names_an_unreadable_file(tmp_path: Path) -> None:
     path.chmod(0)
     with pytest.raises(SourceError, match="cannot read the inventory file: Permission denied"):
         read_source(path, SourceError, "inventory file", "x")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["named", "--copy-links"])
+def test_a_sync_source_that_is_a_fifo_or_device_is_refused(
+    tmp_path: Path, kind: str, how: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("print(1)\n")
+    if how == "named":
+        name = special(kind, tmp_path, "input")
+        argv = ["sync", "--check", "--dest", str(tmp_path / "dst"), "src", name]
+        names = f"{tmp_path / name} is "
+    else:  # a link out of the tree, to a FIFO or /dev/zero
+        (tmp_path / "src" / "input").symlink_to(tmp_path / special(kind, tmp_path, "input"))
+        argv = ["sync", "--check", "--copy-links", "--dest", str(tmp_path / "dst"), "src"]
+        names = f"{tmp_path / 'src' / 'input'} is "
+    done = run_cli(tmp_path, *argv)
+    what = "a FIFO" if kind == "fifo" else "a character device"
+    assert_refused(done, names + what, "not a file or folder a sync can send")
