@@ -81,14 +81,6 @@ class LineList(list[Any]):
     line = 0
 
 
-def decode_error_line(exc: BaseException) -> int | None:
-    """The 1-based line of the first byte that is not UTF-8, for a file that failed to
-    decode (None for any other error): so that its error names the line like any other."""
-    if not isinstance(exc, UnicodeDecodeError):
-        return None
-    return bytes(exc.object[: exc.start]).count(b"\n") + 1
-
-
 def line_of(node: Node) -> int:
     """The 1-based line a node starts on."""
     return int(node.start_mark.line) + 1

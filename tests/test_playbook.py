@@ -140,7 +140,7 @@ def test_bad_playbook_is_one_error_naming_file_and_line(
 
 
 def test_missing_playbook_file(tmp_path: Path) -> None:
-    with pytest.raises(PlaybookError, match="cannot read the playbook"):
+    with pytest.raises(PlaybookError, match="playbook not found"):
         loader.load(tmp_path / "nope.yaml")
 
 

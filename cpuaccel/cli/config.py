@@ -17,8 +17,9 @@ from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
 from cpuaccel.config.writer import default_paths, inventory_text, project_text, write_files
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.hostfile import looks_like_hostfile
+from cpuaccel.sourcefile import read_source
 
 EPILOG = """\b
 Examples:
@@ -314,7 +315,9 @@ def _import_files(config: ProjectConfig, folder: Path) -> dict[Path, str]:
             hosts.insert(0, head)
         host_vars = {"localhost": {"ansible_connection": "local"}} if config.local_only else {}
         hostfile = config.get("inventory")
-        if hostfile and looks_like_hostfile(Path(hostfile).read_text(encoding="utf-8")):
+        if hostfile and looks_like_hostfile(
+            read_source(hostfile, InventoryError, "hostfile", "check the path")
+        ):
             note = f"the hosts of {hostfile}; add ansible_user / ansible_ssh_private_key_file"
         files[inventory_path] = inventory_text(hosts, host_vars, {}, note)
         values["inventory"] = inventory_path.name

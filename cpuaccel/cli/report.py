@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import SourceError, UsageError
+from cpuaccel.sourcefile import read_source
 
 METRICS = "metrics.jsonl"
 PNG = "report.png"
@@ -71,7 +72,7 @@ def _number(record: dict[str, Any], key: str, where: str) -> float | None:
 
 
 def read_metrics(run_dir: Path) -> Metrics:
-    """Parse RUN_DIR/metrics.jsonl; UsageError naming the file (and line) when it is bad."""
+    """Parse RUN_DIR/metrics.jsonl; an error naming the file (and line) when it is bad."""
     if not run_dir.exists():
         raise UsageError(f"{run_dir}: no such run directory", hint="pass a folder like runs/<id>")
     if not run_dir.is_dir():
@@ -79,16 +80,14 @@ def read_metrics(run_dir: Path) -> Metrics:
             f"{run_dir}: not a directory", hint="pass the run directory that holds metrics.jsonl"
         )
     path = run_dir / METRICS
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise UsageError(
             f"{path}: no such file; this run logged no metrics",
             hint='the training script appends {"step": ..., "loss": ...} lines to '
             "$CPUACCEL_RUN_DIR/metrics.jsonl on rank 0",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read it: {exc}") from None
+        )
+    # Unbounded: it grows with the run. A FIFO or device there is refused, not read.
+    text = read_source(path, SourceError, "metrics file", "pass a run's folder", limit=None)
     metrics = Metrics(path)
     lines = text.split("\n")
     for number, line in enumerate(lines, start=1):

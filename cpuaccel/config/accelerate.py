@@ -244,7 +244,7 @@ def _hostfile(item: Field, source: str, config: ProjectConfig, warn: Any) -> Non
         warn(name, item.line, f"{written} not found; using {beside} beside the config file")
         path = beside
     config.set("inventory", path, item.line, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):  # there but not a file: read_hostfile names what it is
         config.inventory_error = InventoryError(
             f"{name}: hostfile {written} not found (nor {beside})",
             source=source,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
@@ -57,6 +56,6 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
     from_env = os.environ.get(ENV_VAR)
     if from_env:
         return InventoryChoice(from_env, Setting("inventory", from_env, ENVIRONMENT, f"${ENV_VAR}"))
-    if Path(DEFAULT_FILE).is_file():
+    if os.path.lexists(DEFAULT_FILE):  # not a file: Inventory.load says so
         return InventoryChoice(DEFAULT_FILE, Setting("inventory", DEFAULT_FILE, DEFAULT, "./"))
     return InventoryChoice(None, Setting("inventory", "localhost", DEFAULT, "no inventory file"))

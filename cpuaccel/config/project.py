@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.config.yamlfile import Field, parse_mapping, read_text
+from cpuaccel.config.yamlfile import Field, parse_mapping
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
+from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
@@ -183,7 +184,8 @@ def is_accelerate(fields: dict[str, Field]) -> bool:
 def load_config(path: str | Path) -> ProjectConfig:
     """A cpuaccel.yaml, or Accelerate's default_config.yaml (recognised by its fields)."""
     source = str(path)
-    text = read_text(path, "config file", "pass an existing file with --config FILE")
+    hint = "pass an existing file with --config FILE"
+    text = read_source(path, ProjectFileError, "config file", hint)
     fields = parse_mapping(text, source, "config file")
     if is_accelerate(fields):
         from cpuaccel.config.accelerate import from_accelerate
@@ -196,6 +198,8 @@ def discover_config(path: str | None) -> ProjectConfig | None:
     """--config FILE, else ./cpuaccel.yaml when there is one, else none."""
     if path:
         return load_config(path)
-    if Path(PROJECT_FILE).is_file():
+    if os.path.lexists(PROJECT_FILE):
+        # Present but not a file (a FIFO, a dangling link) is an error, not "no project
+        # file": silently running on this machine alone would surprise more.
         return load_config(PROJECT_FILE)
     return None

@@ -21,10 +21,11 @@ from typing import Any
 import click
 
 from cpuaccel.config.project import LAUNCHERS
-from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.hostfile import looks_like_hostfile
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.sourcefile import read_source
 
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*$"
@@ -208,7 +209,8 @@ def _ask_machines(a: Answers, asker: Asker) -> bool:
         )
     if a.source:
         inventory = Inventory.load(a.source)
-        a.source_is_inventory = not looks_like_hostfile(Path(a.source).read_text(encoding="utf-8"))
+        text = read_source(a.source, InventoryError, "inventory file", "check the path")
+        a.source_is_inventory = not looks_like_hostfile(text)
         a.hosts = a.hosts or list(inventory.hosts)
     if multi and not a.hosts:
         _ask_hosts(a, asker)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from yaml.nodes import MappingNode, ScalarNode
 
 from cpuaccel.errors import ProjectFileError
-from cpuaccel.yamlsource import YamlReader, decode_error_line, line_of
+from cpuaccel.yamlsource import YamlReader, line_of
 
 
 @dataclass(frozen=True)
@@ -20,22 +19,6 @@ class Field:
     value: Any
     line: int
     children: dict[str, Field] | None = None
-
-
-def read_text(path: str | Path, what: str, hint: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProjectFileError(f"{what} not found", source=str(path), hint=hint) from None
-    except IsADirectoryError:
-        raise ProjectFileError(f"{what} is a directory", source=str(path), hint=hint) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProjectFileError(
-            f"cannot read the {what}: {exc}",
-            source=str(path),
-            line=decode_error_line(exc),
-            hint="check the file's permissions, and that it is UTF-8 text",
-        ) from None
 
 
 def parse_mapping(text: str, source: str, what: str) -> dict[str, Field]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.builder import InventoryBuilder, Origin
-from cpuaccel.yamlsource import decode_error_line
+from cpuaccel.sourcefile import read_source
 
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
 _NAME = r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.\-]*|\[[0-9A-Fa-f:.]+\])"
@@ -110,16 +110,7 @@ def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
 
 def read_hostfile(path: str | Path) -> list[HostfileEntry]:
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = "file not found" if isinstance(exc, FileNotFoundError) else str(exc)
-        raise InventoryError(
-            f"cannot read the hostfile: {reason}",
-            source=source,
-            line=decode_error_line(exc),
-            hint="check the path, and that it is UTF-8 text",
-        ) from None
+    text = read_source(path, InventoryError, "hostfile", "check the path")
     return parse_hostfile(text, source)
 
 

@@ -22,7 +22,8 @@ from cpuaccel.inventory.ansible_yaml import read_inventory
 from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.patterns import expand_host_pattern, select_hosts
-from cpuaccel.yamlsource import YamlReader, decode_error_line
+from cpuaccel.sourcefile import read_source
+from cpuaccel.yamlsource import YamlReader
 
 __all__ = [
     "ENV_VAR",
@@ -59,27 +60,12 @@ class Inventory:
     @classmethod
     def load(cls, path: str | Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
         source = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InventoryError(
-                "inventory file not found",
-                source=source,
-                hint=f"pass an existing file with -i PATH, or set {ENV_VAR}",
-            ) from None
-        except IsADirectoryError:
-            raise InventoryError(
-                "the inventory is a directory, not a file",
-                source=source,
-                hint="pass the YAML inventory file itself with -i PATH",
-            ) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InventoryError(
-                f"cannot read the inventory: {exc}",
-                source=source,
-                line=decode_error_line(exc),
-                hint="check the file's permissions, and that it is UTF-8 text",
-            ) from None
+        text = read_source(
+            path,
+            InventoryError,
+            "inventory file",
+            f"pass the inventory file itself with -i PATH, or set {ENV_VAR}",
+        )
         # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
         if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
             entries = hostfile.parse_hostfile(text, source)
@@ -177,16 +163,8 @@ def _scalar(raw: str) -> Any:
 
 
 def _read_vars_file(path: str, item: str) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = "file not found" if isinstance(exc, FileNotFoundError) else str(exc)
-        raise InventoryError(
-            f"-e {item}: {reason}",
-            source=path,
-            line=decode_error_line(exc),
-            hint="give -e @FILE the path of a readable YAML file of NAME: value lines",
-        ) from None
+    hint = "give -e @FILE the path of a readable YAML file of NAME: value lines"
+    text = read_source(path, InventoryError, f"-e {item} file", hint)
     return _vars_mapping(text, f"-e {item}", path)
 
 

@@ -182,6 +182,7 @@ def _preflight_and_sync(
     if problems:
         _print_problems(problems)
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
+    source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
         ui.stderr().print(f"project differs on {', '.join(found.stale)}: syncing it first")
         stale = [h for h in draft.hosts if h.name in found.stale]

@@ -16,7 +16,8 @@ from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Play, Playbook, Task
-from cpuaccel.yamlsource import YamlReader, decode_error_line
+from cpuaccel.sourcefile import read_source
+from cpuaccel.yamlsource import YamlReader
 
 PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
 TASK_KEYS = {
@@ -60,24 +61,7 @@ class _Reader:
         return PlaybookError(message, source=self.source, line=line, hint=hint)
 
     def read(self) -> Playbook:
-        if self.path.exists() and not self.path.is_file():
-            # A folder, or a device or FIFO that would be read forever.
-            raise self.error("the playbook is not a file", None, "give a YAML file with --playbook")
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise PlaybookError(
-                f"cannot read the playbook: {exc}",
-                source=self.source,
-                line=decode_error_line(exc),
-                hint="save the playbook as UTF-8 text",
-            ) from None
-        except OSError as exc:
-            raise PlaybookError(
-                f"cannot read the playbook: {exc.strerror}",
-                source=self.source,
-                hint="give an existing file with --playbook",
-            ) from None
+        text = read_source(self.path, PlaybookError, "playbook", "give a YAML file with --playbook")
         # Mappings and lists keep their lines (.line, .key_lines) for the errors below.
         data = YamlReader(self.source, PlaybookError).load(text, lines=True)
         if not isinstance(data, list) or not data:

@@ -322,7 +322,8 @@ def sync(
 ) -> list[HostResult[NodeReport]]:
     """Sync to every host in parallel. Destinations are checked as text before any
     connection, then by every node as it resolves them, before any node is changed:
-    DestinationRefused (exit 2) when one refuses."""
+    DestinationRefused (exit 2) when one refuses, and then nothing is written on the
+    controller either (hash cache, sync memory)."""
     dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
     syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
@@ -331,6 +332,7 @@ def sync(
             pool = stack.enter_context(ConnectionPool(connect))
         looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
         _refuse(looked)
+        source.save_cache()  # the destinations are accepted: from here on, state is kept
         done: dict[str, HostResult[NodeReport]] = {}
         for seen in looked:
             if isinstance(seen.value, dict):

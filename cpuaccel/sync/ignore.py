@@ -11,6 +11,9 @@ from collections.abc import Iterable
 
 import pathspec
 
+from cpuaccel.errors import SourceError
+from cpuaccel.sourcefile import read_source
+
 IGNORE_FILES = (".gitignore", ".cpuaccelignore")
 # Never worth shipping, and never to be deleted on a node: VCS data, bytecode (the node
 # writes its own), run outputs, and cpuaccel's own state folder.
@@ -31,11 +34,13 @@ class Ignore:
         if rel_dir not in self._specs:
             lines: list[str] = []
             for name in IGNORE_FILES:
-                try:
-                    with open(os.path.join(self.root, rel_dir, name), encoding="utf-8") as f:
-                        lines += f.read().splitlines()
-                except OSError:
+                path = os.path.join(self.root, rel_dir, name)
+                if not os.path.lexists(path):
                     continue
+                # Through the one reader: a FIFO or device here would hang the scan, and
+                # an unreadable rules file must not silently ship what it leaves out.
+                hint = "make it a text file of patterns, or remove it"
+                lines += read_source(path, SourceError, f"{name} file", hint).splitlines()
             self._specs[rel_dir] = pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
         return self._specs[rel_dir]
 

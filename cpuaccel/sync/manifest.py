@@ -3,9 +3,11 @@ and :func:`plan`, what a node's tree lacks or has extra compared with it."""
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Any
 
 from cpuaccel.errors import UsageError
 from cpuaccel.node.tree import Entry, entry_of, manifest_hash
+from cpuaccel.sourcefile import kind_of
 from cpuaccel.sync.ignore import Ignore
 
 
@@ -25,6 +28,15 @@ class SourceManifest:
     ignores: list[tuple[str, Ignore]] = field(default_factory=list)  # (prefix, rules)
     hash: str = ""
     roots: list[str] = field(default_factory=list)  # the sources, as absolute paths
+    # The controller's hash cache as the build left it, written by save_cache() only once
+    # the destination is accepted: a refused sync writes nothing, here either.
+    hash_cache: dict[str, Any] | None = field(default=None, repr=False)
+
+    def save_cache(self) -> None:
+        """Keep the file hashes this build computed for the next one (once)."""
+        if self.hash_cache is not None:
+            _save_cache(self.hash_cache)
+            self.hash_cache = None
 
     def ignored_on_node(self, rel: str, is_dir: bool) -> bool:
         """Whether a path found on a node falls under the source's ignore rules.
@@ -56,13 +68,20 @@ def _load_cache() -> dict[str, Any]:
 
 def _save_cache(cache: dict[str, Any]) -> None:
     path = _cache_path()
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}")
-        tmp.write_bytes(marshal.dumps(cache))
-        tmp.replace(path)
+        # A new file of random name (O_EXCL), as the sync memory writes: never a file
+        # someone placed at a predictable name, nor a link's target.
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.name, delete=False) as f:
+            tmp = f.name
+            f.write(marshal.dumps(cache))
+        os.replace(tmp, path)
     except OSError:
-        pass  # a cache that cannot be written only costs time
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        # a cache that cannot be written only costs time
 
 
 def _check_name(path: str) -> None:
@@ -82,6 +101,13 @@ class _Builder:
 
     def add(self, rel: str, local: str, root: str, st: os.stat_result) -> None:
         _check_name(local)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            # A source named on the command line, or what --copy-links follows: hashing a
+            # FIFO or /dev/zero would never end.
+            raise UsageError(
+                f"{local} is {kind_of(st.st_mode)}, not a file or folder a sync can send",
+                hint="name files and folders, or exclude it",
+            )
         self.result.entries[rel] = entry_of(local, st, self.cache)
         self.result.local[rel] = local
         self.result.root_of[rel] = root
@@ -173,7 +199,7 @@ def build(
             builder.tree(path, root, rules, os.path.realpath(path))
         else:
             builder.add(prefix, path, root, os.stat(path))
-    _save_cache(builder.cache)
+    builder.result.hash_cache = builder.cache
     builder.result.hash = manifest_hash(builder.result.entries)
     builder.result.roots = paths
     return builder.result
