@@ -186,6 +186,8 @@ def main() -> None:
             capture_output=True,
         )
         shutil.rmtree(scratch, ignore_errors=True)
+        for tree in trees:  # the nodes' sync destinations (/tmp is shared with them)
+            shutil.rmtree(tree.dest, ignore_errors=True)
 
 
 if __name__ == "__main__":
