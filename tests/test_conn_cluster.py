@@ -11,19 +11,17 @@ import contextlib
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.launch.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
-from cpuaccel.testing.runs import ENV, Run, make_project
+from cpuaccel.testing.command import clean_env, cpuaccel
+from cpuaccel.testing.runs import ENV, BackgroundRun, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -72,53 +70,6 @@ def restore(cluster: Cluster, node: str, before: set[int]) -> None:
     assert cluster.wait_idle(node, timeout=10) == [], node
 
 
-class Background:
-    """`cpuaccel run` in the background, its output collected line by line."""
-
-    def __init__(self, project: Path, *args: str) -> None:
-        self.proc = start_cpuaccel(
-            "run", *args, cwd=project, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
-            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream: Any, into: list[str]) -> None:
-        for line in stream:
-            into.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(text in line for line in self.out) < count:
-            assert self.proc.poll() is None, self.report()
-            assert time.monotonic() < deadline, self.report()
-            time.sleep(0.05)
-
-    def finish(self, timeout: float) -> Run:
-        started = time.monotonic()
-        code = self.proc.wait(timeout=timeout)
-        for reader in self._readers:
-            reader.join(timeout=10)
-        done = subprocess.CompletedProcess(
-            self.proc.args, code, "\n".join(self.out) + "\n", "\n".join(self.err) + "\n"
-        )
-        return Run(done, time.monotonic() - started)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def report(self) -> str:
-        return "\n".join([*self.out, *self.err])
-
-
 # The longest a dead node may take to end a run: the keepalive window (plus the interval
 # before the first unanswered probe), the launcher's SIGTERM grace, and the teardown bound.
 DEAD_NODE_BOUND = KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 1) + GRACE + TEARDOWN
@@ -130,7 +81,7 @@ def test_a_node_whose_link_drops_mid_run_is_named_and_the_run_ends(
 ) -> None:
     proj = make_project(tmp_path, {"job.py": SLEEPER})
     before = set(cluster.pids(lost))
-    job = Background(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "job.py")
+    job = BackgroundRun(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "job.py")
     try:
         job.wait_for("started", 3)
         run_ids = set(job_pids(cluster, "node3").values())

@@ -12,18 +12,13 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import threading
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import start_cpuaccel
-from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
+from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -184,54 +179,6 @@ def test_a_failing_rank_ends_the_job_everywhere(
     assert_nothing_left(cluster, record["run_id"])
 
 
-class Background:
-    """`cpuaccel run` in the background, its output collected line by line."""
-
-    def __init__(self, project: Path, *args: str, new_session: bool = False) -> None:
-        self.proc = start_cpuaccel(
-            "run",
-            *args,
-            cwd=project,
-            env=ENV,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=new_session,
-        )
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
-            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream: Any, into: list[str]) -> None:
-        for line in stream:
-            into.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, count: int, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while sum(text in line for line in self.out) < count:
-            assert self.proc.poll() is None, self.report()
-            assert time.monotonic() < deadline, self.report()
-            time.sleep(0.05)
-
-    def finish(self, timeout: float = 60) -> Run:
-        started = time.monotonic()
-        code = self.proc.wait(timeout=timeout)
-        for reader in self._readers:
-            reader.join(timeout=10)
-        done = subprocess.CompletedProcess(
-            self.proc.args, code, "\n".join(self.out) + "\n", "\n".join(self.err) + "\n"
-        )
-        return Run(done, time.monotonic() - started)
-
-    def report(self) -> str:
-        return "\n".join([*self.out, *self.err])
-
-
 @pytest.mark.parametrize(
     ("signum", "to_group", "code", "reason"),
     [
@@ -253,7 +200,7 @@ def test_a_signal_to_cpuaccel_ends_the_job_everywhere(
     flags = tmp_path / "flags"
     flags.mkdir()
     proj = make_project(tmp_path, {"job.py": SLEEPER})
-    job = Background(
+    job = BackgroundRun(
         proj, "-i", inventory, "--nodes", "3", "--ppn", "2", "job.py", str(flags),
         new_session=to_group,
     )  # fmt: skip

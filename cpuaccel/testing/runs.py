@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.testing.command import clean_env, cpuaccel
+from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 
 # A clean environment: what a user's shell would pass, without this session's variables.
 ENV = clean_env()
@@ -81,3 +82,59 @@ def cpuaccel_run(project: Path, *args: str, timeout: float = 240) -> Run:
     run = Run(proc, time.monotonic() - started)
     assert "Traceback" not in run.stderr, run
     return run
+
+
+class BackgroundRun:
+    """``cpuaccel run`` in the background, its output collected line by line, for tests
+    that act on a job while it runs (signals, a node cut off)."""
+
+    def __init__(self, project: Path, *args: str, new_session: bool = False) -> None:
+        self.proc = start_cpuaccel(
+            "run",
+            *args,
+            cwd=project,
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=new_session,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, count: int, timeout: float = 60) -> None:
+        """Until ``count`` lines of stdout hold ``text``; fails if the run ends first."""
+        deadline = time.monotonic() + timeout
+        while sum(text in line for line in self.out) < count:
+            assert self.proc.poll() is None, self.report()
+            assert time.monotonic() < deadline, self.report()
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60) -> Run:
+        started = time.monotonic()
+        code = self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        done = subprocess.CompletedProcess(
+            self.proc.args, code, "\n".join(self.out) + "\n", "\n".join(self.err) + "\n"
+        )
+        return Run(done, time.monotonic() - started)
+
+    def stop(self) -> None:
+        """Kill it if it still runs (a test's clean-up after a failed assertion)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def report(self) -> str:
+        return "\n".join([*self.out, *self.err])
