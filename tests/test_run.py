@@ -36,6 +36,7 @@ from cpuaccel.launch.supervise import (
     EXIT_LOST,
     EXIT_TIMEOUT,
     Job,
+    Outcome,
     OutputRouter,
 )
 from cpuaccel.testing.command import cpuaccel
@@ -720,6 +721,25 @@ def test_router_bad_termination_and_quiet_ending(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- exit codes
 
 
+def ending(
+    tmp_path: Path,
+    stop: str | None,
+    markers: list[tuple[int, int]],
+    launcher_exit: int | None,
+    lost: list[str] | None = None,
+) -> Outcome:
+    """How a job ends, given why it was stopped, the ranks' exit markers and the
+    launcher's own exit code (and the nodes it lost)."""
+    r, _, _ = router(tmp_path)
+    for rank, rc in markers:
+        r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
+    job = Job(plan_for(["impi"]), ConnectOptions(), r.run_dir, r, forks=4)
+    job.stop_reason = stop
+    if lost is not None:
+        job.lost = lost
+    return job._outcome(launcher_exit, 1.0, {}, {})
+
+
 @pytest.mark.parametrize(
     ("stop", "markers", "launcher_exit", "code", "reason"),
     [
@@ -740,12 +760,7 @@ def test_job_exit_code(
     code: int,
     reason: str,
 ) -> None:
-    r, _, _ = router(tmp_path)
-    for rank, rc in markers:
-        r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
-    job = Job(plan_for(["impi"]), ConnectOptions(), r.run_dir, r, forks=4)
-    job.stop_reason = stop
-    outcome = job._outcome(launcher_exit, 1.0, {}, {})
+    outcome = ending(tmp_path, stop, markers, launcher_exit)
     assert (outcome.exit_code, outcome.reason) == (code, reason)
 
 
@@ -766,13 +781,7 @@ def test_a_lost_node_is_the_reason_of_the_ending(
     code: int,
     reason: str,
 ) -> None:
-    r, _, _ = router(tmp_path)
-    for rank, rc in markers:
-        r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
-    job = Job(plan_for(["impi"]), ConnectOptions(), r.run_dir, r, forks=4)
-    job.stop_reason = stop
-    job.lost = ["n2"]
-    outcome = job._outcome(launcher_exit, 1.0, {}, {})
+    outcome = ending(tmp_path, stop, markers, launcher_exit, lost=["n2"])
     assert (outcome.exit_code, outcome.reason, outcome.lost) == (code, reason, ["n2"])
 
 
