@@ -157,6 +157,21 @@ def host_name_problem(name: Any) -> str | None:
     )
 
 
+def folder(value: Any) -> str | None:
+    """A folder on the nodes that cpuaccel writes below (the workdir): absolute or in the
+    login folder (``~/...``), with no ``..``. A relative path would be resolved from
+    wherever each node's login lands, and ``..`` climbs out of what was meant (a
+    workdir of ``../../etc`` put a run's files in /etc)."""
+    path = text(value)
+    if path is None:
+        return None
+    if not (path == "~" or path.startswith(("/", "~/"))):
+        raise BadValue(f"must be an absolute path or one below ~/, got {path!r}")
+    if ".." in path.split("/"):
+        raise BadValue(f"must not climb with '..', got {path!r}")
+    return path
+
+
 def host_address(value: Any) -> str:
     problem = host_name_problem(value)
     if problem is not None:
@@ -208,7 +223,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_secret_env": env_mapping,
     "cpuaccel_python": text,
     "cpuaccel_venv": text,
-    "cpuaccel_workdir": text,
+    "cpuaccel_workdir": folder,
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
 }
@@ -221,6 +236,10 @@ HINTS: dict[str, str] = {
     "{FI_PROVIDER: tcp}",
     "cpuaccel_ppn": "write the ranks per node as a whole number, e.g. cpuaccel_ppn: 2",
 }
+HINTS["cpuaccel_workdir"] = (
+    "give the nodes' work folder as an absolute path or one below ~/, e.g. "
+    "cpuaccel_workdir: /opt/cpuaccel/work"
+)
 HINTS["ansible_ssh_host"] = HINTS["ansible_host"]
 HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
 
