@@ -10,7 +10,10 @@ from __future__ import annotations
 # Documented exit codes (README, "Exit codes").
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command ran and found problems of error severity
-EXIT_USAGE = 2  # bad input (inventory, playbook, arguments) or an unreachable host
+# Codes no training script is likely to use (argparse exits 2, an exception 1), so that a
+# caller can tell cpuaccel's own refusals from the script's failures (sysexits.h names).
+EXIT_USAGE = 64  # bad input (a file, a flag, a value): refused before anything changed
+EXIT_NODE_FAILED = 69  # a node unreachable, not ready for the run, or failing its task
 
 
 class CpuaccelError(Exception):

@@ -4,7 +4,7 @@ project file, Accelerate config, playbook, a run's metrics.
 A path can name something that is not a file: ``/dev/zero`` never ends, a FIFO blocks
 until someone writes to it, ``/dev/null`` reads as an empty file. Only a regular file
 (after following links) is read; anything else is one error naming it, with the caller's
-error class (exit 2). The check is made on the descriptor that is read, so that a path
+error class (exit 64). The check is made on the descriptor that is read, so that a path
 swapped between the check and the read cannot slip through, and the file is opened
 without blocking (a FIFO's open would otherwise wait for a writer). Reading stops past
 ``MAX_SOURCE_BYTES``: no input cpuaccel reads comes near it.

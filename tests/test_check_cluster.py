@@ -13,6 +13,7 @@ import pytest
 
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
@@ -72,7 +73,7 @@ def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster)
     for name in ("node1", "node3"):
         assert report["hosts"][name]["facts"]["hostname"] == name
     assert [p["host"] for p in report["problems"]] == ["node2"]
-    assert table.returncode == 2
+    assert table.returncode == EXIT_USAGE
     assert any(
         line.startswith("node2 ") and "unreachable" in line for line in table.stdout.splitlines()
     )
@@ -120,7 +121,7 @@ def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path
     empty.write_text("")
     inv = inventory_knowing(cluster, tmp_path / "unknown.yaml", empty)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "host key of" in proc.stdout and "is not known" in proc.stdout
     assert "ssh-keyscan" in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -139,7 +140,7 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     )
     inv = inventory_knowing(cluster, tmp_path / "changed.yaml", known)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "CHANGED" in proc.stdout
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel import __version__
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 
@@ -45,10 +46,10 @@ def test_plain_output_has_no_colour_codes(tmp_path: Path) -> None:
         ("hosts:\n  a:\n", ["inv.yaml:1", "all:"]),
     ],
 )
-def test_bad_inventory_is_one_message_exit_2(tmp_path: Path, text: str, words: list[str]) -> None:
+def test_bad_inventory_is_one_message_exit_64(tmp_path: Path, text: str, words: list[str]) -> None:
     (tmp_path / "inv.yaml").write_text(text)
     proc = cpuaccel("check", "-i", str(tmp_path / "inv.yaml"))
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")
     for word in words:
@@ -58,12 +59,12 @@ def test_bad_inventory_is_one_message_exit_2(tmp_path: Path, text: str, words: l
 
 def test_limit_matching_nothing_and_bad_arguments(tmp_path: Path) -> None:
     nothing = cpuaccel("check", "--limit", "nosuchhost", cwd=tmp_path)
-    assert nothing.returncode == 2 and "nosuchhost" in nothing.stderr
+    assert nothing.returncode == EXIT_USAGE and "nosuchhost" in nothing.stderr
     assert "Traceback" not in nothing.stderr
     bad_forks = cpuaccel("check", "--forks", "0", cwd=tmp_path)
-    assert bad_forks.returncode == 2 and "--forks" in bad_forks.stderr
+    assert bad_forks.returncode == EXIT_USAGE and "--forks" in bad_forks.stderr
     bad_extra = cpuaccel("check", "-e", "novalue", cwd=tmp_path)
-    assert bad_extra.returncode == 2 and "novalue" in bad_extra.stderr
+    assert bad_extra.returncode == EXIT_USAGE and "novalue" in bad_extra.stderr
 
 
 def test_inventory_from_environment_variable(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from cpuaccel.cli.main import cli
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, output_section
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -136,7 +137,11 @@ def test_config_import_writes_files_that_run_uses_and_never_overwrites(proj: Pat
     assert "wrote" in first.stdout and (proj / "cpuaccel.yaml").is_file()
     project_before = (proj / "cpuaccel.yaml").read_text()
     again = cpuaccel("config", "import", str(config), cwd=proj)
-    assert again.returncode == 2 and "already exist" in again.stderr and "--force" in again.stderr
+    assert (
+        again.returncode == EXIT_USAGE
+        and "already exist" in again.stderr
+        and "--force" in again.stderr
+    )
     assert (proj / "cpuaccel.yaml").read_text() == project_before
     assert cpuaccel("config", "import", str(config), "--force", cwd=proj).returncode == 0
     # ./cpuaccel.yaml is read without --config.
@@ -151,7 +156,7 @@ def test_config_import_writes_files_that_run_uses_and_never_overwrites(proj: Pat
 
 def test_seed_placeholder_hostfile_is_an_error_at_its_line(proj: Path) -> None:
     proc = cpuaccel("run", "--config", str(SEED_MULTI), "--dry-run", "train.py", cwd=proj)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "Traceback" not in proc.stderr
     assert f"{DATA / 'hostfile'}:1: 'xxx.xxx.xxx.xxx' is a placeholder" in proc.stderr
     assert "fix:" in proc.stderr
@@ -215,7 +220,7 @@ def test_bad_configs_are_one_error_naming_file_line_and_field(
         (proj / "cpuaccel.yaml").write_text("inventory: hostfile\n" + text)
         message = message.replace("cpuaccel.yaml:1", "cpuaccel.yaml:2")
     proc = cpuaccel("run", "--config", name, "--dry-run", "train.py", cwd=proj)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], proc.stderr
@@ -226,7 +231,7 @@ def test_bad_configs_are_one_error_naming_file_line_and_field(
 def test_unknown_key_suggests_the_close_one(proj: Path) -> None:
     (proj / "cpuaccel.yaml").write_text("ppm: 4\n")
     proc = cpuaccel("sync", "--check", cwd=proj)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "did you mean 'ppn'?" in proc.stderr
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
 from tests.test_config import command, env_of, section
 
@@ -137,7 +138,7 @@ def test_existing_files_are_kept_unless_the_user_says_yes(tmp_path: Path) -> Non
              "--python", "/usr/bin/python3"]  # fmt: skip
     t = Terminal(["config", *flags], tmp_path)
     t.answer("cpuaccel.yaml exists: overwrite it? [y/N]", "n")
-    assert t.wait() == 2
+    assert t.wait() == EXIT_USAGE
     assert "nothing was written" in t.seen
     assert (tmp_path / "cpuaccel.yaml").read_text() == "ppn: 7\n"
     assert not (tmp_path / "inventory.yaml").exists()
@@ -151,17 +152,19 @@ def test_existing_files_are_kept_unless_the_user_says_yes(tmp_path: Path) -> Non
 def test_non_interactive_config_with_flags(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("")
     no_tty = cpuaccel("config", cwd=tmp_path)
-    assert no_tty.returncode == 2 and "not one" in no_tty.stderr and "--yes" in no_tty.stderr
+    assert (
+        no_tty.returncode == EXIT_USAGE and "not one" in no_tty.stderr and "--yes" in no_tty.stderr
+    )
     missing = cpuaccel("config", "--yes", "--multi", cwd=tmp_path)
-    assert missing.returncode == 2 and "--yes needs --hosts" in missing.stderr
+    assert missing.returncode == EXIT_USAGE and "--yes needs --hosts" in missing.stderr
     bad = cpuaccel("config", "--yes", "--hosts", "a,b,a", cwd=tmp_path)
-    assert bad.returncode == 2 and "twice" in bad.stderr
+    assert bad.returncode == EXIT_USAGE and "twice" in bad.stderr
     args = ["config", "--yes", "--hosts", "192.0.2.1,192.0.2.2", "--user", "u", "--ppn", "2",
             "--key", "", "--python", "/p/python"]  # fmt: skip
     ok = cpuaccel(*args, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     again = cpuaccel(*args, cwd=tmp_path)
-    assert again.returncode == 2 and "--force" in again.stderr
+    assert again.returncode == EXIT_USAGE and "--force" in again.stderr
     assert cpuaccel(*args, "--force", cwd=tmp_path).returncode == 0
     run = cpuaccel("run", "--dry-run", "train.py", cwd=tmp_path)
     assert run.returncode == 0, run.stderr

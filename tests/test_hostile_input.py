@@ -1,4 +1,4 @@
-"""The hostile-input corpus: every malformed or hostile input is one error line, exit 2.
+"""The hostile-input corpus: every malformed or hostile input is one error line, exit 64.
 
 Each case is data under ``tests/hostile/``:
 
@@ -15,7 +15,7 @@ Each case is data under ``tests/hostile/``:
 
 Every case runs as a user runs it, ``python -m cpuaccel ...`` in a fresh folder holding
 only its files (no inventory around, ``CPUACCEL_INVENTORY`` unset, HOME empty), and must
-end with exit 2, no traceback, one ``error:`` line (plus its ``fix:`` line) naming the
+end with exit 64 (EXIT_USAGE), no traceback, one ``error:`` line (plus its ``fix:`` line) naming the
 place, and the folder unchanged. Only verbs that contact no node, or only this machine
 in check mode, are used.
 
@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -175,7 +176,7 @@ def test_hostile_input(case: Case, outcomes: dict[str, Future[Outcome]]) -> None
     out = outcomes[case.id].result()
     shown = f"{case.argv}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
     assert "Traceback" not in out.stderr, shown
-    assert out.returncode == 2, shown
+    assert out.returncode == EXIT_USAGE, shown
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     # Warnings may come first (e.g. a host-key opt-out); then the error and its fix.
     message = [line for line in lines if not line.startswith("warning:")]

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.errors import InventoryError, SourceError
+from cpuaccel.errors import EXIT_USAGE, InventoryError, SourceError
 from cpuaccel.sourcefile import read_source
 from cpuaccel.testing.command import cpuaccel_argv, inherited_env
 
@@ -55,7 +55,7 @@ def special(kind: str, folder: Path, name: str) -> str:
 
 
 def assert_refused(done: subprocess.CompletedProcess[str], names: str, what: str) -> None:
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == EXIT_USAGE, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, done.stderr

@@ -1,5 +1,5 @@
 """Issue 12 (items 3, 5, 6, 9): every inventory variable cpuaccel reads has a declared
-type, checked where the inventory and -e are read, with file:line (or the -e) and exit 2."""
+type, checked where the inventory and -e are read, with file:line (or the -e) and exit 64."""
 
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def test_no_verb_gives_a_traceback(
     write(tmp_path, inventory)
     (tmp_path / "train.py").write_text("print('hi')\n")
     proc = cpuaccel(*verb[0], "-i", "inventory.yaml", *extra, *verb[1], cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith("error: " + fragment), proc.stderr

@@ -20,7 +20,7 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import job
@@ -153,7 +153,7 @@ def test_reach_removes_its_folder_by_descriptors(tree: tuple[Path, Path]) -> Non
 
 
 def test_run_refuses_with_one_line_naming_the_node_and_path(tree: tuple[Path, Path]) -> None:
-    """Through the controller: the node's refusal is a usage error (exit 2)."""
+    """Through the controller: the node's refusal is a usage error (exit 64)."""
     work, elsewhere = tree
     (work / "runs").symlink_to(elsewhere)
     host = Host("node1", {"ansible_connection": "local", "cpuaccel_python": sys.executable})
@@ -162,7 +162,7 @@ def test_run_refuses_with_one_line_naming_the_node_and_path(tree: tuple[Path, Pa
     with pytest.raises(UsageError) as caught:
         job._copy_files(cast(Any, plan), cast(Any, FILES), nodes)
     message = caught.value.message  # one line; the hint is printed under it
-    assert caught.value.exit_code == 2
+    assert caught.value.exit_code == EXIT_USAGE
     assert message.startswith("node1: writing the run's files failed on the node")
     assert f"refused: {work / 'runs'} is a symbolic link" in message
     assert "\n" not in message and "s3cret" not in message

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 TIMEOUT = 60.0
@@ -51,7 +52,7 @@ def test_a_refused_sync_writes_nothing_on_the_controller(
     dest = dest.replace("{home}", str(tmp_path / "home"))
     argv = ["sync", *(["--check"] if check else []), "--dest", dest, "."]
     done = run_in(tmp_path, project, *argv)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == EXIT_USAGE, done.stderr
     assert "--dest" in done.stderr and "Traceback" not in done.stderr
     assert listing(tmp_path) == before  # no hash cache, no sync memory, nothing else
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel
 
 PLAYBOOK = """\
@@ -88,7 +89,7 @@ def provision(
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    assert proc.returncode in (0, 2), proc.stderr
+    assert proc.returncode in (0, EXIT_NODE_FAILED), proc.stderr
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
 
 
@@ -155,7 +156,7 @@ def test_tags_select_tasks(tmp_path: Path) -> None:
     assert report["ok"] is False  # touch fails: the tree was never created
 
 
-def test_a_failing_task_fails_the_host_with_its_message_and_exit_2(tmp_path: Path) -> None:
+def test_a_failing_task_fails_the_host_with_its_message_and_exit_69(tmp_path: Path) -> None:
     book = """\
 - hosts: all
   tasks:
@@ -165,7 +166,7 @@ def test_a_failing_task_fails_the_host_with_its_message_and_exit_2(tmp_path: Pat
       command: "true"
 """
     proc = provision(tmp_path, playbook=book)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_NODE_FAILED
     assert "failed: local0" in proc.stdout and "oops" in proc.stdout
     assert "never reached" not in proc.stdout
     assert "local0 : ok=1 changed=0 unreachable=0 failed=1" in proc.stdout
@@ -180,10 +181,10 @@ def test_undefined_variable_names_task_and_host(tmp_path: Path) -> None:
     assert "play.yaml:3" in result["msg"] and "nmae" in result["msg"]
 
 
-def test_bad_playbook_exits_2_before_touching_anything(tmp_path: Path) -> None:
+def test_bad_playbook_exits_64_before_touching_anything(tmp_path: Path) -> None:
     book = "- hosts: all\n  tasks:\n    - name: first\n      file: {path: '{{ base }}/x', state: directory}\n    - name: bad\n      copy: {dest: /x, content: y, nope: 1}\n"
     proc = provision(tmp_path, playbook=book)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "play.yaml:6" in proc.stderr and "unsupported argument 'nope'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "x").exists()
@@ -200,5 +201,5 @@ def test_help_and_module_list(tmp_path: Path, flag: str) -> None:
 
 def test_no_inventory_refuses_to_provision_the_controller(tmp_path: Path) -> None:
     proc = cpuaccel("provision", cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert "no inventory given" in proc.stderr and "Traceback" not in proc.stderr

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 
@@ -63,7 +64,7 @@ def test_a_delete_into_a_folder_it_must_not_own_is_refused_before_rsync(
     layout: Path, dest: str, delete: str, why: str
 ) -> None:
     proc = provision(layout, f'{{src: "{{{{ base }}}}/src/", dest: "{dest}", {delete}}}')
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_NODE_FAILED
     result = pushed(proc)
     assert result["status"] == "failed", result
     assert "synchronize: refusing to delete in dest" in result["msg"]

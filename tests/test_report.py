@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel as run_cpuaccel
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -203,10 +204,10 @@ GOOD = '{"step": 1, "loss": 2.0}\n'
         "rate-a-bool",
     ],
 )  # fmt: skip
-def test_bad_input_is_one_message_and_exit_2(tmp_path: Path, make: Any, message: str) -> None:
+def test_bad_input_is_one_message_and_exit_64(tmp_path: Path, make: Any, message: str) -> None:
     run_dir = make(tmp_path)
     proc = cpuaccel("report", str(run_dir))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"error: {message.format(run=run_dir)}"), proc.stderr
     assert "Traceback" not in proc.stderr
@@ -218,7 +219,7 @@ def test_missing_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path, [json.dumps(r) for r in training_records(5)])
     hide = "import sys; sys.modules['matplotlib'] = None  # import matplotlib fails"
     proc = cpuaccel("report", str(run_dir), prelude=hide)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [
         "error: cpuaccel report needs matplotlib, which is not installed",
         "  fix: pip install 'cpuaccel[report]'",

@@ -25,7 +25,7 @@ from cpuaccel.cli.main import cli
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import ConnectOptions
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import launchers
@@ -204,7 +204,7 @@ def test_bad_input_is_one_clear_error_before_any_node(
     (tmp_path / "outside.py").write_text("print('not synced')\n")
     # Not a dry run: the error must come before anything is contacted.
     proc, elapsed = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert elapsed < NO_CONTACT_SECONDS
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -220,7 +220,7 @@ def test_script_outside_the_project_by_absolute_path(tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere.py"
     outside.write_text("")
     proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), str(outside), cwd=proj)
-    assert proc.returncode == 2
+    assert proc.returncode == EXIT_USAGE
     assert f"is outside the project folder {proj}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -233,10 +233,10 @@ def test_script_outside_the_project_by_absolute_path(tmp_path: Path) -> None:
         pytest.param([], id="no-script"),
     ],
 )
-def test_usage_errors_of_click_exit_2_without_traceback(tmp_path: Path, args: list[str]) -> None:
+def test_usage_errors_of_click_exit_64_without_traceback(tmp_path: Path, args: list[str]) -> None:
     proj = project(tmp_path)
     proc, _ = timed_cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), *args, cwd=proj)
-    assert proc.returncode == 2, args
+    assert proc.returncode == EXIT_USAGE, args
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ")  # one error line, then its fix
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.connectors.base import ConnectOptions
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.node import tree as remote
@@ -651,7 +651,7 @@ BAD_INPUT = [
     ("files", "args", "words"),
     [pytest.param(f, a, w, id=name) for name, f, a, w in BAD_INPUT],
 )
-def test_cli_bad_input_exits_2_without_traceback_and_writes_nothing(
+def test_cli_bad_input_exits_64_without_traceback_and_writes_nothing(
     tmp_path: Path,
     local_inventory: Path,
     files: dict[str, str],
@@ -664,7 +664,7 @@ def test_cli_bad_input_exits_2_without_traceback_and_writes_nothing(
     out = str(tmp_path / "out")
     args = [a.replace("{out}", out) for a in args]
     proc = cached_cpuaccel("sync", "-i", str(local_inventory), *args, cwd=tmp_path / "proj")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     message = " ".join(proc.stderr.split())
     for word in words:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.node.common import TMP_MARK
 from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
 from cpuaccel.testing.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
@@ -512,7 +513,7 @@ def test_unreachable_node_is_reported_while_the_others_sync(env: Env) -> None:
         assert report["hosts"][name]["status"] == "ok"
         assert report["hosts"][name]["in_sync"] is True
     assert_identical_everywhere(env, expected, ("node1", "node3"))
-    assert lines.returncode == 2 and "Traceback" not in lines.stderr
+    assert lines.returncode == EXIT_USAGE and "Traceback" not in lines.stderr
     assert any(line.startswith("node2: unreachable") for line in lines.stdout.splitlines()), (
         lines.stdout
     )
@@ -555,7 +556,7 @@ def test_symlink_outside_the_tree_is_refused_unless_copy_links(env: Env) -> None
     (env.src / "config.yaml").symlink_to(outside / "shared.yaml")
     (env.src / "extra").symlink_to(outside / "dir")
     proc = env.run()
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     message = " ".join(proc.stderr.split())
     assert "symlink points outside the synced tree" in message
@@ -636,7 +637,7 @@ def assert_untouched(before: dict[str, int], after: dict[str, int]) -> None:
 
 def assert_refused(env: Env, *args: str, words: tuple[str, ...]) -> None:
     proc = env.run(*args)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     message = " ".join(proc.stderr.split())
     for word in words:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, Problem, find_problems, mpi_flavour, same_account
@@ -44,7 +44,7 @@ def gather_all(target: Target) -> list[HostResult[Facts]]:
 
 def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem]) -> int:
     if any(r.status is Status.UNREACHABLE for r in results):
-        return EXIT_USAGE
+        return EXIT_NODE_FAILED
     if any(p.severity == ERROR for p in problems):
         return EXIT_PROBLEMS
     return EXIT_OK

@@ -34,7 +34,7 @@ Examples:
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
 
 \b
-Exit codes: 0 all well; 1 problems found; 2 bad input or an unreachable host.
+Exit codes: 0 all well; 1 problems found; 64 bad input; 69 a node unreachable or failed.
 """
 
 

@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.display import Display, ProgressBar
@@ -177,4 +177,4 @@ def provision_command(
     else:
         assert isinstance(listener, Display)
         listener.recap(stats, seconds)
-    sys.exit(EXIT_OK if ok else EXIT_USAGE)
+    sys.exit(EXIT_OK if ok else EXIT_NODE_FAILED)

@@ -37,8 +37,9 @@ now unless --no-sync, master port free). Output of each rank is labelled and log
 runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every node.
 
 \b
-Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 2 bad input or
-a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated.
+Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
+69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
+lost.
 """
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
 from cpuaccel.sync.manifest import build
@@ -134,7 +134,7 @@ def sync_command(
             f"({len(source.entries)} entries, manifest {source.hash[:12]})"
         )
     if any(not r.ok for r in results):
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_NODE_FAILED)
     if all(r.value is not None and r.value.in_sync for r in results):
         sys.exit(EXIT_OK)
-    sys.exit(EXIT_PROBLEMS if check else EXIT_USAGE)
+    sys.exit(EXIT_PROBLEMS if check else EXIT_NODE_FAILED)

@@ -28,7 +28,7 @@ from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector
-from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
+from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
@@ -90,7 +90,7 @@ def launch(
             facts = _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
-            return EXIT_USAGE
+            return EXIT_NODE_FAILED
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         return _run(plan, project, local is not None, timeout, nodes)
 

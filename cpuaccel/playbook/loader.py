@@ -2,7 +2,7 @@
 
 Every mistake Ansible would only find at run time (an unknown module, an unknown
 argument, a task with two modules, a ``when`` that does not parse, a missing template)
-is a PlaybookError here, naming the file, the line and the task, with exit code 2.
+is a PlaybookError here, naming the file, the line and the task, with exit code 64.
 """
 
 from __future__ import annotations

@@ -322,7 +322,7 @@ def sync(
 ) -> list[HostResult[NodeReport]]:
     """Sync to every host in parallel. Destinations are checked as text before any
     connection, then by every node as it resolves them, before any node is changed:
-    DestinationRefused (exit 2) when one refuses, and then nothing is written on the
+    DestinationRefused (exit 64) when one refuses, and then nothing is written on the
     controller either (hash cache, sync memory)."""
     dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)

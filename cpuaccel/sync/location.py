@@ -19,7 +19,7 @@ FIX = "sync into a folder of its own, e.g. --dest '{{ cpuaccel_workdir }}/projec
 
 
 class DestinationRefused(UsageError):
-    """A node resolved ``--dest`` to a folder a sync must never own (exit 2)."""
+    """A node resolved ``--dest`` to a folder a sync must never own (exit 64)."""
 
     def __init__(self, host: str, dest: str, reason: str) -> None:
         super().__init__(
