@@ -13,7 +13,7 @@ import pytest
 
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
@@ -67,13 +67,13 @@ def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster)
     with cluster.sshd_stopped("node2"):
         code, report = check_json("-i", str(cluster.inventory_path))
         table = clean_cpuaccel("check", "-i", str(cluster.inventory_path))
-    assert code == 2
+    assert code == EXIT_NODE_FAILED
     assert report["hosts"]["node2"]["reachable"] is False
     assert "refused" in report["hosts"]["node2"]["error"].lower()
     for name in ("node1", "node3"):
         assert report["hosts"][name]["facts"]["hostname"] == name
     assert [p["host"] for p in report["problems"]] == ["node2"]
-    assert table.returncode == EXIT_USAGE
+    assert table.returncode == EXIT_NODE_FAILED
     assert any(
         line.startswith("node2 ") and "unreachable" in line for line in table.stdout.splitlines()
     )
@@ -121,7 +121,7 @@ def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path
     empty.write_text("")
     inv = inventory_knowing(cluster, tmp_path / "unknown.yaml", empty)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == EXIT_USAGE
+    assert proc.returncode == EXIT_NODE_FAILED
     assert "host key of" in proc.stdout and "is not known" in proc.stdout
     assert "ssh-keyscan" in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -140,7 +140,7 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     )
     inv = inventory_knowing(cluster, tmp_path / "changed.yaml", known)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == EXIT_USAGE
+    assert proc.returncode == EXIT_NODE_FAILED
     assert "CHANGED" in proc.stdout
 
 
