@@ -30,6 +30,15 @@ def read_inventory(text: str, source: str | None) -> InventoryBuilder:
     return _Walker(source).walk(text)
 
 
+def read_vars_file(text: str, source: str) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """A group_vars/host_vars file: a YAML mapping of NAME: value, each with its line."""
+    walker = _Walker(source)
+    root = walker.yaml.compose(text)
+    if root is None or is_null(root):
+        return {}, {}  # an empty file sets nothing (as in Ansible)
+    return walker.read_vars(root, "a vars file")
+
+
 class _Walker:
     """Walks one composed YAML document, filling an InventoryBuilder."""
 
