@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -172,6 +174,17 @@ def parse_env(items: tuple[str, ...]) -> dict[str, str]:
             )
         env[key] = value
     return env
+
+
+def beside_playbook(target: Target, folder: Path) -> Target:
+    """The target with the group_vars/ and host_vars/ beside a playbook in ``folder``
+    read too (over those beside the inventory), as ansible-playbook reads them."""
+    inventory = target.inventory.with_playbook_vars(folder)
+    if inventory is target.inventory:
+        return target
+    warn(inventory.warnings[len(target.inventory.warnings) :])
+    hosts = [inventory.hosts[host.name] for host in target.hosts]
+    return dataclasses.replace(target, inventory=inventory, hosts=hosts)
 
 
 def warn(messages: list[str]) -> None:
