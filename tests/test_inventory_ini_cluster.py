@@ -29,9 +29,7 @@ def cluster_vars(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:
     return dict(document["all"]["vars"]), dict(document["all"]["hosts"])
 
 
-def test_check_reads_an_ini_twin_of_the_cluster_inventory(
-    cluster: Cluster, tmp_path: Path
-) -> None:
+def test_check_reads_an_ini_twin_of_the_cluster_inventory(cluster: Cluster, tmp_path: Path) -> None:
     group_vars, hosts = cluster_vars(cluster)
     key = group_vars.pop("ansible_ssh_private_key_file")
     lines = ["# the cluster's inventory.yaml, as an Ansible user writes it in INI", "[nodes]"]

@@ -83,8 +83,11 @@ def host_options(func: F) -> F:
             "--inventory",
             "inventory_path",
             metavar="FILE",
-            help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
-            "./inventory.yaml, else localhost only.",
+            multiple=True,  # Ansible merges several -i; cpuaccel reads one: said, not dropped
+            callback=_one_inventory,
+            help="Ansible inventory (YAML or INI, with group_vars/ and host_vars/ beside "
+            "it), an MPI hostfile, or hosts as 'node1,node2,'. Default: $CPUACCEL_INVENTORY, "
+            "else ./inventory.yaml, else localhost only.",
         ),
         click.option(
             "-c",
@@ -131,6 +134,16 @@ def host_options(func: F) -> F:
     for decorator in reversed(decorators):
         command = decorator(command)
     return command  # type: ignore[return-value]
+
+
+def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) -> str | None:
+    if len(values) > 1:
+        raise UsageError(
+            f"several inventories given: {' '.join('-i ' + value for value in values)}",
+            hint="cpuaccel reads one inventory: merge them into one file (or list hosts as "
+            "-i node1,node2,)",
+        )
+    return str(values[0]) if values else None
 
 
 def resolve_target(

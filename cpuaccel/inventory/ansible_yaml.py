@@ -64,6 +64,14 @@ class _Walker:
                 "inventory can be converted with 'ansible-inventory -i FILE --list -y'",
             )
         for name, line, node in self.yaml.pairs(root, "the top level"):
+            if name == "plugin" and not isinstance(node, MappingNode):
+                raise self.error(
+                    f"inventory plugins ('plugin: {getattr(node, 'value', '')}') are not "
+                    "supported: cpuaccel reads the hosts of a YAML or INI inventory",
+                    line,
+                    "write the plugin's hosts to a file with 'ansible-inventory -i FILE "
+                    "--list -y > inventory.yaml' and pass that",
+                )
             if name in GROUP_KEYS:
                 raise self.error(
                     f"'{name}:' at the top level: it must belong to a group",
