@@ -8,6 +8,7 @@ written. Here both must load to the same hosts, groups and variables.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.testing.command import cpuaccel
 
 CORPUS = Path(__file__).parent / "inventories" / "ini"
 INI_FILES = sorted(CORPUS.glob("*.ini"))
@@ -184,3 +186,19 @@ def test_a_bad_comma_list_names_the_flag(flag: str, fragment: str) -> None:
         choose_inventory(flag, None).load()
     assert str(caught.value).startswith(f"-i {flag}: "), str(caught.value)
     assert fragment in str(caught.value)
+
+
+def test_a_project_file_may_name_a_comma_list(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cpuaccel.yaml").write_text("inventory: node1,node2:2222,\n")
+    proc = cpuaccel("config", "show", "--json", "-c", "sub/cpuaccel.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["inventory"]["value"] == "node1,node2:2222,"
+    assert shown["hosts"]["value"] == ["node1", "node2"]
+
+
+def test_check_help_shows_the_ansible_spellings() -> None:
+    proc = cpuaccel("check", "--help")
+    assert "cpuaccel check -i hosts.ini" in proc.stdout
+    assert "cpuaccel check -i node1,node2," in proc.stdout

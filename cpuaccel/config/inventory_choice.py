@@ -47,6 +47,10 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
             if project.inventory_error is not None:
                 raise project.inventory_error
             path = str(project.get("inventory"))
+            if is_host_list(path):  # inventory: node1,node2, (as ansible.cfg's inventory =)
+                return InventoryChoice(
+                    path, Setting("inventory", path, PROJECT, project.where("inventory"))
+                )
             if not os.path.isfile(path):
                 # Blame the line that names it: the user fixes the project file. Not a
                 # regular file (/dev/zero, a FIFO) would be read forever.
