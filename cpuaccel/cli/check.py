@@ -21,6 +21,8 @@ EPILOG = """\b
 Examples:
   cpuaccel check
   cpuaccel check -i inventory.yaml
+  cpuaccel check -i hosts.ini           # Ansible's INI format, group_vars/ beside it
+  cpuaccel check -i node1,node2,        # hosts as a comma list, as Ansible's -i
   cpuaccel check -i inventory.yaml --limit node1,node2 --json | jq .problems
 
 \b

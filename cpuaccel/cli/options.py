@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -81,8 +83,11 @@ def host_options(func: F) -> F:
             "--inventory",
             "inventory_path",
             metavar="FILE",
-            help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
-            "./inventory.yaml, else localhost only.",
+            multiple=True,  # Ansible merges several -i; cpuaccel reads one: said, not dropped
+            callback=_one_inventory,
+            help="Ansible inventory (YAML or INI, with group_vars/ and host_vars/ beside "
+            "it), an MPI hostfile, or hosts as 'node1,node2,'. Default: $CPUACCEL_INVENTORY, "
+            "else ./inventory.yaml, else localhost only.",
         ),
         click.option(
             "-c",
@@ -131,6 +136,16 @@ def host_options(func: F) -> F:
     return command  # type: ignore[return-value]
 
 
+def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) -> str | None:
+    if len(values) > 1:
+        raise UsageError(
+            f"several inventories given: {' '.join('-i ' + value for value in values)}",
+            hint="cpuaccel reads one inventory: merge them into one file (or list hosts as "
+            "-i node1,node2,)",
+        )
+    return str(values[0]) if values else None
+
+
 def resolve_target(
     inventory_path: str | None,
     limit: str | None,
@@ -172,6 +187,17 @@ def parse_env(items: tuple[str, ...]) -> dict[str, str]:
             )
         env[key] = value
     return env
+
+
+def beside_playbook(target: Target, folder: Path) -> Target:
+    """The target with the group_vars/ and host_vars/ beside a playbook in ``folder``
+    read too (over those beside the inventory), as ansible-playbook reads them."""
+    inventory = target.inventory.with_playbook_vars(folder)
+    if inventory is target.inventory:
+        return target
+    warn(inventory.warnings[len(target.inventory.warnings) :])
+    hosts = [inventory.hosts[host.name] for host in target.hosts]
+    return dataclasses.replace(target, inventory=inventory, hosts=hosts)
 
 
 def warn(messages: list[str]) -> None:

@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.cli.options import Target, beside_playbook, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
@@ -145,6 +145,8 @@ def provision_command(
     path = Path(playbook_path) if playbook_path else default_playbook()
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
+    if playbook_path:  # group_vars/ and host_vars/ beside the playbook, as ansible-playbook
+        target = beside_playbook(target, path.parent)
     if list_tasks:
         _list_tasks(playbook)
         return

@@ -157,9 +157,10 @@ def parse_project(text: str, source: str) -> ProjectConfig:
             )
         config.set(key, _checked(key, item, source), item.line)
     inventory = config.get("inventory")
-    if inventory:
-        # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own.
-        base = os.path.dirname(source)
+    base = os.path.dirname(source)
+    if inventory and not ("," in inventory and not os.path.exists(os.path.join(base, inventory))):
+        # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own (a
+        # comma list of hosts, "node1,node2,", names no file).
         config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
     return config
 
