@@ -172,6 +172,15 @@ def folder(value: Any) -> str | None:
     return path
 
 
+def secret(value: Any) -> str | None:
+    """A password sudo reads as one line; the complaint never shows the value."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise BadValue(f"must be a plain string, not a {type(value).__name__}")
+    if _CONTROL.search(str(value)):
+        raise BadValue("must be one line without control characters (its value is not shown)")
+    return str(value) if str(value) else None
+
+
 def host_address(value: Any) -> str:
     problem = host_name_problem(value)
     if problem is not None:
@@ -208,6 +217,12 @@ VARIABLES: dict[str, Check] = {
     "ansible_python_interpreter": text,
     "ansible_ssh_common_args": ssh_args,
     "ansible_ssh_extra_args": ssh_args,
+    # become (playbook/become.py): only sudo; the password is a secret (builder.SECRET_VARS).
+    "ansible_become": boolean,
+    "ansible_become_user": user_name,
+    "ansible_become_method": choice(("sudo",)),
+    "ansible_become_password": secret,
+    "ansible_become_pass": secret,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
     "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
@@ -241,6 +256,14 @@ HINTS["cpuaccel_workdir"] = (
     "cpuaccel_workdir: /opt/cpuaccel/work"
 )
 HINTS["ansible_ssh_host"] = HINTS["ansible_host"]
+HINTS["ansible_become_method"] = (
+    "cpuaccel becomes another user with sudo only: ansible_become_method: sudo, or leave it out"
+)
+HINTS["ansible_become_password"] = (
+    "write the sudo password as one plain string (better: "
+    "in a file of its own given as -e @secrets.yaml, or ask for it with -K)"
+)
+HINTS["ansible_become_pass"] = HINTS["ansible_become_password"]
 HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
 
 
