@@ -155,6 +155,12 @@ class KeywordError(ValueError):
         self.hint = hint
 
 
+def remember(known: set[str], *values: Any) -> list[str]:
+    """Add the set ``values`` to ``known``; all of them, longest first, for :func:`mask`."""
+    known.update(str(v) for v in values if v not in (None, ""))
+    return sorted(known, key=len, reverse=True)
+
+
 def mask(value: Any, secrets: Sequence[str]) -> Any:
     """``value`` with every occurrence of a secret replaced by MASK (strings in lists
     and mappings too): task output that echoes a password shows the mask instead."""

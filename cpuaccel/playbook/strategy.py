@@ -39,6 +39,8 @@ class HostState:
     failed: bool = False
     unreachable: bool = False
     stats: HostStats = field(default_factory=HostStats)
+    # Every become password the host used (a later task without become may print one too).
+    secrets: set[str] = field(default_factory=set)
 
     @property
     def active(self) -> bool:
@@ -283,9 +285,9 @@ class LinearStrategy:
             state.failed = True
 
     def _secrets(self, state: HostState) -> list[str]:
-        found = [self.become.password, state.ctx.become.password if state.ctx.become else None]
-        found += [state.host.vars.get(name) for name in becoming.PASSWORD_VARS]
-        return sorted({str(s) for s in found if s not in (None, "")}, key=len, reverse=True)
+        now = state.ctx.become.password if state.ctx.become else None
+        found = [state.host.vars.get(name) for name in becoming.PASSWORD_VARS]
+        return becoming.remember(state.secrets, self.become.password, now, *found)
 
     def _gather(self, state: HostState, play: Play) -> Result:
         """Facts from the host's agent (the play's become's), which runs the probe in its
@@ -299,13 +301,8 @@ class LinearStrategy:
             variables = self.variables(state, play, None)
             state.ctx.become = becoming.resolve(self.become, (play.become,), variables)
         except CpuaccelError as exc:
-            where = f"{play.file}:{play.line}"
-            return {
-                "failed": True,
-                "changed": False,
-                "msg": f"{where}: {exc.message}",
-                "hint": exc.hint,
-            }
+            msg = f"{play.file}:{play.line}: {exc.message}"
+            return {"failed": True, "changed": False, "msg": msg, "hint": exc.hint}
         try:
             state.ctx.agent()  # started first: its start-up is no clock skew
             sent = time.time()
