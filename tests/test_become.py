@@ -48,6 +48,19 @@ def test_the_command_line_then_play_then_task_then_variables() -> None:
     assert become.resolve(cli, ({"become": False}, {}), variables) == Become("svc", "7")
 
 
+def test_the_sudo_plugins_other_names() -> None:
+    variables = {
+        "ansible_become_method": "ansible.builtin.sudo",
+        "ansible_sudo_user": "svc",
+        "ansible_sudo_pass": SECRET,
+        "ansible_become_flags": "-H -S -n",  # Ansible's default: what cpuaccel does anyway
+        "ansible_sudo_exe": "/usr/bin/sudo",
+    }
+    assert become.resolve(CliBecome(True), ({}, {}), variables) == Become("svc", SECRET)
+    with pytest.raises(CpuaccelError, match="ansible_sudo_flags has '-E'"):
+        become.resolve(CliBecome(True), ({}, {}), {"ansible_sudo_flags": "-H -E"})
+
+
 def test_become_user_defaults_to_root_and_templates_render() -> None:
     found = become.resolve(
         CliBecome(),
@@ -225,11 +238,13 @@ def test_keywords_on_plays_and_tasks(tmp_path: Path) -> None:
         "- hosts: all\n  become: yes\n  become_user: postgres\n  tasks:\n"
         "    - command: id\n      become: false\n"
         "    - command: id\n      become_method: sudo\n"
+        "    - command: id\n      become_flags: -H -S -n\n      become_exe: sudo\n"
     )
     play = loader.load(path).plays[0]
     assert play.become == {"become": True, "become_user": "postgres"}
     assert play.tasks[0].become == {"become": False}
     assert play.tasks[1].become == {"become_method": "sudo"}
+    assert play.tasks[2].become == {}  # accepted: what cpuaccel's sudo does anyway
 
 
 # -- the command line ------------------------------------------------------------------

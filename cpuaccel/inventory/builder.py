@@ -32,6 +32,7 @@ SECRET_VARS = frozenset(
         "ansible_ssh_pass",
         "ansible_become_password",
         "ansible_become_pass",
+        "ansible_sudo_pass",
     }
 )
 

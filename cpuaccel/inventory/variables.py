@@ -181,6 +181,28 @@ def secret(value: Any) -> str | None:
     return str(value) if str(value) else None
 
 
+SUDO_FLAGS = ("-H", "-S", "-n")  # what cpuaccel passes to sudo itself, as it decides
+
+
+def sudo_flags(value: Any) -> str | None:
+    """Ansible's become_flags: only the flags cpuaccel uses anyway (its default)."""
+    line = ssh_args(value)
+    other = [word for word in shlex.split(line or "") if word not in SUDO_FLAGS]
+    if other:
+        raise BadValue(
+            f"has {other[0]!r}: cpuaccel runs sudo with -H and -S (a password) or -n (none) "
+            "itself, and takes no other flags"
+        )
+    return line
+
+
+def sudo_exe(value: Any) -> str | None:
+    path = text(value)
+    if path is not None and path.rsplit("/", 1)[-1] != "sudo":
+        raise BadValue(f"is {path!r}: cpuaccel runs the node's sudo (from its PATH) only")
+    return path
+
+
 def host_address(value: Any) -> str:
     problem = host_name_problem(value)
     if problem is not None:
@@ -220,9 +242,15 @@ VARIABLES: dict[str, Check] = {
     # become (playbook/become.py): only sudo; the password is a secret (builder.SECRET_VARS).
     "ansible_become": boolean,
     "ansible_become_user": user_name,
-    "ansible_become_method": choice(("sudo",)),
+    "ansible_become_method": choice(("sudo", "ansible.builtin.sudo")),
     "ansible_become_password": secret,
     "ansible_become_pass": secret,
+    "ansible_sudo_pass": secret,  # the sudo plugin's old names, as Ansible still reads them
+    "ansible_sudo_user": user_name,
+    "ansible_become_flags": sudo_flags,
+    "ansible_sudo_flags": sudo_flags,
+    "ansible_become_exe": sudo_exe,
+    "ansible_sudo_exe": sudo_exe,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
     "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
@@ -264,6 +292,11 @@ HINTS["ansible_become_password"] = (
     "in a file of its own given as -e @secrets.yaml, or ask for it with -K)"
 )
 HINTS["ansible_become_pass"] = HINTS["ansible_become_password"]
+HINTS["ansible_sudo_pass"] = HINTS["ansible_become_password"]
+HINTS["ansible_become_flags"] = "remove it (cpuaccel chooses sudo's flags: -H -S or -H -n)"
+HINTS["ansible_sudo_flags"] = HINTS["ansible_become_flags"]
+HINTS["ansible_become_exe"] = "remove it (cpuaccel runs the node's sudo)"
+HINTS["ansible_sudo_exe"] = HINTS["ansible_become_exe"]
 HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
 
 

@@ -31,10 +31,19 @@ from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.inventory import variables as types
 from cpuaccel.playbook import templar
 
-KEYWORDS = ("become", "become_user", "become_method")  # on plays and tasks
-METHODS = ("sudo",)
+# On plays and tasks. become_flags and become_exe only as cpuaccel runs sudo anyway.
+KEYWORDS = ("become", "become_user", "become_method", "become_flags", "become_exe")
+METHODS = ("sudo", "ansible.builtin.sudo")
 DEFAULT_USER = "root"
-PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass")
+# Ansible's sudo plugin's variables, the first set one wins.
+PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+USER_VARS = ("ansible_become_user", "ansible_sudo_user")
+FLAG_VARS = {
+    "ansible_become_flags": types.sudo_flags,
+    "ansible_sudo_flags": types.sudo_flags,
+    "ansible_become_exe": types.sudo_exe,
+    "ansible_sudo_exe": types.sudo_exe,
+}
 # sudo -p: a prompt of our own on a line of its own, told apart from anything else sudo
 # or PAM prints; SUCCESS is what the agent's boot prints once sudo has started it.
 PROMPT = "cpuaccel-become-password:"
@@ -104,10 +113,13 @@ def resolve(
         user = given.get("become_user", user)
         method = given.get("become_method", method)
     on = variables.get("ansible_become", on)
-    user = variables.get("ansible_become_user", user)
+    user = next((variables[n] for n in USER_VARS if variables.get(n) is not None), user)
     method = variables.get("ansible_become_method", method)
     if not _typed("become", _rendered(on, variables), types.boolean):
         return None
+    for name, check in FLAG_VARS.items():  # play or task vars: the inventory's are checked
+        if variables.get(name) is not None:
+            _typed(name, _rendered(variables[name], variables), check)
     method = _rendered(method, variables)
     if method is not None and method not in METHODS:
         raise CpuaccelError(
@@ -136,6 +148,12 @@ def check_keywords(raw: Mapping[str, Any]) -> dict[str, Any]:
             raise KeywordError(
                 key, f"is {types.user_name_problem(value)}", "write e.g. 'become_user: root'"
             )
+        if key in ("become_flags", "become_exe"):
+            check = types.sudo_flags if key == "become_flags" else types.sudo_exe
+            try:
+                check(value)
+            except types.BadValue as exc:
+                raise KeywordError(key, str(exc), f"remove '{key}:'") from None
         if key == "become_method" and value not in METHODS:
             raise KeywordError(
                 key,
@@ -145,7 +163,7 @@ def check_keywords(raw: Mapping[str, Any]) -> dict[str, Any]:
             )
     if "become" in given and not templar.is_template(given["become"]):
         given["become"] = types.parse_bool(given["become"])
-    return given
+    return {key: value for key, value in given.items() if key in KEYWORDS[:3]}
 
 
 class KeywordError(ValueError):
