@@ -184,6 +184,10 @@ def test_become_with_the_password_from_extra_vars(cluster: Cluster, sudoer: Sudo
     assert sudoer.password not in done.stdout + done.stderr
     roots = [sudoer.base, cluster.state_dir]
     assert _files_holding(sudoer.password, roots, skip={secret_file}) == []
+    # No agent is left running as root (or as the user) once the playbook is over.
+    assert [(node, cluster.wait_idle(node)) for node in cluster.names] == [
+        (node, []) for node in cluster.names
+    ]
 
 
 def test_become_with_ask_become_pass_on_a_terminal(cluster: Cluster, sudoer: Sudoer) -> None:
@@ -256,6 +260,10 @@ def test_a_wrong_password_is_one_clear_error_per_host(cluster: Cluster, sudoer: 
         assert "-K" in lines[0] and "ansible_become_password" in lines[0]
     assert "Traceback" not in done.stderr
     assert wrong not in done.stdout + done.stderr and sudoer.password not in done.stdout
+    # sudo, refused, did not stay waiting for another try.
+    assert [(node, cluster.wait_idle(node)) for node in cluster.names] == [
+        (node, []) for node in cluster.names
+    ]
 
 
 def test_become_without_a_password_says_so_at_once(cluster: Cluster, sudoer: Sudoer) -> None:
