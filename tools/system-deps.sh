@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian packages the multi-node tests use (real sshd in namespaces, rsync, the
-# nodes' own venvs, MPICH and Open MPI). `make test` runs this first, so a fresh
+# nodes' own venvs, MPICH and Open MPI, sudo). `make test` runs this first, so a fresh
 # machine runs those tests instead of skipping them. Installs only what is missing;
 # without root it names what is missing and the cluster tests skip.
 set -euo pipefail
@@ -15,6 +15,8 @@ command -v nsenter >/dev/null || need+=(util-linux)
 /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
 command -v mpirun.mpich >/dev/null || need+=(mpich)
 command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
+# provision's become test: a non-root SSH user whose sudo asks for a password.
+command -v sudo >/dev/null || need+=(sudo)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

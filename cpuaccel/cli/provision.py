@@ -11,6 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
+from cpuaccel.cli.become_options import BecomeFlags, become_options
 from cpuaccel.cli.options import Target, beside_playbook, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
@@ -29,6 +30,7 @@ Examples:
   cpuaccel provision inventory.yaml --limit node3 --tags stack
   cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
   cpuaccel provision --list-modules
+  cpuaccel provision inventory.yaml -b -K           # tasks as root via sudo (asks once)
 
 \b
 The default playbook (playbooks/provision.yaml) creates cpuaccel_workdir and a venv at
@@ -122,6 +124,7 @@ def _print_json(
 @click.option(
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
+@become_options
 def provision_command(
     target: Target,
     playbook_path: str | None,
@@ -133,6 +136,7 @@ def provision_command(
     verbose: bool,
     list_tasks: bool,
     list_modules: bool,
+    become: BecomeFlags,
 ) -> None:
     """Run an Ansible-style playbook on every node: idempotent, in parallel, with a recap.
 
@@ -150,6 +154,7 @@ def provision_command(
     if list_tasks:
         _list_tasks(playbook)
         return
+    cli_become = become.settle()  # -K asks here, before any node is contacted
     listener: Listener = (
         ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
     )
@@ -167,6 +172,7 @@ def provision_command(
         tags=_tags(tags),
         skip_tags=_tags(skip_tags),
         listener=listener,
+        become=cli_become,
     )
     try:
         stats = runner.run()

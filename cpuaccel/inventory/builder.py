@@ -30,7 +30,14 @@ EXTRA_VARS_SOURCE = "-e"
 STRICT_WORDS = ("yes", "no", "ask", "accept-new", "off", "true", "false")
 # Variables whose values are secrets: messages name them, never show their values.
 SECRET_VARS = frozenset(
-    {"cpuaccel_secret_env", "ansible_password", "ansible_ssh_pass", "ansible_become_password"}
+    {
+        "cpuaccel_secret_env",
+        "ansible_password",
+        "ansible_ssh_pass",
+        "ansible_become_password",
+        "ansible_become_pass",
+        "ansible_sudo_pass",
+    }
 )
 
 
