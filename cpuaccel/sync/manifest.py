@@ -249,7 +249,7 @@ def build(
     builder.result.hash_cache = builder.cache
     builder.result.hash = manifest_hash(builder.result.entries)
     builder.result.roots = paths
-    builder.result.built_from = (tuple(sources), tuple(excludes), copy_links)
+    builder.result.built_from = (tuple(paths), tuple(excludes), copy_links)
     return builder.result
 
 
