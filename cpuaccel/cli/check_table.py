@@ -1,10 +1,11 @@
 """``cpuaccel check``'s table: every host's facts, sized to the terminal.
 
-What drift is about (the host's name, its hostname, the Python, torch and cpuaccel
-versions) is never cut: at a narrow width the less important columns are left out first
-(and said so), and whatever is still too wide wraps onto a second line rather than
-ending in an ellipsis. An unreachable or failed host's error goes under the table (it is
-one of the problems), where it has the whole width, not into a column.
+What drift is about (the host's name, the Python, torch and cpuaccel versions) is never
+cut: at a narrow width the less important columns are left out first, the node's own
+hostname last (and which ones is said), and whatever is still too wide wraps onto a
+second line rather than ending in an ellipsis: a value is shown whole or not at all.
+An unreachable or failed host's error goes under the table (it is one of the
+problems), where it has the whole width, not into a column.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ COLUMNS += ("MPI", "CORES", "SOCK/NUMA", "BF16", "MEM")
 # problems are reported under the table anyway), then the node's own hostname (its
 # resolution problems too; --json has it). The host and the versions always stay.
 DROP_ORDER = ("MEM", "SOCK/NUMA", "CORES", "BF16", "MPI", "HOSTNAME")
-KEPT = tuple(c for c in COLUMNS if c not in DROP_ORDER)
 RIGHT = frozenset({"CORES", "SOCK/NUMA", "BF16", "MEM"})
 # The space between two columns: two, or one when that saves the host and versions from
 # wrapping (rich's padding (0, 1), collapsed or not; pad_edge=False: none at the edges).
