@@ -285,7 +285,12 @@ def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, 
         requirements += self_requirements()
     constraints = Path(str(args["constraints"])).expanduser() if args.get("constraints") else None
     filled = (
-        wheels.fill_wheelhouse(dest, requirements, constraints=constraints)
+        wheels.fill_wheelhouse(
+            dest,
+            requirements,
+            constraints=constraints,
+            extra_index_urls=[str(u) for u in args.get("extra_index_url") or []],
+        )
         if requirements
         else None
     )
