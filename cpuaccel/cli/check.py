@@ -27,7 +27,7 @@ Examples:
 
 \b
 Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
-2 a host was unreachable, or the inventory or arguments were bad.
+69 a host was unreachable; 64 the inventory or arguments were bad.
 """
 
 

@@ -39,7 +39,7 @@ the stack (cpuaccel_stack: upstream or ipex-legacy) and cpuaccel itself, finds
 setvars.sh, verifies torch under mpirun, and fails any node whose versions differ.
 
 \b
-Exit codes: 0 every host succeeded; 2 a host failed or was unreachable, or the
+Exit codes: 0 every host succeeded; 69 a host failed or was unreachable; 64 the
 playbook, inventory or arguments were bad (then nothing ran on any node).
 """
 
