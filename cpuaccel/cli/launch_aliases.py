@@ -43,11 +43,12 @@ accelerate launch / torchrun spellings (the same settings):
 
 
 def _whole(flag: str, text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
         raise UsageError(
             f"{flag} {text}: expected a whole number of 1 or more", hint=f"e.g. {flag} 2"
         )
-    return int(text)
+    return int(digits)
 
 
 def _nodes(flag: str, text: str) -> int:
@@ -101,7 +102,7 @@ def _dest(spelling: str) -> str:
 
 
 def _alias_type(setting: str) -> Any:
-    if setting in ("num_processes",):
+    if setting == "num_processes":
         return click.IntRange(1)
     if setting == "master_port":
         return click.IntRange(1, 65535)

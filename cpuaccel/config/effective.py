@@ -245,7 +245,7 @@ def _line(where: str | None) -> int | None:
 
 
 def _head(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[str | None]:
-    if flags.get("head"):  # --master_addr and its spellings
+    if flags.get("head") is not None:  # --master_addr and its spellings
         where = str((flags.get("flag_names") or {}).get("head", "--master_addr"))
         return Setting("head", str(flags["head"]), FLAG, where)
     if project is not None and project.get("head"):
