@@ -400,7 +400,10 @@ def test_single_machine_default_config_does_not_override_an_inventory(proj: Path
     proc = cpuaccel("run", "--dry-run", "--ppn", "1", "train.py", cwd=proj, env=env)
     assert proc.returncode == 0, proc.stderr
     assert section(proc.stdout, "hostfile") == NODES
-    del env["CPUACCEL_INVENTORY"]  # no inventory: the config is this machine's, as accelerate's
+    del env["CPUACCEL_INVENTORY"]
+    proc = cpuaccel("run", "-i", INVENTORY, "--dry-run", "train.py", cwd=proj, env=env)
+    assert ranks(mpirun(proc.stdout)) == ("<4 x ppn>", "<ppn: sockets per node>")
+    assert proc.stderr == ""  # no inventory: the config is this machine's, as accelerate's
     proc = cpuaccel("run", "--dry-run", "train.py", cwd=proj, env=env)
     assert proc.returncode == 0, proc.stderr
     assert section(proc.stdout, "hostfile") == ["localhost"] and str(path) in proc.stderr

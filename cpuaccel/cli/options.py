@@ -157,7 +157,7 @@ def resolve_target(
     no_host_key_checking: bool,
     config_path: str | None = None,
 ) -> Target:
-    project = discover_config(config_path)
+    project = discover_config(config_path, inventory_path)
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)

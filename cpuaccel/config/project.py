@@ -205,9 +205,11 @@ def accelerate_default() -> str:
     return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
 
 
-def discover_config(path: str | None) -> ProjectConfig | None:
+def discover_config(path: str | None, inventory_flag: str | None = None) -> ProjectConfig | None:
     """--config FILE, else ./cpuaccel.yaml when there is one, else Accelerate's default
-    config when there is one (as `accelerate launch` reads it), else none."""
+    config when there is one (as `accelerate launch` reads it), else none.
+    ``inventory_flag``: the -i given, if any (a single-machine default config then
+    gives way to it)."""
     if path:
         return load_config(path)
     if os.path.lexists(PROJECT_FILE):
@@ -223,7 +225,8 @@ def discover_config(path: str | None) -> ProjectConfig | None:
     except ProjectFileError as exc:  # file:line, as with --config; and why it was read
         exc.hint = f"{exc.hint} ({why})" if exc.hint else why
         raise
-    if config.local_only and (os.environ.get(INVENTORY_ENV) or os.path.lexists(INVENTORY_FILE)):
+    named = inventory_flag or os.environ.get(INVENTORY_ENV) or os.path.lexists(INVENTORY_FILE)
+    if config.local_only and named:
         # A single-machine config (what `accelerate config` writes on a laptop) must not
         # turn a run on the inventory's hosts into one on this machine: not used.
         return None
