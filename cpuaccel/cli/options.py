@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -155,7 +157,7 @@ def resolve_target(
     no_host_key_checking: bool,
     config_path: str | None = None,
 ) -> Target:
-    project = discover_config(config_path)
+    project = discover_config(config_path, inventory_path)
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)
@@ -175,17 +177,46 @@ def resolve_target(
     )
 
 
-def parse_env(items: tuple[str, ...]) -> dict[str, str]:
-    """``--env KEY=VALUE`` items (of run and config show) as a mapping."""
-    env: dict[str, str] = {}
+# Names whose value is a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...): `--env NAME`
+# passes them through secret.env (0600 on the nodes), never env.sh, argv or the logs.
+SECRET_NAME = re.compile("TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+class EnvFlags(dict[str, str]):
+    """``--env``'s plain variables; ``secret`` holds those passed by name whose name looks
+    like a credential (their values must never be printed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secret: dict[str, str] = {}
+
+
+def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) -> EnvFlags:
+    """``--env KEY=VALUE`` items (of run and config show) as a mapping; ``--env NAME``
+    passes the controller's value of NAME, as ``mpirun -x NAME`` does."""
+    here = os.environ if environ is None else environ
+    env = EnvFlags()
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or env_name_problem(key) is not None:
+        if env_name_problem(key) is not None:
             raise UsageError(
-                f"--env {item!r}: expected KEY=VALUE, KEY a variable name",
-                hint="e.g. --env FI_PROVIDER=tcp",
+                f"--env {item!r}: expected KEY=VALUE or NAME, KEY a variable name",
+                hint="e.g. --env FI_PROVIDER=tcp, or --env HF_TOKEN (its value here)",
             )
-        env[key] = value
+        if sep:
+            env[key] = value
+            env.secret.pop(key, None)
+            continue
+        if key not in here:
+            raise UsageError(
+                f"--env {key}: {key} is not set here, so there is no value to pass",
+                hint=f"export {key} before running cpuaccel, or write --env {key}=VALUE",
+            )
+        if SECRET_NAME.search(key):
+            env.secret[key] = here[key]
+            env.pop(key, None)
+        else:
+            env[key] = here[key]
     return env
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
-PRECISION_CHOICES = ("bf16", "no", "fp32")
+PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
 TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})
@@ -91,7 +91,7 @@ def choice(options: tuple[str, ...], *, fold: bool = False) -> Check:
 
 
 def precision(value: Any) -> str:
-    """bf16 or no (fp32 is written "no", as Accelerate reads it)."""
+    """auto, bf16 or no (fp32 is written "no", as Accelerate reads it)."""
     word = choice(PRECISION_CHOICES, fold=True)(value)
     return "no" if word == "fp32" else word
 
