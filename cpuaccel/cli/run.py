@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -13,9 +14,13 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options, parse_env
 from cpuaccel.config.effective import resolve
-from cpuaccel.errors import UsageError
-from cpuaccel.launch import job
+from cpuaccel.config.launcher_args import OwnedWord
+from cpuaccel.config.launcher_args import split as split_launcher_args
+from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.launch import entry, job
 from cpuaccel.launch.plan import RunPlan, Script
+from cpuaccel.launch.report import ERROR, JobReport
+from cpuaccel.launch.supervise import EXIT_INTERRUPTED
 
 EPILOG = """\b
 Examples:
@@ -56,7 +61,11 @@ def _script_in_project(script: str, project: Path) -> str:
         ) from None
 
 
-def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
+def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bool) -> None:
+    if as_json:
+        report = JobReport.of_plan(plan, 0, "dry-run", 0.0)
+        ui.print_json({**report.to_json(), "command": plan.command()})
+        return
     out = ui.stdout()
     unknown = plan.ppn is None
     out.print(f"# run {plan.run_id} (dry run: no node was contacted)")
@@ -109,6 +118,30 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     metavar="SECONDS",
     help="End the job after this long.",
 )
+@click.option(
+    "-m",
+    "--module",
+    "as_module",
+    is_flag=True,
+    help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
+)
+@click.option(
+    "--no-python",
+    is_flag=True,
+    help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each rank, "
+    "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
+)
+@click.option(
+    "--launcher-args",
+    metavar="'WORDS'",
+    help="Extra mpirun options, split as a shell would, placed before the program.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object at the end on stdout; the ranks' output goes to stderr.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -122,31 +155,88 @@ def run_command(
     allow_sync: bool,
     dry_run: bool,
     job_timeout: float | None,
+    as_module: bool,
+    no_python: bool,
+    launcher_args: str | None,
+    as_json: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
-    project = Path.cwd().resolve()
-    flags = {
-        "nodes": nodes,
-        "ppn": ppn,
-        "launcher": launcher,
-        "master_port": master_port,
-        "mixed_precision": mixed_precision,
-        "env": parse_env(env_items),
-    }
-    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
-    what = Script(_script_in_project(script, project), script_args, project.name)
-    if dry_run:
-        _print_dry_run(*job.dry_run(settings, what, project, target.connect))
-        return
-    code = job.launch(
-        settings,
-        what,
-        project,
-        connect=target.connect,
-        forks=target.forks,
-        allow_sync=allow_sync,
-        timeout=job_timeout,
-    )
-    sys.exit(code)
+    started = time.monotonic()
+    try:
+        project = Path.cwd().resolve()
+        flags = {
+            "nodes": nodes,
+            "ppn": ppn,
+            "launcher": launcher,
+            "master_port": master_port,
+            "mixed_precision": mixed_precision,
+            "env": parse_env(env_items),
+            "launcher_args": _launcher_words(launcher_args),
+        }
+        settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+        if as_module or no_python:
+            what = _entry(script, script_args, project, as_module, no_python)
+        else:
+            what = Script(_script_in_project(script, project), script_args, project.name)
+        if dry_run:
+            _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
+            return
+        report = job.launch(
+            settings,
+            what,
+            project,
+            connect=target.connect,
+            forks=target.forks,
+            allow_sync=allow_sync,
+            timeout=job_timeout,
+            ranks_to_stderr=as_json,
+        )
+    except (CpuaccelError, KeyboardInterrupt) as exc:
+        if as_json:  # the one object, with the error (main() prints it on stderr too)
+            ui.print_json(_failure(exc, time.monotonic() - started).to_json())
+        raise
+    if as_json:
+        ui.print_json(report.to_json())
+    sys.exit(report.exit_code)
+
+
+# ---------------------------------------------------------------- -m, --no-python,
+# --launcher-args, --json
+
+
+def _launcher_words(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    try:
+        return split_launcher_args(text)
+    except OwnedWord as exc:
+        raise UsageError(
+            f"--launcher-args {text!r}: {exc}",
+            hint=f"leave it out of --launcher-args; cpuaccel sets it from {exc.flag}",
+        ) from None
+    except ValueError as exc:
+        raise UsageError(
+            f"--launcher-args {text!r}: {exc}",
+            hint="close the quote, e.g. --launcher-args '-genv I_MPI_DEBUG 5'",
+        ) from None
+
+
+def _entry(
+    script: str, args: tuple[str, ...], project: Path, as_module: bool, no_python: bool
+) -> Script:
+    if as_module and no_python:
+        raise UsageError(
+            "-m and --no-python together",
+            hint="-m runs a Python module, --no-python a program: keep the one you mean",
+        )
+    if as_module:
+        return entry.module_script(script, args, project)
+    return entry.program_script(script, args, project)
+
+
+def _failure(exc: BaseException, seconds: float) -> JobReport:
+    if isinstance(exc, CpuaccelError):
+        return JobReport(exc.exit_code, ERROR, seconds, error=exc.message, fix=exc.hint)
+    return JobReport(EXIT_INTERRUPTED, "interrupted", seconds, error="interrupted")
