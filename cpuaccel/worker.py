@@ -94,6 +94,9 @@ def run_script(script: str, args: list[str], module: bool = False) -> int:
     the exit code it ended with."""
     sys.argv = [script, *args]
     try:
+        if module and not _module_exists(script):
+            print(f"{sys.executable}: No module named {script}", file=sys.stderr)  # as python -m
+            return 1
         if module:
             # As `python -m`: sys.path[0] is already the working folder (the project, as
             # rank.sh cd's there), and run_module sets sys.argv[0] to the module's file.
@@ -111,20 +114,25 @@ def run_script(script: str, args: list[str], module: bool = False) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except ImportError as exc:
-        if type(exc).__module__ != "runpy":  # the script's own import failed
-            import traceback
-
-            traceback.print_exc()
-            return 1
-        print(f"{sys.executable}: {exc}", file=sys.stderr)  # as `python -m` says it
-        return 1
     except BaseException:
         import traceback
 
         traceback.print_exc()
         return 1
     return 0
+
+
+def _module_exists(name: str) -> bool:
+    """Whether ``name`` can be found (its parent packages are imported, as python -m
+    does); a missing one is a line, not a traceback of runpy's internals."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):  # a parent package is missing
+            return False
+        raise
 
 
 # Signals the rank's own process gets from MPI or a terminal, passed on to the script's.

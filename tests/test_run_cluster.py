@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
 
@@ -279,7 +279,7 @@ def test_stale_script_on_one_node_is_synced_or_reported(
     runs_before = sorted((proj / "runs").iterdir())
 
     refused = cpuaccel_run(proj, "--no-sync", *common)
-    assert refused.code == EXIT_USAGE, refused
+    assert refused.code == EXIT_NODE_FAILED, refused
     problems = [line for line in refused.stderr.splitlines() if line.startswith("preflight")]
     assert len(problems) == 1, refused
     assert problems[0].startswith("preflight node2: holds a different copy of the project")
@@ -318,7 +318,7 @@ def test_node_that_cannot_resolve_the_head_is_reported_before_launch(
         unmounted = cluster.exec("node3", ["umount", "/etc/hosts"])
     assert unmounted.returncode == 0, unmounted.stderr
     assert cluster.exec("node3", ["getent", "hosts", "node1"]).returncode == 0
-    assert run.code == EXIT_USAGE, run
+    assert run.code == EXIT_NODE_FAILED, run
     problems = [line for line in run.stderr.splitlines() if line.startswith("preflight")]
     assert len(problems) == 1, run
     assert problems[0].startswith("preflight node3: cannot resolve node1"), run
