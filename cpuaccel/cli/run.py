@@ -29,6 +29,10 @@ Examples:
   cpuaccel run -i inventory.yaml --dry-run train.py       # print hostfile, env, command
   cpuaccel run -i inventory.yaml --env FI_PROVIDER=tcp --timeout 3600 train.py
   cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
+  cpuaccel run -i inventory.yaml -m pkg.train --lr 0.1    # a module, as python -m runs it
+  cpuaccel run -i inventory.yaml --no-python ./train.sh   # a program as each rank
+  cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
+  cpuaccel run -i inventory.yaml --json train.py > result.json   # ranks' output: stderr
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
@@ -44,7 +48,7 @@ runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every no
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
 69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
-lost.
+lost. --json prints them in one object on stdout, with each rank's own code.
 """
 
 
