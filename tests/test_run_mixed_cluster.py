@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing import sshd
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.netns import SSHD
@@ -152,7 +152,7 @@ def test_a_worker_the_head_cannot_reach_fails_preflight_naming_the_pair(
         proj = make_project(tmp_path, {"script.py": SCRIPT})
         run = cpuaccel_run(proj, "-i", str(inventory), "--ppn", "1", "script.py")
         after = {name: _runs_on(cluster, name) for name in ("node1", "node2")}
-    assert run.code == EXIT_USAGE, run
+    assert run.code == EXIT_NODE_FAILED, run
     address = cluster.node("node2").address
     assert (
         f"node1 -> node2: the MPI launcher on node1 cannot ssh to node2 "
