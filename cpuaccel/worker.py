@@ -199,12 +199,12 @@ def _parse(argv: list[str]) -> tuple[str, str, list[str]] | None:
     return "script", argv[0], argv[1:]
 
 
-def _report_exit(code: int, label: str = "") -> None:
+def _report_exit(code: int) -> None:
     """The exit marker the controller reads for each rank's code. Under `cpuaccel run`
     (CPUACCEL_RUN_ID set) a rank that succeeded says so too, for `run --json`'s
     per-rank codes; elsewhere only a failure is worth a line."""
     if code != 0 or os.environ.get("CPUACCEL_RUN_ID"):
-        os.write(2, f"{label}{EXIT_MARKER} {code}\n".encode())
+        os.write(2, f"{EXIT_MARKER} {code}\n".encode())  # fd 2: the labeller, if any
 
 
 def main() -> None:
