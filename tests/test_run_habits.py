@@ -81,6 +81,10 @@ def test_no_python_runs_a_program_of_the_project_or_the_path(tmp_path: Path) -> 
     assert rank_words(dry_command(proj, "--no-python", "./train.sh")) == [
         "--no-python", "./train.sh",
     ]  # fmt: skip
+    # An absolute path outside the project is the nodes' own program.
+    assert rank_words(dry_command(proj, "--no-python", "/usr/bin/env")) == [
+        "--no-python", "/usr/bin/env",
+    ]  # fmt: skip
     # A bare name that is not a file of the project: the nodes' PATH.
     assert rank_words(dry_command(proj, "--no-python", "hostname", "-f")) == [
         "--no-python", "hostname", "-f",
