@@ -237,3 +237,33 @@ def test_json_on_bad_input_is_one_object_with_the_error(tmp_path: Path) -> None:
     assert data["exit_code"] == EXIT_USAGE and data["ended_by"] == "error"
     assert data["error"] == "missing.py: no such script" and data["fix"]
     assert proc.stderr.startswith("error: missing.py: no such script")
+
+
+@pytest.mark.parametrize(
+    ("args", "wanted"),
+    [
+        (["--json", "--ppn", "0", "t.py"], True),
+        (["-i", "inv.yaml", "--ppn", "2", "--json", "t.py"], True),
+        (["--env", "--json", "t.py"], False),  # the value of --env
+        (["t.py", "--json"], False),  # the script's own flag
+        (["--ppn", "2", "--", "--json"], False),
+    ],
+)
+def test_json_is_run_own_option_only_before_script(args: list[str], wanted: bool) -> None:
+    from cpuaccel.cli.run import run_command
+    from cpuaccel.cli.run_json import wants_json
+
+    assert wants_json(run_command, args) is wanted
+
+
+def test_json_on_a_bad_flag_is_one_object_too(tmp_path: Path) -> None:
+    proj = project(tmp_path)
+    proc = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), "--json", "--ppn", "0", "t.py", cwd=proj)
+    assert proc.returncode == EXIT_USAGE
+    data = json.loads(proc.stdout)
+    assert data["exit_code"] == EXIT_USAGE and data["ended_by"] == "error"
+    assert "--ppn" in data["error"] and data["fix"] == "see 'cpuaccel run --help'"
+    assert proc.stderr.startswith("error: Invalid value for '--ppn'")
+    # After SCRIPT, --json is the script's: stdout stays empty.
+    after = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), "--ppn", "0", "t.py", "--json", cwd=proj)
+    assert after.returncode == EXIT_USAGE and after.stdout == ""

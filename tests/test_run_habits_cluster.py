@@ -140,6 +140,7 @@ def test_cpuaccels_own_refusals_are_64_and_69(
     proj = make_project(tmp_path, {"script.py": "print('ran')\n"})
     bad_flag = cpuaccel_run(proj, "-i", inventory, "--ppn", "0", "--json", "script.py")
     assert bad_flag.code == EXIT_USAGE, bad_flag
+    assert json.loads(bad_flag.stdout)["exit_code"] == EXIT_USAGE
     assert not (proj / "runs").exists()
     # A node that cannot be reached fails preflight: 69, and --json says so.
     with cluster.sshd_stopped("node2"):

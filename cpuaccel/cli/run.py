@@ -12,6 +12,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
+from cpuaccel.cli import run_json
 from cpuaccel.cli.options import Target, host_options, parse_env
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
@@ -19,8 +20,7 @@ from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import entry, job
 from cpuaccel.launch.plan import RunPlan, Script
-from cpuaccel.launch.report import ERROR, JobReport
-from cpuaccel.launch.supervise import EXIT_INTERRUPTED
+from cpuaccel.launch.report import JobReport
 
 EPILOG = """\b
 Examples:
@@ -85,6 +85,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
 
 
 @click.command(
+    cls=run_json.RunCommand,  # --json: the one object on a bad flag too
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
@@ -199,7 +200,7 @@ def run_command(
         )
     except (CpuaccelError, KeyboardInterrupt) as exc:
         if as_json:  # the one object, with the error (main() prints it on stderr too)
-            ui.print_json(_failure(exc, time.monotonic() - started).to_json())
+            ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
     if as_json:
         ui.print_json(report.to_json())
@@ -238,9 +239,3 @@ def _entry(
     if as_module:
         return entry.module_script(script, args, project)
     return entry.program_script(script, args, project)
-
-
-def _failure(exc: BaseException, seconds: float) -> JobReport:
-    if isinstance(exc, CpuaccelError):
-        return JobReport(exc.exit_code, ERROR, seconds, error=exc.message, fix=exc.hint)
-    return JobReport(EXIT_INTERRUPTED, "interrupted", seconds, error="interrupted")
