@@ -267,3 +267,29 @@ def test_json_on_a_bad_flag_is_one_object_too(tmp_path: Path) -> None:
     # After SCRIPT, --json is the script's: stdout stays empty.
     after = cpuaccel("run", "-i", str(EXAMPLE_INVENTORY), "--ppn", "0", "t.py", "--json", cwd=proj)
     assert after.returncode == EXIT_USAGE and after.stdout == ""
+
+
+def test_router_keeps_each_ranks_code_and_the_report_reads_them(tmp_path: Path) -> None:
+    from cpuaccel.launch.report import JobReport
+    from cpuaccel.launch.supervise import Outcome
+    from tests.test_run import router
+
+    r, term, run_dir = router(tmp_path)
+    r.feed("out", "[rank 0 node1] done")
+    r.feed("err", f"[rank 0 node1] {EXIT_MARKER} 0")  # success: kept, not a failure
+    r.feed("err", f"[rank 1 node1] {EXIT_MARKER} 2")
+    r.quiet = True  # cpuaccel ends the others: their codes are kept too
+    r.feed("err", f"[rank 2 node2] {EXIT_MARKER} 143")
+    r.close()
+    assert r.codes == {0: 0, 1: 2, 2: 143}
+    assert [(f.rank, f.code) for f in r.failures] == [(1, 2)]
+    assert (run_dir.path / "rank-0.log").read_text() == "done\n"  # no marker of success
+    assert term.err.getvalue() == ""
+    chosen = hosts(2)
+    plan = build_plan(settings_for(chosen, ppn=2), Script("t.py"), None, RUN_ID)
+    report = JobReport.of_plan(plan, 2, "failed", 3.0)
+    report.add_outcome(Outcome(2, "failed", 2.5, 2, None, codes=r.codes), str(run_dir.path))
+    assert report.to_json()["ranks"] == {"0": 0, "1": 2, "2": 143, "3": None}
+    clean = JobReport.of_plan(plan, 0, "completed", 3.0)
+    clean.add_outcome(Outcome(0, "completed", 2.5, 0, None), str(run_dir.path))
+    assert clean.to_json()["ranks"] == {"0": 0, "1": 0, "2": 0, "3": 0}  # mpirun said so
