@@ -15,12 +15,24 @@ from pathlib import Path
 
 import pytest
 
+from cpuaccel.cli.run import run_command
+from cpuaccel.cli.run_json import wants_json
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.launch.plan import Script, build_plan
+from cpuaccel.launch.report import JobReport
+from cpuaccel.launch.supervise import Outcome
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER
-from tests.test_run import EXAMPLE_INVENTORY, RUN_DIR, RUN_ID, facts, hosts, settings_for
+from tests.test_run import (
+    EXAMPLE_INVENTORY,
+    RUN_DIR,
+    RUN_ID,
+    facts,
+    hosts,
+    router,
+    settings_for,
+)
 
 TRAIN_MODULE = "import sys\nprint(__name__, sys.argv)\n"
 
@@ -250,9 +262,6 @@ def test_json_on_bad_input_is_one_object_with_the_error(tmp_path: Path) -> None:
     ],
 )
 def test_json_is_run_own_option_only_before_script(args: list[str], wanted: bool) -> None:
-    from cpuaccel.cli.run import run_command
-    from cpuaccel.cli.run_json import wants_json
-
     assert wants_json(run_command, args) is wanted
 
 
@@ -270,9 +279,6 @@ def test_json_on_a_bad_flag_is_one_object_too(tmp_path: Path) -> None:
 
 
 def test_router_keeps_each_ranks_code_and_the_report_reads_them(tmp_path: Path) -> None:
-    from cpuaccel.launch.report import JobReport
-    from cpuaccel.launch.supervise import Outcome
-    from tests.test_run import router
 
     r, term, run_dir = router(tmp_path)
     r.feed("out", "[rank 0 node1] done")
