@@ -13,7 +13,7 @@ import pytest
 
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
@@ -59,7 +59,7 @@ def test_check_table_names_every_node(cluster: Cluster) -> None:
     lines = proc.stdout.splitlines()
     for node in cluster.nodes:
         row = next(line for line in lines if line.startswith(node.name + " "))
-        assert row.split()[1:3] == ["ok", node.name]
+        assert row.split()[1:3] == ["ok", "="]  # "=": the hostname is the inventory name
     assert "3 reachable, 0 unreachable; 0 error(s)" in proc.stdout
 
 
@@ -67,16 +67,18 @@ def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster)
     with cluster.sshd_stopped("node2"):
         code, report = check_json("-i", str(cluster.inventory_path))
         table = clean_cpuaccel("check", "-i", str(cluster.inventory_path))
-    assert code == 2
+    assert code == EXIT_NODE_FAILED
     assert report["hosts"]["node2"]["reachable"] is False
     assert "refused" in report["hosts"]["node2"]["error"].lower()
     for name in ("node1", "node3"):
         assert report["hosts"][name]["facts"]["hostname"] == name
     assert [p["host"] for p in report["problems"]] == ["node2"]
-    assert table.returncode == EXIT_USAGE
-    assert any(
-        line.startswith("node2 ") and "unreachable" in line for line in table.stdout.splitlines()
-    )
+    assert table.returncode == EXIT_NODE_FAILED
+    lines = table.stdout.splitlines()
+    row = next(line for line in lines if line.startswith("node2 "))
+    assert "unreachable" in row and "refused" not in row.lower()  # the error is below
+    error = next(i for i, line in enumerate(lines) if line.startswith("error   node2: "))
+    assert "refused" in lines[error].lower() and error > lines.index(row)
     assert "Traceback" not in table.stderr
 
 
@@ -121,7 +123,7 @@ def test_unknown_host_key_is_refused_by_default(cluster: Cluster, tmp_path: Path
     empty.write_text("")
     inv = inventory_knowing(cluster, tmp_path / "unknown.yaml", empty)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == EXIT_USAGE
+    assert proc.returncode == EXIT_NODE_FAILED
     assert "host key of" in proc.stdout and "is not known" in proc.stdout
     assert "ssh-keyscan" in proc.stdout
     assert "Traceback" not in proc.stderr
@@ -140,7 +142,7 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     )
     inv = inventory_knowing(cluster, tmp_path / "changed.yaml", known)
     proc = clean_cpuaccel("check", "-i", str(inv), "--limit", "node1")
-    assert proc.returncode == EXIT_USAGE
+    assert proc.returncode == EXIT_NODE_FAILED
     assert "CHANGED" in proc.stdout
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.launch.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
@@ -118,7 +118,7 @@ def test_check_of_a_node_whose_link_is_down_ends_within_the_connect_timeout(
         started = time.monotonic()
         proc = cpuaccel("check", "-i", inventory, "-T", str(timeout), env=ENV, timeout=60)
         seconds = time.monotonic() - started
-    assert proc.returncode == EXIT_USAGE, proc
+    assert proc.returncode == EXIT_NODE_FAILED, proc
     row = next(line for line in proc.stdout.splitlines() if line.startswith("node3 "))
     assert "unreachable" in row and "timed out" in row, proc.stdout
     assert "Traceback" not in proc.stderr
@@ -165,14 +165,14 @@ def test_a_proxyjump_hop_with_a_wrong_recorded_key_is_refused(
     # node1 (the hop) recorded with node3's key; node2 (the target) with its own.
     wrong = f"{node1.address} {by_name['node3']}\n{node2.address} {by_name['node2']}\n"
     proc = through_jump(cluster, tmp_path, wrong)
-    assert proc.returncode == EXIT_USAGE, proc
+    assert proc.returncode == EXIT_NODE_FAILED, proc
     assert f"host key of the ProxyJump hop {node1.address} has CHANGED" in proc.stdout, proc
     assert "Traceback" not in proc.stderr
     assert node3.address not in proc.stdout  # the message names the hop, not the key's owner
 
     unknown = f"{node2.address} {by_name['node2']}\n"  # the hop not recorded at all
     proc = through_jump(cluster, tmp_path, unknown)
-    assert proc.returncode == EXIT_USAGE, proc
+    assert proc.returncode == EXIT_NODE_FAILED, proc
     assert f"host key of the ProxyJump hop {node1.address} is not known" in proc.stdout, proc
 
 
@@ -184,5 +184,5 @@ def test_a_proxyjump_hop_with_the_right_key_works(cluster: Cluster, tmp_path: Pa
     # The way to node2 goes through node1: without node1's sshd there is none.
     with cluster.sshd_stopped("node1"):
         proc = through_jump(cluster, tmp_path, cluster.known_hosts_path.read_text())
-    assert proc.returncode == EXIT_USAGE, proc
+    assert proc.returncode == EXIT_NODE_FAILED, proc
     assert f"via ProxyJump {cluster.node('node1').address}" in proc.stdout, proc

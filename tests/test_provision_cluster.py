@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
@@ -195,7 +195,7 @@ def test_a_failing_node_drops_out_alone_and_the_recap_says_so(
 """,
     )
     proc = provision(inventory, "--playbook", str(book))
-    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_NODE_FAILED, proc.stdout + proc.stderr
     broken = cluster.names[1]
     others = [n for n in cluster.names if n != broken]
     assert f"failed: {broken}" in proc.stdout

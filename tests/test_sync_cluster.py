@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.errors import EXIT_USAGE
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE
 from cpuaccel.node.common import TMP_MARK
 from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
 from cpuaccel.testing.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
@@ -504,7 +504,7 @@ def test_unreachable_node_is_reported_while_the_others_sync(env: Env) -> None:
     make_project(env.src)
     expected = expected_tree(env.src)
     with env.cluster.sshd_stopped("node2"):
-        report = env.sync(expect=2)
+        report = env.sync(expect=EXIT_NODE_FAILED)
         lines = env.run()
         assert env.node("node2") is None  # nothing reached it
     node2 = report["hosts"]["node2"]
@@ -513,7 +513,7 @@ def test_unreachable_node_is_reported_while_the_others_sync(env: Env) -> None:
         assert report["hosts"][name]["status"] == "ok"
         assert report["hosts"][name]["in_sync"] is True
     assert_identical_everywhere(env, expected, ("node1", "node3"))
-    assert lines.returncode == EXIT_USAGE and "Traceback" not in lines.stderr
+    assert lines.returncode == EXIT_NODE_FAILED and "Traceback" not in lines.stderr
     assert any(line.startswith("node2: unreachable") for line in lines.stdout.splitlines()), (
         lines.stdout
     )

@@ -11,7 +11,8 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.cli.become_options import BecomeFlags, become_options
+from cpuaccel.cli.options import Target, beside_playbook, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
@@ -29,6 +30,7 @@ Examples:
   cpuaccel provision inventory.yaml --limit node3 --tags stack
   cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
   cpuaccel provision --list-modules
+  cpuaccel provision inventory.yaml -b -K           # tasks as root via sudo (asks once)
 
 \b
 The default playbook (playbooks/provision.yaml) creates cpuaccel_workdir and a venv at
@@ -37,7 +39,7 @@ the stack (cpuaccel_stack: upstream or ipex-legacy) and cpuaccel itself, finds
 setvars.sh, verifies torch under mpirun, and fails any node whose versions differ.
 
 \b
-Exit codes: 0 every host succeeded; 2 a host failed or was unreachable, or the
+Exit codes: 0 every host succeeded; 69 a host failed or was unreachable; 64 the
 playbook, inventory or arguments were bad (then nothing ran on any node).
 """
 
@@ -122,6 +124,7 @@ def _print_json(
 @click.option(
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
+@become_options
 def provision_command(
     target: Target,
     playbook_path: str | None,
@@ -133,6 +136,7 @@ def provision_command(
     verbose: bool,
     list_tasks: bool,
     list_modules: bool,
+    become: BecomeFlags,
 ) -> None:
     """Run an Ansible-style playbook on every node: idempotent, in parallel, with a recap.
 
@@ -145,9 +149,12 @@ def provision_command(
     path = Path(playbook_path) if playbook_path else default_playbook()
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
+    if playbook_path:  # group_vars/ and host_vars/ beside the playbook, as ansible-playbook
+        target = beside_playbook(target, path.parent)
     if list_tasks:
         _list_tasks(playbook)
         return
+    cli_become = become.settle()  # -K asks here, before any node is contacted
     listener: Listener = (
         ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
     )
@@ -165,6 +172,7 @@ def provision_command(
         tags=_tags(tags),
         skip_tags=_tags(skip_tags),
         listener=listener,
+        become=cli_become,
     )
     try:
         stats = runner.run()

@@ -7,13 +7,17 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli import run_json
+from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
+from cpuaccel.cli.launch_aliases import launch_options
 from cpuaccel.cli.options import Target, host_options, parse_env
+from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
@@ -29,6 +33,8 @@ Examples:
   cpuaccel run -i inventory.yaml --dry-run train.py       # print hostfile, env, command
   cpuaccel run -i inventory.yaml --env FI_PROVIDER=tcp --timeout 3600 train.py
   cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
+  cpuaccel run --num_processes 8 --master_addr node0 train.py   # accelerate's spellings
+  cpuaccel run --env HF_TOKEN train.py     # this shell's value; *TOKEN* stays secret
   cpuaccel run -i inventory.yaml -m pkg.train --lr 0.1    # a module, as python -m runs it
   cpuaccel run -i inventory.yaml --no-python ./train.sh   # a program as each rank
   cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
@@ -36,7 +42,8 @@ Examples:
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
-default_config.yaml); flags override it. `cpuaccel config show` prints each setting
+default_config.yaml; without either, Accelerate's own default config, if any: one
+line says so); flags override it. `cpuaccel config show` prints each setting
 and where it came from.
 
 \b
@@ -49,7 +56,9 @@ runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every no
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
 69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
 lost. --json prints them in one object on stdout, with each rank's own code.
+
 """
+EPILOG += ALIASES_EPILOG
 
 
 def _script_in_project(script: str, project: Path) -> str:
@@ -89,9 +98,8 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
+@launch_options
 @host_options
-@click.option("--nodes", type=click.IntRange(1), help="How many hosts (default: all selected).")
-@click.option("--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1).")
 # No click defaults below: a value that is None was not given, so the project file or
 # the inventory may set it (cpuaccel.config.effective).
 @click.option(
@@ -100,14 +108,13 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     help="MPI launcher.  [default: auto]",
 )
 @click.option(
-    "--master-port", type=click.IntRange(1, 65535), help="Rendezvous port.  [default: 29500]"
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE|NAME",
+    help="Set in every rank; NAME alone passes this shell's value (secret when NAME has "
+    "TOKEN, KEY, SECRET or PASSWORD in it).",
 )
-@click.option(
-    "--mixed-precision",
-    type=click.Choice(["bf16", "no"]),
-    help="Exported as ACCELERATE_MIXED_PRECISION / CPUACCEL_MIXED_PRECISION.",
-)
-@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Set in every rank.")
 @click.option(
     "--sync/--no-sync",
     "allow_sync",
@@ -151,11 +158,8 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     target: Target,
-    nodes: int | None,
-    ppn: int | None,
+    launch_flags: dict[str, Any],
     launcher: str | None,
-    master_port: int | None,
-    mixed_precision: str | None,
     env_items: tuple[str, ...],
     allow_sync: bool,
     dry_run: bool,
@@ -171,13 +175,14 @@ def run_command(
     started = time.monotonic()
     try:
         project = Path.cwd().resolve()
+        if not as_module:  # a module name is no file (-m config.yaml is module yaml)
+            check_script_kind(script, no_python=no_python)
+        env = parse_env(env_items)
         flags = {
-            "nodes": nodes,
-            "ppn": ppn,
+            **launch_flags,
             "launcher": launcher,
-            "master_port": master_port,
-            "mixed_precision": mixed_precision,
-            "env": parse_env(env_items),
+            "env": env,
+            "secret_env": env.secret,
             "launcher_args": _launcher_words(launcher_args),
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)

@@ -30,7 +30,7 @@ sources or files: each lands below it under its own name.
 
 \b
 Exit codes: 0 every node matches the source; 1 (--check) some node would change;
-2 a node does not match afterwards or is unreachable, or the input was bad.
+69 a node does not match afterwards or is unreachable; 64 the input was bad.
 """
 
 

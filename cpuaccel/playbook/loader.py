@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import PlaybookError
+from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.argspec import Where
@@ -19,8 +20,9 @@ from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import YamlReader
 
-PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
+PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags", *becoming.KEYWORDS}
 TASK_KEYS = {
+    *becoming.KEYWORDS,
     "name",
     "when",
     "register",
@@ -105,6 +107,7 @@ class _Reader:
             file=self.source,
             line=line,
             gather_facts=bool(raw.get("gather_facts", True)),
+            become=self.become(raw, f"play {name!r}", line),
         )
 
     def task(self, raw: Any, index: int, play_tags: frozenset[str]) -> Task:
@@ -147,7 +150,15 @@ class _Reader:
             run_once=bool(raw.get("run_once", False)),
             check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
             vars=dict(task_vars),
+            become=self.become(raw, label, line),
         )
+
+    def become(self, raw: Mapping[str, Any], label: str, line: int) -> dict[str, Any]:
+        """become, become_user and become_method (become.check_keywords), at their line."""
+        try:
+            return becoming.check_keywords(raw)
+        except becoming.KeywordError as exc:
+            raise self.error(f"{label}: {exc}", _key_line(raw, exc.key, line), exc.hint) from None
 
     def module(self, raw: Mapping[str, Any], label: str, line: int) -> catalogue.Module:
         """The task's one module: every key that is not a task keyword names it."""
