@@ -1,4 +1,5 @@
-"""The rank side: ``python -m cpuaccel.worker SCRIPT [ARGS...]``, what every rank execs.
+"""The rank side: ``python -m cpuaccel.worker SCRIPT [ARGS...]``, what every rank execs
+(``-m MODULE [ARGS...]`` for a module, ``--no-python PROGRAM [ARGS...]`` for a program).
 
 It stays tiny, like torchrun's worker-side setup: derive the torch.distributed
 environment from whichever launcher started the process, label this rank's output,
@@ -88,12 +89,21 @@ def apply_env(env: MutableMapping[str, str]) -> dict[str, str]:
     return derived
 
 
-def run_script(script: str, args: list[str]) -> int:
-    """Run SCRIPT as __main__; return the exit code it ended with."""
+def run_script(script: str, args: list[str], module: bool = False) -> int:
+    """Run SCRIPT (or, with ``module``, the module of that name) as __main__; return
+    the exit code it ended with."""
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module and not _module_exists(script):
+            print(f"{sys.executable}: No module named {script}", file=sys.stderr)  # as python -m
+            return 1
+        if module:
+            # As `python -m`: sys.path[0] is already the working folder (the project, as
+            # rank.sh cd's there), and run_module sets sys.argv[0] to the module's file.
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -110,6 +120,19 @@ def run_script(script: str, args: list[str]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _module_exists(name: str) -> bool:
+    """Whether ``name`` can be found (its parent packages are imported, as python -m
+    does); a missing one is a line, not a traceback of runpy's internals."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):  # a parent package is missing
+            return False
+        raise
 
 
 # Signals the rank's own process gets from MPI or a terminal, passed on to the script's.
@@ -134,7 +157,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _wait_for_script(child: int, label: str) -> int:
+def _wait_for_script(child: int, label: str, report: bool = True) -> int:
     """The rank's own process: wait for the script's, report its death by a signal.
 
     A rank killed by a signal (the OOM killer, a segfault, kill -9) cannot say so
@@ -158,20 +181,46 @@ def _wait_for_script(child: int, label: str) -> int:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    os.write(2, f"{label}{KILLED_MARKER} {name}\n{label}{EXIT_MARKER} {code}\n".encode())
+    os.write(2, f"{label}{KILLED_MARKER} {name}\n".encode())
+    if report:  # else the caller reports every code itself
+        os.write(2, f"{label}{EXIT_MARKER} {code}\n".encode())
     return code
 
 
+USAGE = "usage: python -m cpuaccel.worker [-m MODULE | --no-python PROGRAM | SCRIPT] [ARGS...]"
+
+
+def _parse(argv: list[str]) -> tuple[str, str, list[str]] | None:
+    """(mode, what, args) of the worker's own words: "script", "module" or "program"."""
+    if argv[:1] in (["-m"], ["--no-python"]) and len(argv) >= 2:
+        return ("module" if argv[0] == "-m" else "program"), argv[1], argv[2:]
+    if not argv or argv[0].startswith("-"):
+        return None
+    return "script", argv[0], argv[1:]
+
+
+def _report_exit(code: int) -> None:
+    """The exit marker the controller reads for each rank's code. Under `cpuaccel run`
+    (CPUACCEL_RUN_ID set) a rank that succeeded says so too, for `run --json`'s
+    per-rank codes; elsewhere only a failure is worth a line."""
+    if code != 0 or os.environ.get("CPUACCEL_RUN_ID"):
+        os.write(2, f"{EXIT_MARKER} {code}\n".encode())  # fd 2: the labeller, if any
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
-        print("usage: python -m cpuaccel.worker SCRIPT [ARGS...]", file=sys.stderr)
+    parsed = _parse(sys.argv[1:])
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         sys.exit(2)
+    mode, what, args = parsed
     derived = apply_env(os.environ)
     label = ""
     if os.environ.get("CPUACCEL_LABEL_OUTPUT") == "1":
         label = f"[rank {derived['RANK']} {socket.gethostname()}] "
     sys.stdout.flush()
     sys.stderr.flush()
+    if mode == "program":
+        _run_program(what, args, label)
     parent = os.getpid()
     child = os.fork()
     if child != 0:
@@ -179,10 +228,11 @@ def main() -> None:
     _die_with_parent(parent)
     if label:
         _labels.install(label)
-    code = run_script(sys.argv[1], sys.argv[2:])
-    if code != 0:
-        # The controller reads this to report the first failing rank and its code.
-        print(f"{EXIT_MARKER} {code}", file=sys.stderr, flush=True)
+    code = run_script(what, args, module=mode == "module")
+    # The controller reads this to report the first failing rank and its code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _report_exit(code)
     # What the script registered to run at exit runs while its output is still
     # labelled; then the interpreter ends as after a plain `python SCRIPT`, which
     # runs C-level exit hooks too: mpi4py's MPI_Finalize is one, and a rank that
@@ -192,6 +242,26 @@ def main() -> None:
     sys.stderr.flush()
     _labels.finish()
     sys.exit(code & 0xFF if code >= 0 else 1)
+
+
+def _run_program(program: str, args: list[str], label: str) -> None:
+    """--no-python: the rank's environment is derived (above); the program runs in a
+    child with it, its output labelled here, its exit code (or its signal) reported."""
+    if label:
+        _labels.install(label)  # in this process: the child's output passes through it
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        _die_with_parent(parent)
+        try:
+            os.execvp(program, [program, *args])
+        except OSError as exc:  # as a shell says it, with the shell's codes
+            print(f"cpuaccel: {program}: {exc.strerror}", file=sys.stderr, flush=True)
+            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+    code = _wait_for_script(child, "", report=False)
+    _report_exit(code)
+    _labels.finish()
+    os._exit(code & 0xFF)
 
 
 if __name__ == "__main__":

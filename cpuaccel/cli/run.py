@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,18 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
+from cpuaccel.cli import run_json
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import launch_options
 from cpuaccel.cli.options import Target, host_options, parse_env
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
-from cpuaccel.errors import UsageError
-from cpuaccel.launch import job
+from cpuaccel.config.launcher_args import OwnedWord
+from cpuaccel.config.launcher_args import split as split_launcher_args
+from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.launch import entry, job
 from cpuaccel.launch.plan import RunPlan, Script
+from cpuaccel.launch.report import JobReport
 
 EPILOG = """\b
 Examples:
@@ -30,6 +35,10 @@ Examples:
   cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
   cpuaccel run --num_processes 8 --master_addr node0 train.py   # accelerate's spellings
   cpuaccel run --env HF_TOKEN train.py     # this shell's value; *TOKEN* stays secret
+  cpuaccel run -i inventory.yaml -m pkg.train --lr 0.1    # a module, as python -m runs it
+  cpuaccel run -i inventory.yaml --no-python ./train.sh   # a program as each rank
+  cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
+  cpuaccel run -i inventory.yaml --json train.py > result.json   # ranks' output: stderr
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
@@ -46,7 +55,7 @@ runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every no
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
 69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
-lost.
+lost. --json prints them in one object on stdout, with each rank's own code.
 
 """
 EPILOG += ALIASES_EPILOG
@@ -65,7 +74,11 @@ def _script_in_project(script: str, project: Path) -> str:
         ) from None
 
 
-def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
+def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bool) -> None:
+    if as_json:
+        report = JobReport.of_plan(plan, 0, "dry-run", 0.0)
+        ui.print_json({**report.to_json(), "command": plan.command()})
+        return
     out = ui.stdout()
     unknown = plan.ppn is None
     out.print(f"# run {plan.run_id} (dry run: no node was contacted)")
@@ -81,6 +94,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
 
 
 @click.command(
+    cls=run_json.RunCommand,  # --json: the one object on a bad flag too
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
@@ -116,6 +130,30 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     metavar="SECONDS",
     help="End the job after this long.",
 )
+@click.option(
+    "-m",
+    "--module",
+    "as_module",
+    is_flag=True,
+    help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
+)
+@click.option(
+    "--no-python",
+    is_flag=True,
+    help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each rank, "
+    "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
+)
+@click.option(
+    "--launcher-args",
+    metavar="'WORDS'",
+    help="Extra mpirun options, split as a shell would, placed before the program.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object at the end on stdout; the ranks' output goes to stderr.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -126,26 +164,83 @@ def run_command(
     allow_sync: bool,
     dry_run: bool,
     job_timeout: float | None,
+    as_module: bool,
+    no_python: bool,
+    launcher_args: str | None,
+    as_json: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
-    project = Path.cwd().resolve()
-    check_script_kind(script)
-    env = parse_env(env_items)
-    flags = {**launch_flags, "launcher": launcher, "env": env, "secret_env": env.secret}
-    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
-    what = Script(_script_in_project(script, project), script_args, project.name)
-    if dry_run:
-        _print_dry_run(*job.dry_run(settings, what, project, target.connect))
-        return
-    code = job.launch(
-        settings,
-        what,
-        project,
-        connect=target.connect,
-        forks=target.forks,
-        allow_sync=allow_sync,
-        timeout=job_timeout,
-    )
-    sys.exit(code)
+    started = time.monotonic()
+    try:
+        project = Path.cwd().resolve()
+        if not as_module:  # a module name is no file (-m config.yaml is module yaml)
+            check_script_kind(script, no_python=no_python)
+        env = parse_env(env_items)
+        flags = {
+            **launch_flags,
+            "launcher": launcher,
+            "env": env,
+            "secret_env": env.secret,
+            "launcher_args": _launcher_words(launcher_args),
+        }
+        settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+        if as_module or no_python:
+            what = _entry(script, script_args, project, as_module, no_python)
+        else:
+            what = Script(_script_in_project(script, project), script_args, project.name)
+        if dry_run:
+            _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
+            return
+        report = job.launch(
+            settings,
+            what,
+            project,
+            connect=target.connect,
+            forks=target.forks,
+            allow_sync=allow_sync,
+            timeout=job_timeout,
+            ranks_to_stderr=as_json,
+        )
+    except (CpuaccelError, KeyboardInterrupt) as exc:
+        if as_json:  # the one object, with the error (main() prints it on stderr too)
+            ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
+        raise
+    if as_json:
+        ui.print_json(report.to_json())
+    sys.exit(report.exit_code)
+
+
+# ---------------------------------------------------------------- -m, --no-python,
+# --launcher-args, --json
+
+
+def _launcher_words(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    try:
+        return split_launcher_args(text)
+    except OwnedWord as exc:
+        raise UsageError(
+            f"--launcher-args {text!r}: {exc}",
+            hint=f"leave it out of --launcher-args; cpuaccel sets it from {exc.flag}",
+        ) from None
+    except ValueError as exc:
+        raise UsageError(
+            f"--launcher-args {text!r}: {exc}",
+            hint="close the quote, e.g. --launcher-args '-genv I_MPI_DEBUG 5'",
+        ) from None
+
+
+def _entry(
+    script: str, args: tuple[str, ...], project: Path, as_module: bool, no_python: bool
+) -> Script:
+    if as_module and no_python:
+        raise UsageError(
+            "-m and --no-python together",
+            hint="-m runs a Python module, --no-python a program: keep the one you mean",
+        )
+    if as_module:
+        return entry.module_script(script, args, project)
+    return entry.program_script(script, args, project)

@@ -167,6 +167,8 @@ SPECS: dict[str, _Spec] = {
     "fi_provider": (None, ("cpuaccel_fi_provider",), _text, None, None),
     "allocator": (None, ("cpuaccel_allocator",), _one_of(ALLOCATOR_CHOICES), "auto", None),
     "templates": (None, ("cpuaccel_templates",), _text, None, "cpuaccel's own templates/"),
+    # Split and checked where written: the flag in cli/run.py, the file in project.py.
+    "launcher_args": ("--launcher-args", (), _same, (), None),
 }  # fmt: skip
 
 
@@ -213,6 +215,7 @@ def resolve(
         secret_env=_secret_env(src),
         allocator=got["allocator"],
         templates=got["templates"],
+        launcher_args=got["launcher_args"],
         chosen=tuple(chosen),
     )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.config import launcher_args
 from cpuaccel.config.yamlfile import Field, parse_mapping
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
@@ -38,6 +39,7 @@ KEYS: dict[str, str] = {
     "ccl_workers": "oneCCL worker threads per rank (CCL_WORKER_COUNT)",
     "env": "variables set in every rank (a mapping)",
     "exclude": "sync: patterns left out (a list, gitignore syntax)",
+    "launcher_args": "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
 }
 
 
@@ -142,6 +144,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "ccl_workers": _int(0, 64),
     "env": _env,
     "exclude": _patterns,
+    "launcher_args": launcher_args.split,
 }
 
 

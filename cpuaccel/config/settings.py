@@ -110,6 +110,8 @@ class LaunchSettings:
     secret_env: Setting[SecretEnv]
     allocator: Setting[str]  # one of ALLOCATOR_CHOICES
     templates: Setting[str | None]  # a folder of the user's own run templates
+    # --launcher-args / launcher_args: words appended to the mpirun line, checked.
+    launcher_args: Setting[tuple[str, ...]] = Setting("launcher_args", (), DEFAULT)
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

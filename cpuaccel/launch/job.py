@@ -35,6 +35,7 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
+from cpuaccel.launch.report import PREFLIGHT, JobReport
 from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
 from cpuaccel.sync.engine import SyncOptions, sync
@@ -79,8 +80,13 @@ def launch(
     forks: int,
     allow_sync: bool,
     timeout: float | None,
-) -> int:
-    """Preflight (and sync), copy, launch and supervise the job; its exit code."""
+    ranks_to_stderr: bool = False,
+) -> JobReport:
+    """Preflight (and sync), copy, launch and supervise the job; how it ended.
+
+    ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
+    leaving stdout to the one JSON object."""
+    started = time.monotonic()
     run_id = new_run_id()
     local = _local_project(settings, project)
     with ConnectionPool(connect) as pool:
@@ -90,11 +96,17 @@ def launch(
             facts = _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
-            return EXIT_NODE_FAILED
+            seconds = time.monotonic() - started
+            report = JobReport.of_plan(draft, EXIT_NODE_FAILED, PREFLIGHT, seconds)
+            report.error = str(exc)
+            return report
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
-        return _run(plan, project, local is not None, timeout, nodes)
+        outcome, folder = _run(plan, project, local is not None, timeout, nodes, ranks_to_stderr)
+    report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
+    report.add_outcome(outcome, folder)
+    return report
 
 
 def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
@@ -103,19 +115,30 @@ def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
     return {name: key for name, key in keys.items() if key}
 
 
-def _run(plan: RunPlan, project: Path, local: bool, timeout: float | None, nodes: _Nodes) -> int:
+def _run(
+    plan: RunPlan,
+    project: Path,
+    local: bool,
+    timeout: float | None,
+    nodes: _Nodes,
+    ranks_to_stderr: bool,
+) -> tuple[Outcome, str]:
     """Render and copy the files, run the job, keep its record, print its summary."""
     files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
     run_dir = RunDir.create(project / "runs", plan, files)
     try:
         if not local or "secret.env" in files:
             _copy_files(plan, files, nodes)
-        return _supervise(plan, run_dir, timeout, nodes)
+        out = ui.stderr() if ranks_to_stderr else ui.stdout()
+        router = OutputRouter(run_dir, out, ui.stderr())
+        return _supervise(plan, run_dir, timeout, nodes, router), str(run_dir.path)
     finally:
         run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
 
 
-def _supervise(plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _Nodes) -> int:
+def _supervise(
+    plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _Nodes, router: OutputRouter
+) -> Outcome:
     """Start the job, watch it to its end, and keep its record."""
     run_dir.record(
         run_id=plan.run_id,
@@ -128,7 +151,6 @@ def _supervise(plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _No
         secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
         started=time.time(),
     )
-    router = OutputRouter(run_dir, ui.stdout(), ui.stderr())
     outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
     run_dir.record(
         exit_code=outcome.exit_code,
@@ -140,7 +162,7 @@ def _supervise(plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _No
         left=outcome.left,
     )
     _summary(plan, outcome, run_dir)
-    return outcome.exit_code
+    return outcome
 
 
 def _preflight_and_sync(

@@ -30,6 +30,9 @@ class LaunchSpec:
     # Several of the job's nodes are one machine (containers, namespaces): their ranks
     # share its cores, so MPI must not spin on them.
     shared_cores: bool = False
+    # --launcher-args: the user's own words for mpirun, each one argv word, placed after
+    # cpuaccel's options and before the program (config/launcher_args.py checked them).
+    extra: tuple[str, ...] = ()
 
 
 class Launcher(abc.ABC):
@@ -51,7 +54,7 @@ class Launcher(abc.ABC):
 def _hydra(spec: LaunchSpec, *options: str) -> list[str]:
     """The command shape of hydra, the process manager of Intel MPI and MPICH."""
     placement = ["-f", spec.hostfile, "-n", str(spec.world), "-ppn", str(spec.ppn)]
-    return [spec.mpirun, *placement, *options, *spec.rank_argv]
+    return [spec.mpirun, *placement, *options, *spec.extra, *spec.rank_argv]
 
 
 class IntelMPI(Launcher):
@@ -116,6 +119,7 @@ class OpenMPI(Launcher):
             "plm_rsh_agent",
             spec.ssh_wrapper,
             *exports,
+            *spec.extra,
             *spec.rank_argv,
         ]
 

@@ -42,14 +42,33 @@ ALLOCATORS = {
 IOMP = ("{prefix}/lib/libiomp5.so",)
 
 
+SCRIPT, MODULE, EXECUTABLE = "script", "module", "executable"
+
+
 @dataclass(frozen=True)
 class Script:
     """What to run: the script (relative to the project folder), its arguments, and the
-    project folder's name (its folder on the nodes)."""
+    project folder's name (its folder on the nodes).
+
+    ``mode``: ``script`` (a Python file, ``path`` relative to the project), ``module``
+    (``-m``: ``path`` is a dotted module name, run as ``python -m`` does) or
+    ``executable`` (``--no-python``: ``path`` is a program, relative to the project
+    folder as ``./prog``, or a command looked up on the node's PATH)."""
 
     path: str
     args: tuple[str, ...] = ()
     project_name: str = "project"
+    mode: str = SCRIPT
+
+    def worker_argv(self) -> tuple[str, ...]:
+        """The words after ``python -m cpuaccel.worker`` (rank.sh passes them on)."""
+        if self.mode == MODULE:
+            return ("-m", self.path, *self.args)
+        if self.mode == EXECUTABLE:
+            return ("--no-python", self.path, *self.args)
+        # A script whose name starts with "-" must not read as one of the worker's flags.
+        path = f"./{self.path}" if self.path.startswith("-") else self.path
+        return (path, *self.args)
 
 
 def new_run_id() -> str:
@@ -76,6 +95,7 @@ class RunPlan:
     script: Script
     shared_cores: bool = False  # several chosen nodes are one machine
     precision_note: str | None = None  # what --mixed-precision auto chose, and why
+    launcher_args: tuple[str, ...] = ()  # --launcher-args: words for mpirun, as given
 
     @property
     def head(self) -> Host:
@@ -96,9 +116,10 @@ class RunPlan:
             ppn=self.ppn or "<ppn: sockets per node>",
             threads=self.threads or "<cores per rank>",
             ssh_wrapper=self.path("ssh.sh"),
-            rank_argv=("/bin/sh", self.path("rank.sh"), self.script.path, *self.script.args),
+            rank_argv=("/bin/sh", self.path("rank.sh"), *self.script.worker_argv()),
             exported=tuple(self.env),
             shared_cores=self.shared_cores,
+            extra=self.launcher_args,
         )
 
     def command(self) -> list[str]:
@@ -165,6 +186,7 @@ def build_plan(
         script=script,
         shared_cores=sharing > 1,
         precision_note=precision.note,
+        launcher_args=tuple(settings.launcher_args.value),
     )
 
 

@@ -48,6 +48,14 @@ class Failure:
     code: int
 
 
+def _reported_code(text: str) -> int | None:
+    """The code of a rank's exit marker line (worker.py), None for any other line."""
+    if not text.startswith(EXIT_MARKER):
+        return None
+    word = text[len(EXIT_MARKER) :].strip()
+    return int(word) if word.lstrip("-").isdigit() else 1
+
+
 class OutputRouter:
     """Each line to the terminal, labelled (coloured on a TTY), and to its rank's log."""
 
@@ -56,6 +64,7 @@ class OutputRouter:
         self.out = out
         self.err = err
         self.failures: list[Failure] = []
+        self.codes: dict[int, int] = {}  # rank -> the exit code it reported
         # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
         # lets the remaining ranks run on when a rank on another node exits).
         self.failed = threading.Event()
@@ -81,11 +90,15 @@ class OutputRouter:
                     self.err.print(f"[dim]\\[mpirun][/] {escape(line)}")
                 return
             rank, host, text = int(match[1]), match[2], match[3]
+            code = _reported_code(text)
+            if code is not None:
+                self.codes[rank] = code
+                if code == 0:
+                    return  # a rank that succeeded: for run --json, not for the logs
             self._log(f"rank-{rank}.log").write(text + "\n")
             if self.quiet and text.startswith((EXIT_MARKER, KILLED_MARKER)):
                 return  # a rank that cpuaccel is ending: the ending, not a failure
-            if text.startswith(EXIT_MARKER):
-                code = int(text[len(EXIT_MARKER) :].strip() or 1)
+            if code is not None:
                 self.failures.append(Failure(rank, host, code))
                 self.failed.set()
                 return
@@ -108,6 +121,7 @@ class Outcome:
     swept: dict[str, Any] = field(default_factory=dict)  # node -> what the sweep ended
     left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
     lost: list[str] = field(default_factory=list)  # nodes whose connection died
+    codes: dict[int, int] = field(default_factory=dict)  # rank -> the code it reported
 
 
 @contextmanager
@@ -290,4 +304,7 @@ class Job:
             code, reason = 1 if launcher_exit is None else launcher_exit, "failed"
         else:
             code, reason = 0, "completed"
-        return Outcome(code, reason, seconds, launcher_exit, first, swept, left, list(self.lost))
+        lost = list(self.lost)
+        return Outcome(
+            code, reason, seconds, launcher_exit, first, swept, left, lost, self.router.codes
+        )

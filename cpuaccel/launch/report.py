@@ -1,0 +1,64 @@
+"""``run --json``: what one run ended with, as one JSON object.
+
+Built on every path a run can end by (a finished job, a failed preflight, an error
+before any node was reached), so that a script reading stdout always gets one object.
+Names only, never a value of the environment: it may be logged anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.supervise import Outcome
+
+# ended_by, besides the job's own endings (Outcome.reason: completed, failed,
+# interrupted, terminated, timeout, lost):
+PREFLIGHT = "preflight"  # a node failed its checks (or its sync): no job was started
+ERROR = "error"  # bad input, or a failure before any rank started
+
+
+@dataclass
+class JobReport:
+    exit_code: int
+    ended_by: str
+    seconds: float  # wall time of the whole command: preflight, sync, the job
+    run_id: str | None = None
+    folder: str | None = None  # the run's folder on the controller (runs/<id>)
+    hosts: list[str] = field(default_factory=list)
+    ppn: int | None = None
+    world: int | None = None
+    ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> its exit code
+    error: str | None = None
+    fix: str | None = None  # the error's hint, as the `fix:` line says it
+
+    @classmethod
+    def of_plan(cls, plan: RunPlan, code: int, ended_by: str, seconds: float) -> JobReport:
+        hosts = [h.name for h in plan.hosts]
+        return cls(code, ended_by, seconds, plan.run_id, None, hosts, plan.ppn, plan.world)
+
+    def add_outcome(self, outcome: Outcome, folder: str) -> None:
+        """A job that ran: each rank's code as it reported it (worker.py's exit marker).
+        A rank without one (its node lost, or killed with its worker) is None, except
+        when the whole job completed: mpirun exits 0 only when every rank did."""
+        self.folder = folder
+        clean = outcome.reason == "completed" and outcome.launcher_exit == 0
+        self.ranks = {
+            rank: outcome.codes.get(rank, 0 if clean else None) for rank in range(self.world or 0)
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "folder": self.folder,
+            "hosts": self.hosts,
+            "ppn": self.ppn,
+            "world": self.world,
+            "exit_code": self.exit_code,
+            "ended_by": self.ended_by,
+            "seconds": round(self.seconds, 3),
+            "ranks": {str(rank): code for rank, code in self.ranks.items()},
+            "error": self.error,
+            "fix": self.fix,
+        }
