@@ -12,7 +12,13 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options, parse_env, warn
+from cpuaccel.cli.options import (
+    Target,
+    host_options,
+    list_hosts_and_exit,
+    parse_env,
+    warn,
+)
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
@@ -177,7 +183,7 @@ def config_command(
 
 
 @config_command.command("show")
-@host_options
+@host_options(settles_hosts=True)
 @click.option("--nodes", type=click.IntRange(1))
 @click.option("--ppn", type=click.IntRange(1))
 @click.option("--launcher", type=click.Choice(["auto", "impi", "mpich", "openmpi"]))
@@ -199,6 +205,7 @@ def show_command(
     flags["env"] = parse_env(env_items)
     flags["exclude"] = exclude
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}
     project = target.project
     if project is not None:

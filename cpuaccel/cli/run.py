@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options, parse_env
+from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env
 from cpuaccel.config.effective import resolve
 from cpuaccel.errors import UsageError
 from cpuaccel.launch import job
@@ -75,7 +75,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@host_options
+@host_options(settles_hosts=True)
 @click.option("--nodes", type=click.IntRange(1), help="How many hosts (default: all selected).")
 @click.option("--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1).")
 # No click defaults below: a value that is None was not given, so the project file or
@@ -136,6 +136,7 @@ def run_command(
         "env": parse_env(env_items),
     }
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     what = Script(_script_in_project(script, project), script_args, project.name)
     if dry_run:
         _print_dry_run(*job.dry_run(settings, what, project, target.connect))
