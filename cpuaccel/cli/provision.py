@@ -29,6 +29,9 @@ Examples:
   cpuaccel provision inventory.yaml --limit node3 --tags stack
   cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
   cpuaccel provision --list-modules
+  cpuaccel provision --playbook site.yaml --list-tasks   # no inventory needed
+  cpuaccel provision --playbook site.yaml --syntax-check
+  cpuaccel provision inventory.yaml --list-hosts -u ubuntu --private-key ~/.ssh/id_ed25519
 
 \b
 The default playbook (playbooks/provision.yaml) creates cpuaccel_workdir and a venv at
@@ -37,7 +40,7 @@ the stack (cpuaccel_stack: upstream or ipex-legacy) and cpuaccel itself, finds
 setvars.sh, verifies torch under mpirun, and fails any node whose versions differ.
 
 \b
-Exit codes: 0 every host succeeded; 2 a host failed or was unreachable, or the
+Exit codes: 0 every host succeeded; 69 a host failed or was unreachable; 64 the
 playbook, inventory or arguments were bad (then nothing ran on any node).
 """
 
@@ -78,7 +81,32 @@ def _list_tasks(playbook: Playbook) -> None:
         out.print(f"play: {escape(play.name)} (hosts: {escape(play.hosts)})")
         for task in play.tasks:
             tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
-            out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
+            # Every part is user text: "[assert]" would otherwise be read as markup.
+            out.print(escape(f"  {task.name}  [{task.module}] {task.where}{tag_text}"))
+
+
+def _list_tags(playbook: Playbook) -> None:
+    """Ansible's --list-tags: each play's tags, sorted."""
+    out = ui.stdout()
+    for play in playbook.plays:
+        tags = sorted({tag for task in play.tasks for tag in task.tags})
+        text = f"play: {play.name} (hosts: {play.hosts})  TASK TAGS: [{', '.join(tags)}]"
+        out.print(escape(text))
+
+
+def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: bool) -> bool:
+    """--list-tasks, --list-tags and --syntax-check: read the playbook only (no host,
+    so no inventory needed); True when one of them was asked for."""
+    if not (list_tasks or list_tags or syntax_check):
+        return False
+    playbook = loader.load(path)  # a bad playbook is its one error line, exit 64
+    if syntax_check:
+        ui.stdout().print(escape(f"playbook: {path}: syntax OK, {len(playbook.tasks())} task(s)"))
+    if list_tasks:
+        _list_tasks(playbook)
+    if list_tags:
+        _list_tags(playbook)
+    return True
 
 
 def _print_json(
@@ -117,8 +145,11 @@ def _print_json(
 @click.option("-t", "--tags", multiple=True, metavar="TAGS", help="Only tasks with these tags.")
 @click.option("--skip-tags", multiple=True, metavar="TAGS", help="Leave out tasks with these tags.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recap and results as JSON.")
-@click.option("-v", "--verbose", is_flag=True, help="A line for every host of every task.")
-@click.option("--list-tasks", is_flag=True, help="List the playbook's tasks and exit.")
+@click.option("--list-tasks", is_flag=True, help="List the playbook's tasks and exit (no host).")
+@click.option("--list-tags", is_flag=True, help="List the playbook's tags and exit (no host).")
+@click.option(
+    "--syntax-check", is_flag=True, help="Validate the whole playbook and exit (no host)."
+)
 @click.option(
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
@@ -130,8 +161,9 @@ def provision_command(
     tags: tuple[str, ...],
     skip_tags: tuple[str, ...],
     as_json: bool,
-    verbose: bool,
     list_tasks: bool,
+    list_tags: bool,
+    syntax_check: bool,
     list_modules: bool,
 ) -> None:
     """Run an Ansible-style playbook on every node: idempotent, in parallel, with a recap.
@@ -141,15 +173,14 @@ def provision_command(
     if list_modules:
         _list_modules()
         return
-    _refuse_local_default(target, playbook_path, tags)
     path = Path(playbook_path) if playbook_path else default_playbook()
+    if _inspect(path, list_tasks=list_tasks, list_tags=list_tags, syntax_check=syntax_check):
+        return
+    _refuse_local_default(target, playbook_path, tags)
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
-    if list_tasks:
-        _list_tasks(playbook)
-        return
     listener: Listener = (
-        ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
+        ProgressBar() if as_json else Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
     )
     started = time.monotonic()
     pool = ConnectionPool(target.connect)

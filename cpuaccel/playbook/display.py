@@ -1,7 +1,8 @@
 """What a playbook run prints: a compact line per task as it ends, then Ansible's recap.
 
 One line per task keeps a 40-task run on one screen: the counts, then the hosts that
-changed or failed (failures with their message). ``-v`` lists every host; ``--diff``
+changed or failed (failures with their message). ``-v`` lists every host with its
+result's message (-vv and -vvv add the connectors' lines, see ui.py); ``--diff``
 prints the text diff of copy and template. On a terminal a bar shows the hosts that
 have finished the current task.
 """
@@ -134,5 +135,5 @@ class Display(ProgressBar):
         width = max((len(name) for name in stats), default=0)
         for name, s in stats.items():
             style = "red" if not s.succeeded else "yellow" if s.changed else "green"
-            self.console.print(f"[{style}]{escape(name):<{width}}[/] : {s.line()}")
+            self.console.print(f"[{style}]{escape(f'{name:<{width}}')}[/] : {s.line()}")
         self.console.print(f"({seconds:.1f} s)")

@@ -3,6 +3,8 @@
 Every mistake Ansible would only find at run time (an unknown module, an unknown
 argument, a task with two modules, a ``when`` that does not parse, a missing template)
 is a PlaybookError here, naming the file, the line and the task, with exit code 64.
+So is every Ansible keyword outside cpuaccel's subset (playbook/subset.py): nothing in
+a playbook is silently ignored.
 """
 
 from __future__ import annotations
@@ -13,31 +15,14 @@ from typing import Any
 
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import modules as catalogue
-from cpuaccel.playbook import templar
+from cpuaccel.playbook import subset, templar
 from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import YamlReader
 
-PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags"}
-TASK_KEYS = {
-    "name",
-    "when",
-    "register",
-    "changed_when",
-    "failed_when",
-    "loop",
-    "with_items",
-    "loop_control",
-    "tags",
-    "ignore_errors",
-    "run_once",
-    "vars",
-    "args",
-    "environment",
-    "timeout",
-    "check_mode",
-}
+PLAY_KEYS = subset.PLAY_KEYS
+TASK_KEYS = subset.TASK_KEYS
 
 
 def _line(value: Any, default: int) -> int:
@@ -79,6 +64,7 @@ class _Reader:
                 f"play {index} is not a mapping", None, "each play is '- hosts: ...' + tasks"
             )
         line = _line(raw, 1)
+        self.refuse_outside_subset(raw, line, on_play=True)
         for key in raw:
             if key not in PLAY_KEYS:
                 raise self.error(
@@ -104,7 +90,7 @@ class _Reader:
             vars=dict(play_vars),
             file=self.source,
             line=line,
-            gather_facts=bool(raw.get("gather_facts", True)),
+            gather_facts=self.flag(raw, "gather_facts", True, f"play {index}", line),
         )
 
     def task(self, raw: Any, index: int, play_tags: frozenset[str]) -> Task:
@@ -116,6 +102,7 @@ class _Reader:
                 "write each task as '- name: ...' followed by one module",
             )
         line = _line(raw, 1)
+        self.refuse_outside_subset(raw, line, on_play=False)
         name = str(raw.get("name") or "")
         label = f"task {name!r}" if name else f"task {index}"
         module = self.module(raw, label, line)
@@ -123,10 +110,7 @@ class _Reader:
         module.validate(args, where)
         when, changed_when, failed_when = self.conditions(raw, label, line)
         self.loop_and_register(raw, label, line)
-        loop_control = raw.get("loop_control") or {}
-        loop_var = (
-            str(loop_control.get("loop_var", "item")) if isinstance(loop_control, dict) else "item"
-        )
+        loop_var = self.loop_var(raw, label, line)
         task_vars = raw.get("vars") or {}
         if not isinstance(task_vars, dict):
             raise self.error(f"{label}: 'vars:' must be a mapping", line, "use key: value lines")
@@ -143,11 +127,61 @@ class _Reader:
             loop=raw.get("loop", raw.get("with_items")),
             loop_var=loop_var,
             tags=play_tags | frozenset(_as_strings(raw.get("tags"))),
-            ignore_errors=bool(raw.get("ignore_errors", False)),
-            run_once=bool(raw.get("run_once", False)),
-            check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
+            ignore_errors=self.flag(raw, "ignore_errors", False, label, line),
+            run_once=self.flag(raw, "run_once", False, label, line),
+            check_mode=self.flag(raw, "check_mode", False, label, line)
+            if "check_mode" in raw
+            else None,
             vars=dict(task_vars),
         )
+
+    def refuse_outside_subset(self, raw: Mapping[str, Any], line: int, *, on_play: bool) -> None:
+        """An Ansible keyword cpuaccel does not run is an error at its line, with what to
+        write instead: never ignored, never taken for a module."""
+        for key in raw:
+            refused = subset.refusal(str(key), on_play=on_play)
+            if refused is not None:
+                raise self.error(refused[0], _key_line(raw, key, line), refused[1])
+
+    def flag(self, raw: Mapping[str, Any], key: str, default: bool, label: str, line: int) -> bool:
+        """A boolean keyword read as Ansible reads it; anything else (``maybe``, a
+        template) is refused rather than taken as true."""
+        if key not in raw:
+            return default
+        value = subset.boolean(raw[key])
+        if value is None:
+            raise self.error(
+                f"{label}: {key}: takes true or false, got {raw[key]!r}",
+                _key_line(raw, key, line),
+                f"write '{key}: true' or '{key}: false'",
+            )
+        return value
+
+    def loop_var(self, raw: Mapping[str, Any], label: str, line: int) -> str:
+        """``loop_control``: only its ``loop_var`` is supported; any other key is refused."""
+        control = raw.get("loop_control")
+        if control is None:
+            return "item"
+        at = _key_line(raw, "loop_control", line)
+        if not isinstance(control, dict):
+            raise self.error(
+                f"{label}: 'loop_control:' must be a mapping", at, "write 'loop_var: NAME' under it"
+            )
+        for key in control:
+            if key not in subset.LOOP_CONTROL_KEYS:
+                raise self.error(
+                    f"loop_control.{key}: not supported by cpuaccel (only loop_var)",
+                    _key_line(control, key, at),
+                    f"remove '{key}:' from loop_control",
+                )
+        name = control.get("loop_var", "item")
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise self.error(
+                f"{label}: loop_control.loop_var: {name!r} is not a variable name",
+                _key_line(control, "loop_var", at),
+                "name the loop variable with letters, digits and '_'",
+            )
+        return name
 
     def module(self, raw: Mapping[str, Any], label: str, line: int) -> catalogue.Module:
         """The task's one module: every key that is not a task keyword names it."""
