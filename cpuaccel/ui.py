@@ -98,12 +98,14 @@ def progress(description: str, total: int) -> Iterator[Tracker]:
     if not console.is_terminal or verbosity > 0:  # -v's lines instead of a bar
         yield Tracker(None, None)
         return
+    # markup=False: the description ("TASK [name]") and the detail (a host name) are
+    # user text, which rich would otherwise read as markup and eat.
     bar = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"),
+        TextColumn("{task.fields[detail]}", markup=False),
         console=console,
         transient=True,
     )

@@ -98,20 +98,23 @@ def _row(r: HostResult[Facts]) -> list[str]:
     if r.value is None:
         colour = "red" if r.status is Status.UNREACHABLE else "yellow"
         reason = escape(r.error or "")
-        return [r.host.name, f"[{colour}]{r.status.value}[/]", f"[dim]{reason}[/]"] + [""] * 8
+        name = escape(r.host.name)
+        return [name, f"[{colour}]{r.status.value}[/]", f"[dim]{reason}[/]"] + [""] * 8
     f = r.value
     packages = f.get("packages", {})
     cpu = f.get("cpu", {})
     isa = cpu.get("isa", {})
     bf16 = "amx" if isa.get("amx_bf16") else ("avx512" if isa.get("avx512_bf16") else "no")
+    # Every cell from a node or the inventory is escaped: a version or a name with
+    # "[...]" in it is text, not console markup.
     return [
-        r.host.name,
+        escape(r.host.name),
         "[green]ok[/]",
         escape(str(f.get("hostname"))),
-        str(f.get("python", {}).get("version")),
-        str(packages.get("torch") or "-"),
-        str(packages.get("cpuaccel") or "-"),
-        str(mpi_flavour(f) or "-"),
+        escape(str(f.get("python", {}).get("version"))),
+        escape(str(packages.get("torch") or "-")),
+        escape(str(packages.get("cpuaccel") or "-")),
+        escape(str(mpi_flavour(f) or "-")),
         f"{cpu.get('physical_cores')}/{cpu.get('logical_cpus')}",
         f"{cpu.get('sockets')}/{cpu.get('numa_nodes')}",
         bf16,

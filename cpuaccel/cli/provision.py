@@ -60,7 +60,7 @@ def _list_modules() -> None:
             extra = f" (one of {', '.join(arg.choices)})" if arg.choices else ""
             need = " required" if arg.required else ""
             aliases = f" alias {', '.join(arg.aliases)}" if arg.aliases else ""
-            out.print(f"    {name}: {arg.kind}{need}{extra}{aliases}")
+            out.print(escape(f"    {name}: {arg.kind}{need}{extra}{aliases}"))
 
 
 def _refuse_local_default(target: Target, playbook_path: str | None, tags: tuple[str, ...]) -> None:
