@@ -118,7 +118,22 @@ def test_list_hosts_prints_the_selection_and_contacts_none(
         args = [*command, "-i", "inventory.yaml", "-l", "workers:!node2", "--list-hosts", last]
     proc = cpuaccel(*args, "-T", "30", cwd=project, timeout=20)
     assert proc.returncode == EXIT_OK, proc.stderr
-    assert proc.stdout == "  hosts (2):\n    node1\n    node3\n"
+    # provision lists each play's hosts (its pattern within --limit), as ansible-playbook.
+    play = "play #1 (all): play 1\n" if verb[0] == "provision" else ""
+    assert proc.stdout == play + "  hosts (2):\n    node1\n    node3\n"
+
+
+def test_provision_lists_each_plays_hosts(project: Path) -> None:
+    (project / "site.yaml").write_text(
+        "- hosts: all\n  tasks: []\n- name: second\n  hosts: 'node2:node3'\n  tasks: []\n"
+    )
+    args = ("--playbook", "site.yaml", "--list-hosts", "-l", "!node3")
+    proc = cpuaccel("provision", "inventory.yaml", *args, cwd=project)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert proc.stdout == (
+        "play #1 (all): play 1\n  hosts (2):\n    node1\n    node2\n"
+        "play #2 (node2:node3): second\n  hosts (1):\n    node2\n"
+    )
 
 
 def test_list_hosts_of_run_follows_nodes_and_the_head(project: Path) -> None:

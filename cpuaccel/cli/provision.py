@@ -11,7 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.cli.options import Target, host_options, print_hosts
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
@@ -94,6 +94,14 @@ def _list_tags(playbook: Playbook) -> None:
         out.print(escape(text))
 
 
+def _list_hosts(playbook: Playbook, target: Target) -> None:
+    """ansible-playbook's --list-hosts: each play's pattern, within --limit."""
+    chosen = {host.name for host in target.hosts}
+    for index, play in enumerate(playbook.plays, 1):
+        ui.stdout().print(escape(f"play #{index} ({play.hosts}): {play.name}"))
+        print_hosts([h.name for h in target.inventory.select(play.hosts) if h.name in chosen])
+
+
 def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: bool) -> bool:
     """--list-tasks, --list-tags and --syntax-check: read the playbook only (no host,
     so no inventory needed); True when one of them was asked for."""
@@ -132,7 +140,7 @@ def _print_json(
 
 @click.command(epilog=EPILOG)
 @click.argument("inventory_file", required=False, metavar="[INVENTORY]")
-@host_options
+@host_options(settles_hosts=True)  # --list-hosts: each play's hosts, as ansible-playbook
 @click.option(
     "--playbook",
     "playbook_path",
@@ -176,9 +184,12 @@ def provision_command(
     path = Path(playbook_path) if playbook_path else default_playbook()
     if _inspect(path, list_tasks=list_tasks, list_tags=list_tags, syntax_check=syntax_check):
         return
-    _refuse_local_default(target, playbook_path, tags)
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
+    if target.list_hosts:
+        _list_hosts(playbook, target)
+        return
+    _refuse_local_default(target, playbook_path, tags)
     listener: Listener = (
         ProgressBar() if as_json else Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
     )
