@@ -57,6 +57,18 @@ def test_user_and_key_fill_in_where_the_inventory_sets_none() -> None:
     assert '    User "bob"\n' in stanza and '    IdentityFile "/keys/id_bob"\n' in stanza
 
 
+def test_a_relative_key_path_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cpuaccel.cli.options import resolve_target
+
+    _key(tmp_path)
+    monkeypatch.chdir(tmp_path)  # rsync and MPI's ssh run elsewhere: they need it absolute
+    target = resolve_target(None, None, (), 1, 1.0, False, None, "bob", "id_test")
+    assert target.connect.private_key == str(tmp_path / "id_test")
+    assert target.connect.user == "bob"
+
+
 def test_the_inventorys_user_and_key_win_over_the_flags_as_in_ansible() -> None:
     # Ansible's precedence: command-line values (-u) are below every variable.
     options = ConnectOptions(user="bob", private_key="/keys/id_bob")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +204,7 @@ def resolve_target(
         connect_timeout=timeout,
         host_key_checking=False if no_host_key_checking else None,
         user=user,
-        private_key=private_key,
+        private_key=_key_path(private_key),
     )
     warn([*(project.warnings if project else []), *inventory.warnings])
     warn(opt_out_warnings(hosts, connect))  # an opt-out of host key checks is never silent
@@ -228,6 +229,14 @@ def _check_login(user: str | None, private_key: str | None) -> None:
                 f"--private-key {private_key}: the file {state}",
                 hint="give the path of an SSH private key, e.g. --private-key ~/.ssh/id_ed25519",
             )
+
+
+def _key_path(private_key: str | None) -> str | None:
+    """The key as an absolute path (rsync and MPI's ssh run in other folders, the latter
+    on the head node); a ``~`` path is kept for each ssh to expand, as the inventory's."""
+    if private_key is None or private_key.startswith("~"):
+        return private_key
+    return os.path.abspath(private_key)
 
 
 def print_hosts(names: Sequence[str]) -> None:
