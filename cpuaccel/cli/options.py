@@ -59,6 +59,81 @@ _OPTION_NAMES = (
 )
 
 
+# The shared options, in --help order (each application makes new click Options).
+_SHARED_OPTIONS: list[Callable[[Any], Any]] = [
+    click.option(
+        "-i",
+        "--inventory",
+        "inventory_path",
+        metavar="FILE",
+        help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
+        "./inventory.yaml, else localhost only.",
+    ),
+    click.option(
+        "-c",
+        "--config",
+        "config_path",
+        metavar="FILE",
+        help="Project file with run defaults, or Accelerate's default_config.yaml. "
+        "Default: ./cpuaccel.yaml if present. Flags override it.",
+    ),
+    click.option(
+        "-l", "--limit", metavar="PATTERN", help="Select hosts: names, groups, globs, !excl."
+    ),
+    click.option(
+        "-e",
+        "--extra-vars",
+        "extra_vars",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Set a variable on every host, over the inventory (repeatable; @file.yaml).",
+    ),
+    click.option(
+        "-f",
+        "--forks",
+        type=click.IntRange(1, 1024),
+        default=DEFAULT_FORKS,
+        show_default=True,
+        help="Hosts worked on at once.",
+    ),
+    click.option(
+        "-T",
+        "--connect-timeout",
+        "timeout",
+        type=click.FloatRange(0.1, 3600),
+        default=DEFAULT_CONNECT_TIMEOUT,
+        show_default=True,
+        help="Seconds to wait for a host to connect.",
+    ),
+    click.option(
+        "--no-host-key-checking",
+        is_flag=True,
+        help="Accept unknown host keys (like ansible_host_key_checking: false). Unsafe.",
+    ),
+    click.option(
+        "-u",
+        "--user",
+        metavar="USER",
+        help="Log in as USER where the inventory sets no ansible_user (as Ansible's -u: "
+        "a host's ansible_user, or -e ansible_user=..., wins over it).",
+    ),
+    click.option(
+        "--private-key",
+        "--key-file",
+        "private_key",
+        metavar="FILE",
+        help="SSH private key where the inventory sets no ansible_ssh_private_key_file "
+        "(as Ansible's; also used by rsync and MPI's ssh).",
+    ),
+    click.option(
+        "--list-hosts",
+        is_flag=True,
+        help="Print the hosts this command would use and exit; contacts no host.",
+    ),
+    click.option("-v", "--verbose", "verbosity", count=True, help=ui.VERBOSITY_HELP),
+]
+
+
 @overload
 def host_options(func: F) -> F: ...
 
@@ -74,7 +149,7 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
     body runs, so a bad inventory stops every verb the same way. --list-hosts prints
     the selected hosts and returns before the body, unless ``settles_hosts``: then the
     command narrows the hosts itself (run's --nodes, head first) and calls
-    ``list_hosts_and_exit`` with its final choice. (Long only because it lists options.)
+    ``list_hosts_and_exit`` with its final choice.
     """
     if func is None:
         return functools.partial(host_options, settles_hosts=settles_hosts)
@@ -102,79 +177,7 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
             target = dataclasses.replace(target, list_hosts=list_hosts)
         return func(target=target, **kwargs)
 
-    decorators = [
-        click.option(
-            "-i",
-            "--inventory",
-            "inventory_path",
-            metavar="FILE",
-            help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
-            "./inventory.yaml, else localhost only.",
-        ),
-        click.option(
-            "-c",
-            "--config",
-            "config_path",
-            metavar="FILE",
-            help="Project file with run defaults, or Accelerate's default_config.yaml. "
-            "Default: ./cpuaccel.yaml if present. Flags override it.",
-        ),
-        click.option(
-            "-l", "--limit", metavar="PATTERN", help="Select hosts: names, groups, globs, !excl."
-        ),
-        click.option(
-            "-e",
-            "--extra-vars",
-            "extra_vars",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="Set a variable on every host, over the inventory (repeatable; @file.yaml).",
-        ),
-        click.option(
-            "-f",
-            "--forks",
-            type=click.IntRange(1, 1024),
-            default=DEFAULT_FORKS,
-            show_default=True,
-            help="Hosts worked on at once.",
-        ),
-        click.option(
-            "-T",
-            "--connect-timeout",
-            "timeout",
-            type=click.FloatRange(0.1, 3600),
-            default=DEFAULT_CONNECT_TIMEOUT,
-            show_default=True,
-            help="Seconds to wait for a host to connect.",
-        ),
-        click.option(
-            "--no-host-key-checking",
-            is_flag=True,
-            help="Accept unknown host keys (like ansible_host_key_checking: false). Unsafe.",
-        ),
-        click.option(
-            "-u",
-            "--user",
-            metavar="USER",
-            help="Log in as USER where the inventory sets no ansible_user (as Ansible's -u: "
-            "a host's ansible_user, or -e ansible_user=..., wins over it).",
-        ),
-        click.option(
-            "--private-key",
-            "--key-file",
-            "private_key",
-            metavar="FILE",
-            help="SSH private key where the inventory sets no ansible_ssh_private_key_file "
-            "(as Ansible's; also used by rsync and MPI's ssh).",
-        ),
-        click.option(
-            "--list-hosts",
-            is_flag=True,
-            help="Print the hosts this command would use and exit; contacts no host.",
-        ),
-        click.option("-v", "--verbose", "verbosity", count=True, help=ui.VERBOSITY_HELP),
-    ]
-    for decorator in reversed(decorators):
+    for decorator in reversed(_SHARED_OPTIONS):
         command = decorator(command)
     return command
 

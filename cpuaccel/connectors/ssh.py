@@ -167,9 +167,10 @@ class SSHProcess(Process):
 class SSHConnector(Connector):
     _conn: Connection | None = None
 
-    def connect(self) -> None:
+    def _connection(self) -> Connection:
+        """Fabric's Connection (not yet open) with the user, key and port of openssh's
+        rules: the inventory's, else -u / --private-key, else ssh_config's."""
         host = self.host
-        _refuse_inline_proxy(host)
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.options.connect_timeout,
             "auth_timeout": self.options.connect_timeout,
@@ -177,13 +178,18 @@ class SSHConnector(Connector):
         key = openssh.key_file(host, self.options)
         if key:
             connect_kwargs["key_filename"] = [os.path.expanduser(key)]
-        conn = Connection(
+        return Connection(
             host=host.address,
             user=openssh.login_user(host, self.options),
             port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
         )
+
+    def connect(self) -> None:
+        host = self.host
+        _refuse_inline_proxy(host)
+        conn = self._connection()
         policy = host_key_policy(host, self.options)
         client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys
         self._apply(policy, client)
@@ -225,12 +231,8 @@ class SSHConnector(Connector):
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn
-        ui.detail(
-            1,
-            host.name,
-            f"connected as {conn.user}@{host.address}:{conn.port} "
-            f"in {time.monotonic() - started:.2f} s",
-        )
+        took = f"in {time.monotonic() - started:.2f} s"
+        ui.detail(1, host.name, f"connected as {conn.user}@{host.address}:{conn.port} {took}")
 
     def _apply(self, policy: HostKeyPolicy, client: paramiko.SSHClient, what: str = "") -> None:
         """The host-key policy on paramiko's client: known keys loaded read-only, and
