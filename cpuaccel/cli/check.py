@@ -22,10 +22,12 @@ Examples:
   cpuaccel check
   cpuaccel check -i inventory.yaml
   cpuaccel check -i inventory.yaml --limit node1,node2 --json | jq .problems
+  cpuaccel check -i inventory.yaml -u ubuntu --private-key ~/.ssh/id_ed25519 -v
+  cpuaccel check -i inventory.yaml --limit 'workers:!node3' --list-hosts
 
 \b
 Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
-2 a host was unreachable, or the inventory or arguments were bad.
+69 a host was unreachable; 64 the inventory or arguments were bad.
 """
 
 
