@@ -337,6 +337,13 @@ def test_ansible_booleans_are_read_as_ansible_reads_them(tmp_path: Path) -> None
     )
 
 
+def test_hosts_as_a_list_of_patterns_is_their_comma_list(tmp_path: Path) -> None:
+    path = tmp_path / "site.yaml"
+    path.write_text("- hosts: [workers, '!node2']\n  tasks: []\n")
+    (play,) = loader.load(path).plays
+    assert play.hosts == "workers,!node2"
+
+
 def test_the_readme_table_names_every_refused_keyword() -> None:
     from cpuaccel.playbook.subset import PLAY_KEYS, REFUSED, TASK_KEYS
 

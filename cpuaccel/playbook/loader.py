@@ -85,7 +85,7 @@ class _Reader:
         tasks = tuple(self.task(t, i, play_tags) for i, t in enumerate(tasks_raw, 1))
         return Play(
             name=name,
-            hosts=str(raw["hosts"]),
+            hosts=_pattern(raw["hosts"]),
             tasks=tasks,
             vars=dict(play_vars),
             file=self.source,
@@ -308,6 +308,12 @@ class _Reader:
                 args[keyword] = raw[keyword]
         lines = {name: _key_line(value, name, at) for name in args}
         return args, Where(self.source, at, label, self.path.parent, lines)
+
+
+def _pattern(hosts: Any) -> str:
+    """``hosts:`` as one pattern: Ansible takes a list of patterns too, the same as
+    their comma list (str() of the list would be a pattern matching nothing)."""
+    return ",".join(map(str, hosts)) if isinstance(hosts, list) else str(hosts)
 
 
 def _key_line(value: Any, key: str, default: int) -> int:
