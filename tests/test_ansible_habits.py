@@ -4,6 +4,7 @@ clear error: -u, --private-key, --list-hosts, -v, sync -C/-D, provision's --list
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -194,6 +195,25 @@ def test_vv_never_shows_environment_values(capsys: pytest.CaptureFixture[str]) -
     assert result.ok  # the value did reach the command
     err = capsys.readouterr().err
     assert "box: $ env 'HF_TOKEN=***' sh -c" in err and "s3cret" not in err
+
+
+def test_provision_verbosity_levels(tmp_path: Path) -> None:
+    (tmp_path / "inventory.yaml").write_text(
+        "all:\n  hosts:\n    local0:\n      ansible_connection: local\n"
+        f"      ansible_python_interpreter: {sys.executable}\n"
+    )
+    (tmp_path / "site.yaml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: say\n      command: echo '[b]hi[/]'\n      changed_when: false\n"
+    )
+    base = ("provision", "inventory.yaml", "--playbook", "site.yaml")
+    quiet, one, two = (cpuaccel(*base, *v, cwd=tmp_path) for v in ((), ("-v",), ("-vv",)))
+    assert quiet.returncode == one.returncode == two.returncode == EXIT_OK, two.stderr
+    assert "ok: local0" not in quiet.stdout  # a line a task, hosts only when they changed
+    assert "      ok: local0: [b]hi[/]" in one.stdout and "$ echo" not in one.stdout
+    # -vv: the command the task ran on the node (its argv, shell-quoted) and exit code.
+    assert "        $ echo '[b]hi[/]'  (exit 0)" in two.stdout
+    assert "local0: $ " in two.stderr  # and the agent's own start, from the connector
 
 
 # ---------------------------------------------------------------- sync -C and -D

@@ -102,6 +102,14 @@ def _list_hosts(playbook: Playbook, target: Target) -> None:
         print_hosts([h.name for h in target.inventory.select(play.hosts) if h.name in chosen])
 
 
+def _listener(as_json: bool, diff: bool) -> Listener:
+    """What prints the run: a bar only with --json; else a line a task, every host's at
+    -v, the commands run on the nodes at -vv."""
+    if as_json:
+        return ProgressBar()
+    return Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff, commands=ui.verbosity >= 2)
+
+
 def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: bool) -> bool:
     """--list-tasks, --list-tags and --syntax-check: read the playbook only (no host,
     so no inventory needed); True when one of them was asked for."""
@@ -190,9 +198,7 @@ def provision_command(
         _list_hosts(playbook, target)
         return
     _refuse_local_default(target, playbook_path, tags)
-    listener: Listener = (
-        ProgressBar() if as_json else Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
-    )
+    listener = _listener(as_json, diff)
     started = time.monotonic()
     pool = ConnectionPool(target.connect)
     runner = LinearStrategy(
