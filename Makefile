@@ -3,15 +3,27 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# An extra package index for torch, e.g. PyTorch's CPU-only wheels:
+#   make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# On plain PyPI, torch for Linux is the multi-GB CUDA build. Empty (the default): pip's
+# own configuration alone (pip.conf, PIP_INDEX_URL), which is what a machine whose
+# index already serves the CPU wheel wants; an index it cannot reach would cost retries
+# on every package. Also given to the wheelhouse as cpuaccel_torch_index_url.
+TORCH_INDEX_URL ?=
+PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
+TORCH_INDEX_VARS := $(if $(TORCH_INDEX_URL),-e cpuaccel_torch_index_url=$(TORCH_INDEX_URL))
 
 .PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
+# A fresh Debian's python3 cannot create a venv without python3-venv: installed first
+# when missing (as root), else one line naming it.
 $(STAMP): pyproject.toml constraints.txt
+	PYTHON=$(PYTHON) bash tools/system-deps.sh --venv
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet $(PIP_INDEX_ARGS) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 lint: $(STAMP)
@@ -23,7 +35,7 @@ lint: $(STAMP)
 # the provisioning tests install from it and never reach an index. Quick when filled.
 WHEELHOUSE := $(CURDIR)/.wheelhouse/upstream
 wheelhouse: $(STAMP)
-	$(BIN)/cpuaccel provision --tags wheelhouse -e cpuaccel_wheelhouse=$(WHEELHOUSE)
+	$(BIN)/cpuaccel provision --tags wheelhouse -e cpuaccel_wheelhouse=$(WHEELHOUSE) $(TORCH_INDEX_VARS)
 
 # sshd, rsync, MPICH, Open MPI ... for the multi-node tests (installed when root).
 system-deps:
@@ -37,6 +49,8 @@ test: lint system-deps wheelhouse
 unit: $(STAMP)
 	$(BIN)/pytest -q -m "not cluster"
 
+# Precision auto: bf16 where the CPU has AMX or AVX512-BF16, fp32 elsewhere (under a
+# minute on 2 cores either way).
 demo: $(STAMP)
 	$(BIN)/cpuaccel check
 	$(BIN)/cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200

@@ -3,7 +3,8 @@
 The text is the Python standard library's own source, read as bytes, which every node
 has, so the example needs no download. The runtime (``cpuaccel.init``) picks the
 process group's backend, averages gradients with MPI when the job was started by MPI,
-runs the model in bf16 autocast (AMX on recent Xeons), shards the data across ranks,
+runs the model in bf16 autocast where the CPU computes bf16 natively (AMX, AVX512-BF16)
+and in fp32 elsewhere (precision auto; --precision bf16 forces it), shards the data,
 writes metrics.jsonl into the run directory and saves checkpoints atomically:
 
     cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
@@ -110,7 +111,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        help="default: what cpuaccel run --mixed-precision exported, else auto (bf16 where "
+        "the CPU has AMX or AVX512-BF16, fp32 elsewhere)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
     parser.add_argument("--log-every", type=int, default=10)
@@ -122,7 +128,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ctx = cpuaccel.init(
-        mixed_precision="bf16" if args.precision == "bf16" else "no",
+        mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
         seed=args.seed,
         gradient_accumulation_steps=args.grad_accum,
     )
@@ -143,7 +149,8 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     ctx.samples_per_step = args.batch * ctx.world_size * args.grad_accum
     ctx.print(
-        f"model {params / 1e6:.2f}M parameters, AdamW ({kind}), {args.precision}, "
+        f"model {params / 1e6:.2f}M parameters, AdamW ({kind}), "
+        f"{'bf16' if ctx.dtype is not None else 'fp32'}, "
         f"{ctx.world_size} rank(s) x {args.batch} x {args.grad_accum} sequences of "
         f"{args.context} bytes per step, {len(loader)} batches per rank and epoch"
     )

@@ -190,7 +190,8 @@ def test_dry_run_hides_secret_values(tmp_path: Path) -> None:
         (["sub"], "sub: no such script"),  # a folder is no script
         (["../outside.py"], "is outside the project folder"),
         (["--nodes", "5", "train.py"], "--nodes 5, but 4 host(s) are selected"),
-        (["--env", "NOEQUALS", "train.py"], "--env 'NOEQUALS': expected KEY=VALUE"),
+        # NAME alone is the controller's value (mpirun -x NAME): unset here, it has none.
+        (["--env", "NOEQUALS", "train.py"], "--env NOEQUALS: NOEQUALS is not set here"),
         (["--env", "1BAD=x", "train.py"], "--env '1BAD=x': expected KEY=VALUE"),
         (["--env", "=x", "train.py"], "--env '=x': expected KEY=VALUE"),
         (["--env", "A-B=x", "train.py"], "--env 'A-B=x': expected KEY=VALUE"),

@@ -1,9 +1,35 @@
 #!/usr/bin/env bash
 # The Debian packages the multi-node tests use (real sshd in namespaces, rsync, the
-# nodes' own venvs, MPICH and Open MPI). `make test` runs this first, so a fresh
+# nodes' own venvs, MPICH and Open MPI, sudo). `make test` runs this first, so a fresh
 # machine runs those tests instead of skipping them. Installs only what is missing;
 # without root it names what is missing and the cluster tests skip.
+#
+# --venv: only what `python3 -m venv` needs (python3-venv, for $PYTHON, default python3),
+# which `make demo` and `make venv` run first; without root a missing one is an error.
 set -euo pipefail
+
+if [ "${1:-}" = "--venv" ]; then
+    python=${PYTHON:-python3}
+    if "$python" -c "import ensurepip, venv" 2>/dev/null; then
+        exit 0
+    fi
+    version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        echo "system-deps: $python cannot create a venv (no ensurepip): run apt-get install python3-venv (or python$version-venv) as root" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # python3-venv is the default python3's; another python3.X needs its own package.
+    for package in python3-venv "python$version-venv"; do
+        apt-get install -y -qq --no-install-recommends "$package" || true
+        if "$python" -c "import ensurepip, venv" 2>/dev/null; then
+            exit 0
+        fi
+    done
+    echo "system-deps: $python still cannot create a venv after apt-get install python3-venv python$version-venv" >&2
+    exit 1
+fi
 
 need=()
 command -v /usr/sbin/sshd >/dev/null || need+=(openssh-server)
@@ -15,6 +41,8 @@ command -v nsenter >/dev/null || need+=(util-linux)
 /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need+=(python3-venv)
 command -v mpirun.mpich >/dev/null || need+=(mpich)
 command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
+# provision's become test: a non-root SSH user whose sudo asks for a password.
+command -v sudo >/dev/null || need+=(sudo)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

@@ -12,13 +12,9 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import (
-    Target,
-    host_options,
-    list_hosts_and_exit,
-    parse_env,
-    warn,
-)
+from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
+from cpuaccel.cli.launch_aliases import PRECISION_CHOICES, launch_options
+from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env, warn
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
@@ -135,9 +131,17 @@ def _confirm(path: Path) -> bool:
 @click.option("--ppn", type=click.IntRange(1, 1024), help="Processes per machine.")
 @click.option("--head", metavar="HOST", help="The main node (default: the first host).")
 @click.option("--master-port", type=click.IntRange(1, 65535), help="Port of the main process.")
-@click.option("--launcher", type=click.Choice(["auto", "impi", "mpich", "openmpi"]))
+@click.option(
+    "--launcher",
+    type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
+    help="MPI launcher (auto: the head node's, from its facts).",
+)
 @click.option("--ccl-workers", type=click.IntRange(0, 64), help="oneCCL worker threads.")
-@click.option("--mixed-precision", type=click.Choice(["bf16", "fp32", "no"]))
+@click.option(
+    "--mixed-precision",
+    type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
+    help="auto, bf16, or fp32 (= no).",
+)
 @click.option(
     "--python",
     metavar="PATH",
@@ -182,19 +186,28 @@ def config_command(
         out.print("      first: cpuaccel provision (creates the venv on every node)")
 
 
-@config_command.command("show")
+@config_command.command("show", epilog=ALIASES_EPILOG)
+@launch_options
 @host_options(settles_hosts=True)
-@click.option("--nodes", type=click.IntRange(1))
-@click.option("--ppn", type=click.IntRange(1))
-@click.option("--launcher", type=click.Choice(["auto", "impi", "mpich", "openmpi"]))
-@click.option("--master-port", type=click.IntRange(1, 65535))
-@click.option("--mixed-precision", type=click.Choice(["bf16", "no"]))
-@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE")
-@click.option("--exclude", multiple=True, metavar="PATTERN")
+@click.option(
+    "--launcher",
+    type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
+    help="MPI launcher, as run's.  [default: auto]",
+)
+@click.option(
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE|NAME",
+    help="Set in every rank, as run's (NAME: this shell's value).",
+)
+@click.option(
+    "--exclude", multiple=True, metavar="PATTERN", help="Sync: leave these paths out (repeatable)."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
 def show_command(
-    target: Target, env_items: tuple[str, ...], exclude: tuple[str, ...], as_json: bool,
-    **flags: Any,
+    target: Target, launch_flags: dict[str, Any], env_items: tuple[str, ...],
+    exclude: tuple[str, ...], as_json: bool, **flags: Any,
 ) -> None:  # fmt: skip
     """Print the effective settings of `cpuaccel run` here, and where each came from
     (flag, project file, inventory, default). Contacts no host.
@@ -202,8 +215,8 @@ def show_command(
     Takes the same options as `cpuaccel run`, so `cpuaccel config show --ppn 8`
     shows what `cpuaccel run --ppn 8 ...` would use.
     """
-    flags["env"] = parse_env(env_items)
-    flags["exclude"] = exclude
+    env = parse_env(env_items)
+    flags.update(launch_flags, env=env, secret_env=env.secret, exclude=exclude)
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}

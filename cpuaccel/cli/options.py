@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -59,6 +60,16 @@ _OPTION_NAMES = (
 )
 
 
+def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) -> str | None:
+    if len(values) > 1:
+        raise UsageError(
+            f"several inventories given: {' '.join('-i ' + value for value in values)}",
+            hint="cpuaccel reads one inventory: merge them into one file (or list hosts as "
+            "-i node1,node2,)",
+        )
+    return str(values[0]) if values else None
+
+
 # The shared options, in --help order (each application makes new click Options).
 _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
@@ -66,8 +77,11 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         "--inventory",
         "inventory_path",
         metavar="FILE",
-        help="Ansible-format YAML inventory. Default: $CPUACCEL_INVENTORY, else "
-        "./inventory.yaml, else localhost only.",
+        multiple=True,  # Ansible merges several -i; cpuaccel reads one: said, not dropped
+        callback=_one_inventory,
+        help="Ansible inventory (YAML or INI, with group_vars/ and host_vars/ beside "
+        "it), an MPI hostfile, or hosts as 'node1,node2,'. Default: $CPUACCEL_INVENTORY, "
+        "else ./inventory.yaml, else localhost only.",
     ),
     click.option(
         "-c",
@@ -194,7 +208,7 @@ def resolve_target(
     private_key: str | None = None,
 ) -> Target:
     _check_login(user, private_key)
-    project = discover_config(config_path)
+    project = discover_config(config_path, inventory_path)
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)
@@ -258,18 +272,58 @@ def list_hosts_and_exit(target: Target, names: Sequence[str]) -> None:
         raise click.exceptions.Exit(0)
 
 
-def parse_env(items: tuple[str, ...]) -> dict[str, str]:
-    """``--env KEY=VALUE`` items (of run and config show) as a mapping."""
-    env: dict[str, str] = {}
+# Names whose value is a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...): `--env NAME`
+# passes them through secret.env (0600 on the nodes), never env.sh, argv or the logs.
+SECRET_NAME = re.compile("TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
+
+
+class EnvFlags(dict[str, str]):
+    """``--env``'s plain variables; ``secret`` holds those passed by name whose name looks
+    like a credential (their values must never be printed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secret: dict[str, str] = {}
+
+
+def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) -> EnvFlags:
+    """``--env KEY=VALUE`` items (of run and config show) as a mapping; ``--env NAME``
+    passes the controller's value of NAME, as ``mpirun -x NAME`` does."""
+    here = os.environ if environ is None else environ
+    env = EnvFlags()
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or env_name_problem(key) is not None:
+        if env_name_problem(key) is not None:
             raise UsageError(
-                f"--env {item!r}: expected KEY=VALUE, KEY a variable name",
-                hint="e.g. --env FI_PROVIDER=tcp",
+                f"--env {item!r}: expected KEY=VALUE or NAME, KEY a variable name",
+                hint="e.g. --env FI_PROVIDER=tcp, or --env HF_TOKEN (its value here)",
             )
-        env[key] = value
+        if sep:
+            env[key] = value
+            env.secret.pop(key, None)
+            continue
+        if key not in here:
+            raise UsageError(
+                f"--env {key}: {key} is not set here, so there is no value to pass",
+                hint=f"export {key} before running cpuaccel, or write --env {key}=VALUE",
+            )
+        if SECRET_NAME.search(key):
+            env.secret[key] = here[key]
+            env.pop(key, None)
+        else:
+            env[key] = here[key]
     return env
+
+
+def beside_playbook(target: Target, folder: Path) -> Target:
+    """The target with the group_vars/ and host_vars/ beside a playbook in ``folder``
+    read too (over those beside the inventory), as ansible-playbook reads them."""
+    inventory = target.inventory.with_playbook_vars(folder)
+    if inventory is target.inventory:
+        return target
+    warn(inventory.warnings[len(target.inventory.warnings) :])
+    hosts = [inventory.hosts[host.name] for host in target.hosts]
+    return dataclasses.replace(target, inventory=inventory, hosts=hosts)
 
 
 def warn(messages: list[str]) -> None:

@@ -11,7 +11,8 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options, print_hosts
+from cpuaccel.cli.become_options import BecomeFlags, become_options
+from cpuaccel.cli.options import Target, beside_playbook, host_options, print_hosts
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
@@ -29,6 +30,7 @@ Examples:
   cpuaccel provision inventory.yaml --limit node3 --tags stack
   cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
   cpuaccel provision --list-modules
+  cpuaccel provision inventory.yaml -b -K           # tasks as root via sudo (asks once)
   cpuaccel provision --playbook site.yaml --list-tasks   # no inventory needed
   cpuaccel provision --playbook site.yaml --syntax-check
   cpuaccel provision inventory.yaml --list-hosts -u ubuntu --private-key ~/.ssh/id_ed25519
@@ -169,6 +171,7 @@ def _print_json(
 @click.option(
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
+@become_options
 def provision_command(
     target: Target,
     playbook_path: str | None,
@@ -181,6 +184,7 @@ def provision_command(
     list_tags: bool,
     syntax_check: bool,
     list_modules: bool,
+    become: BecomeFlags,
 ) -> None:
     """Run an Ansible-style playbook on every node: idempotent, in parallel, with a recap.
 
@@ -194,10 +198,13 @@ def provision_command(
         return
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
+    if playbook_path:  # group_vars/ and host_vars/ beside the playbook, as ansible-playbook
+        target = beside_playbook(target, path.parent)
     if target.list_hosts:
         _list_hosts(playbook, target)
         return
     _refuse_local_default(target, playbook_path, tags)
+    cli_become = become.settle()  # -K asks here, before any node is contacted
     listener = _listener(as_json, diff)
     started = time.monotonic()
     pool = ConnectionPool(target.connect)
@@ -213,6 +220,7 @@ def provision_command(
         tags=_tags(tags),
         skip_tags=_tags(skip_tags),
         listener=listener,
+        become=cli_become,
     )
     try:
         stats = runner.run()

@@ -39,7 +39,7 @@ RUN_DIR/report.png (loss and samples/s over steps) and prints a summary. Needs
 matplotlib: pip install 'cpuaccel[report]'.
 
 \b
-Exit codes: 0 report written; 2 no such run directory, no metrics, a malformed line,
+Exit codes: 0 report written; 64 no such run directory, no metrics, a malformed line,
 or matplotlib missing.
 """
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.markup import escape
 
 from cpuaccel import ui
+from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
+from cpuaccel.cli.launch_aliases import launch_options
 from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env
+from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.errors import UsageError
 from cpuaccel.launch import job
@@ -24,10 +28,13 @@ Examples:
   cpuaccel run -i inventory.yaml --dry-run train.py       # print hostfile, env, command
   cpuaccel run -i inventory.yaml --env FI_PROVIDER=tcp --timeout 3600 train.py
   cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
+  cpuaccel run --num_processes 8 --master_addr node0 train.py   # accelerate's spellings
+  cpuaccel run --env HF_TOKEN train.py     # this shell's value; *TOKEN* stays secret
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
-default_config.yaml); flags override it. `cpuaccel config show` prints each setting
+default_config.yaml; without either, Accelerate's own default config, if any: one
+line says so); flags override it. `cpuaccel config show` prints each setting
 and where it came from.
 
 \b
@@ -40,7 +47,9 @@ runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every no
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
 69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
 lost.
+
 """
+EPILOG += ALIASES_EPILOG
 
 
 def _script_in_project(script: str, project: Path) -> str:
@@ -75,9 +84,8 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
+@launch_options
 @host_options(settles_hosts=True)
-@click.option("--nodes", type=click.IntRange(1), help="How many hosts (default: all selected).")
-@click.option("--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1).")
 # No click defaults below: a value that is None was not given, so the project file or
 # the inventory may set it (cpuaccel.config.effective).
 @click.option(
@@ -86,14 +94,13 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
     help="MPI launcher.  [default: auto]",
 )
 @click.option(
-    "--master-port", type=click.IntRange(1, 65535), help="Rendezvous port.  [default: 29500]"
+    "--env",
+    "env_items",
+    multiple=True,
+    metavar="KEY=VALUE|NAME",
+    help="Set in every rank; NAME alone passes this shell's value (secret when NAME has "
+    "TOKEN, KEY, SECRET or PASSWORD in it).",
 )
-@click.option(
-    "--mixed-precision",
-    type=click.Choice(["bf16", "no"]),
-    help="Exported as ACCELERATE_MIXED_PRECISION / CPUACCEL_MIXED_PRECISION.",
-)
-@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE", help="Set in every rank.")
 @click.option(
     "--sync/--no-sync",
     "allow_sync",
@@ -113,11 +120,8 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]]) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     target: Target,
-    nodes: int | None,
-    ppn: int | None,
+    launch_flags: dict[str, Any],
     launcher: str | None,
-    master_port: int | None,
-    mixed_precision: str | None,
     env_items: tuple[str, ...],
     allow_sync: bool,
     dry_run: bool,
@@ -127,14 +131,9 @@ def run_command(
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
     project = Path.cwd().resolve()
-    flags = {
-        "nodes": nodes,
-        "ppn": ppn,
-        "launcher": launcher,
-        "master_port": master_port,
-        "mixed_precision": mixed_precision,
-        "env": parse_env(env_items),
-    }
+    check_script_kind(script)
+    env = parse_env(env_items)
+    flags = {**launch_flags, "launcher": launcher, "env": env, "secret_env": env.secret}
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     what = Script(_script_in_project(script, project), script_args, project.name)

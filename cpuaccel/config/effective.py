@@ -88,7 +88,7 @@ class _Sources:
     ) -> Setting[Any]:
         """The first source that sets it: the flag, -e, the project file, the inventory."""
         if flag is not None and self.flags.get(name) is not None:
-            return Setting(name, self.flags[name], FLAG, flag)
+            return Setting(name, self.flags[name], FLAG, self.flag_name(name, flag))
         for var in variables:
             if var in self.extra:
                 return self._checked(name, var, self.extra[var], FLAG, f"-e {var}", check)
@@ -98,6 +98,10 @@ class _Sources:
         for setting in self.variables(name, variables, check):
             return setting
         return Setting(name, default, DEFAULT, note)
+
+    def flag_name(self, name: str, flag: str) -> str:
+        """The flag as typed: --nproc_per_node sets ppn as --ppn does, and is named so."""
+        return str((self.flags.get("flag_names") or {}).get(name, flag))
 
     def variables(
         self, name: str, variables: tuple[str, ...], check: Callable[[Any], Any]
@@ -178,11 +182,12 @@ def resolve(
     hosts (-i, --limit); ``extra_vars`` what -e set."""
     if not hosts:
         raise UsageError("no hosts selected", hint="check -i and --limit")
-    head = _head(project)
+    head = _head(flags, project)
     ordered = order_hosts(hosts, head)
     src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
     got = {name: src.pick(name, *spec) for name, spec in SPECS.items()}
     chosen = _choose(ordered, got["nodes"], project)
+    got["ppn"] = _per_node(src, got["ppn"], len(chosen))
     if got["launcher"].value == "auto":
         # An explicit "auto" (flag or project file) still lets the inventory name one.
         named = src.variables("launcher", ("cpuaccel_launcher",), _one_of(LAUNCHERS))
@@ -218,6 +223,12 @@ def order_hosts(hosts: Sequence[Host], head: Setting[str | None]) -> list[Host]:
         return list(hosts)
     wanted = str(head.value)
     found = next((h for h in hosts if wanted in (h.name, h.address)), None)
+    if found is None and head.source == FLAG:
+        raise UsageError(
+            f"{head.where} {wanted}: not among the selected hosts "
+            f"({', '.join(h.name for h in hosts)})",
+            hint="name a host of the inventory (its name or ansible_host), or widen --limit",
+        )
     if found is None:
         raise InventoryError(
             f"head {wanted!r} is not among the selected hosts ({', '.join(h.name for h in hosts)})",
@@ -233,7 +244,10 @@ def _line(where: str | None) -> int | None:
     return int(tail) if tail.isdigit() else None
 
 
-def _head(project: ProjectConfig | None) -> Setting[str | None]:
+def _head(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[str | None]:
+    if flags.get("head") is not None:  # --master_addr and its spellings
+        where = str((flags.get("flag_names") or {}).get("head", "--master_addr"))
+        return Setting("head", str(flags["head"]), FLAG, where)
     if project is not None and project.get("head"):
         return Setting("head", project.get("head"), PROJECT, project.where("head"))
     return Setting("head", None, DEFAULT, "the first selected host")
@@ -254,10 +268,33 @@ def _choose(
                 "nodes", message, "add hosts to the inventory (or hostfile), or lower it"
             )
         raise UsageError(
-            f"--nodes {nodes.value}, but {len(ordered)} host(s) are selected ({names})",
+            f"{nodes.where or '--nodes'} {nodes.value}, but {len(ordered)} host(s) are "
+            f"selected ({names})",
             hint="lower --nodes, or add hosts to the inventory / widen --limit",
         )
     return ordered[: nodes.value]
+
+
+def _per_node(src: _Sources, ppn: Setting[int | None], nodes: int) -> Setting[int | None]:
+    """--num_processes N (Accelerate's total over all machines): N / nodes per node, the
+    nodes being --nodes (or its file) else every selected host."""
+    total = src.flags.get("num_processes")
+    if total is None:
+        return ppn
+    flag = src.flag_name("num_processes", "--num_processes")
+    if total % nodes:
+        raise UsageError(
+            f"{flag} {total} cannot be split evenly over {nodes} node(s)",
+            hint=f"give a multiple of {nodes}, or choose the nodes with --nodes",
+        )
+    per_node = total // nodes
+    if ppn.source == FLAG and ppn.value is not None and ppn.value != per_node:
+        raise UsageError(
+            f"{flag} {total} is {per_node} per node on {nodes} node(s), but {ppn.where} "
+            f"says {ppn.value}",
+            hint=f"give either {flag} or {ppn.where}",
+        )
+    return Setting("ppn", per_node, FLAG, f"{flag} {total} / {nodes} node(s)")
 
 
 def _host_value(
@@ -329,7 +366,13 @@ def _backend(
 
 
 def _secret_env(src: _Sources) -> Setting[SecretEnv]:
+    """cpuaccel_secret_env, under the credentials passed by name (--env HF_TOKEN)."""
     found = next(src.variables("secret_env", ("cpuaccel_secret_env",), _mapping), None)
+    given = dict(src.flags.get("secret_env") or {})
+    if given:
+        merged = {**(found.value if found else {}), **given}
+        where = ", ".join(f"--env {name}" for name in given)
+        return Setting("secret_env", SecretEnv(merged), FLAG, where)
     if found is None:
         return Setting("secret_env", SecretEnv(), DEFAULT)
     return Setting("secret_env", SecretEnv(found.value), found.source, found.where)

@@ -1,6 +1,7 @@
 """Which inventory a verb reads, and where that choice came from.
 
--i, else the project file's inventory (or Accelerate's hostfile), else
+-i (a file, or a comma list of hosts as Ansible's ``-i node1,node2,``), else the
+project file's inventory (or Accelerate's hostfile), else
 $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone. The choice is a
 ``Setting`` so that ``config show`` can say why that file was read.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
-from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory
+from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory, is_host_list
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,14 @@ class InventoryChoice:
         """The chosen inventory, read (with -e on top)."""
         if self.path is None:
             return Inventory.implicit(extra_vars)
+        if is_host_list(self.path):  # -i node1,node2, (Ansible's host list)
+            return Inventory.from_host_list(self.path, self.label, extra_vars)
         return Inventory.load(self.path, extra_vars)
+
+    @property
+    def label(self) -> str:
+        """How errors name the choice: "-i node1,node2," or "$CPUACCEL_INVENTORY ..."."""
+        return f"{self.setting.where} {self.path}"
 
 
 def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
@@ -39,6 +47,10 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
             if project.inventory_error is not None:
                 raise project.inventory_error
             path = str(project.get("inventory"))
+            if is_host_list(path):  # inventory: node1,node2, (as ansible.cfg's inventory =)
+                return InventoryChoice(
+                    path, Setting("inventory", path, PROJECT, project.where("inventory"))
+                )
             if not os.path.isfile(path):
                 # Blame the line that names it: the user fixes the project file. Not a
                 # regular file (/dev/zero, a FIFO) would be read forever.

@@ -18,11 +18,13 @@ from typing import Any
 from cpuaccel.config.yamlfile import Field, parse_mapping
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
+from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
+from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
 from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
-PRECISIONS = ("bf16", "no")
+PRECISIONS = ("auto", "bf16", "no")  # fp32 is read as "no"
 # The key written in the file -> what it means, for --help-like hints and `config show`.
 KEYS: dict[str, str] = {
     "inventory": "the inventory (or MPI hostfile), relative to this file",
@@ -32,7 +34,7 @@ KEYS: dict[str, str] = {
     "ppn": "ranks per node",
     "launcher": "auto, impi, mpich or openmpi",
     "master_port": "the rendezvous port on the head node",
-    "mixed_precision": "bf16 or no (fp32)",
+    "mixed_precision": "auto, bf16 or no (fp32)",
     "ccl_workers": "oneCCL worker threads per rank (CCL_WORKER_COUNT)",
     "env": "variables set in every rank (a mapping)",
     "exclude": "sync: patterns left out (a list, gitignore syntax)",
@@ -157,9 +159,10 @@ def parse_project(text: str, source: str) -> ProjectConfig:
             )
         config.set(key, _checked(key, item, source), item.line)
     inventory = config.get("inventory")
-    if inventory:
-        # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own.
-        base = os.path.dirname(source)
+    base = os.path.dirname(source)
+    if inventory and not ("," in inventory and not os.path.exists(os.path.join(base, inventory))):
+        # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own (a
+        # comma list of hosts, "node1,node2,", names no file).
         config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
     return config
 
@@ -194,12 +197,38 @@ def load_config(path: str | Path) -> ProjectConfig:
     return parse_project(text, source)
 
 
-def discover_config(path: str | None) -> ProjectConfig | None:
-    """--config FILE, else ./cpuaccel.yaml when there is one, else none."""
+def accelerate_default() -> str:
+    """Where `accelerate launch` finds its config when given none: $HF_HOME/accelerate/
+    default_config.yaml, $HF_HOME being $XDG_CACHE_HOME/huggingface (~/.cache/...)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
+
+
+def discover_config(path: str | None, inventory_flag: str | None = None) -> ProjectConfig | None:
+    """--config FILE, else ./cpuaccel.yaml when there is one, else Accelerate's default
+    config when there is one (as `accelerate launch` reads it), else none.
+    ``inventory_flag``: the -i given, if any (a single-machine default config then
+    gives way to it)."""
     if path:
         return load_config(path)
     if os.path.lexists(PROJECT_FILE):
         # Present but not a file (a FIFO, a dangling link) is an error, not "no project
         # file": silently running on this machine alone would surprise more.
         return load_config(PROJECT_FILE)
-    return None
+    default = accelerate_default()
+    if not os.path.lexists(default):
+        return None
+    why = "read as Accelerate's default config, there being no ./cpuaccel.yaml nor --config"
+    try:
+        config = load_config(default)
+    except ProjectFileError as exc:  # file:line, as with --config; and why it was read
+        exc.hint = f"{exc.hint} ({why})" if exc.hint else why
+        raise
+    named = inventory_flag or os.environ.get(INVENTORY_ENV) or os.path.lexists(INVENTORY_FILE)
+    if config.local_only and named:
+        # A single-machine config (what `accelerate config` writes on a laptop) must not
+        # turn a run on the inventory's hosts into one on this machine: not used.
+        return None
+    config.warnings.insert(0, f"using {default}: {why}; pass --config FILE for another")
+    return config

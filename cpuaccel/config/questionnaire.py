@@ -266,8 +266,9 @@ def _ask_processes(a: Answers, asker: Asker, multi: bool) -> None:
         )
     if a.launcher is None:
         a.launcher = asker.ask(
-            f"Which MPI launches the job? ({', '.join(LAUNCHERS)}; impi = Intel MPI)",
-            "impi",
+            f"Which MPI launches the job? ({', '.join(LAUNCHERS)}; auto = the head node's, "
+            "impi = Intel MPI)",
+            "auto",  # as `cpuaccel run` defaults: the MPI the head node has
             check_choice(LAUNCHERS),
             "--launcher",
         )
@@ -277,9 +278,10 @@ def _ask_processes(a: Answers, asker: Asker, multi: bool) -> None:
         )
     if a.mixed_precision is None:
         a.mixed_precision = asker.ask(
-            "bf16 mixed precision or fp32? (bf16, fp32)",
-            "bf16",
-            check_choice(("bf16", "fp32")),
+            "bf16 mixed precision or fp32? (auto = bf16 where the CPU has AMX or "
+            "AVX512-BF16, else fp32; bf16; fp32)",
+            "auto",
+            check_choice(("auto", "bf16", "fp32")),
             "--mixed-precision",
         )
 

@@ -30,6 +30,15 @@ def read_inventory(text: str, source: str | None) -> InventoryBuilder:
     return _Walker(source).walk(text)
 
 
+def read_vars_file(text: str, source: str) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """A group_vars/host_vars file: a YAML mapping of NAME: value, each with its line."""
+    walker = _Walker(source)
+    root = walker.yaml.compose(text)
+    if root is None or is_null(root):
+        return {}, {}  # an empty file sets nothing (as in Ansible)
+    return walker.read_vars(root, "a vars file")
+
+
 class _Walker:
     """Walks one composed YAML document, filling an InventoryBuilder."""
 
@@ -55,6 +64,14 @@ class _Walker:
                 "inventory can be converted with 'ansible-inventory -i FILE --list -y'",
             )
         for name, line, node in self.yaml.pairs(root, "the top level"):
+            if name == "plugin" and not isinstance(node, MappingNode):
+                raise self.error(
+                    f"inventory plugins ('plugin: {getattr(node, 'value', '')}') are not "
+                    "supported: cpuaccel reads the hosts of a YAML or INI inventory",
+                    line,
+                    "write the plugin's hosts to a file with 'ansible-inventory -i FILE "
+                    "--list -y > inventory.yaml' and pass that",
+                )
             if name in GROUP_KEYS:
                 raise self.error(
                     f"'{name}:' at the top level: it must belong to a group",

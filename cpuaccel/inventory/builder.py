@@ -3,8 +3,12 @@
 A source (the Ansible YAML reader, a plain MPI hostfile, the implicit localhost) fills
 an :class:`InventoryBuilder` with drafts of groups and hosts, each variable with the
 place it was written; :meth:`InventoryBuilder.build` merges them with Ansible's
-precedence (all < parent group < child group < host < -e) and checks the values every
-host ends up with, blaming the line that wrote a bad one.
+precedence and checks the values every host ends up with, blaming the line that wrote a
+bad one. Ansible's order (its default VARIABLE_PRECEDENCE, lib/ansible/vars/manager.py),
+lowest first: the inventory file's group vars (all < parent group < child group), then
+group_vars/all beside the inventory, beside the playbook, then group_vars/<group> (by
+group depth) beside the inventory, beside the playbook, then the inventory file's host
+vars, host_vars/<host> beside the inventory, beside the playbook, and -e last.
 """
 
 from __future__ import annotations
@@ -26,7 +30,14 @@ EXTRA_VARS_SOURCE = "-e"
 STRICT_WORDS = ("yes", "no", "ask", "accept-new", "off", "true", "false")
 # Variables whose values are secrets: messages name them, never show their values.
 SECRET_VARS = frozenset(
-    {"cpuaccel_secret_env", "ansible_password", "ansible_ssh_pass", "ansible_become_password"}
+    {
+        "cpuaccel_secret_env",
+        "ansible_password",
+        "ansible_ssh_pass",
+        "ansible_become_password",
+        "ansible_become_pass",
+        "ansible_sudo_pass",
+    }
 )
 
 
@@ -71,6 +82,17 @@ class HostDraft:
     origins: dict[str, Origin] = field(default_factory=dict)
 
 
+class FileVars(NamedTuple):
+    """The variables of a group_vars/ or host_vars/ file (or folder), with their lines."""
+
+    vars: dict[str, Any]
+    origins: dict[str, Origin]
+
+
+# Layers of vars files: beside the inventory, then beside the playbook (which wins).
+FILE_LAYERS = (0, 1)
+
+
 class Built(NamedTuple):
     """What :meth:`InventoryBuilder.build` gives: the arguments of an Inventory."""
 
@@ -99,6 +121,9 @@ class InventoryBuilder:
         self.source = source
         self.groups: dict[str, GroupDraft] = {"all": GroupDraft("all", None)}
         self.hosts: dict[str, HostDraft] = {}
+        # (layer, name) -> the group_vars/<name> or host_vars/<name> variables.
+        self.group_files: dict[tuple[int, str], FileVars] = {}
+        self.host_files: dict[tuple[int, str], FileVars] = {}
 
     def error(self, message: str, line: int | None, hint: str) -> InventoryError:
         return InventoryError(message, source=self.source, line=line, hint=hint)
@@ -168,12 +193,11 @@ class InventoryBuilder:
             ordered = sorted(member, key=merge_key)
             merged: dict[str, Any] = {}
             where: dict[str, Origin] = {}
-            for group_name in ordered:
-                merged.update(self.groups[group_name].vars)
-                where.update(self.groups[group_name].origins)
-            for values, at in ((draft.vars, draft.origins), (extra_vars, extra_origins)):
+            for values, at in self._layers(name, ordered):
                 merged.update(values)
                 where.update(at)
+            merged.update(extra_vars)
+            where.update(extra_origins)
             if name == "localhost" and merged.get("ansible_connection") is None:
                 merged["ansible_connection"] = "local"
                 where["ansible_connection"] = Origin(None, None)
@@ -193,6 +217,27 @@ class InventoryBuilder:
             for name, g in self.groups.items()
         }
         return Built(hosts, groups, origins)
+
+    def _layers(
+        self, host: str, ordered: list[str]
+    ) -> list[tuple[Mapping[str, Any], Mapping[str, Origin]]]:
+        """``host``'s variables, lowest precedence first (see the module's docstring);
+        ``ordered``: its groups, "all" first, by depth, priority and name."""
+        layers: list[tuple[Mapping[str, Any], Mapping[str, Origin]]] = [
+            (self.groups[g].vars, self.groups[g].origins) for g in ordered
+        ]
+        groups = ["all"] + [g for g in ordered if g != "all"]
+        for names in (groups[:1], groups[1:]):
+            layers += [
+                self.group_files[(layer, g)]
+                for layer in FILE_LAYERS
+                for g in names
+                if (layer, g) in self.group_files
+            ]
+        draft = self.hosts[host]
+        layers.append((draft.vars, draft.origins))
+        layers += [self.host_files[(n, host)] for n in FILE_LAYERS if (n, host) in self.host_files]
+        return layers
 
     def _parents(self) -> dict[str, list[str]]:
         all_group = self.groups["all"]

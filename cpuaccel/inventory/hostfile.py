@@ -53,6 +53,17 @@ def looks_like_hostfile(text: str) -> bool:
     return all(_LINE.match(line) or not _YAMLISH.match(line) for line in significant)
 
 
+def has_ini_words(text: str) -> bool:
+    """True when a line sets something other than slots (``node1 ansible_user=x``): an
+    Ansible INI inventory without a section, not an MPI hostfile."""
+    for line in (_strip(line) for line in text.splitlines()):
+        match = _LINE.match(line)
+        words = match.group("words").split() if match else []
+        if any(word.partition("=")[0] not in ("slots", "max_slots") for word in words):
+            return True
+    return False
+
+
 def parse_hostfile(text: str, source: str) -> list[HostfileEntry]:
     """Entries in file order; a host listed twice is one host with the slots added up,
     as hydra counts it."""

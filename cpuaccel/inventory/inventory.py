@@ -1,13 +1,17 @@
-"""Inventory: the hosts to run on, read from an Ansible YAML inventory or an MPI hostfile.
+"""Inventory: the hosts to run on, read from an Ansible inventory (YAML or INI), an MPI
+hostfile or a comma list of hosts (``-i node1,node2,``).
 
 The format is Ansible's so that users can point cpuaccel at the inventory they already
-have. Each source fills an InventoryBuilder (the YAML in ``ansible_yaml``, a plain MPI
-hostfile in ``hostfile``), which merges the variables (``builder``); this module is what
-the rest of cpuaccel uses: loading, the implicit localhost, discovery, --limit, and -e.
+have. Each source fills an InventoryBuilder (the YAML in ``ansible_yaml``, the INI in
+``ansible_ini``, a plain MPI hostfile in ``hostfile``; group_vars/ and host_vars/ in
+``groupvars``), which merges the variables (``builder``); this module is what the rest
+of cpuaccel uses: loading, the implicit localhost, discovery, --limit, and -e.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,11 +21,12 @@ from typing import Any
 import yaml
 
 from cpuaccel.errors import InventoryError
-from cpuaccel.inventory import hostfile
+from cpuaccel.inventory import ansible_ini, groupvars, hostfile
 from cpuaccel.inventory.ansible_yaml import read_inventory
 from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
-from cpuaccel.inventory.patterns import expand_host_pattern, select_hosts
+from cpuaccel.inventory.patterns import expand_host_pattern, parse_host_key, select_hosts
+from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import YamlReader
 
@@ -38,6 +43,9 @@ __all__ = [
 ENV_VAR = "CPUACCEL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
+INI_SUFFIXES = (".ini",)
+# A YAML inventory's first line: "key:", "- item", "---", "{...}" or a directive.
+_YAMLISH = re.compile(r"^(?:---|%|\{|- |-$|[^\s=]*:(?:\s|$))")
 
 
 class Inventory:
@@ -54,25 +62,67 @@ class Inventory:
         self.hosts: dict[str, Host] = dict(hosts)
         self.groups: dict[str, Group] = dict(groups)
         self._origins = dict(origins or {})
+        self._builder: InventoryBuilder | None = None  # kept to add a playbook's vars files
+        self._extra_vars: dict[str, Any] = {}
         # Said once to the user by the CLI (e.g. "a hostfile has no SSH details").
         self.warnings: list[str] = []
 
     @classmethod
     def load(cls, path: str | Path, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
+        """The inventory file at ``path`` (Ansible YAML or INI, or an MPI hostfile), with
+        the group_vars/ and host_vars/ beside it, and -e on top."""
         source = str(path)
-        text = read_source(
-            path,
-            InventoryError,
-            "inventory file",
-            f"pass the inventory file itself with -i PATH, or set {ENV_VAR}",
-        )
-        # A .yaml file is always read as YAML, so that a mistake in it keeps its YAML error.
-        if not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
-            entries = hostfile.parse_hostfile(text, source)
-            inventory = cls.built(hostfile.hostfile_inventory(entries, source), extra_vars)
-            inventory.warnings.append(hostfile.warning_for(source))
-            return inventory
-        return cls.built(read_inventory(text, source), extra_vars)
+        hint = f"pass the inventory file itself with -i PATH, or set {ENV_VAR}"
+        if host_name_problem(source) is None and not os.path.lexists(source):
+            hint = f"for the host {source} alone, write -i {source}, (with the comma, as Ansible)"
+        text = read_source(path, InventoryError, "inventory file", hint)
+        warnings: list[str] = []
+        if source.endswith(INI_SUFFIXES) or ansible_ini.starts_with_section(text):
+            builder = ansible_ini.read_ini(text, source)
+        elif not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
+            if not hostfile.has_ini_words(text):
+                entries = hostfile.parse_hostfile(text, source)
+                builder = hostfile.hostfile_inventory(entries, source)
+                warnings.append(hostfile.warning_for(source))
+            else:  # "node1 ansible_user=x": an INI inventory without a section
+                builder = ansible_ini.read_ini(text, source)
+        elif not source.endswith(YAML_SUFFIXES) and not _yamlish(ansible_ini.first_line(text)):
+            builder = ansible_ini.read_ini(text, source)
+        else:
+            builder = read_inventory(text, source)
+        # A file the user typed names a folder: group_vars/ beside it, as Ansible reads.
+        warnings += groupvars.attach(builder, os.path.dirname(source), 0)
+        inventory = cls.built(builder, extra_vars)
+        inventory.warnings += warnings
+        return inventory
+
+    @classmethod
+    def from_host_list(
+        cls, text: str, what: str, extra_vars: Mapping[str, Any] | None = None
+    ) -> Inventory:
+        """``-i node1,node2,``: Ansible's host_list inventory (hosts in "ungrouped", no
+        variables, ``name:port`` allowed); ``what`` names it in errors ("-i node1,...")."""
+        builder = InventoryBuilder(what)
+        group = builder.group("ungrouped", None)
+        for word in (w.strip() for w in text.split(",")):
+            if not word:
+                continue
+            try:
+                names, port = parse_host_key(word)
+            except InventoryError as exc:
+                raise InventoryError(f"{what}: {exc.message}", hint=exc.hint) from None
+            problem = next(filter(None, map(host_name_problem, names)), None)
+            if problem is not None or "[" in word:
+                raise InventoryError(
+                    f"{what}: host {problem or repr(word) + ' is a range'}",
+                    hint="list host names or addresses separated by commas, e.g. "
+                    "-i node1,node2:2222, (an inventory file holds ranges and variables)",
+                )
+            values = {"ansible_port": port} if port is not None else {}
+            builder.add_host(group, names[0], values, dict.fromkeys(values, Origin(what, None)))
+        if not builder.hosts:
+            raise InventoryError(f"{what}: no host listed", hint="write e.g. -i node1,node2,")
+        return cls.built(builder, extra_vars)
 
     @classmethod
     def built(
@@ -80,7 +130,24 @@ class Inventory:
     ) -> Inventory:
         """The inventory a source filled ``builder`` with, variables merged and -e last."""
         hosts, groups, origins = builder.build(extra_vars or {})
-        return cls(builder.source, hosts, groups, origins)
+        inventory = cls(builder.source, hosts, groups, origins)
+        inventory._builder, inventory._extra_vars = builder, dict(extra_vars or {})
+        return inventory
+
+    def with_playbook_vars(self, folder: str | Path) -> Inventory:
+        """This inventory with the group_vars/ and host_vars/ beside a playbook in
+        ``folder`` too (over those beside the inventory, as in ansible-playbook)."""
+        builder = self._builder
+        beside_inventory = os.path.dirname(self.source) if self.source else None
+        if builder is None or (
+            beside_inventory is not None
+            and os.path.realpath(beside_inventory or ".") == os.path.realpath(folder)
+        ):
+            return self  # the same files, already read
+        warnings = groupvars.attach(builder, str(folder), 1)
+        inventory = Inventory.built(builder, self._extra_vars)
+        inventory.warnings = [*self.warnings, *warnings]
+        return inventory
 
     @classmethod
     def implicit(cls, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
@@ -114,6 +181,15 @@ class Inventory:
     def origin(self, host: str, var: str) -> Origin | None:
         """Where the value of ``var`` that ``host`` ended up with was written."""
         return self._origins.get(host, {}).get(var)
+
+
+def _yamlish(line: str) -> bool:
+    return _YAMLISH.match(line) is not None
+
+
+def is_host_list(text: str) -> bool:
+    """``-i node1,node2,``: a comma list of hosts, not a file (Ansible's host_list test)."""
+    return "," in text and not os.path.exists(text)
 
 
 def parse_extra_vars(items: Sequence[str]) -> dict[str, Any]:

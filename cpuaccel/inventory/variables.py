@@ -21,7 +21,7 @@ from typing import Any
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
-PRECISION_CHOICES = ("bf16", "no", "fp32")
+PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
 TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})
@@ -91,7 +91,7 @@ def choice(options: tuple[str, ...], *, fold: bool = False) -> Check:
 
 
 def precision(value: Any) -> str:
-    """bf16 or no (fp32 is written "no", as Accelerate reads it)."""
+    """auto, bf16 or no (fp32 is written "no", as Accelerate reads it)."""
     word = choice(PRECISION_CHOICES, fold=True)(value)
     return "no" if word == "fp32" else word
 
@@ -172,6 +172,37 @@ def folder(value: Any) -> str | None:
     return path
 
 
+def secret(value: Any) -> str | None:
+    """A password sudo reads as one line; the complaint never shows the value."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise BadValue(f"must be a plain string, not a {type(value).__name__}")
+    if _CONTROL.search(str(value)):
+        raise BadValue("must be one line without control characters (its value is not shown)")
+    return str(value) if str(value) else None
+
+
+SUDO_FLAGS = ("-H", "-S", "-n")  # what cpuaccel passes to sudo itself, as it decides
+
+
+def sudo_flags(value: Any) -> str | None:
+    """Ansible's become_flags: only the flags cpuaccel uses anyway (its default)."""
+    line = ssh_args(value)
+    other = [word for word in shlex.split(line or "") if word not in SUDO_FLAGS]
+    if other:
+        raise BadValue(
+            f"has {other[0]!r}: cpuaccel runs sudo with -H and -S (a password) or -n (none) "
+            "itself, and takes no other flags"
+        )
+    return line
+
+
+def sudo_exe(value: Any) -> str | None:
+    path = text(value)
+    if path is not None and path.rsplit("/", 1)[-1] != "sudo":
+        raise BadValue(f"is {path!r}: cpuaccel runs the node's sudo (from its PATH) only")
+    return path
+
+
 def host_address(value: Any) -> str:
     problem = host_name_problem(value)
     if problem is not None:
@@ -208,6 +239,18 @@ VARIABLES: dict[str, Check] = {
     "ansible_python_interpreter": text,
     "ansible_ssh_common_args": ssh_args,
     "ansible_ssh_extra_args": ssh_args,
+    # become (playbook/become.py): only sudo; the password is a secret (builder.SECRET_VARS).
+    "ansible_become": boolean,
+    "ansible_become_user": user_name,
+    "ansible_become_method": choice(("sudo", "ansible.builtin.sudo")),
+    "ansible_become_password": secret,
+    "ansible_become_pass": secret,
+    "ansible_sudo_pass": secret,  # the sudo plugin's old names, as Ansible still reads them
+    "ansible_sudo_user": user_name,
+    "ansible_become_flags": sudo_flags,
+    "ansible_sudo_flags": sudo_flags,
+    "ansible_become_exe": sudo_exe,
+    "ansible_sudo_exe": sudo_exe,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
     "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
@@ -241,6 +284,19 @@ HINTS["cpuaccel_workdir"] = (
     "cpuaccel_workdir: /opt/cpuaccel/work"
 )
 HINTS["ansible_ssh_host"] = HINTS["ansible_host"]
+HINTS["ansible_become_method"] = (
+    "cpuaccel becomes another user with sudo only: ansible_become_method: sudo, or leave it out"
+)
+HINTS["ansible_become_password"] = (
+    "write the sudo password as one plain string (better: "
+    "in a file of its own given as -e @secrets.yaml, or ask for it with -K)"
+)
+HINTS["ansible_become_pass"] = HINTS["ansible_become_password"]
+HINTS["ansible_sudo_pass"] = HINTS["ansible_become_password"]
+HINTS["ansible_become_flags"] = "remove it (cpuaccel chooses sudo's flags: -H -S or -H -n)"
+HINTS["ansible_sudo_flags"] = HINTS["ansible_become_flags"]
+HINTS["ansible_become_exe"] = "remove it (cpuaccel runs the node's sudo)"
+HINTS["ansible_sudo_exe"] = HINTS["ansible_become_exe"]
 HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
 
 

@@ -154,7 +154,7 @@ def _preflight_and_sync(
     launcher = settings.launcher.value
     # The head's ssh to the others runs within the same pass (see LauncherReach).
     reach = LauncherReach(draft, nodes.connect, nodes.pool)
-    with ui.progress("preflight", 1):
+    with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
         found = run_preflight(
             draft.hosts,
             draft.project_dir,
@@ -166,6 +166,7 @@ def _preflight_and_sync(
             check_project=not local,
             pool=nodes.pool,
             reach=reach,
+            on_host=bar.advance,
         )
         reached = reach.problems()
     problems = list(found.errors) + reached

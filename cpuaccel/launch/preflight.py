@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -75,9 +75,11 @@ def run_preflight(
     check_project: bool = True,
     pool: ConnectionPool | None = None,
     reach: LauncherReach | None = None,
+    on_host: Callable[[str], None] | None = None,
 ) -> Preflight:
     """Probe every node at once; ``reach`` (which needs the pool) is told of each
-    connection as it opens and each host as it ends."""
+    connection as it opens and each host as it ends; ``on_host`` (the progress bar)
+    is given each host's name as it ends."""
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
@@ -90,7 +92,12 @@ def run_preflight(
         )
         return NodeState(facts, project)
 
-    on_result = reach.finished if reach is not None else None
+    def on_result(result: HostResult[Any]) -> None:
+        if reach is not None:
+            reach.finished(result)
+        if on_host is not None:
+            on_host(result.host.name)
+
     results = run_on_hosts(
         hosts, probe, forks=forks, options=connect, pool=pool, on_result=on_result
     )

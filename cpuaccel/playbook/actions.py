@@ -16,52 +16,18 @@ import posixpath
 import shlex
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.inventory.host import Host
 from cpuaccel.playbook import templar
-from cpuaccel.playbook.session import AgentSession
+from cpuaccel.playbook.session import HostContext as HostContext  # re-exported
+from cpuaccel.playbook.session import Result as Result
 from cpuaccel.playbook.sources import find_source, search_path
-
-Result = dict[str, Any]
-DEFAULT_MODULE_PYTHON = "python3"
 
 
 class ActionError(CpuaccelError):
     """The task cannot run on this host as written (missing src, bad rendered value)."""
-
-
-def module_python(host: Host) -> str:
-    """The interpreter that runs the agent: Ansible's ``ansible_python_interpreter``.
-
-    Not ``cpuaccel_python``: provisioning is what creates that environment.
-    """
-    return str(host.vars.get("ansible_python_interpreter") or DEFAULT_MODULE_PYTHON)
-
-
-@dataclass
-class HostContext:
-    """What a module needs to act on one host."""
-
-    host: Host
-    connect: Callable[[], Connector]
-    playbook_dir: Path
-    check: bool
-    diff: bool
-    session: AgentSession | None = None
-    messages: list[str] = field(default_factory=list)
-
-    def agent(self) -> AgentSession:
-        if self.session is None:
-            self.session = AgentSession(self.connect(), module_python(self.host))
-        return self.session
-
-    def request(self, module: str, args: dict[str, Any]) -> Result:
-        return self.agent().request(module, args, check=self.check, diff=self.diff)
 
 
 def _process_request(args: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +136,7 @@ def _pip(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -
 
 def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
     """rsync from the controller: the way a wheelhouse reaches offline nodes."""
+    ctx.as_ssh_user("synchronize")
     src = Path(str(args["src"])).expanduser()
     if not src.exists():
         raise ActionError(f"synchronize: src {src} does not exist on the controller")
@@ -295,6 +262,7 @@ def _alike(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any])
     from cpuaccel.facts.gather import gather
 
     python = str(args.get("python") or ctx.host.python)
+    ctx.as_ssh_user("alike")
     facts = gather(ctx.connect(), python=python)
     return {"changed": False, "failed": False, "facts": facts}
 
@@ -317,7 +285,12 @@ def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, 
         requirements += self_requirements()
     constraints = Path(str(args["constraints"])).expanduser() if args.get("constraints") else None
     filled = (
-        wheels.fill_wheelhouse(dest, requirements, constraints=constraints)
+        wheels.fill_wheelhouse(
+            dest,
+            requirements,
+            constraints=constraints,
+            extra_index_urls=[str(u) for u in args.get("extra_index_url") or []],
+        )
         if requirements
         else None
     )

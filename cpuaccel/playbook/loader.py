@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import PlaybookError
+from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import subset, templar
 from cpuaccel.playbook.argspec import Where
@@ -21,8 +22,9 @@ from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import YamlReader
 
-PLAY_KEYS = subset.PLAY_KEYS
-TASK_KEYS = subset.TASK_KEYS
+# become, become_user, become_method: provision's sudo (playbook/become.py).
+PLAY_KEYS = subset.PLAY_KEYS | set(becoming.KEYWORDS)
+TASK_KEYS = subset.TASK_KEYS | set(becoming.KEYWORDS)
 
 
 def _line(value: Any, default: int) -> int:
@@ -91,6 +93,7 @@ class _Reader:
             file=self.source,
             line=line,
             gather_facts=self.flag(raw, "gather_facts", True, f"play {index}", line),
+            become=self.become(raw, f"play {name!r}", line),
         )
 
     def task(self, raw: Any, index: int, play_tags: frozenset[str]) -> Task:
@@ -133,6 +136,7 @@ class _Reader:
             if "check_mode" in raw
             else None,
             vars=dict(task_vars),
+            become=self.become(raw, label, line),
         )
 
     def refuse_outside_subset(self, raw: Mapping[str, Any], line: int, *, on_play: bool) -> None:
@@ -182,6 +186,13 @@ class _Reader:
                 "name the loop variable with letters, digits and '_'",
             )
         return name
+
+    def become(self, raw: Mapping[str, Any], label: str, line: int) -> dict[str, Any]:
+        """become, become_user and become_method (become.check_keywords), at their line."""
+        try:
+            return becoming.check_keywords(raw)
+        except becoming.KeywordError as exc:
+            raise self.error(f"{label}: {exc}", _key_line(raw, exc.key, line), exc.hint) from None
 
     def module(self, raw: Mapping[str, Any], label: str, line: int) -> catalogue.Module:
         """The task's one module: every key that is not a task keyword names it."""

@@ -29,6 +29,8 @@ class Task:
     # Ansible's check_mode: false runs a read-only task even under --check.
     check_mode: bool | None = None
     vars: Mapping[str, Any] = field(default_factory=dict)
+    # The become keywords written on the task (become, become_user, become_method).
+    become: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -44,6 +46,7 @@ class Play:
     file: str
     line: int
     gather_facts: bool = True
+    become: Mapping[str, Any] = field(default_factory=dict)  # as on Task
 
 
 @dataclass(frozen=True)

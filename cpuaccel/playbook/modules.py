@@ -204,6 +204,8 @@ MODULES: dict[str, Module] = {
                 "requirements": Arg("list"),
                 "constraints": Arg("path"),
                 "include_self": Arg("bool", default=True),
+                # pip download's --extra-index-url: e.g. PyTorch's CPU-only wheel index
+                "extra_index_url": Arg("list"),
             },
             on_controller=True,
             summary="fill a folder on the controller with wheels for offline nodes (pip "

@@ -20,6 +20,7 @@ from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import EXTRA_VARS_SOURCE, Inventory
+from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
@@ -38,6 +39,8 @@ class HostState:
     failed: bool = False
     unreachable: bool = False
     stats: HostStats = field(default_factory=HostStats)
+    # Every become password the host used (a later task without become may print one too).
+    secrets: set[str] = field(default_factory=set)
 
     @property
     def active(self) -> bool:
@@ -98,6 +101,7 @@ class LinearStrategy:
         skip_tags: frozenset[str] = frozenset(),
         controller_vars: Mapping[str, Any] | None = None,
         listener: Listener | None = None,
+        become: becoming.CliBecome | None = None,
     ) -> None:
         self.playbook = playbook
         self.inventory = inventory
@@ -111,6 +115,7 @@ class LinearStrategy:
         self.skip_tags = skip_tags
         self.controller_vars = dict(controller_vars or {})
         self.listener = listener or Listener()
+        self.become = become or becoming.CliBecome()
         self.states: dict[str, HostState] = {}
         # Neither the inventory nor -e changes during a run: derived once, not per task.
         self.groups = {name: inventory.group_hosts(name) for name in inventory.groups}
@@ -186,8 +191,7 @@ class LinearStrategy:
                 self.run_play(play)
         finally:
             for state in self.states.values():
-                if state.ctx.session is not None:
-                    state.ctx.session.close()
+                state.ctx.close()
         return {name: s.stats for name, s in self.states.items()}
 
     def run_play(self, play: Play) -> None:
@@ -228,8 +232,11 @@ class LinearStrategy:
         targets = states[:1] if task is not None and task.run_once else states
 
         def one(state: HostState) -> tuple[str, Result]:
-            result = self._gather(state) if task is None else self._run_task(state, play, task)
-            return state.host.name, result
+            result = (
+                self._gather(state, play) if task is None else self._run_task(state, play, task)
+            )
+            # A become password never reaches the display, --json or a registered result.
+            return state.host.name, becoming.mask(result, self._secrets(state))
 
         # The executor's fan-out, not run_on_hosts: a task connects only when it needs
         # the node (through its HostContext and the pool), so assert, debug and set_fact
@@ -277,13 +284,25 @@ class LinearStrategy:
         elif status == "failed":
             state.failed = True
 
-    def _gather(self, state: HostState) -> Result:
-        """Facts from the host's agent, which runs the probe in its own process."""
+    def _secrets(self, state: HostState) -> list[str]:
+        now = state.ctx.become.password if state.ctx.become else None
+        found = [state.host.vars.get(name) for name in becoming.PASSWORD_VARS]
+        return becoming.remember(state.secrets, self.become.password, now, *found)
+
+    def _gather(self, state: HostState, play: Play) -> Result:
+        """Facts from the host's agent (the play's become's), which runs the probe in its
+        own process."""
         from cpuaccel.facts.gather import settle
 
         host = state.host
         request: dict[str, Any] = {"workdir": host.workdir, "setvars": host.setvars, "resolve": []}
         args = {"request": request}
+        try:
+            variables = self.variables(state, play, None)
+            state.ctx.become = becoming.resolve(self.become, (play.become,), variables)
+        except CpuaccelError as exc:
+            msg = f"{play.file}:{play.line}: {exc.message}"
+            return {"failed": True, "changed": False, "msg": msg, "hint": exc.hint}
         try:
             state.ctx.agent()  # started first: its start-up is no clock skew
             sent = time.time()
@@ -298,6 +317,7 @@ class LinearStrategy:
     def _run_task(self, state: HostState, play: Play, task: Task) -> Result:
         try:
             variables = self.variables(state, play, task)
+            state.ctx.become = becoming.resolve(self.become, (play.become, task.become), variables)
             if task.loop is None:
                 return self._run_item(state, task, variables)
             items = templar.render(task.loop, variables)
@@ -316,7 +336,8 @@ class LinearStrategy:
         except HostError as exc:
             return _host_error(exc)
         except CpuaccelError as exc:
-            return {"failed": True, "changed": False, "msg": f"{task.where}: {exc.message}"}
+            failed = {"failed": True, "changed": False, "msg": f"{task.where}: {exc.message}"}
+            return {**failed, "hint": exc.hint} if exc.hint else failed
 
     def _run_item(self, state: HostState, task: Task, variables: dict[str, Any]) -> Result:
         for expr in task.when:
@@ -354,7 +375,8 @@ class LinearStrategy:
 
 def _host_error(exc: HostError) -> Result:
     return {
-        "unreachable": True,
+        # sudo refusing the password: the host answered, so it failed, not unreachable.
+        "unreachable": not isinstance(exc, becoming.BecomeError),
         "failed": True,
         "changed": False,
         "msg": exc.reason,

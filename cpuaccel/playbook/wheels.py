@@ -168,10 +168,13 @@ def fill_wheelhouse(
     constraints: Path | None,
     python: str = sys.executable,
     progress: Callable[[str], None] | None = None,
+    extra_index_urls: Sequence[str] = (),
 ) -> WheelhouseResult:
     """Make dest hold wheels for requirements and all their dependencies (pip download).
 
-    The controller's own pip configuration decides the index. A stamp file records the
+    The controller's own pip configuration decides the index; ``extra_index_urls`` are
+    added to it (PyTorch's CPU-only wheels: PyPI's torch for Linux is the CUDA build).
+    A stamp file records the
     last successful request, so an unchanged one returns at once without running pip.
     """
     started = time.monotonic()
@@ -182,13 +185,14 @@ def fill_wheelhouse(
         "constraints_sha256": _sha256(constraints) if constraints is not None else None,
         # pip picks wheels for this interpreter's tags: another one may need others.
         "python": python,
+        "extra_index_urls": list(extra_index_urls),
     }
     files = _stamped(dest, stamp_path, request)
     if files is not None:
         return WheelhouseResult(dest, False, files, time.monotonic() - started)
 
     dest.mkdir(parents=True, exist_ok=True)
-    _pip_download(python, dest, requirements, constraints, progress)
+    _pip_download(python, dest, requirements, constraints, progress, extra_index_urls)
 
     files = _wheels(dest)
     tmp = stamp_path.with_name(f"{STAMP_NAME}.{os.getpid()}.tmp")
@@ -220,6 +224,7 @@ def _pip_download(
     requirements: Sequence[str],
     constraints: Path | None,
     progress: Callable[[str], None] | None,
+    extra_index_urls: Sequence[str] = (),
 ) -> None:
     """Run ``pip download`` into dest, its output to the log file there (and progress)."""
     command = [python, "-m", "pip", "download", "--dest", str(dest), "--only-binary=:all:"]
@@ -227,6 +232,8 @@ def _pip_download(
     command += ["--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
     if constraints is not None:
         command += ["-c", str(constraints)]
+    for url in extra_index_urls:
+        command += ["--extra-index-url", url]
     command += ["--", *requirements]  # a requirement is never read as an option
     output: list[str] = []
     try:

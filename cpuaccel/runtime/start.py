@@ -29,7 +29,7 @@ import torch
 from cpuaccel.runtime import gradsync, group
 from cpuaccel.runtime.backend import BackendChoice
 from cpuaccel.runtime.context import Context
-from cpuaccel.runtime.precision import PRECISION_ENV, cpu_bf16_support, precision_dtype
+from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
 
 
 def init(
@@ -46,9 +46,10 @@ def init(
 ) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
-    - ``mixed_precision``: ``"bf16"`` (autocast to bfloat16 on the CPU) or ``"no"``;
-      default $CPUACCEL_MIXED_PRECISION (what ``cpuaccel run`` exports from the project
-      file or an Accelerate config), else ``"no"``;
+    - ``mixed_precision``: ``"auto"`` (bf16 where the CPU has AMX or AVX512-BF16, else
+      fp32), ``"bf16"`` (autocast to bfloat16 on the CPU, native or not) or ``"no"``
+      (fp32); default $CPUACCEL_MIXED_PRECISION (what ``cpuaccel run`` exports from its
+      flag, the project file or an Accelerate config), else ``"auto"``;
     - ``backend``: the process group's; default $CPUACCEL_BACKEND, else ``ccl`` when
       oneCCL's bindings import and match torch, else ``gloo``;
     - ``grad_sync``: ``"mpi"`` or ``"pg"``; default $CPUACCEL_GRAD_SYNC, else MPI when
@@ -62,8 +63,8 @@ def init(
     process group the script initialized itself is used as it is.
     """
     if mixed_precision is None:
-        mixed_precision = os.environ.get(PRECISION_ENV) or "no"
-    dtype = precision_dtype(mixed_precision)
+        mixed_precision = os.environ.get(PRECISION_ENV) or AUTO
+    precision = resolve_precision(mixed_precision)
     env, choice, owns = group.place(backend)
     sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
     if owns:
@@ -75,7 +76,7 @@ def init(
         env,
         choice,
         sync,
-        dtype=dtype,
+        dtype=precision.dtype,
         gradient_accumulation_steps=gradient_accumulation_steps,
         seed=seed or 0,
         ipex=ipex,
@@ -84,19 +85,16 @@ def init(
         verbose=verbose,
         owns_group=owns,
     )
-    _note_choices(ctx, choice, sync)
+    _note_choices(ctx, choice, sync, precision)
     return ctx
 
 
-def _note_choices(ctx: Context, choice: BackendChoice, sync: gradsync.SyncChoice) -> None:
+def _note_choices(
+    ctx: Context, choice: BackendChoice, sync: gradsync.SyncChoice, precision: Precision
+) -> None:
     """One line per decision init made, with its reason (rank 0, unless ``verbose=False``)."""
     ctx.note(f"backend {choice.name}: {choice.reason} ({ctx.world_size} rank(s))")
     if ctx.world_size > 1:
         ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
-    if ctx.dtype is not None:
-        native = cpu_bf16_support()
-        ctx.note(
-            f"mixed precision bf16: the CPU has {native}"
-            if native
-            else "mixed precision bf16: this CPU has no native bf16 (may be slower than fp32)"
-        )
+    if precision.note is not None:
+        ctx.note(precision.note)

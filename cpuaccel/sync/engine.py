@@ -12,6 +12,7 @@ filesystem) are written once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 from collections.abc import Callable, Sequence
@@ -21,12 +22,12 @@ from typing import Any
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError
-from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.tree import Entry
 from cpuaccel.sync import transfer
-from cpuaccel.sync.location import DestinationRefused, render_dest
-from cpuaccel.sync.manifest import SourceManifest, plan
+from cpuaccel.sync.location import DestinationRefused, raise_refusals, render_dest
+from cpuaccel.sync.manifest import SourceChanging, SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
 from cpuaccel.sync.receiver import call_remote, request
 
@@ -328,7 +329,43 @@ def sync(
     """Sync to every host in parallel. Destinations are checked as text before any
     connection, then by every node as it resolves them, before any node is changed:
     DestinationRefused (exit 64) when one refuses, and then nothing is written on the
-    controller either (hash cache, sync memory)."""
+    controller either (hash cache, sync memory).
+
+    A node that failed while source files changed under the sync (a log being written)
+    is synced once more from the tree as it is then; when files change again, SourceChanging
+    names them (exit 64), with the hint to exclude them."""
+    held: list[HostResult[NodeReport]] = []  # failures: reported once we know their fate
+    report = on_result or (lambda r: None)
+    once = functools.partial(
+        _sync_once, options=options, forks=forks, connect=connect, on_bytes=on_bytes, pool=pool
+    )
+    results = once(
+        hosts,
+        source,
+        on_result=lambda r: (report if r.ok or r.status is Status.UNREACHABLE else held.append)(r),
+    )
+    if not held or not source.changed_since_build():
+        for r in held:
+            report(r)
+        return results
+    source.rebuild()  # the tree as it is now, for the nodes that failed
+    again = {r.host.name: r for r in once([r.host for r in held], source, on_result=report)}
+    if any(not r.ok for r in again.values()) and (moved := source.changed_since_build()):
+        raise SourceChanging(moved)
+    return [again.get(r.host.name, r) for r in results]
+
+
+def _sync_once(
+    hosts: Sequence[Host],
+    source: SourceManifest,
+    options: SyncOptions,
+    *,
+    forks: int,
+    connect: ConnectOptions,
+    on_result: Callable[[HostResult[NodeReport]], None] | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    pool: ConnectionPool | None = None,
+) -> list[HostResult[NodeReport]]:
     dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
     syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
@@ -336,7 +373,7 @@ def sync(
         if pool is None:  # one connection a host for both phases
             pool = stack.enter_context(ConnectionPool(connect))
         looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
-        _refuse(looked)
+        raise_refusals([r.value for r in looked])
         source.save_cache()  # the destinations are accepted: from here on, state is kept
         done: dict[str, HostResult[NodeReport]] = {}
         for seen in looked:
@@ -356,17 +393,6 @@ def sync(
     if memory is not None:
         memory.save()
     return [done[h.name] for h in hosts]
-
-
-def _refuse(looked: Sequence[HostResult[dict[str, Any] | DestinationRefused]]) -> None:
-    """Raise the nodes' refusals of their destinations, if any, as one error."""
-    refused = [r.value for r in looked if isinstance(r.value, DestinationRefused)]
-    if refused:
-        first = refused[0]
-        if len(refused) > 1:
-            others = ", ".join(exc.host for exc in refused[1:])
-            first.message += f"; {others} refuse(s) theirs too"
-        raise first
 
 
 def _file_bytes(source: SourceManifest, rels: Sequence[str]) -> int:

@@ -10,6 +10,7 @@ and its refusal is ``DestinationRefused``.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.host import Host
@@ -28,6 +29,17 @@ class DestinationRefused(UsageError):
         )
         self.host = host
         self.dest = dest
+
+
+def raise_refusals(answers: Sequence[object]) -> None:
+    """Raise the nodes' refusals of their destinations, if any, as one error."""
+    refused = [a for a in answers if isinstance(a, DestinationRefused)]
+    if refused:
+        first = refused[0]
+        if len(refused) > 1:
+            others = ", ".join(exc.host for exc in refused[1:])
+            first.message += f"; {others} refuse(s) theirs too"
+        raise first
 
 
 def _normpath(path: str) -> str:

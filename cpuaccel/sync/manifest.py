@@ -17,6 +17,9 @@ from cpuaccel.errors import UsageError
 from cpuaccel.node.tree import Entry, entry_of, manifest_hash
 from cpuaccel.sourcefile import kind_of
 from cpuaccel.sync.ignore import Ignore
+from cpuaccel.sync.outputs import FileId, own_output_files
+
+Signature = tuple[int, int, int]  # a file's (size, mtime_ns, ctime_ns) when it was hashed
 
 
 @dataclass
@@ -31,6 +34,29 @@ class SourceManifest:
     # The controller's hash cache as the build left it, written by save_cache() only once
     # the destination is accepted: a refused sync writes nothing, here either.
     hash_cache: dict[str, Any] | None = field(default=None, repr=False)
+    stats: dict[str, Signature] = field(default_factory=dict, repr=False)  # files only
+    # The command's own stdout/stderr files found in the tree, left out (outputs.py).
+    own_outputs: list[str] = field(default_factory=list)
+    built_from: tuple[tuple[str, ...], tuple[str, ...], bool] = ((), (), False)
+
+    def changed_since_build(self) -> list[str]:
+        """The files that are no longer what was hashed: written (or removed) since."""
+        changed = []
+        for rel, before in self.stats.items():
+            try:
+                st = os.stat(self.local[rel])
+            except OSError:
+                changed.append(rel)
+                continue
+            if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != before:
+                changed.append(rel)
+        return sorted(changed)
+
+    def rebuild(self) -> None:
+        """Describe the sources again, as they are now (in place: callers hold this one)."""
+        sources, excludes, copy_links = self.built_from
+        fresh = build(sources, excludes=excludes, copy_links=copy_links)
+        vars(self).update(vars(fresh))
 
     def save_cache(self) -> None:
         """Keep the file hashes this build computed for the next one (once)."""
@@ -51,6 +77,20 @@ class SourceManifest:
             if rel.startswith(prefix + "/"):
                 return rules.ignored_anywhere(rel[len(prefix) + 1 :], is_dir)
         return False
+
+
+class SourceChanging(UsageError):
+    """Files of the source kept changing while they were synced, twice in a row."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        super().__init__(
+            f"{shown}: changed while being synced, twice in a row (a log or output being "
+            "written in the project folder?)",
+            hint=f"add {'them' if len(paths) > 1 else 'it'} to .cpuaccelignore (or pass "
+            f"--exclude {paths[0]}): nodes do not need what a running program writes",
+        )
+        self.paths = list(paths)
 
 
 def _cache_path() -> Path:
@@ -98,6 +138,7 @@ class _Builder:
         self.excludes = list(excludes)
         self.cache = _load_cache()
         self.result = SourceManifest()
+        self.own_outputs: set[FileId] = own_output_files()
 
     def add(self, rel: str, local: str, root: str, st: os.stat_result) -> None:
         _check_name(local)
@@ -108,7 +149,9 @@ class _Builder:
                 f"{local} is {kind_of(st.st_mode)}, not a file or folder a sync can send",
                 hint="name files and folders, or exclude it",
             )
-        self.result.entries[rel] = entry_of(local, st, self.cache)
+        self.result.entries[rel] = entry = entry_of(local, st, self.cache)
+        if entry[0] == "f":
+            self.result.stats[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self.result.local[rel] = local
         self.result.root_of[rel] = root
 
@@ -154,6 +197,10 @@ class _Builder:
                         is_dir = stat.S_ISDIR(st.st_mode)
                 elif not (is_dir or stat.S_ISREG(st.st_mode)):
                     continue  # sockets, fifos, devices: nothing a training job ships
+                elif (st.st_dev, st.st_ino) in self.own_outputs:
+                    # `run ... > train.log` in the project: it grows while we sync it.
+                    self.result.own_outputs.append(rel)
+                    continue
                 if is_dir and os.path.exists(os.path.join(local, "pyvenv.cfg")):
                     continue  # a virtualenv, whatever its name: nodes have their own
                 self.add(rel, local, root, st)
@@ -202,6 +249,7 @@ def build(
     builder.result.hash_cache = builder.cache
     builder.result.hash = manifest_hash(builder.result.entries)
     builder.result.roots = paths
+    builder.result.built_from = (tuple(paths), tuple(excludes), copy_links)
     return builder.result
 
 
