@@ -156,8 +156,8 @@ SPECS: dict[str, _Spec] = {
         "--master-port", ("cpuaccel_master_port",), _whole(1, 65535), DEFAULT_MASTER_PORT, None,
     ),
     "mixed_precision": (
-        "--mixed-precision", ("cpuaccel_mixed_precision",), variables.precision, None,
-        "the script's own choice",
+        "--mixed-precision", ("cpuaccel_mixed_precision",), variables.precision, "auto",
+        "bf16 if every node has AMX-BF16 or AVX512-BF16, else fp32",
     ),
     "ccl_workers": (
         "-e cpuaccel_ccl_workers", ("cpuaccel_ccl_workers",), _whole(0), DEFAULT_CCL_WORKERS,

@@ -92,6 +92,8 @@ def launch(
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
             return EXIT_NODE_FAILED
         plan = build_plan(settings, script, facts, run_id, local_project=local)
+        if plan.precision_note:
+            ui.stderr().print(escape(plan.precision_note))
         return _run(plan, project, local is not None, timeout, nodes)
 
 

@@ -22,6 +22,7 @@ from cpuaccel.facts.gather import Facts
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import launchers
 from cpuaccel.launch.launchers import Launcher, LaunchSpec
+from cpuaccel.launch.precision_choice import PrecisionChoice, choose_precision
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -74,6 +75,7 @@ class RunPlan:
     templates: str | None  # the user's own templates folder (cpuaccel_templates)
     script: Script
     shared_cores: bool = False  # several chosen nodes are one machine
+    precision_note: str | None = None  # what --mixed-precision auto chose, and why
 
     @property
     def head(self) -> Host:
@@ -143,6 +145,7 @@ def build_plan(
     project_dir = local_project or posixpath.join(workdir, script.project_name)
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
     computed = _computed_env(settings, head, run_id, run_dir, threads)
+    precision = choose_precision(settings.mixed_precision.value, chosen, facts)
     return RunPlan(
         run_id=run_id,
         hosts=chosen,
@@ -154,13 +157,14 @@ def build_plan(
         workdir=workdir,
         project_dir=project_dir,
         run_dir=run_dir,
-        env=_rank_env(settings, computed, backend, ccl_workers),
+        env=_rank_env(settings, computed, backend, ccl_workers, precision),
         secret_env=settings.secret_env.value,
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
         allocator=settings.allocator.value,
         templates=settings.templates.value,
         script=script,
         shared_cores=sharing > 1,
+        precision_note=precision.note,
     )
 
 
@@ -199,7 +203,11 @@ def _backend(settings: LaunchSettings, head_facts: Facts | None) -> str:
 
 
 def _rank_env(
-    settings: LaunchSettings, computed: dict[str, str], backend: str, ccl_workers: int
+    settings: LaunchSettings,
+    computed: dict[str, str],
+    backend: str,
+    ccl_workers: int,
+    precision: PrecisionChoice,
 ) -> dict[str, str]:
     """What every rank gets: what cpuaccel computes, then the user's env over it (the
     inventory's cpuaccel_env, the project file's, --env); never a secret."""
@@ -212,12 +220,12 @@ def _rank_env(
     if settings.fi_provider.value:
         env["FI_PROVIDER"] = settings.fi_provider.value
     user = dict(settings.env.value)
-    precision = settings.mixed_precision.value
-    if precision is not None:
-        # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel scripts can read
-        # CPUACCEL_MIXED_PRECISION and pass it to cpuaccel.init().
-        user.setdefault("ACCELERATE_MIXED_PRECISION", str(precision))
-        user.setdefault("CPUACCEL_MIXED_PRECISION", str(precision))
+    # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel.init() reads
+    # CPUACCEL_MIXED_PRECISION. An explicit --env of either still wins.
+    if precision.accelerate is not None:
+        user.setdefault("ACCELERATE_MIXED_PRECISION", precision.accelerate)
+    if precision.cpuaccel is not None:
+        user.setdefault("CPUACCEL_MIXED_PRECISION", precision.cpuaccel)
     env.update(user)
     for key in settings.secret_env.value:
         env.pop(key, None)
