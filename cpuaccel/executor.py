@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
 
+from cpuaccel import ui
 from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable, connector_for
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.inventory.host import Host
@@ -181,6 +182,9 @@ def run_on_hosts(
     opts = pool.options if pool is not None else (options or ConnectOptions())
 
     def one(host: Host) -> HostResult[T]:
-        return _run_one(host, action, opts, pool)
+        result = _run_one(host, action, opts, pool)
+        why = f": {result.error}" if result.error else ""
+        ui.detail(1, host.name, f"{result.status.value} in {result.seconds:.2f} s{why}")
+        return result
 
     return fan_out(hosts, one, forks=forks, on_done=on_result)

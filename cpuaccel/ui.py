@@ -1,8 +1,10 @@
-"""Terminal output: colour only on a TTY (NO_COLOR honoured), progress on stderr."""
+"""Terminal output: colour only on a TTY (NO_COLOR honoured), progress on stderr, and
+the one verbosity level (-v, -vv, -vvv) every verb shares."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -10,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -31,6 +34,37 @@ def _console(stream: Any) -> Console:
         # Piped output is read by scripts and people's pagers: never truncate a table.
         width=None if stream.isatty() else 250,
     )
+
+
+# -v: each host's result and time (and its connection); -vv: also every command sent to
+# a host (as commandline.shell_line renders it, environment values hidden) with its exit
+# code and time; -vvv: also paramiko's debug log. Set once by the shared options.
+VERBOSITY_HELP = (
+    "More detail on stderr (repeatable): -v each host's result and time, -vv also every "
+    "command sent to a host, -vvv also the SSH library's debug log. Secret values are "
+    "never shown."
+)
+verbosity = 0
+
+
+def set_verbosity(level: int) -> None:
+    global verbosity
+    verbosity = level
+    if level >= 3:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        for name in ("paramiko", "cpuaccel"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.DEBUG)
+            if not logger.handlers:
+                logger.addHandler(handler)
+
+
+def detail(level: int, host: str, text: str) -> None:
+    """One line about ``host`` on stderr when -v was given ``level`` times (plain text:
+    escaped here, so names and commands are never read as markup)."""
+    if verbosity >= level:
+        stderr().print(f"[dim]{escape(host)}: {escape(text)}[/]")
 
 
 def stdout() -> Console:
@@ -61,15 +95,17 @@ class Tracker:
 @contextmanager
 def progress(description: str, total: int) -> Iterator[Tracker]:
     console = stderr()
-    if not console.is_terminal:
+    if not console.is_terminal or verbosity > 0:  # -v's lines instead of a bar
         yield Tracker(None, None)
         return
+    # markup=False: the description ("TASK [name]") and the detail (a host name) are
+    # user text, which rich would otherwise read as markup and eat.
     bar = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        TextColumn("{task.fields[detail]}"),
+        TextColumn("{task.fields[detail]}", markup=False),
         console=console,
         transient=True,
     )

@@ -81,7 +81,8 @@ BAD = [
         None,
     ),
     ("hosts: all\n", "a playbook is a list of plays", 1),
-    ("- hosts: all\n  roles: [x]\n", "unknown play keyword 'roles'", 2),
+    ("- hosts: all\n  roles: [x]\n", "roles: not supported by cpuaccel (no roles)", 2),
+    ("- hosts: all\n  frobnicate: [x]\n", "unknown play keyword 'frobnicate'", 2),
     ("- name: p\n  tasks: []\n", "has no 'hosts:'", 1),
     ("- hosts: all\n  tasks:\n    - name: lonely\n", "has no module", 3),
     (

@@ -24,6 +24,8 @@ Examples:
   cpuaccel check -i hosts.ini           # Ansible's INI format, group_vars/ beside it
   cpuaccel check -i node1,node2,        # hosts as a comma list, as Ansible's -i
   cpuaccel check -i inventory.yaml --limit node1,node2 --json | jq .problems
+  cpuaccel check -i inventory.yaml -u ubuntu --private-key ~/.ssh/id_ed25519 -v
+  cpuaccel check -i inventory.yaml --limit 'workers:!node3' --list-hosts
 
 \b
 Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;

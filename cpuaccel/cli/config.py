@@ -14,7 +14,7 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import PRECISION_CHOICES, launch_options
-from cpuaccel.cli.options import Target, host_options, parse_env, warn
+from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env, warn
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
@@ -188,7 +188,7 @@ def config_command(
 
 @config_command.command("show", epilog=ALIASES_EPILOG)
 @launch_options
-@host_options
+@host_options(settles_hosts=True)
 @click.option(
     "--launcher",
     type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
@@ -218,6 +218,7 @@ def show_command(
     env = parse_env(env_items)
     flags.update(launch_flags, env=env, secret_env=env.secret, exclude=exclude)
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}
     project = target.project
     if project is not None:

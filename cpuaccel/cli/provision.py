@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.become_options import BecomeFlags, become_options
-from cpuaccel.cli.options import Target, beside_playbook, host_options
+from cpuaccel.cli.options import Target, beside_playbook, host_options, print_hosts
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.playbook import loader
@@ -31,6 +31,9 @@ Examples:
   cpuaccel provision -i inventory.yaml --playbook site.yaml --json | jq .stats
   cpuaccel provision --list-modules
   cpuaccel provision inventory.yaml -b -K           # tasks as root via sudo (asks once)
+  cpuaccel provision --playbook site.yaml --list-tasks   # no inventory needed
+  cpuaccel provision --playbook site.yaml --syntax-check
+  cpuaccel provision inventory.yaml --list-hosts -u ubuntu --private-key ~/.ssh/id_ed25519
 
 \b
 The default playbook (playbooks/provision.yaml) creates cpuaccel_workdir and a venv at
@@ -59,7 +62,7 @@ def _list_modules() -> None:
             extra = f" (one of {', '.join(arg.choices)})" if arg.choices else ""
             need = " required" if arg.required else ""
             aliases = f" alias {', '.join(arg.aliases)}" if arg.aliases else ""
-            out.print(f"    {name}: {arg.kind}{need}{extra}{aliases}")
+            out.print(escape(f"    {name}: {arg.kind}{need}{extra}{aliases}"))
 
 
 def _refuse_local_default(target: Target, playbook_path: str | None, tags: tuple[str, ...]) -> None:
@@ -80,7 +83,48 @@ def _list_tasks(playbook: Playbook) -> None:
         out.print(f"play: {escape(play.name)} (hosts: {escape(play.hosts)})")
         for task in play.tasks:
             tag_text = f"  tags: {', '.join(sorted(task.tags))}" if task.tags else ""
-            out.print(f"  {escape(task.name)}  [{task.module}] {task.where}{tag_text}")
+            # Every part is user text: "[assert]" would otherwise be read as markup.
+            out.print(escape(f"  {task.name}  [{task.module}] {task.where}{tag_text}"))
+
+
+def _list_tags(playbook: Playbook) -> None:
+    """Ansible's --list-tags: each play's tags, sorted."""
+    out = ui.stdout()
+    for play in playbook.plays:
+        tags = sorted({tag for task in play.tasks for tag in task.tags})
+        text = f"play: {play.name} (hosts: {play.hosts})  TASK TAGS: [{', '.join(tags)}]"
+        out.print(escape(text))
+
+
+def _list_hosts(playbook: Playbook, target: Target) -> None:
+    """ansible-playbook's --list-hosts: each play's pattern, within --limit."""
+    chosen = {host.name for host in target.hosts}
+    for index, play in enumerate(playbook.plays, 1):
+        ui.stdout().print(escape(f"play #{index} ({play.hosts}): {play.name}"))
+        print_hosts([h.name for h in target.inventory.select(play.hosts) if h.name in chosen])
+
+
+def _listener(as_json: bool, diff: bool) -> Listener:
+    """What prints the run: a bar only with --json; else a line a task, every host's at
+    -v, the commands run on the nodes at -vv."""
+    if as_json:
+        return ProgressBar()
+    return Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff, commands=ui.verbosity >= 2)
+
+
+def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: bool) -> bool:
+    """--list-tasks, --list-tags and --syntax-check: read the playbook only (no host,
+    so no inventory needed); True when one of them was asked for."""
+    if not (list_tasks or list_tags or syntax_check):
+        return False
+    playbook = loader.load(path)  # a bad playbook is its one error line, exit 64
+    if syntax_check:
+        ui.stdout().print(escape(f"playbook: {path}: syntax OK, {len(playbook.tasks())} task(s)"))
+    if list_tasks:
+        _list_tasks(playbook)
+    if list_tags:
+        _list_tags(playbook)
+    return True
 
 
 def _print_json(
@@ -106,7 +150,7 @@ def _print_json(
 
 @click.command(epilog=EPILOG)
 @click.argument("inventory_file", required=False, metavar="[INVENTORY]")
-@host_options
+@host_options(settles_hosts=True)  # --list-hosts: each play's hosts, as ansible-playbook
 @click.option(
     "--playbook",
     "playbook_path",
@@ -119,8 +163,11 @@ def _print_json(
 @click.option("-t", "--tags", multiple=True, metavar="TAGS", help="Only tasks with these tags.")
 @click.option("--skip-tags", multiple=True, metavar="TAGS", help="Leave out tasks with these tags.")
 @click.option("--json", "as_json", is_flag=True, help="Print the recap and results as JSON.")
-@click.option("-v", "--verbose", is_flag=True, help="A line for every host of every task.")
-@click.option("--list-tasks", is_flag=True, help="List the playbook's tasks and exit.")
+@click.option("--list-tasks", is_flag=True, help="List the playbook's tasks and exit (no host).")
+@click.option("--list-tags", is_flag=True, help="List the playbook's tags and exit (no host).")
+@click.option(
+    "--syntax-check", is_flag=True, help="Validate the whole playbook and exit (no host)."
+)
 @click.option(
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
@@ -133,8 +180,9 @@ def provision_command(
     tags: tuple[str, ...],
     skip_tags: tuple[str, ...],
     as_json: bool,
-    verbose: bool,
     list_tasks: bool,
+    list_tags: bool,
+    syntax_check: bool,
     list_modules: bool,
     become: BecomeFlags,
 ) -> None:
@@ -145,19 +193,19 @@ def provision_command(
     if list_modules:
         _list_modules()
         return
-    _refuse_local_default(target, playbook_path, tags)
     path = Path(playbook_path) if playbook_path else default_playbook()
+    if _inspect(path, list_tasks=list_tasks, list_tags=list_tags, syntax_check=syntax_check):
+        return
     # Validated whole before anything runs on any node: a bad playbook changes nothing.
     playbook = loader.load(path)
     if playbook_path:  # group_vars/ and host_vars/ beside the playbook, as ansible-playbook
         target = beside_playbook(target, path.parent)
-    if list_tasks:
-        _list_tasks(playbook)
+    if target.list_hosts:
+        _list_hosts(playbook, target)
         return
+    _refuse_local_default(target, playbook_path, tags)
     cli_become = become.settle()  # -K asks here, before any node is contacted
-    listener: Listener = (
-        ProgressBar() if as_json else Display(ui.stdout(), verbose=verbose, diff=diff)
-    )
+    listener = _listener(as_json, diff)
     started = time.monotonic()
     pool = ConnectionPool(target.connect)
     runner = LinearStrategy(

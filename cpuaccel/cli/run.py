@@ -16,7 +16,7 @@ from cpuaccel import ui
 from cpuaccel.cli import run_json
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import launch_options
-from cpuaccel.cli.options import Target, host_options, parse_env
+from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
@@ -99,7 +99,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @launch_options
-@host_options
+@host_options(settles_hosts=True)
 # No click defaults below: a value that is None was not given, so the project file or
 # the inventory may set it (cpuaccel.config.effective).
 @click.option(
@@ -186,6 +186,7 @@ def run_command(
             "launcher_args": _launcher_words(launcher_args),
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+        list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
         if as_module or no_python:
             what = _entry(script, script_args, project, as_module, no_python)
         else:

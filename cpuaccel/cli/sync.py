@@ -20,6 +20,7 @@ EPILOG = """\b
 Examples:
   cpuaccel sync -i inventory.yaml                 # ./ to {{cpuaccel_workdir}}/<this folder>
   cpuaccel sync -i inventory.yaml --check         # what would change; changes nothing
+  cpuaccel sync -i inventory.yaml -C -D           # ... and which files: + new ~ changed - gone
   cpuaccel sync -i inventory.yaml src/ configs/ --dest /scratch/job --delete
   cpuaccel sync --exclude 'data/*.bin' --json
 
@@ -50,6 +51,24 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _diff_lines(report: NodeReport) -> list[str]:
+    """--diff: each path that was (or would be) added, changed or deleted, one a line,
+    marked as diff marks lines: ``+`` new on the node, ``~`` replaced, ``-`` removed."""
+    added = set(report.added)
+    lines = [f"+ {rel}" if rel in added else f"~ {rel}" for rel in report.changed]
+    return lines + [f"- {rel}" for rel in report.deleted]
+
+
+def _print_text(results: Sequence[HostResult[NodeReport]], diff: bool) -> None:
+    out = ui.stdout()
+    for r in results:
+        out.print(_line(r))
+        if diff and r.value is not None:
+            for line in _diff_lines(r.value):
+                style = {"+": "green", "-": "red"}.get(line[0], "yellow")
+                out.print(f"    [{style}]{escape(line)}[/]")
+
+
 def _line(r: HostResult[NodeReport]) -> str:
     name = escape(r.host.name)
     if r.value is None:
@@ -76,7 +95,13 @@ def _line(r: HostResult[NodeReport]) -> str:
 @click.option("--delete", is_flag=True, help="Remove files on the node the source does not have.")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Leave out (gitignore syntax).")
 @click.option("--copy-links", is_flag=True, help="Send what symlinks pointing outside point to.")
-@click.option("--check", is_flag=True, help="Show what would change; change nothing.")
+@click.option("-C", "--check", is_flag=True, help="Show what would change; change nothing.")
+@click.option(
+    "-D",
+    "--diff",
+    is_flag=True,
+    help="List each file added (+), changed (~) or deleted (-) on every node.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
 def sync_command(
     target: Target,
@@ -86,6 +111,7 @@ def sync_command(
     exclude: tuple[str, ...],
     copy_links: bool,
     check: bool,
+    diff: bool,
     as_json: bool,
 ) -> None:
     """Push the training code and configs to every node, verified.
@@ -125,9 +151,8 @@ def sync_command(
             }
         )
     else:
+        _print_text(results, diff)
         out = ui.stdout()
-        for r in results:
-            out.print(_line(r))
         matching = sum(bool(r.value and r.value.in_sync) for r in results)
         out.print(
             f"{matching}/{len(results)} node(s) match the source "

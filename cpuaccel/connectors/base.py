@@ -48,6 +48,11 @@ class ConnectOptions:
     host_key_checking: bool | None = None
     keepalive_interval: int = KEEPALIVE_INTERVAL  # seconds between probes
     keepalive_count: int = KEEPALIVE_COUNT  # unanswered probes before the node is lost
+    # -u/--user and --private-key: Ansible's command-line values, which (as in Ansible)
+    # sit below every variable: a host's ansible_user / ansible_ssh_private_key_file
+    # (inventory or -e) wins, and these fill in where none is set (openssh.login_user).
+    user: str | None = None
+    private_key: str | None = None
 
     @property
     def keepalive_window(self) -> int:

@@ -45,6 +45,19 @@ def shell_line(
     return line
 
 
+def shown_line(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> str:
+    """The line ``shell_line`` sends, for -vv's eyes: environment values are hidden
+    (``NAME=***``), as any of them may be a secret; argv itself never holds one
+    (secrets travel on stdin or in 0600 files)."""
+    hidden = {name: "***" for name in env} if env else None
+    return shell_line(argv, env=hidden, cwd=cwd)
+
+
 def quote_path(path: str) -> str:
     """Quote a path, keeping a leading ``~/`` for the remote shell to expand."""
     if path == "~":

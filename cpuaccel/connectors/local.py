@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, BinaryIO
 
+from cpuaccel import ui
 from cpuaccel.connectors import commandline
 from cpuaccel.connectors.base import (
     CommandResult,
@@ -92,6 +93,7 @@ class LocalConnector(Connector):
     ) -> RsyncResult:
         # No shell expands "~" here: rsync would make a folder named "~" in the cwd.
         argv = rsync_argv(flags, source, os.path.expanduser(dest))
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)}")
         return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def start(
@@ -102,6 +104,7 @@ class LocalConnector(Connector):
         cwd: str | None = None,
     ) -> Process:
         line = commandline.shell_line(argv, env=env, cwd=cwd)
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)} &")
         proc = subprocess.Popen(
             ["/bin/sh", "-c", line],
             stdin=subprocess.PIPE,
@@ -123,6 +126,7 @@ class LocalConnector(Connector):
         # The same rendered line as over SSH, run by sh: a command behaves alike on a
         # local host and a remote one, and quoting has one code path to test.
         line = commandline.shell_line(argv, env=env, cwd=cwd)
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)}")
         timeout = self.options.command_timeout if timeout is None else timeout
         started = time.monotonic()
         proc = subprocess.Popen(
@@ -142,8 +146,12 @@ class LocalConnector(Connector):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=5)
             raise CommandTimeout(
-                self.host.name, f"command timed out after {timeout:g} s: {line}"
+                self.host.name,
+                f"command timed out after {timeout:g} s: "
+                f"{commandline.shown_line(argv, env=env, cwd=cwd)}",
             ) from None
+        seconds = time.monotonic() - started
+        ui.detail(2, self.host.name, f"exit {proc.returncode} in {seconds:.2f} s")
         return CommandResult(
             host=self.host.name,
             command=line,

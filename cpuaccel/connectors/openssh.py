@@ -34,11 +34,25 @@ def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
     if host.port is not None:
         argv += ["-p", str(host.port)]
-    if host.user:
-        argv += ["-l", host.user]
-    if host.key_file:
-        argv += ["-i", os.path.expanduser(host.key_file)]
+    user = login_user(host, options)
+    if user:
+        argv += ["-l", user]
+    key = key_file(host, options)
+    if key:
+        argv += ["-i", os.path.expanduser(key)]
     return argv + host_key_policy(host, options).openssh_options()
+
+
+def login_user(host: Host, options: ConnectOptions) -> str | None:
+    """The user to log in as: the host's ansible_user, else -u/--user, else None (ssh's
+    own choice: ssh_config's User, else the local user). Ansible's precedence: a
+    command-line value is below every variable, so the inventory and -e win over -u."""
+    return host.user or options.user
+
+
+def key_file(host: Host, options: ConnectOptions) -> str | None:
+    """The private key: ansible_ssh_private_key_file, else --private-key (same order)."""
+    return host.key_file or options.private_key
 
 
 def port_of(host: Host) -> int:
@@ -120,12 +134,13 @@ def _config_word(owner: str, what: str, value: str, tokens: bool = True) -> str:
     return '"' + (value.replace("%", "%%") if tokens else value) + '"'
 
 
-def _config_user(host: Host) -> str | None:
-    """The user the controller logs in as: the inventory's, else the controller's
-    ssh_config's, else the controller's own (Fabric's order), so that the head's ssh
-    logs in as the same user, not as whoever it runs as."""
-    if host.user or host.is_local:
-        return host.user
+def _config_user(host: Host, options: ConnectOptions) -> str | None:
+    """The user the controller logs in as: the inventory's (or -u's), else the
+    controller's ssh_config's, else the controller's own (Fabric's order), so that the
+    head's ssh logs in as the same user, not as whoever it runs as."""
+    user = login_user(host, options)
+    if user or host.is_local:
+        return user
     from fabric import Config
 
     config = Config()
@@ -150,12 +165,13 @@ def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> 
         f"HostName {_config_word(host.name, 'ansible_host', host.address)}",
         f"Port {port_of(host)}",
     ]
-    user = _config_user(host)
+    user = _config_user(host, options)
     if user:
         lines.append(f"User {_config_word(host.name, 'ansible_user', user, tokens=False)}")
-    if host.key_file:
-        key = _config_word(host.name, "ansible_ssh_private_key_file", host.key_file)
-        lines.append(f"IdentityFile {key}")
+    key = key_file(host, options)
+    if key:
+        word = _config_word(host.name, "ansible_ssh_private_key_file", key)
+        lines.append(f"IdentityFile {word}")
     if policy.check:
         lines += [
             "StrictHostKeyChecking yes",

@@ -22,6 +22,7 @@ import paramiko
 from fabric import Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
+from cpuaccel import ui
 from cpuaccel.connectors import commandline, openssh, transports
 from cpuaccel.connectors.base import (
     CommandResult,
@@ -166,22 +167,29 @@ class SSHProcess(Process):
 class SSHConnector(Connector):
     _conn: Connection | None = None
 
-    def connect(self) -> None:
+    def _connection(self) -> Connection:
+        """Fabric's Connection (not yet open) with the user, key and port of openssh's
+        rules: the inventory's, else -u / --private-key, else ssh_config's."""
         host = self.host
-        _refuse_inline_proxy(host)
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.options.connect_timeout,
             "auth_timeout": self.options.connect_timeout,
         }
-        if host.key_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(host.key_file)]
-        conn = Connection(
+        key = openssh.key_file(host, self.options)
+        if key:
+            connect_kwargs["key_filename"] = [os.path.expanduser(key)]
+        return Connection(
             host=host.address,
-            user=host.user,
+            user=openssh.login_user(host, self.options),
             port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
         )
+
+    def connect(self) -> None:
+        host = self.host
+        _refuse_inline_proxy(host)
+        conn = self._connection()
         policy = host_key_policy(host, self.options)
         client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys
         self._apply(policy, client)
@@ -189,6 +197,7 @@ class SSHConnector(Connector):
         hops = transports.guard_hops(
             conn, self.options, lambda hop: self._apply(policy, hop, "the ProxyJump hop ")
         )
+        started = time.monotonic()
         try:
             transports.open_hops(conn, self.options)
             conn.open()
@@ -211,7 +220,7 @@ class SSHConnector(Connector):
             raise Unreachable(
                 host.name,
                 f"authentication failed as {conn.user}@{host.address}: {exc}",
-                hint="check ansible_user and ansible_ssh_private_key_file",
+                hint="check ansible_user and ansible_ssh_private_key_file (or -u, --private-key)",
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             transports.close_hops(conn)
@@ -222,6 +231,8 @@ class SSHConnector(Connector):
                 hint="is the host up and sshd running? check ansible_host/ansible_port",
             ) from None
         self._conn = conn
+        took = f"in {time.monotonic() - started:.2f} s"
+        ui.detail(1, host.name, f"connected as {conn.user}@{host.address}:{conn.port} {took}")
 
     def _apply(self, policy: HostKeyPolicy, client: paramiko.SSHClient, what: str = "") -> None:
         """The host-key policy on paramiko's client: known keys loaded read-only, and
@@ -259,6 +270,7 @@ class SSHConnector(Connector):
         # rsync starts its own ssh: it gets this connector's argv, so the same port,
         # user, key and host-key policy; the paramiko connection is not needed.
         argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self.ssh_argv())
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)} (on the controller)")
         return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def host_key(self) -> str | None:
@@ -290,6 +302,7 @@ class SSHConnector(Connector):
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise _lost(self.host.name, self.options)
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)} &")
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
@@ -310,6 +323,7 @@ class SSHConnector(Connector):
             self.connect()
         assert self._conn is not None
         line = commandline.shell_line(argv, env=env, cwd=cwd)
+        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)}")
         timeout = self.options.command_timeout if timeout is None else timeout
         started = time.monotonic()
         deadline = started + timeout
@@ -320,7 +334,8 @@ class SSHConnector(Connector):
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(line)
             self._send(chan, stdin)
-            out, err = self._collect(chan, deadline, line, timeout)
+            shown = commandline.shown_line(argv, env=env, cwd=cwd)  # no env values
+            out, err = self._collect(chan, deadline, shown, timeout)
             code = chan.recv_exit_status()
             chan.close()
         except (OSError, paramiko.SSHException, EOFError) as exc:
@@ -329,6 +344,7 @@ class SSHConnector(Connector):
             ) from None
         if code == -1 and not transport.is_active():  # closed by the transport's death
             raise _lost(self.host.name, self.options)
+        ui.detail(2, self.host.name, f"exit {code} in {time.monotonic() - started:.2f} s")
         return CommandResult(
             host=self.host.name,
             command=line,

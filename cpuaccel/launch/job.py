@@ -209,7 +209,8 @@ def _preflight_and_sync(
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
     source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
-        ui.stderr().print(f"project differs on {', '.join(found.stale)}: syncing it first")
+        stale_names = escape(", ".join(found.stale))
+        ui.stderr().print(f"project differs on {stale_names}: syncing it first")
         stale = [h for h in draft.hosts if h.name in found.stale]
         results = sync(
             stale,
@@ -275,7 +276,7 @@ def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:
     )
     if outcome.swept:
         ended = ", ".join(f"{host} ({len(p)})" for host, p in outcome.swept.items())
-        err.print(f"ended leftover processes of the job on: {ended}")
+        err.print(f"ended leftover processes of the job on: {escape(ended)}")
     for host, procs in outcome.left.items():
-        err.print(f"[red]still running on {host}[/]: {escape(str(procs))}")
-    err.print(f"run directory: {run_dir.path}")
+        err.print(f"[red]still running on {escape(host)}[/]: {escape(str(procs))}")
+    err.print(f"run directory: {escape(str(run_dir.path))}")

@@ -1,7 +1,8 @@
 """What a playbook run prints: a compact line per task as it ends, then Ansible's recap.
 
 One line per task keeps a 40-task run on one screen: the counts, then the hosts that
-changed or failed (failures with their message). ``-v`` lists every host; ``--diff``
+changed or failed (failures with their message). ``-v`` lists every host with its
+result's message (-vv and -vvv add the connectors' lines, see ui.py); ``--diff``
 prints the text diff of copy and template. On a terminal a bar shows the hosts that
 have finished the current task.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -88,12 +90,25 @@ class ProgressBar(Listener):
             self._stack = self._tracker = None
 
 
+def _command_text(result: Result) -> str | None:
+    """-vv: the command a command/shell/pip task ran on the node, and its exit code."""
+    cmd = result.get("cmd")
+    if not cmd:
+        return None
+    text = shlex.join(str(word) for word in cmd) if isinstance(cmd, list) else str(cmd)
+    rc = result.get("rc")
+    return f"$ {text}" + (f"  (exit {rc})" if rc is not None else "")
+
+
 class Display(ProgressBar):
-    def __init__(self, console: Console, *, verbose: bool = False, diff: bool = False) -> None:
+    def __init__(
+        self, console: Console, *, verbose: bool = False, diff: bool = False, commands: bool = False
+    ) -> None:
         super().__init__()
         self.console = console
         self.verbose = verbose
         self.diff = diff
+        self.commands = commands  # -vv
 
     def play_start(self, play: Play, hosts: Sequence[str]) -> None:
         self.console.print(
@@ -116,9 +131,15 @@ class Display(ProgressBar):
                 self.console.print(f"      [{style}]{status}: {escape(host)}[/]: {why}")
             elif status == "changed" or self.verbose:
                 detail = ""
-                if self.verbose and result.get("msg"):
-                    detail = f": {result['msg']}"
+                # -v: the result's message, else the last line a command printed.
+                output = str(result.get("stdout") or "").strip().splitlines()
+                said = str(result.get("msg") or "") or (output[-1] if output else "")
+                if self.verbose and said:
+                    detail = f": {said}"
                 self.console.print(f"      {status}: {escape(host)}{escape(str(detail))}")
+            command = _command_text(result) if self.commands else None
+            if command:
+                self.console.print(f"        [dim]{escape(command)}[/]")
             if self.diff and result.get("changed"):
                 for line in _diff_text(result):
                     style = (
@@ -134,5 +155,5 @@ class Display(ProgressBar):
         width = max((len(name) for name in stats), default=0)
         for name, s in stats.items():
             style = "red" if not s.succeeded else "yellow" if s.changed else "green"
-            self.console.print(f"[{style}]{escape(name):<{width}}[/] : {s.line()}")
+            self.console.print(f"[{style}]{escape(f'{name:<{width}}')}[/] : {s.line()}")
         self.console.print(f"({seconds:.1f} s)")

@@ -3,6 +3,8 @@
 Every mistake Ansible would only find at run time (an unknown module, an unknown
 argument, a task with two modules, a ``when`` that does not parse, a missing template)
 is a PlaybookError here, naming the file, the line and the task, with exit code 64.
+So is every Ansible keyword outside cpuaccel's subset (playbook/subset.py): nothing in
+a playbook is silently ignored.
 """
 
 from __future__ import annotations
@@ -14,32 +16,15 @@ from typing import Any
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
-from cpuaccel.playbook import templar
+from cpuaccel.playbook import subset, templar
 from cpuaccel.playbook.argspec import Where
 from cpuaccel.playbook.model import Play, Playbook, Task
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import YamlReader
 
-PLAY_KEYS = {"name", "hosts", "vars", "tasks", "gather_facts", "tags", *becoming.KEYWORDS}
-TASK_KEYS = {
-    *becoming.KEYWORDS,
-    "name",
-    "when",
-    "register",
-    "changed_when",
-    "failed_when",
-    "loop",
-    "with_items",
-    "loop_control",
-    "tags",
-    "ignore_errors",
-    "run_once",
-    "vars",
-    "args",
-    "environment",
-    "timeout",
-    "check_mode",
-}
+# become, become_user, become_method: provision's sudo (playbook/become.py).
+PLAY_KEYS = subset.PLAY_KEYS | set(becoming.KEYWORDS)
+TASK_KEYS = subset.TASK_KEYS | set(becoming.KEYWORDS)
 
 
 def _line(value: Any, default: int) -> int:
@@ -81,6 +66,7 @@ class _Reader:
                 f"play {index} is not a mapping", None, "each play is '- hosts: ...' + tasks"
             )
         line = _line(raw, 1)
+        self.refuse_outside_subset(raw, line, on_play=True)
         for key in raw:
             if key not in PLAY_KEYS:
                 raise self.error(
@@ -101,12 +87,12 @@ class _Reader:
         tasks = tuple(self.task(t, i, play_tags) for i, t in enumerate(tasks_raw, 1))
         return Play(
             name=name,
-            hosts=str(raw["hosts"]),
+            hosts=_pattern(raw["hosts"]),
             tasks=tasks,
             vars=dict(play_vars),
             file=self.source,
             line=line,
-            gather_facts=bool(raw.get("gather_facts", True)),
+            gather_facts=self.flag(raw, "gather_facts", True, f"play {index}", line),
             become=self.become(raw, f"play {name!r}", line),
         )
 
@@ -119,6 +105,7 @@ class _Reader:
                 "write each task as '- name: ...' followed by one module",
             )
         line = _line(raw, 1)
+        self.refuse_outside_subset(raw, line, on_play=False)
         name = str(raw.get("name") or "")
         label = f"task {name!r}" if name else f"task {index}"
         module = self.module(raw, label, line)
@@ -126,10 +113,7 @@ class _Reader:
         module.validate(args, where)
         when, changed_when, failed_when = self.conditions(raw, label, line)
         self.loop_and_register(raw, label, line)
-        loop_control = raw.get("loop_control") or {}
-        loop_var = (
-            str(loop_control.get("loop_var", "item")) if isinstance(loop_control, dict) else "item"
-        )
+        loop_var = self.loop_var(raw, label, line)
         task_vars = raw.get("vars") or {}
         if not isinstance(task_vars, dict):
             raise self.error(f"{label}: 'vars:' must be a mapping", line, "use key: value lines")
@@ -146,12 +130,62 @@ class _Reader:
             loop=raw.get("loop", raw.get("with_items")),
             loop_var=loop_var,
             tags=play_tags | frozenset(_as_strings(raw.get("tags"))),
-            ignore_errors=bool(raw.get("ignore_errors", False)),
-            run_once=bool(raw.get("run_once", False)),
-            check_mode=bool(raw["check_mode"]) if "check_mode" in raw else None,
+            ignore_errors=self.flag(raw, "ignore_errors", False, label, line),
+            run_once=self.flag(raw, "run_once", False, label, line),
+            check_mode=self.flag(raw, "check_mode", False, label, line)
+            if "check_mode" in raw
+            else None,
             vars=dict(task_vars),
             become=self.become(raw, label, line),
         )
+
+    def refuse_outside_subset(self, raw: Mapping[str, Any], line: int, *, on_play: bool) -> None:
+        """An Ansible keyword cpuaccel does not run is an error at its line, with what to
+        write instead: never ignored, never taken for a module."""
+        for key in raw:
+            refused = subset.refusal(str(key), on_play=on_play)
+            if refused is not None:
+                raise self.error(refused[0], _key_line(raw, key, line), refused[1])
+
+    def flag(self, raw: Mapping[str, Any], key: str, default: bool, label: str, line: int) -> bool:
+        """A boolean keyword read as Ansible reads it; anything else (``maybe``, a
+        template) is refused rather than taken as true."""
+        if key not in raw:
+            return default
+        value = subset.boolean(raw[key])
+        if value is None:
+            raise self.error(
+                f"{label}: {key}: takes true or false, got {raw[key]!r}",
+                _key_line(raw, key, line),
+                f"write '{key}: true' or '{key}: false'",
+            )
+        return value
+
+    def loop_var(self, raw: Mapping[str, Any], label: str, line: int) -> str:
+        """``loop_control``: only its ``loop_var`` is supported; any other key is refused."""
+        control = raw.get("loop_control")
+        if control is None:
+            return "item"
+        at = _key_line(raw, "loop_control", line)
+        if not isinstance(control, dict):
+            raise self.error(
+                f"{label}: 'loop_control:' must be a mapping", at, "write 'loop_var: NAME' under it"
+            )
+        for key in control:
+            if key not in subset.LOOP_CONTROL_KEYS:
+                raise self.error(
+                    f"loop_control.{key}: not supported by cpuaccel (only loop_var)",
+                    _key_line(control, key, at),
+                    f"remove '{key}:' from loop_control",
+                )
+        name = control.get("loop_var", "item")
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise self.error(
+                f"{label}: loop_control.loop_var: {name!r} is not a variable name",
+                _key_line(control, "loop_var", at),
+                "name the loop variable with letters, digits and '_'",
+            )
+        return name
 
     def become(self, raw: Mapping[str, Any], label: str, line: int) -> dict[str, Any]:
         """become, become_user and become_method (become.check_keywords), at their line."""
@@ -285,6 +319,12 @@ class _Reader:
                 args[keyword] = raw[keyword]
         lines = {name: _key_line(value, name, at) for name in args}
         return args, Where(self.source, at, label, self.path.parent, lines)
+
+
+def _pattern(hosts: Any) -> str:
+    """``hosts:`` as one pattern: Ansible takes a list of patterns too, the same as
+    their comma list (str() of the list would be a pattern matching nothing)."""
+    return ",".join(map(str, hosts)) if isinstance(hosts, list) else str(hosts)
 
 
 def _key_line(value: Any, key: str, default: int) -> int:

@@ -89,8 +89,10 @@ def _describe(exc: Exception) -> str:
 def check_expression(expr: str) -> None:
     """Parse (not evaluate) a ``when``-style expression: for errors at load time."""
     try:
+        tree = environment().parse("{{ " + expr + " }}")
+        _refuse_unsupported(tree, expr)
         environment().compile_expression(expr)
-        _refuse_private(environment().parse("{{ " + expr + " }}"), expr)
+        _refuse_private(tree, expr)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"cannot parse {expr!r}: {exc.message}") from None
 
@@ -100,7 +102,43 @@ def check_template(text: str) -> None:
         tree = environment().parse(text)
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"cannot parse {text!r}: line {exc.lineno}: {exc.message}") from None
+    _refuse_unsupported(tree, text)
     _refuse_private(tree, text)
+
+
+# Ansible's functions for reading outside data: no counterpart in the sandbox.
+_LOOKUPS = ("lookup", "query", "q")
+_ANSIBLE = {
+    "filter": "bool, quote, basename, dirname, to_json, regex_replace, mandatory",
+    "test": "changed, failed, skipped, succeeded, success",
+}
+
+
+def _refuse_unsupported(tree: jinja2.nodes.Template, text: str) -> None:
+    """A filter or test outside Jinja2's own and the few of Ansible's defined above, or a
+    lookup, is refused when the playbook loads, not when a task renders it on a node
+    (Jinja2 checks a filter's name only when it compiles the template)."""
+    env = environment()
+    for node in tree.find_all((jinja2.nodes.Filter, jinja2.nodes.Test, jinja2.nodes.Call)):
+        if isinstance(node, jinja2.nodes.Filter) and node.name not in env.filters:
+            kind, name = "filter", node.name
+        elif isinstance(node, jinja2.nodes.Test) and node.name not in env.tests:
+            kind, name = "test", node.name
+        elif (
+            isinstance(node, jinja2.nodes.Call)
+            and isinstance(node.node, jinja2.nodes.Name)
+            and node.node.name in _LOOKUPS
+        ):
+            raise TemplateError(
+                f"{text!r}: {node.node.name}() is not supported by cpuaccel (no lookups); "
+                "pass the value with -e NAME=VALUE or vars:"
+            )
+        else:
+            continue
+        raise TemplateError(
+            f"{text!r}: the {kind} {name!r} is not supported by cpuaccel (it has "
+            f"Jinja2's built-in {kind}s and Ansible's {_ANSIBLE[kind]})"
+        )
 
 
 def _refuse_private(tree: jinja2.nodes.Template, text: str) -> None:

@@ -44,12 +44,15 @@ class NodeReport:
     shared_with: str | None = None
     in_sync: bool = False
     mismatches: list[str] = field(default_factory=list)
+    # The part of ``changed`` the node did not have at all (sync --diff tells them apart).
+    added: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "dest": self.dest,
             "changed": self.changed,
             "deleted": self.deleted,
+            "added": self.added,
             "bytes": self.bytes,
             "method": self.method,
             "shared_with": self.shared_with,
@@ -222,7 +225,8 @@ class Syncer:
             self.on_bytes(sent)
         method = "tar" if changed or deleted else "none"
         dest = self.dests[conn.host.name]
-        return NodeReport(dest, changed, deleted, sent, method, in_sync=True)
+        added = [rel for rel in changed if rel not in before]
+        return NodeReport(dest, changed, deleted, sent, method, in_sync=True, added=added)
 
     def _dest(self, conn: Connector) -> str:
         return self.dests[conn.host.name]
@@ -246,7 +250,8 @@ class Syncer:
         if not self.options.delete:
             deleted = []
         sent = _file_bytes(self.source, changed)
-        report = NodeReport(dest, changed, deleted, sent)
+        added = [rel for rel in changed if rel not in scanned["entries"]]
+        report = NodeReport(dest, changed, deleted, sent, added=added)
         if self.options.check:
             report.method = "check"
             report.in_sync = not changed and not deleted
