@@ -9,7 +9,7 @@ writes metrics.jsonl into the run directory and saves checkpoints atomically:
 
     cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
     cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 300 \\
-        --resume runs/<id>/checkpoint.pt          # continue where that run ended
+        --resume <id>          # continue where run <id> ended (its checkpoint.pt)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sysconfig
 import time
 from collections.abc import Callable, Iterable
@@ -99,6 +100,23 @@ def warmup_cosine(warmup: int, total: int) -> Callable[[int], float]:
     return factor
 
 
+RUN_ID = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")  # cpuaccel run's ids
+
+
+def resume_path(value: str, run_dir: str | None) -> str:
+    """--resume's checkpoint: a path, or a run id for that run's checkpoint.pt, looked
+    for beside this run's folder (the head's runs/, where rank 0 saved it), then in
+    ./runs/ (a run on this machine, or results brought home with cpuaccel fetch)."""
+    if os.path.exists(value) or not RUN_ID.match(value):
+        return value
+    folders = [os.path.dirname(run_dir)] if run_dir else []
+    for runs in [*folders, "runs"]:
+        candidate = os.path.join(runs, value, "checkpoint.pt")
+        if os.path.isfile(candidate):
+            return candidate
+    return os.path.join("runs", value, "checkpoint.pt")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps in all")
@@ -124,7 +142,11 @@ def main() -> None:
         "--checkpoint", help="where to save (default: checkpoint.pt in the run directory)"
     )
     parser.add_argument("--save-every", type=int, default=0, help="also save every N steps")
-    parser.add_argument("--resume", metavar="PATH", help="continue from this checkpoint")
+    parser.add_argument(
+        "--resume",
+        metavar="PATH|RUN_ID",
+        help="continue from this checkpoint, or from runs/RUN_ID/checkpoint.pt",
+    )
     args = parser.parse_args()
 
     ctx = cpuaccel.init(
@@ -143,6 +165,7 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.steps))
     step = 0
     if args.resume:
+        args.resume = resume_path(args.resume, ctx.run_dir)
         state = ctx.load(args.resume, model=model, optimizer=optimizer, scheduler=scheduler)
         step = int(state["step"])
         ctx.print(f"resumed from {args.resume} at step {step}")

@@ -33,6 +33,7 @@ from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import results
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
@@ -151,7 +152,8 @@ def _supervise(
         secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
         started=time.time(),
     )
-    outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    with results.brought_home(plan, run_dir, nodes.pool):  # metrics.jsonl ... from the head
+        outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
     run_dir.record(
         exit_code=outcome.exit_code,
         reason=outcome.reason,

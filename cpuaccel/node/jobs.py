@@ -17,6 +17,8 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      payload: JSON {name: [mode, text]} (ssh.sh and its files): run
                      ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
                      will, within TIMEOUT s; the files and RUN_DIR are removed after
+  list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
+                     a run's files (cpuaccel.node.runfiles)
 
 A process belongs to the job when its environment holds CPUACCEL_RUN_ID=<id> exactly,
 and it is ours (same uid): never a pattern over command lines, which would also match
@@ -33,6 +35,7 @@ import time
 
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
+from cpuaccel.node.runfiles import operation as run_files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -288,6 +291,8 @@ def main() -> None:
     elif mode == "reach":
         files = json.loads(sys.stdin.buffer.read())
         result = reach(args[0], float(args[1]), args[2:], files)
+    elif mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
+        result = run_files(mode, args)
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -1,0 +1,73 @@
+"""``cpuaccel fetch RUN``: a run's results from its head node into ./runs/<id>/."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.errors import UsageError
+from cpuaccel.launch.records import find_run, load
+from cpuaccel.launch.results import Homecoming
+
+EPILOG = """\b
+Examples:
+  cpuaccel fetch last                  # metrics, logs, status, checkpoint listing
+  cpuaccel fetch 20250101 --checkpoints
+  cpuaccel report runs/$(cpuaccel ps -n 1 --json | jq -r '.[0].id')
+
+\b
+RUN is a run id, a prefix only one run has, or `last`. Only what changed since the
+last fetch is copied; checkpoints are written to a temporary file, checked against
+their size on the head, then renamed into place.
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("run_spec", metavar="RUN")
+@click.option(
+    "--checkpoints", is_flag=True, help="Also copy the checkpoint files (.pt, .safetensors ...)."
+)
+@head_options
+def fetch_command(
+    run_spec: str,
+    checkpoints: bool,
+    inventory_path: str | None,
+    connect_timeout: float,
+    no_host_key_checking: bool,
+) -> None:
+    """Copy a run's results from its head node into ./runs/<id>/: metrics.jsonl,
+    checkpoints.json (a listing), and for a detached run its status.json and every
+    rank's log; with --checkpoints the checkpoint files too."""
+    run = load(find_run(run_spec))
+    if run.local:
+        ui.stderr().print(
+            f"run {escape(run.run_id)} ran on this machine: its files are in "
+            f"{escape(str(run.path))} already"
+        )
+        return
+    where = run.head_run_dir
+    if where is None:
+        raise UsageError(
+            f"{run.path}/run.json does not say where the run's folder is on its head",
+            hint="the run was recorded by an older cpuaccel: copy its files by hand",
+        )
+    heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
+    try:
+        home = Homecoming(
+            heads.connector(run), where, run.path, supervised_there=run.detached, timeout=600.0
+        )
+        fetched = home.once(checkpoints=checkpoints)
+    finally:
+        heads.close()
+    if fetched is None:
+        raise UsageError(
+            f"{run.head}: no run folder {where}",
+            hint="was it removed? the controller's copy is all there is",
+        )
+    names = ", ".join(fetched.files) or "nothing new"
+    ui.stderr().print(
+        f"fetched from {escape(str(run.head))}: {escape(names)} ({fetched.bytes} bytes) "
+        f"into {escape(str(run.path))}"
+    )

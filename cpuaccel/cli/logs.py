@@ -1,0 +1,196 @@
+"""``cpuaccel logs RUN``: a run's labelled output, merged or filtered, followed with -f."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import EXIT_OK, CpuaccelError, UsageError
+from cpuaccel.launch import runfiles
+from cpuaccel.launch.records import ENDED, RunRecord, find_run, load
+from cpuaccel.launch.supervise import COLOURS
+
+EPILOG = """\b
+Examples:
+  cpuaccel logs last                   # every rank's output, rank by rank
+  cpuaccel logs 20250101 -f --rank 0   # follow rank 0 of that run until it ends
+  cpuaccel logs last --host node2 --rank 4 --rank 5
+
+\b
+RUN is a run id, a prefix only one run has, or `last`. A detached run's output is
+read from its head node while it runs (-i, else the inventory it recorded).
+Ctrl-C stops following (exit 0); the job goes on.
+"""
+POLL = 1.0  # seconds between two looks at a followed run
+CHUNK = 1024 * 1024
+
+
+class LocalFiles:
+    """The controller's copy of the run folder."""
+
+    def __init__(self, run: RunRecord) -> None:
+        self.run = run
+
+    def read(self, name: str, offset: int) -> tuple[bytes, int]:
+        try:
+            fd = os.open(self.run.path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return b"", offset
+        try:
+            os.lseek(fd, offset, os.SEEK_SET)
+            data = os.read(fd, CHUNK)
+        finally:
+            os.close(fd)
+        return data, offset + len(data)
+
+    def state(self) -> str:
+        return load(self.run.path).state()
+
+
+class HeadFiles:
+    """The run folder on the head of a detached run, read with the ``read`` operation."""
+
+    def __init__(self, run: RunRecord, conn: Callable[[], Connector]) -> None:
+        self.run = run
+        self.conn = conn
+        assert run.head_run_dir is not None
+        self.where = run.head_run_dir
+
+    def read(self, name: str, offset: int) -> tuple[bytes, int]:
+        return runfiles.read_new(self.conn(), self.where, name, offset)
+
+    def state(self) -> str:
+        data, _, _ = runfiles.read(self.conn(), self.where, "status.json")
+        try:
+            status = json.loads(data) if data else None
+        except ValueError:
+            status = None  # being written: running still, as far as anyone knows
+        return str(status.get("state", "running")) if isinstance(status, dict) else "running"
+
+
+def chosen_ranks(run: RunRecord, ranks: tuple[int, ...], host: str | None) -> list[int]:
+    world = run.world
+    if world <= 0:
+        raise UsageError(f"{run.path}/run.json names no ranks", hint="is it a run folder?")
+    for rank in ranks:
+        if not 0 <= rank < world:
+            raise UsageError(
+                f"--rank {rank}: run {run.run_id} has ranks 0 to {world - 1}",
+                hint="give a rank of the run",
+            )
+    chosen = sorted(set(ranks)) if ranks else list(range(world))
+    if host is not None:
+        if host not in run.hosts:
+            raise UsageError(
+                f"--host {host}: run {run.run_id} ran on {', '.join(run.hosts)}",
+                hint="give one of its nodes",
+            )
+        chosen = [r for r in chosen if run.rank_host(r) == host]
+        if not chosen:
+            raise UsageError(
+                f"--host {host} --rank {' --rank '.join(map(str, ranks))}: none of these "
+                f"ranks ran on {host}",
+                hint="leave out --rank, or give ranks of that node",
+            )
+    return chosen
+
+
+class Printer:
+    """Each rank's new bytes as labelled lines; a line not ended yet waits for its end."""
+
+    def __init__(self, run: RunRecord, ranks: list[int]) -> None:
+        self.run = run
+        self.offsets = dict.fromkeys(ranks, 0)
+        self.partial = dict.fromkeys(ranks, b"")
+        self.out = ui.stdout()
+
+    def _print(self, rank: int, line: bytes) -> None:
+        colour = COLOURS[rank % len(COLOURS)]
+        host = escape(self.run.rank_host(rank))
+        text = escape(line.decode(errors="replace"))
+        self.out.print(f"[{colour}]\\[rank {rank} {host}][/] {text}", soft_wrap=True)
+
+    def poll(self, files: LocalFiles | HeadFiles) -> bool:
+        """Print what each rank added; whether anything was."""
+        added = False
+        for rank in self.offsets:
+            while True:
+                data, self.offsets[rank] = files.read(f"rank-{rank}.log", self.offsets[rank])
+                if not data:
+                    break
+                added = True
+                *lines, self.partial[rank] = (self.partial[rank] + data).split(b"\n")
+                for line in lines:
+                    self._print(rank, line)
+                if len(data) < CHUNK:
+                    break
+        return added
+
+    def flush(self) -> None:
+        for rank, rest in self.partial.items():
+            if rest:
+                self._print(rank, rest)
+            self.partial[rank] = b""
+
+
+def _follow(printer: Printer, files: LocalFiles | HeadFiles) -> None:
+    while True:
+        state = files.state()
+        printer.poll(files)
+        if state in ENDED:
+            printer.poll(files)  # what came between the look at the state and its end
+            printer.flush()
+            ui.stderr().print(f"[dim]run {escape(printer.run.run_id)} ended: {escape(state)}[/]")
+            return
+        time.sleep(POLL)
+
+
+@click.command(epilog=EPILOG)
+@click.argument("run_spec", metavar="RUN")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+@click.option(
+    "--rank", "ranks", type=click.IntRange(0), multiple=True, help="Only this rank (repeatable)."
+)
+@click.option("--host", metavar="NODE", help="Only the ranks that ran on this node.")
+@head_options
+def logs_command(
+    run_spec: str,
+    follow: bool,
+    ranks: tuple[int, ...],
+    host: str | None,
+    inventory_path: str | None,
+    connect_timeout: float,
+    no_host_key_checking: bool,
+) -> None:
+    """Print a run's output, each line labelled [rank R node], rank by rank (or as it
+    arrives, with -f)."""
+    run = load(find_run(run_spec))
+    printer = Printer(run, chosen_ranks(run, ranks, host))
+    heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
+    files: LocalFiles | HeadFiles = LocalFiles(run)
+    if run.detached and not run.local and run.state() not in ENDED:
+        files = HeadFiles(run, heads.connector(run))
+    try:
+        if follow:
+            _follow(printer, files)
+        else:
+            printer.poll(files)
+            printer.flush()
+    except KeyboardInterrupt:
+        printer.flush()
+        ui.stderr().print("[dim]stopped following; the job goes on[/]")
+        sys.exit(EXIT_OK)
+    except CpuaccelError:
+        printer.flush()
+        raise
+    finally:
+        heads.close()

@@ -1,0 +1,154 @@
+"""``cpuaccel ps``: the runs recorded in ./runs/, with their state and last step."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from cpuaccel import ui
+from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.launch import runfiles
+from cpuaccel.launch.records import ENDED, RunRecord, last_metrics, load, run_ids, runs_folder
+
+EPILOG = """\b
+Examples:
+  cpuaccel ps                      # every run of this project folder, newest first
+  cpuaccel ps -n 5 --json | jq '.[] | select(.state == "running") | .id'
+  cpuaccel ps -i inventory.yaml    # detached runs: their state asked of their heads
+
+\b
+States: running, succeeded, failed (with its exit code), stopped, timeout,
+interrupted, lost (its supervisor is gone), unknown (a record from elsewhere).
+"""
+LIVE_TIMEOUT = 10.0  # seconds a head may take to give a detached run's status
+
+
+def script_of(record: dict[str, Any]) -> str:
+    """The script (or -m module) a run ran: the words after rank.sh in its command."""
+    words = [str(w) for w in record.get("command") or []]
+    for i, word in enumerate(words):
+        if word.endswith("/rank.sh") or word == "rank.sh":
+            rest = words[i + 1 :]
+            return " ".join(rest[:2] if rest[:1] == ["-m"] else rest[:1]) or "?"
+    return "?"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def row(run: RunRecord, now: float) -> dict[str, Any]:
+    status, record = run.status or {}, run.record
+    state = run.state()
+    started = _number(status.get("started")) or _number(record.get("started"))
+    ended = _number(status.get("ended"))
+    if ended is None and state in ENDED and started is not None:
+        seconds = _number(record.get("seconds"))
+        ended = started + seconds if seconds is not None else _number(record.get("updated"))
+    step, loss = last_metrics(run.path)
+    hosts = run.hosts
+    return {
+        "id": run.run_id,
+        "script": script_of(record),
+        "nodes": len(hosts),
+        "ppn": record.get("ppn"),
+        "hosts": hosts,
+        "state": state,
+        "exit_code": run.exit_code(),
+        "detached": run.detached,
+        "started": started,
+        "ended": ended,
+        "seconds": round((ended or now) - started, 1) if started is not None else None,
+        "step": step,
+        "loss": _number(loss),
+    }
+
+
+def _live(run: RunRecord, heads: Heads) -> RunRecord:
+    """A detached run's status.json as its head has it now (a copy of ``run``); the
+    record as it is when the head cannot say (within LIVE_TIMEOUT)."""
+    if not run.detached or run.head_run_dir is None or run.state() in ENDED:
+        return run
+    import json
+
+    try:
+        conn = heads.connector(run)()
+        data, _, _ = runfiles.read(conn, run.head_run_dir, "status.json", timeout=LIVE_TIMEOUT)
+        status = json.loads(data) if data else None
+    except (CpuaccelError, ValueError):
+        return run
+    if not isinstance(status, dict):
+        return run
+    return RunRecord(run.run_id, run.path, run.record, status)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(box=None, header_style="bold")
+    for name in ("ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS"):
+        table.add_column(name, justify="right" if name in ("STEP", "LOSS") else "left")
+    colours = {"running": "cyan", "succeeded": "green"}
+    for r in rows:
+        state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
+        started = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
+        )
+        table.add_row(
+            escape(r["id"]),
+            escape(r["script"]),
+            f"{r['nodes']}×{r['ppn'] if r['ppn'] is not None else '?'}",
+            f"[{colours.get(r['state'], 'red')}]{escape(state)}[/]",
+            started,
+            _duration(r["seconds"]),
+            escape(str(r["step"])) if r["step"] is not None else "-",
+            f"{r['loss']:.4g}" if r["loss"] is not None else "-",
+        )
+    return table
+
+
+@click.command(epilog=EPILOG)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
+@click.option("-n", "--last", "count", type=click.IntRange(1), help="Only the newest COUNT runs.")
+@head_options
+def ps_command(
+    as_json: bool,
+    count: int | None,
+    inventory_path: str | None,
+    connect_timeout: float,
+    no_host_key_checking: bool,
+) -> None:
+    """List the runs recorded in ./runs/ (newest first): id, script, nodes × ppn, state,
+    start, duration, and the last step and loss of metrics.jsonl.
+
+    A detached run that is not known to have ended is asked of its head node (-i, else
+    the inventory it recorded), each within 10 s.
+    """
+    ids = list(reversed(run_ids()))[:count]
+    runs = [load(runs_folder() / i) for i in ids]
+    heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            runs = list(pool.map(lambda run: _live(run, heads), runs))
+    finally:
+        heads.close()
+    now = time.time()
+    rows = [row(run, now) for run in runs]
+    if as_json:
+        ui.print_json(rows)
+    elif not rows:
+        ui.stderr().print(f"no runs recorded in {escape(str(runs_folder()))}")
+    else:
+        ui.stdout().print(_table(rows))

@@ -1,0 +1,95 @@
+"""Reaching a recorded run's head node, for ps, logs and fetch: ``-i`` (else the
+inventory the run recorded, else the usual choice), ``-T`` and
+``--no-host-key-checking``, as the other verbs spell them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from cpuaccel.cli.options import resolve_target
+from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, Connector
+from cpuaccel.errors import UsageError
+from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.launch.records import RunRecord
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def head_options(func: F) -> F:
+    options = [
+        click.option(
+            "-i",
+            "--inventory",
+            "inventory_path",
+            metavar="FILE",
+            help="The inventory that names the run's head node. Default: the one the run "
+            "recorded (detached runs), else $CPUACCEL_INVENTORY, else ./inventory.yaml.",
+        ),
+        click.option(
+            "-T",
+            "--connect-timeout",
+            "connect_timeout",
+            type=click.FloatRange(0.1, 3600),
+            default=DEFAULT_CONNECT_TIMEOUT,
+            show_default=True,
+            help="Seconds to wait for a host to connect.",
+        ),
+        click.option(
+            "--no-host-key-checking", is_flag=True, help="Accept unknown host keys. Unsafe."
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+class Heads:
+    """Connections to the heads of recorded runs, one a host, opened when first used."""
+
+    def __init__(self, inventory_path: str | None, connect_timeout: float, no_hkc: bool) -> None:
+        self.inventory_path = inventory_path
+        self.connect_timeout = connect_timeout
+        self.no_hkc = no_hkc
+        self._pools: dict[str, ConnectionPool] = {}
+        self._targets: dict[str | None, Any] = {}
+        self._lock = threading.Lock()  # ps asks several heads at once
+
+    def _target(self, path: str | None) -> Any:
+        if path not in self._targets:
+            self._targets[path] = resolve_target(
+                path, None, (), DEFAULT_FORKS, self.connect_timeout, self.no_hkc
+            )
+        return self._targets[path]
+
+    def connector(self, run: RunRecord) -> Callable[[], Connector]:
+        """How to reach ``run``'s head (connecting on first use); UsageError when no
+        inventory names it."""
+        with self._lock:
+            return self._connector(run)
+
+    def _connector(self, run: RunRecord) -> Callable[[], Connector]:
+        head = run.head
+        if head is None:
+            raise UsageError(f"{run.path}/run.json names no head node", hint="is it a run folder?")
+        path = self.inventory_path or run.record.get("inventory")
+        target = self._target(str(path) if path else None)
+        host = target.inventory.hosts.get(head)
+        if host is None:
+            where = target.inventory.source or "the default inventory (this machine)"
+            raise UsageError(
+                f"run {run.run_id}'s head {head} is not in {where}",
+                hint="give the inventory the run used: -i FILE",
+            )
+        key = f"{path}:{head}"
+        if key not in self._pools:
+            self._pools[key] = ConnectionPool(target.connect)
+        pool = self._pools[key]
+        return lambda: pool.get(host)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()

@@ -1,0 +1,199 @@
+"""The controller's run records: ``runs/<id>/`` with run.json (and status.json).
+
+``cpuaccel ps``, ``logs`` and ``fetch`` name a run as its id, a prefix of it that only
+one run has, or ``last``; its state comes from status.json when there is one (the
+supervisor's word), else from run.json's exit code and reason, else from whether the
+``cpuaccel run`` that supervises it is still alive on this machine. Only what is needed
+is read: run.json, status.json and the tail of metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.errors import UsageError
+
+RUNS = "runs"
+MAX_JSON = 1024 * 1024  # a record larger than this is not one of cpuaccel's
+TAIL = 8192  # bytes of metrics.jsonl read for the last step
+# run.json's reason (launch/supervise.py) as a state of the contract (status.json).
+_REASONS = {
+    "completed": "succeeded",
+    "failed": "failed",
+    "interrupted": "interrupted",
+    "terminated": "stopped",
+    "stopped": "stopped",
+    "timeout": "timeout",
+    "lost": "lost",
+}
+ENDED = ("succeeded", "failed", "stopped", "timeout", "lost", "interrupted")
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object of cpuaccel's own; None when missing, not a regular file, or bad
+    (being rewritten: the writers rename into place, but an old cpuaccel may not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        value = json.loads(os.read(fd, MAX_JSON))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return value if isinstance(value, dict) else None
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def _alive(pid: Any) -> bool:
+    """Is ``pid`` a cpuaccel process on this machine?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"cpuaccel" in f.read()
+    except OSError:
+        return False
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    path: Path
+    record: dict[str, Any]  # run.json
+    status: dict[str, Any] | None  # status.json, when the run folder has one
+
+    @property
+    def detached(self) -> bool:
+        return bool(self.record.get("detached") or (self.status or {}).get("detached"))
+
+    @property
+    def hosts(self) -> list[str]:
+        return [str(h) for h in self.record.get("hosts") or []]
+
+    @property
+    def head(self) -> str | None:
+        head = self.record.get("head") or (self.hosts[0] if self.hosts else None)
+        return str(head) if head else None
+
+    @property
+    def head_run_dir(self) -> str | None:
+        found = self.record.get("head_run_dir")
+        return str(found) if found else None
+
+    @property
+    def local(self) -> bool:
+        """The head's run folder is this one (a run on this machine)."""
+        where = self.head_run_dir
+        return where is None or Path(where).resolve() == self.path.resolve()
+
+    def state(self) -> str:
+        if self.status and self.status.get("state"):
+            state = str(self.status["state"])
+            supervisor = self.status.get("supervisor") or {}
+            if state == "running" and not self.detached and supervisor.get("pid"):
+                # A foreground run is supervised by `cpuaccel run` on this machine.
+                return "running" if _alive(supervisor.get("pid")) else "lost"
+            return state
+        if self.record.get("exit_code") is not None or self.record.get("reason"):
+            return _REASONS.get(str(self.record.get("reason")), "failed")
+        controller = self.record.get("controller") or {}
+        if controller.get("host") == this_host():
+            return "running" if _alive(controller.get("pid")) else "lost"
+        return "running" if self.detached else "unknown"
+
+    def exit_code(self) -> int | None:
+        code = (self.status or {}).get("exit_code", self.record.get("exit_code"))
+        return code if isinstance(code, int) else None
+
+    def rank_host(self, rank: int) -> str:
+        """The node of ``rank``: MPI places ranks by blocks of ppn, head first."""
+        ppn = int(self.record.get("ppn") or 1)
+        hosts = self.hosts or ["?"]
+        return hosts[min(rank // ppn, len(hosts) - 1)]
+
+    @property
+    def world(self) -> int:
+        return int(self.record.get("world") or 0)
+
+
+def runs_folder(base: Path | None = None) -> Path:
+    return (base or Path.cwd()) / RUNS
+
+
+def run_ids(base: Path | None = None) -> list[str]:
+    """The ids of the runs recorded here, oldest first (ids begin with their time)."""
+    folder = runs_folder(base)
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in names if os.path.isfile(folder / n / "run.json"))
+
+
+def find_run(spec: str, base: Path | None = None) -> Path:
+    """The run folder RUN names: an id, a prefix only one run has, or ``last``."""
+    ids = run_ids(base)
+    where = runs_folder(base)
+    if not ids:
+        raise UsageError(
+            f"no runs recorded in {where}",
+            hint="run cpuaccel from the project folder where cpuaccel run was started",
+        )
+    if spec == "last":
+        return where / ids[-1]
+    if spec in ids:
+        return where / spec
+    found = [i for i in ids if i.startswith(spec)]
+    if len(found) == 1:
+        return where / found[0]
+    if not found:
+        raise UsageError(
+            f"no run {spec!r} in {where}",
+            hint=f"give an id from cpuaccel ps, or last (the newest: {ids[-1]})",
+        )
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    raise UsageError(
+        f"run {spec!r} is ambiguous: {shown}", hint="give more of the id, or the whole id"
+    )
+
+
+def load(path: Path) -> RunRecord:
+    record = read_json(path / "run.json") or {}
+    return RunRecord(path.name, path, record, read_json(path / "status.json"))
+
+
+def last_metrics(path: Path) -> tuple[Any, Any]:
+    """(step, loss) of the last whole line of metrics.jsonl; (None, None) without one."""
+    try:
+        fd = os.open(path / "metrics.jsonl", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, None
+        os.lseek(fd, max(0, info.st_size - TAIL), os.SEEK_SET)
+        tail = os.read(fd, TAIL)
+    finally:
+        os.close(fd)
+    for line in reversed(tail.split(b"\n")):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the tail's start, or one being written
+        if isinstance(value, dict) and "step" in value:
+            return value.get("step"), value.get("loss")
+    return None, None
