@@ -18,7 +18,7 @@ import pytest
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import connector_for
-from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, HostError
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import records
 from cpuaccel.launch.results import Homecoming
@@ -252,3 +252,22 @@ def test_a_local_run_needs_no_fetch(tmp_path: Path) -> None:
     started = time.time()
     listed = cpuaccel("ps", cwd=project, env=clean_env())
     assert "succeeded" in listed.stdout and time.time() - started < 30
+
+
+def test_an_unreachable_head_is_named_and_bounded(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "all:\n  hosts:\n    deadhead:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+    )
+    run_id = "20250101-120000-abcdef"
+    fields = {"detached": True, "head": "deadhead", "head_run_dir": "/nowhere/runs/x"}
+    record(tmp_path, run_id, inventory=str(inventory), hosts=["deadhead"], **fields)
+    started = time.monotonic()
+    listed = cpuaccel("ps", "--json", cwd=tmp_path, env=clean_env())
+    assert listed.returncode == EXIT_OK and json.loads(listed.stdout)[0]["state"] == "running"
+    fetched = cpuaccel("fetch", "last", cwd=tmp_path, env=clean_env())
+    assert fetched.returncode == EXIT_NODE_FAILED, fetched.stderr
+    assert "deadhead" in fetched.stderr and "Traceback" not in fetched.stderr
+    followed = cpuaccel("logs", "last", "-f", cwd=tmp_path, env=clean_env())
+    assert followed.returncode == EXIT_NODE_FAILED, followed.stderr
+    assert time.monotonic() - started < 60

@@ -6,8 +6,8 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options
-from cpuaccel.errors import UsageError
+from cpuaccel.cli.run_head import Heads, head_options, node_failed
+from cpuaccel.errors import HostError, UsageError
 from cpuaccel.launch.records import find_run, load
 from cpuaccel.launch.results import Homecoming
 
@@ -59,6 +59,8 @@ def fetch_command(
             heads.connector(run), where, run.path, supervised_there=run.detached, timeout=600.0
         )
         fetched = home.once(checkpoints=checkpoints)
+    except HostError as exc:
+        raise node_failed(exc) from None
     finally:
         heads.close()
     if fetched is None:

@@ -12,9 +12,9 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.cli.run_head import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
-from cpuaccel.errors import EXIT_OK, CpuaccelError, UsageError
+from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.launch import runfiles
 from cpuaccel.launch.records import ENDED, RunRecord, find_run, load
 from cpuaccel.launch.supervise import COLOURS
@@ -177,7 +177,9 @@ def logs_command(
     printer = Printer(run, chosen_ranks(run, ranks, host))
     heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
     files: LocalFiles | HeadFiles = LocalFiles(run)
-    if run.detached and not run.local and run.state() not in ENDED:
+    first = run.path / f"rank-{next(iter(printer.offsets))}.log"
+    if run.detached and not run.local and (run.state() not in ENDED or not first.exists()):
+        # Running, or ended but not fetched yet: the head's logs are the run's.
         files = HeadFiles(run, heads.connector(run))
     try:
         if follow:
@@ -189,8 +191,8 @@ def logs_command(
         printer.flush()
         ui.stderr().print("[dim]stopped following; the job goes on[/]")
         sys.exit(EXIT_OK)
-    except CpuaccelError:
+    except CpuaccelError as exc:
         printer.flush()
-        raise
+        raise node_failed(exc) if isinstance(exc, HostError) else exc from None
     finally:
         heads.close()

@@ -12,7 +12,7 @@ import click
 
 from cpuaccel.cli.options import resolve_target
 from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, Connector
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
 from cpuaccel.launch.records import RunRecord
 
@@ -93,3 +93,9 @@ class Heads:
     def close(self) -> None:
         for pool in self._pools.values():
             pool.close()
+
+
+def node_failed(exc: HostError) -> HostError:
+    """The head could not be reached or failed its task: exit 69, as other verbs do."""
+    exc.exit_code = EXIT_NODE_FAILED
+    return exc

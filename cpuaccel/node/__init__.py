@@ -10,7 +10,8 @@ tested and type-checked one by one:
   tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
               with destination (the node's verdict on where a sync may write) and
               nofollow (paths reached by descriptors, never through a link)
-  jobs        a run's files and processes on a node (``cpuaccel run``)
+  jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
+              (reading a run's files: ``ps``, ``logs``, ``fetch``)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
