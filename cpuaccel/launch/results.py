@@ -219,6 +219,10 @@ def _last_pass(plan: RunPlan, run_dir: RunDir, pool: ConnectionPool, home: Homec
         return
     try:
         home.once()
+    except KeyboardInterrupt:  # a second Ctrl-C: the record of the run must still be kept
+        ui.stderr().print(
+            f"[yellow]results not brought home[/] (cpuaccel fetch {escape(plan.run_id)} does it)"
+        )
     except (CpuaccelError, OSError) as exc:
         ui.stderr().print(
             f"[yellow]could not bring the run's results home from {escape(plan.head.name)}: "
