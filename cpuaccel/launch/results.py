@@ -87,9 +87,15 @@ class Homecoming:
         # otherwise the controller's own are the run's, never replaced.
         self.supervised_there = supervised_there
         self.timeout = timeout
+        # One pass at a time: two appending the same new bytes would double them.
+        self.lock = threading.Lock()
 
     def once(self, checkpoints: bool = False) -> Fetched | None:
         """One pass; None when the head has no such run folder."""
+        with self.lock:
+            return self._pass(checkpoints)
+
+    def _pass(self, checkpoints: bool) -> Fetched | None:
         listing = runfiles.list_files(self.conn(), self.head_run_dir, self.timeout)
         if listing is None:
             return None
@@ -210,14 +216,15 @@ def brought_home(plan: RunPlan, run_dir: RunDir, pool: ConnectionPool) -> Iterat
         yield
     finally:
         stop.set()
-        thread.join(runfiles.CALL_TIMEOUT * 2)
+        thread.join(1.0)  # a pass under way ends within its calls' timeout; not waited for
         _last_pass(plan, run_dir, pool, home)
 
 
 def _last_pass(plan: RunPlan, run_dir: RunDir, pool: ConnectionPool, home: Homecoming) -> None:
-    if pool.lost([plan.head]):
-        return
+    if pool.lost([plan.head]) or not home.lock.acquire(timeout=runfiles.CALL_TIMEOUT):
+        return  # the head is gone, or a pass is stuck on it: cpuaccel fetch later
     try:
+        home.lock.release()
         home.once()
     except KeyboardInterrupt:  # a second Ctrl-C: the record of the run must still be kept
         ui.stderr().print(
