@@ -121,7 +121,14 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 
 @click.command(epilog=EPILOG)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
-@click.option("-n", "--last", "count", type=click.IntRange(1), help="Only the newest COUNT runs.")
+@click.option(
+    "-n",
+    "--last",
+    "count",
+    type=click.IntRange(1),
+    metavar="COUNT",
+    help="Only the newest COUNT runs.",
+)
 @head_options
 def ps_command(
     as_json: bool,

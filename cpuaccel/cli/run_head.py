@@ -57,6 +57,8 @@ class Heads:
         self._pools: dict[str, ConnectionPool] = {}
         self._targets: dict[str | None, Any] = {}
         self._lock = threading.Lock()  # ps asks several heads at once
+        if inventory_path:  # a bad -i is said at once, even when no head is asked
+            self._target(inventory_path)
 
     def _target(self, path: str | None) -> Any:
         if path not in self._targets:
