@@ -271,3 +271,18 @@ def test_an_unreachable_head_is_named_and_bounded(tmp_path: Path) -> None:
     followed = cpuaccel("logs", "last", "-f", cwd=tmp_path, env=clean_env())
     assert followed.returncode == EXIT_NODE_FAILED, followed.stderr
     assert time.monotonic() - started < 60
+
+
+def test_ps_reads_only_what_it_needs_of_hundreds_of_runs(tmp_path: Path) -> None:
+    lines = "".join(json.dumps({"step": s, "loss": 1 / (s + 1)}) + "\n" for s in range(5000))
+    for i in range(300):
+        folder = record(tmp_path, f"20250101-{i // 60:02d}{i % 60:02d}00-{i:06x}", exit_code=0)
+        (folder / "metrics.jsonl").write_text(lines)
+    started = time.monotonic()
+    shown = cpuaccel("ps", "--json", cwd=tmp_path, env=clean_env())
+    seconds = time.monotonic() - started
+    rows = json.loads(shown.stdout)
+    assert len(rows) == 300 and {row["step"] for row in rows} == {4999}
+    assert seconds < 15, seconds  # ~1 s here: run.json, status.json, 8 KB of metrics a run
+    bad = cpuaccel("ps", "-i", str(tmp_path / "missing.yaml"), cwd=tmp_path, env=clean_env())
+    assert bad.returncode == EXIT_USAGE and "missing.yaml" in bad.stderr
