@@ -19,6 +19,7 @@ VERBS = {
     "sync": "cpuaccel.cli.sync:sync_command",
     "run": "cpuaccel.cli.run:run_command",
     "report": "cpuaccel.cli.report:report_command",
+    "stop": "cpuaccel.cli.stop:stop_command",
 }
 
 EPILOG = """\b

@@ -32,7 +32,7 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "jobs", "agent")
+PROGRAMS = ("facts", "tree", "jobs", "agent", "supervisor")
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.
