@@ -39,6 +39,7 @@ from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
 from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
+from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import build
 
@@ -207,7 +208,11 @@ def _supervise(
         inventory=inventory,
     )
     status = foreground_status(plan, run_dir)
-    outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    try:
+        outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    except BaseException:  # no outcome (the head refused the launch): not "running" forever
+        mark_ended(str(run_dir.path), "failed", "error")
+        raise
     end_status(status, run_dir, outcome)
     run_dir.record(
         exit_code=outcome.exit_code,

@@ -16,9 +16,9 @@ tested and type-checked one by one:
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
-``jobs``, ``supervisor`` (one request each) and ``agent`` (resident). ``program(name)`` bundles that
-part with the parts it imports, and no other: the fact probe, for one, carries
-``common`` and nothing of the agent. On the node each part becomes the module it is
+``jobs``, ``supervisor`` (one request each) and ``agent`` (resident). ``program(name)``
+bundles that part with the parts it imports, and no other: the fact probe, for one,
+carries ``common`` and nothing of the agent. On the node each part becomes the module it is
 here, so the parts import each other as usual.
 
 A new node-side operation is a function in the part of the program that needs it,
