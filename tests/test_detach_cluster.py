@@ -5,6 +5,7 @@ and 4): the job is supervised on the head node, outlives the command that starte
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import uuid
@@ -144,6 +145,7 @@ def test_detached_run_outlives_a_killed_controller_and_stop_ends_it(
     status = head_status(cluster, run_id)
     assert status is not None and status["state"] == "stopped", status
     assert status["exit_code"] == 143 and status["ended_by"] == "stop" and status["ended"]
+    assert status["left"] == {}, status
     home = json.loads((proj / "runs" / run_id / "status.json").read_text())
     assert home["state"] == "stopped"
     assert_nothing_left(cluster, run_id)
@@ -173,6 +175,7 @@ def test_detached_failing_rank_is_recorded_with_its_code(
     assert status and status["state"] == "failed", status
     assert status["exit_code"] == 3 and status["ended_by"] == "rank 3"
     assert status["ranks"]["3"] == 3
+    assert status["left"] == {}  # node2 answered the sweep through ssh.sh: nothing left
     assert (head_file(cluster, run_id, "rank-3.log") or "").splitlines()[-1] == (
         "[cpuaccel] exit code 3"
     )
@@ -211,3 +214,25 @@ def test_foreground_run_keeps_status_and_stop_ends_it(
     status = json.loads((done.run_dir / "status.json").read_text())
     assert status["state"] == "succeeded" and status["exit_code"] == 0
     assert status["ranks"] == {"0": 0, "1": 0, "2": 0, "3": 0} and status["ended_by"] == "completed"
+
+
+def test_stop_after_the_supervisor_was_killed_sweeps_and_records_stopped(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    proj = make_project(tmp_path, {"job.py": SLEEPER})
+    run = cpuaccel_run(proj, "-i", inventory, "--nodes", "2", "--ppn", "2", "--detach",
+                       "job.py", str(flags))  # fmt: skip
+    assert run.code == EXIT_OK, run
+    run_id = run.stdout.strip()
+    assert wait_until(lambda: started_ranks(cluster, run_id) == {0, 1, 2, 3}), run_id
+    pid = json.loads((proj / "runs" / run_id / "run.json").read_text())["supervisor"]["pid"]
+    os.kill(pid, signal.SIGKILL)  # the supervisor gone: its status still says running
+    assert head_status(cluster, run_id)["state"] == "running"  # type: ignore[index]
+    stop = cpuaccel("stop", "last", cwd=proj, env=ENV, timeout=120)
+    assert stop.returncode == EXIT_OK, (stop.stdout, stop.stderr)
+    status = head_status(cluster, run_id)
+    assert status is not None and status["state"] == "stopped" and status["ended"], status
+    assert json.loads((proj / "runs" / run_id / "status.json").read_text())["state"] == "stopped"
+    assert_nothing_left(cluster, run_id)
