@@ -188,6 +188,11 @@ def run_command(
         project = Path.cwd().resolve()
         if not as_module:  # a module name is no file (-m config.yaml is module yaml)
             check_script_kind(script, no_python=no_python)
+        if dry_run and detach:
+            raise UsageError(
+                "--detach and --dry-run together",
+                hint="--dry-run starts nothing: leave out --detach to see the files",
+            )
         env = parse_env(env_items)
         flags = {
             **launch_flags,
@@ -198,15 +203,7 @@ def run_command(
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
-        if as_module or no_python:
-            what = _entry(script, script_args, project, as_module, no_python)
-        else:
-            what = Script(_script_in_project(script, project), script_args, project.name)
-        if dry_run and detach:
-            raise UsageError(
-                "--detach and --dry-run together",
-                hint="--dry-run starts nothing: leave out --detach to see the files",
-            )
+        what = _entry(script, script_args, project, as_module, no_python)
         if dry_run:
             _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
             return
@@ -226,6 +223,11 @@ def run_command(
         if as_json:  # the one object, with the error (main() prints it on stderr too)
             ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
+    _print_report(report, as_json)
+    sys.exit(report.exit_code)
+
+
+def _print_report(report: JobReport, as_json: bool) -> None:
     if as_json:
         ui.print_json(report.to_json())
     elif report.detached is not None and report.exit_code == 0:
@@ -235,7 +237,6 @@ def run_command(
             f"(pid {report.detached['supervisor']['pid']}); run directory: "
             f"{escape(str(report.folder))}; cpuaccel stop {escape(str(report.run_id))} ends it"
         )
-    sys.exit(report.exit_code)
 
 
 def _inventory_file(target: Target) -> str | None:
@@ -275,4 +276,6 @@ def _entry(
         )
     if as_module:
         return entry.module_script(script, args, project)
-    return entry.program_script(script, args, project)
+    if no_python:
+        return entry.program_script(script, args, project)
+    return Script(_script_in_project(script, project), args, project.name)

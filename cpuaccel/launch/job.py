@@ -41,7 +41,7 @@ from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
 from cpuaccel.launch.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
 from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.sync.engine import SyncOptions, sync
-from cpuaccel.sync.manifest import build
+from cpuaccel.sync.manifest import SourceManifest, build
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
 
@@ -271,23 +271,24 @@ def _preflight_and_sync(
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
     source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
-        stale_names = escape(", ".join(found.stale))
-        ui.stderr().print(f"project differs on {stale_names}: syncing it first")
-        stale = [h for h in draft.hosts if h.name in found.stale]
-        results = sync(
-            stale,
-            source,
-            SyncOptions(draft.project_dir),
-            forks=nodes.forks,
-            connect=nodes.connect,
-            pool=nodes.pool,
-        )
-        failed = [r for r in results if not r.ok]
-        if failed:
-            raise PreflightFailed(
-                "; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed)
-            )
+        _sync_stale(draft, [h for h in draft.hosts if h.name in found.stale], source, nodes)
     return found.facts
+
+
+def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: _Nodes) -> None:
+    names = escape(", ".join(h.name for h in stale))
+    ui.stderr().print(f"project differs on {names}: syncing it first")
+    results = sync(
+        stale,
+        source,
+        SyncOptions(draft.project_dir),
+        forks=nodes.forks,
+        connect=nodes.connect,
+        pool=nodes.pool,
+    )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise PreflightFailed("; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed))
 
 
 def _print_problems(problems: list[Problem]) -> None:
