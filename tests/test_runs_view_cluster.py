@@ -185,3 +185,54 @@ def test_a_detached_run_is_read_from_its_head(
     assert (home / "metrics.jsonl").read_text() == '{"step": 3, "loss": 0.5}\n'
     assert not (home / "checkpoint.pt").exists()
     cluster.exec("node1", ["rm", "-rf", head_dir])
+
+
+TICKER = """\
+import os, time
+rank = int(os.environ["RANK"])
+for i in range(200):
+    print(f"tick {i} of rank {rank}", flush=True)
+    time.sleep(0.3)
+"""
+
+
+def test_a_real_detached_run_in_ps_logs_follow_stop_and_fetch(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    project = make_project(tmp_path, {"tick.py": TICKER})
+    started = cpuaccel_run(
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--detach", "tick.py"
+    )
+    assert started.code == EXIT_OK, started
+    run_id = started.stdout.strip().splitlines()[-1]
+    home = project / "runs" / run_id
+    follow = start_cpuaccel(
+        "logs", "last", "-f", "--rank", "1", cwd=project, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        code, out, err = verb(project, "ps", "--json")  # asked of the head
+        assert code == EXIT_OK and json.loads(out)[0]["state"] == "running", err
+        time.sleep(4)
+        assert follow.poll() is None
+        code, _, err = verb(project, "stop", run_id)
+        assert code == EXIT_OK, err
+        out, err = follow.communicate(timeout=60)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+    assert follow.returncode == EXIT_OK and "ended: stopped" in err, err
+    # Rank 1 alone, from the head, while it ran; then how the stop ended it.
+    lines = [line for line in out.splitlines() if "[cpuaccel]" not in line]
+    assert len(lines) >= 5 and all(line.startswith("[rank 1 node1] ") for line in out.splitlines())
+    assert lines == [f"[rank 1 node1] tick {i} of rank 1" for i in range(len(lines))], out
+    code, out, _ = verb(project, "ps", "--json")
+    assert json.loads(out)[0]["state"] == "stopped", out
+    code, _, err = verb(project, "fetch", "last")
+    assert code == EXIT_OK, err
+    for rank in range(4):
+        assert f"tick 0 of rank {rank}" in (home / f"rank-{rank}.log").read_text(), rank
+    assert json.loads((home / "status.json").read_text())["state"] == "stopped"
+    code, out, _ = verb(project, "logs", "last", "--rank", "3")
+    assert out.splitlines()[0] == "[rank 3 node2] tick 0 of rank 3", out

@@ -19,6 +19,7 @@ VERBS = {
     "sync": "cpuaccel.cli.sync:sync_command",
     "run": "cpuaccel.cli.run:run_command",
     "report": "cpuaccel.cli.report:report_command",
+    "stop": "cpuaccel.cli.stop:stop_command",
     "ps": "cpuaccel.cli.ps:ps_command",
     "logs": "cpuaccel.cli.logs:logs_command",
     "fetch": "cpuaccel.cli.fetch:fetch_command",
@@ -33,6 +34,8 @@ Examples:
   cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
   cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
+  cpuaccel run -i inventory.yaml --detach train.py  # prints the run id, returns
+  cpuaccel stop last                           # end it on every node, verified
   cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
   cpuaccel ps                                  # the runs of this folder, their state
   cpuaccel logs last -f --rank 0               # follow a run's output

@@ -2,8 +2,9 @@
 
 ``cpuaccel ps``, ``logs`` and ``fetch`` name a run as its id, a prefix of it that only
 one run has, or ``last``; its state comes from status.json when there is one (the
-supervisor's word), else from run.json's exit code and reason, else from whether the
-``cpuaccel run`` that supervises it is still alive on this machine. Only what is needed
+supervisor's word), else from run.json's exit code and reason; a foreground run that
+status.json says is running is "lost" when the ``cpuaccel run`` supervising it (the
+pid and start time it recorded) is gone. Only what is needed
 is read: run.json, status.json and the tail of metrics.jsonl.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import UsageError
+from cpuaccel.node.supervisor import start_time
 
 RUNS = "runs"
 MAX_JSON = 1024 * 1024  # a record larger than this is not one of cpuaccel's
@@ -57,15 +59,13 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def _alive(pid: Any) -> bool:
-    """Is ``pid`` a cpuaccel process on this machine?"""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"cpuaccel" in f.read()
-    except OSError:
-        return False
+def _alive(supervisor: dict[str, Any]) -> bool:
+    """Is the ``cpuaccel run`` that supervises a foreground run still there? The same
+    pid and start time (status.json's), on this machine."""
+    pid = supervisor.get("pid")
+    if supervisor.get("host") != this_host() or not isinstance(pid, int):
+        return True  # another machine's: as its status.json says
+    return start_time(pid) == supervisor.get("start_time")
 
 
 @dataclass
@@ -103,16 +103,15 @@ class RunRecord:
         if self.status and self.status.get("state"):
             state = str(self.status["state"])
             supervisor = self.status.get("supervisor") or {}
-            if state == "running" and not self.detached and supervisor.get("pid"):
-                # A foreground run is supervised by `cpuaccel run` on this machine.
-                return "running" if _alive(supervisor.get("pid")) else "lost"
+            if state == "running" and not self.detached and supervisor:
+                # A foreground run is supervised by `cpuaccel run` on the controller.
+                return "running" if _alive(supervisor) else "lost"
             return state
         if self.record.get("exit_code") is not None or self.record.get("reason"):
             return _REASONS.get(str(self.record.get("reason")), "failed")
-        controller = self.record.get("controller") or {}
-        if controller.get("host") == this_host():
-            return "running" if _alive(controller.get("pid")) else "lost"
-        return "running" if self.detached else "unknown"
+        # A detached run's status is on its head (ps asks it); a foreground run without
+        # status.json nor an end in its record lost its `cpuaccel run` (an older one).
+        return "running" if self.detached else "lost"
 
     def exit_code(self) -> int | None:
         code = (self.status or {}).get("exit_code", self.record.get("exit_code"))
@@ -133,9 +132,10 @@ def runs_folder(base: Path | None = None) -> Path:
     return (base or Path.cwd()) / RUNS
 
 
-def run_ids(base: Path | None = None) -> list[str]:
-    """The ids of the runs recorded here, oldest first (ids begin with their time)."""
-    folder = runs_folder(base)
+def run_ids(runs: Path | None = None) -> list[str]:
+    """The ids of the runs recorded in ``runs`` (default ./runs), oldest first (ids
+    begin with their time)."""
+    folder = runs or runs_folder()
     try:
         names = os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
@@ -143,10 +143,11 @@ def run_ids(base: Path | None = None) -> list[str]:
     return sorted(n for n in names if os.path.isfile(folder / n / "run.json"))
 
 
-def find_run(spec: str, base: Path | None = None) -> Path:
-    """The run folder RUN names: an id, a prefix only one run has, or ``last``."""
-    ids = run_ids(base)
-    where = runs_folder(base)
+def find_run(spec: str, runs: Path | None = None) -> Path:
+    """The run folder RUN names in ``runs`` (default ./runs): an id, a prefix only one
+    run has, or ``last``."""
+    where = runs or runs_folder()
+    ids = run_ids(where)
     if not ids:
         raise UsageError(
             f"no runs recorded in {where}",

@@ -29,7 +29,6 @@ from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.launch import runfiles
 from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.records import this_host
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.launch.runfiles import RemoteFile
 
@@ -186,13 +185,8 @@ def is_local(plan: RunPlan, run_dir: RunDir) -> bool:
 
 @contextmanager
 def brought_home(plan: RunPlan, run_dir: RunDir, pool: ConnectionPool) -> Iterator[None]:
-    """Around a foreground job's supervision: record who supervises it (for ps), copy
-    what changed on the head every INTERVAL s while it runs, and everything at its end."""
-    run_dir.record(
-        controller={"host": this_host(), "pid": os.getpid()},
-        head=plan.head.name,
-        head_run_dir=plan.run_dir,
-    )
+    """Around a foreground job's supervision: copy what changed on the head every
+    INTERVAL s while it runs, and everything at its end."""
     if is_local(plan, run_dir):
         yield
         return
