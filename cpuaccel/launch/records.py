@@ -150,7 +150,7 @@ def find_run(spec: str, runs: Path | None = None) -> Path:
     ids = run_ids(where)
     if not ids:
         raise UsageError(
-            f"no runs recorded in {where}",
+            f"no run {spec!r} in {where}: no runs recorded there",
             hint="run cpuaccel from the project folder where cpuaccel run was started",
         )
     if spec == "last":
