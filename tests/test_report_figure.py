@@ -150,7 +150,8 @@ def test_without_a_record_the_runtime_line_gives_ranks_and_a_bad_record_is_said(
 @pytest.mark.parametrize(
     ("steps", "count"),
     [([1, 2, 3], 3), ([0, 1, 2, 3], 4), ([10, 20, 30], 30), ([510, 520, 1000], 500),
-     ([7], 7), ([0], 1), ([5, 5, 6], 2)],
+     ([7], 7), ([0], 1), ([5, 5, 6], 2), ([1, 5, 10, 15, 20, 25, 30], 30),
+     (list(range(0, 2000, 10)), 2000), ([510, 520, 530, 540], 40)],
 )  # fmt: skip
 def test_steps_are_counted_from_the_step_numbers(steps: list[int], count: int) -> None:
     from cpuaccel.launch.metrics_summary import steps_trained

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +16,7 @@ from torch import nn
 import cpuaccel
 from cpuaccel.runtime.trackers import choose_trackers
 
+REPO = Path(__file__).resolve().parent.parent
 RUN_VARS = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
@@ -71,6 +75,7 @@ def test_tensorboard_event_files_hold_the_logged_scalars(
     # Every number of every line, at its step; the step and wall time are the axes.
     assert {"loss", "lr", "step_time", "samples_per_s", "sync_time", "sync_share"} <= set(found)
     assert "step" not in found and "time" not in found and "phase" not in found
+    assert "world_size" not in found  # the first line's header is metrics.jsonl's only
     assert [step for step, _ in found["loss"]] == [1, 2, 3, 4, 5]
     for step, value in found["loss"]:
         assert value == pytest.approx(lines[step - 1]["loss"], rel=1e-6)
@@ -115,3 +120,53 @@ def test_tensorboard_missing_is_one_clear_error(monkeypatch: pytest.MonkeyPatch)
     )
     assert choose_trackers(None, {"CPUACCEL_TRACKERS": " , "}) == ()
     assert choose_trackers(None, {}) == ()
+
+
+TWO_RANK_SCRIPT = """\
+import torch
+from torch import nn
+import cpuaccel
+
+ctx = cpuaccel.init("no", verbose=False)
+model = ctx.prepare(nn.Linear(2, 1))
+for step in range(1, 4):
+    loss = model(torch.ones(2, 2)).sum()
+    ctx.backward(loss)
+    ctx.log(step=step, loss=ctx.mean(loss))
+ctx.close()
+"""
+
+
+def two_ranks(script: Path, tmp_path: Path, trackers: str) -> list[tuple[int, str]]:
+    """SCRIPT as ranks 0 and 1 of one job (torchrun's variables), each in its folder."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        folder = tmp_path / f"rank{rank}"
+        folder.mkdir(parents=True)
+        env = {k: v for k, v in os.environ.items() if k not in RUN_VARS}
+        path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        env.update(
+            RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1", PYTHONPATH=path, CPUACCEL_TRACKERS=trackers,
+        )  # fmt: skip
+        argv = [sys.executable, str(script)]
+        procs.append(subprocess.Popen(argv, cwd=folder, env=env, text=True, stderr=subprocess.PIPE))
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    return [(proc.returncode, err) for proc, err in zip(procs, errors, strict=True)]
+
+
+def test_two_ranks_only_rank_0_writes_and_a_bad_name_fails_both(tmp_path: Path) -> None:
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANK_SCRIPT)
+    bad = two_ranks(script, tmp_path / "bad", "tensorboard,mlflow")
+    for code, err in bad:  # both fail at init, neither waits for the other
+        assert code != 0 and "unknown tracker(s) 'mlflow'; supported: tensorboard" in err, err
+    pytest.importorskip("tensorboard", reason="pip install 'cpuaccel[tensorboard]'")
+    good = two_ranks(script, tmp_path / "good", "tensorboard")
+    assert [code for code, _ in good] == [0, 0], good
+    zero, one = tmp_path / "good" / "rank0", tmp_path / "good" / "rank1"
+    assert [step for step, _ in scalars(zero / "tensorboard")["loss"]] == [1, 2, 3]
+    assert list(one.iterdir()) == []  # rank 1: no metrics.jsonl, no event files

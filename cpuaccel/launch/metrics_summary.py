@@ -8,6 +8,7 @@ file and line); ``read_run_info`` takes what the title needs from ``run.json`` a
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -150,14 +151,21 @@ def _add(metrics: Metrics, record: dict[str, Any], where: str) -> None:
 def steps_trained(steps: list[float]) -> float:
     """How many steps the metrics span, whatever the logging interval.
 
-    Lines at steps 10, 20 ... 100 are 100 steps (not 10 lines); 0 ... 99 are 100 too; a
-    resumed run logging 510 ... 1000 trained 500. The interval is the smallest gap.
+    The interval is the most common gap between logged steps. Lines from step 1 (or from
+    within the first interval) count from the start: 10, 20 ... 100 are 100 steps, not 10
+    lines, and 1, 5, 10 ... 30 are 30. Otherwise (from step 0, or a resumed run) the span
+    plus one interval: 0 ... 99 are 100 steps, 510 ... 1000 by tens are 500.
     """
     distinct = sorted(set(steps))
     if len(distinct) == 1:
         return max(distinct[0], 1.0)
-    interval = min(b - a for a, b in itertools.pairwise(distinct))
-    return distinct[-1] - distinct[0] + interval
+    gaps = collections.Counter(b - a for a, b in itertools.pairwise(distinct))
+    most = max(gaps.values())
+    interval = min(gap for gap, count in gaps.items() if count == most)
+    first, last = distinct[0], distinct[-1]
+    if 1 <= first <= interval:
+        return last
+    return last - first + interval
 
 
 def read_run_info(run_dir: Path) -> RunInfo:

@@ -103,6 +103,7 @@ class MetricsLog:
             line["samples_per_s"] = samples / elapsed
         line["sync_time"] = synced / steps
         line["sync_share"] = min(1.0, synced / elapsed)
+        tracked = dict(line)  # the header is for report's title, not a chart of one point
         for key, value in self._header.items():
             line.setdefault(key, value)
         self._header = {}
@@ -111,7 +112,7 @@ class MetricsLog:
             with open(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(line) + "\n")
             for tracker in self.trackers:
-                tracker.log(line, step if isinstance(step, int) else steps_done)
+                tracker.log(tracked, step if isinstance(step, int) else steps_done)
         self._since = now
         self._steps_at = steps_done
         self._sync_at = sync_seconds
