@@ -19,6 +19,7 @@ VERBS = {
     "sync": "cpuaccel.cli.sync:sync_command",
     "run": "cpuaccel.cli.run:run_command",
     "report": "cpuaccel.cli.report:report_command",
+    "stop": "cpuaccel.cli.stop:stop_command",
 }
 
 EPILOG = """\b
@@ -30,6 +31,8 @@ Examples:
   cpuaccel sync -i inventory.yaml              # push ./ to every node, verified
   cpuaccel run --nodes 1 --ppn 2 train.py      # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
+  cpuaccel run -i inventory.yaml --detach train.py  # prints the run id, returns
+  cpuaccel stop last                           # end it on every node, verified
   cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
 

@@ -207,25 +207,22 @@ def provision_command(
     cli_become = become.settle()  # -K asks here, before any node is contacted
     listener = _listener(as_json, diff)
     started = time.monotonic()
-    pool = ConnectionPool(target.connect)
-    runner = LinearStrategy(
-        playbook,
-        target.inventory,
-        target.hosts,
-        pool,
-        forks=target.forks,
-        options=target.connect,
-        check=check,
-        diff=diff,
-        tags=_tags(tags),
-        skip_tags=_tags(skip_tags),
-        listener=listener,
-        become=cli_become,
-    )
-    try:
+    with ConnectionPool(target.connect) as pool:
+        runner = LinearStrategy(
+            playbook,
+            target.inventory,
+            target.hosts,
+            pool,
+            forks=target.forks,
+            options=target.connect,
+            check=check,
+            diff=diff,
+            tags=_tags(tags),
+            skip_tags=_tags(skip_tags),
+            listener=listener,
+            become=cli_become,
+        )
         stats = runner.run()
-    finally:
-        pool.close()
     seconds = time.monotonic() - started
     ok = all(s.succeeded for s in stats.values())
     if as_json:

@@ -22,7 +22,7 @@ from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.launch import entry, job
+from cpuaccel.launch import detached, entry, job
 from cpuaccel.launch.plan import RunPlan, Script
 from cpuaccel.launch.report import JobReport
 
@@ -39,6 +39,8 @@ Examples:
   cpuaccel run -i inventory.yaml --no-python ./train.sh   # a program as each rank
   cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
   cpuaccel run -i inventory.yaml --json train.py > result.json   # ranks' output: stderr
+  cpuaccel run -i inventory.yaml --detach --timeout 36000 train.py  # prints the run id
+  cpuaccel stop last                                       # ends it on every node
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
@@ -51,6 +53,9 @@ Everything after SCRIPT goes to the script untouched. Before launching, every no
 checked (reachable, same Python/torch/cpuaccel, names resolve, project in sync: synced
 now unless --no-sync, master port free). Output of each rank is labelled and logged in
 runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every node.
+With --detach a supervisor on the head node does that instead (the job outlives this
+command and the connection): it writes runs/<id>/status.json there; `cpuaccel stop RUN`
+ends the job.
 
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
@@ -154,6 +159,11 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     is_flag=True,
     help="One JSON object at the end on stdout; the ranks' output goes to stderr.",
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Start the job under a supervisor on the head node, print its run id and return.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -168,6 +178,7 @@ def run_command(
     no_python: bool,
     launcher_args: str | None,
     as_json: bool,
+    detach: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -177,6 +188,11 @@ def run_command(
         project = Path.cwd().resolve()
         if not as_module:  # a module name is no file (-m config.yaml is module yaml)
             check_script_kind(script, no_python=no_python)
+        if dry_run and detach:
+            raise UsageError(
+                "--detach and --dry-run together",
+                hint="--dry-run starts nothing: leave out --detach to see the files",
+            )
         env = parse_env(env_items)
         flags = {
             **launch_flags,
@@ -187,10 +203,7 @@ def run_command(
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
-        if as_module or no_python:
-            what = _entry(script, script_args, project, as_module, no_python)
-        else:
-            what = Script(_script_in_project(script, project), script_args, project.name)
+        what = _entry(script, script_args, project, as_module, no_python)
         if dry_run:
             _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
             return
@@ -203,14 +216,33 @@ def run_command(
             allow_sync=allow_sync,
             timeout=job_timeout,
             ranks_to_stderr=as_json,
+            detach=detach,
+            inventory=_inventory_file(target),
         )
     except (CpuaccelError, KeyboardInterrupt) as exc:
         if as_json:  # the one object, with the error (main() prints it on stderr too)
             ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
+    _print_report(report, as_json)
+    sys.exit(report.exit_code)
+
+
+def _print_report(report: JobReport, as_json: bool) -> None:
     if as_json:
         ui.print_json(report.to_json())
-    sys.exit(report.exit_code)
+    elif report.detached is not None and report.exit_code == 0:
+        ui.stdout().print(escape(str(report.run_id)), highlight=False)
+        ui.stderr().print(
+            f"detached: supervised on {escape(str(report.detached['head']))} "
+            f"(pid {report.detached['supervisor']['pid']}); run directory: "
+            f"{escape(str(report.folder))}; cpuaccel stop {escape(str(report.run_id))} ends it"
+        )
+
+
+def _inventory_file(target: Target) -> str | None:
+    """The inventory file, absolute, for run.json (stop, ps and logs reach the nodes)."""
+    setting = target.inventory_setting
+    return detached.inventory_path(setting.value if setting else None)
 
 
 # ---------------------------------------------------------------- -m, --no-python,
@@ -244,4 +276,6 @@ def _entry(
         )
     if as_module:
         return entry.module_script(script, args, project)
-    return entry.program_script(script, args, project)
+    if no_python:
+        return entry.program_script(script, args, project)
+    return Script(_script_in_project(script, project), args, project.name)

@@ -33,13 +33,15 @@ from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import detached
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
 from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
-from cpuaccel.launch.supervise import Job, Outcome, OutputRouter
+from cpuaccel.launch.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
+from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.sync.engine import SyncOptions, sync
-from cpuaccel.sync.manifest import build
+from cpuaccel.sync.manifest import SourceManifest, build
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
 
@@ -81,11 +83,15 @@ def launch(
     allow_sync: bool,
     timeout: float | None,
     ranks_to_stderr: bool = False,
+    detach: bool = False,
+    inventory: str | None = None,
 ) -> JobReport:
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
     ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
-    leaving stdout to the one JSON object."""
+    leaving stdout to the one JSON object. ``detach`` (run --detach): a supervisor on
+    the head watches the job; this returns once it has started (launch/detached.py).
+    ``inventory``: the inventory file (absolute), kept in run.json for later verbs."""
     started = time.monotonic()
     run_id = new_run_id()
     local = _local_project(settings, project)
@@ -103,9 +109,48 @@ def launch(
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
-        outcome, folder = _run(plan, project, local is not None, timeout, nodes, ranks_to_stderr)
+        if detach:
+            return _detach(plan, project, local is not None, timeout, nodes, inventory, started)
+        outcome, folder = _run(
+            plan, project, local is not None, timeout, nodes, ranks_to_stderr, inventory
+        )
     report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
     report.add_outcome(outcome, folder)
+    return report
+
+
+def _detach(
+    plan: RunPlan,
+    project: Path,
+    local: bool,
+    timeout: float | None,
+    nodes: _Nodes,
+    inventory: str | None,
+    started: float,
+) -> JobReport:
+    """Copy the run's files with the supervisor's, start it on the head, and return.
+    secret.env stays for the ranks to read; the supervisor's sweep removes it from every
+    node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
+    files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
+    files.update(detached.supervisor_files(plan, timeout))
+    run_dir = RunDir.create(project / "runs", plan, files)
+    if not local or "secret.env" in files:
+        _copy_files(plan, files, nodes)
+    try:
+        supervisor = detached.start(plan, nodes.pool.get(plan.head), run_dir, inventory)
+    except CpuaccelError:
+        if "secret.env" in files:  # no job started: take the secrets back off the nodes
+            _forget_secrets(plan, plan.hosts, nodes)
+        raise
+    report = JobReport.of_plan(plan, 0, "detached", time.monotonic() - started)
+    report.folder = str(run_dir.path)
+    report.ranks = {rank: None for rank in range(plan.world or 0)}
+    report.detached = {
+        "state": "running",
+        "head": plan.head.name,
+        "head_run_dir": plan.run_dir,
+        "supervisor": supervisor,
+    }
     return report
 
 
@@ -122,6 +167,7 @@ def _run(
     timeout: float | None,
     nodes: _Nodes,
     ranks_to_stderr: bool,
+    inventory: str | None,
 ) -> tuple[Outcome, str]:
     """Render and copy the files, run the job, keep its record, print its summary."""
     files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
@@ -131,13 +177,19 @@ def _run(
             _copy_files(plan, files, nodes)
         out = ui.stderr() if ranks_to_stderr else ui.stdout()
         router = OutputRouter(run_dir, out, ui.stderr())
-        return _supervise(plan, run_dir, timeout, nodes, router), str(run_dir.path)
+        outcome = _supervise(plan, run_dir, timeout, nodes, router, inventory)
+        return outcome, str(run_dir.path)
     finally:
         run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
 
 
 def _supervise(
-    plan: RunPlan, run_dir: RunDir, timeout: float | None, nodes: _Nodes, router: OutputRouter
+    plan: RunPlan,
+    run_dir: RunDir,
+    timeout: float | None,
+    nodes: _Nodes,
+    router: OutputRouter,
+    inventory: str | None,
 ) -> Outcome:
     """Start the job, watch it to its end, and keep its record."""
     run_dir.record(
@@ -150,8 +202,18 @@ def _supervise(
         env_names=sorted(plan.env),
         secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
         started=time.time(),
+        detached=False,
+        head=plan.head.name,
+        head_run_dir=plan.run_dir,
+        inventory=inventory,
     )
-    outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    status = foreground_status(plan, run_dir)
+    try:
+        outcome = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool).run(timeout)
+    except BaseException:  # no outcome (the head refused the launch): not "running" forever
+        mark_ended(str(run_dir.path), "failed", "error")
+        raise
+    end_status(status, run_dir, outcome)
     run_dir.record(
         exit_code=outcome.exit_code,
         reason=outcome.reason,
@@ -209,23 +271,24 @@ def _preflight_and_sync(
         raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
     source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
-        stale_names = escape(", ".join(found.stale))
-        ui.stderr().print(f"project differs on {stale_names}: syncing it first")
-        stale = [h for h in draft.hosts if h.name in found.stale]
-        results = sync(
-            stale,
-            source,
-            SyncOptions(draft.project_dir),
-            forks=nodes.forks,
-            connect=nodes.connect,
-            pool=nodes.pool,
-        )
-        failed = [r for r in results if not r.ok]
-        if failed:
-            raise PreflightFailed(
-                "; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed)
-            )
+        _sync_stale(draft, [h for h in draft.hosts if h.name in found.stale], source, nodes)
     return found.facts
+
+
+def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: _Nodes) -> None:
+    names = escape(", ".join(h.name for h in stale))
+    ui.stderr().print(f"project differs on {names}: syncing it first")
+    results = sync(
+        stale,
+        source,
+        SyncOptions(draft.project_dir),
+        forks=nodes.forks,
+        connect=nodes.connect,
+        pool=nodes.pool,
+    )
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise PreflightFailed("; ".join(f"sync to {r.host.name} failed: {r.error}" for r in failed))
 
 
 def _print_problems(problems: list[Problem]) -> None:

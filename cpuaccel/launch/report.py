@@ -32,6 +32,8 @@ class JobReport:
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> its exit code
     error: str | None = None
     fix: str | None = None  # the error's hint, as the `fix:` line says it
+    # run --detach: state, head, head_run_dir and supervisor (launch/detached.py)
+    detached: dict[str, Any] | None = None
 
     @classmethod
     def of_plan(cls, plan: RunPlan, code: int, ended_by: str, seconds: float) -> JobReport:
@@ -61,4 +63,5 @@ class JobReport:
             "ranks": {str(rank): code for rank, code in self.ranks.items()},
             "error": self.error,
             "fix": self.fix,
+            **({"detached": True, **self.detached} if self.detached else {}),
         }

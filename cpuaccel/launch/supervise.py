@@ -9,8 +9,10 @@ and verify none is left. Nothing is matched by command line.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +28,10 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
+from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
@@ -249,35 +253,9 @@ class Job:
 
     def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """End what is left of the job on every node; report what was ended and what stays."""
-
-        def end(conn: Connector) -> dict[str, Any]:
-            # With the run folder: the node removes secret.env once the job is over.
-            words = ["end", self.plan.run_id, "2", self.plan.run_dir]
-            return programs.call(
-                conn, "jobs", words, what="ending the job's processes", timeout=TEARDOWN
-            )
-
         self._notice_lost()
-        reachable = [h for h in self.plan.hosts if h.name not in self.lost]
-        results: list[HostResult[dict[str, Any]]] = run_on_hosts(
-            reachable, end, forks=self.forks, pool=self.pool
-        )
-        swept: dict[str, Any] = {}
-        left: dict[str, Any] = {
-            name: "not checked: the connection to it was lost" for name in self.lost
-        }
-        for r in results:
-            if r.value is None:
-                if r.status is Status.UNREACHABLE and r.host.name not in self.lost:
-                    self.lost.append(r.host.name)
-                left[r.host.name] = f"could not check: {r.error}"
-                continue
-            ended = r.value["terminated"] + r.value["killed"]
-            if ended:
-                swept[r.host.name] = ended
-            if r.value["left"]:
-                left[r.host.name] = r.value["left"]
-        return swept, left
+        plan = self.plan
+        return sweep_hosts(plan.hosts, plan.run_id, plan.run_dir, self.pool, self.forks, self.lost)
 
     def _outcome(
         self,
@@ -308,3 +286,72 @@ class Job:
         return Outcome(
             code, reason, seconds, launcher_exit, first, swept, left, lost, self.router.codes
         )
+
+
+def sweep_hosts(
+    hosts: list[Host],
+    run_id: str,
+    run_dir: str,
+    pool: ConnectionPool,
+    forks: int,
+    lost: list[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """End the job's processes on every host not ``lost`` (a host found unreachable is
+    added to it): (node -> what was ended, node -> what stays or why it was not checked).
+    Also `cpuaccel stop`'s sweep (launch/stop.py)."""
+
+    def end(conn: Connector) -> dict[str, Any]:
+        # With the run folder: the node removes secret.env once the job is over.
+        words = ["end", run_id, "2", run_dir]
+        return programs.call(
+            conn, "jobs", words, what="ending the job's processes", timeout=TEARDOWN
+        )
+
+    reachable = [h for h in hosts if h.name not in lost]
+    results: list[HostResult[dict[str, Any]]] = run_on_hosts(reachable, end, forks=forks, pool=pool)
+    swept: dict[str, Any] = {}
+    left: dict[str, Any] = {name: "not checked: the connection to it was lost" for name in lost}
+    for r in results:
+        if r.value is None:
+            if r.status is Status.UNREACHABLE and r.host.name not in lost:
+                lost.append(r.host.name)
+            left[r.host.name] = f"could not check: {r.error}"
+            continue
+        ended = r.value["terminated"] + r.value["killed"]
+        if ended:
+            swept[r.host.name] = ended
+        if r.value["left"]:
+            left[r.host.name] = r.value["left"]
+    return swept, left
+
+
+# ---------------------------------------------------------------- status.json
+
+
+def foreground_status(plan: RunPlan, run_dir: RunDir) -> dict[str, Any]:
+    """status.json of a foreground run, written as it starts: this process supervises it
+    (`cpuaccel stop` ends it through this process, found by pid and start time)."""
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": start_time(os.getpid())}
+    doc = status_doc(plan.run_id, time.time(), False, me, plan.world or 0)
+    write_status(str(run_dir.path), doc)
+    return doc
+
+
+def end_status(doc: dict[str, Any], run_dir: RunDir, outcome: Outcome) -> None:
+    """The final status.json: the contract's state for the outcome's reason."""
+    first = outcome.first_failure
+    ended_by = outcome.reason
+    if outcome.reason == "failed" and first is not None:
+        ended_by = f"rank {first.rank}"
+    elif outcome.reason == "terminated":
+        ended_by = "stop"
+    clean = outcome.reason == "completed" and outcome.launcher_exit == 0
+    ranks = {str(r): outcome.codes.get(r, 0 if clean else None) for r in range(len(doc["ranks"]))}
+    doc.update(
+        state=STATES[outcome.reason],
+        exit_code=outcome.exit_code,
+        ended_by=ended_by,
+        ended=time.time(),
+        ranks=ranks,
+    )
+    write_status(str(run_dir.path), doc)

@@ -11,13 +11,14 @@ tested and type-checked one by one:
               with destination (the node's verdict on where a sync may write) and
               nofollow (paths reached by descriptors, never through a link)
   jobs        a run's files and processes on a node (``cpuaccel run``)
+  supervisor  a detached run's supervisor on the head (``run --detach``, ``cpuaccel stop``)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
-``jobs`` (one request each) and ``agent`` (resident). ``program(name)`` bundles that
-part with the parts it imports, and no other: the fact probe, for one, carries
-``common`` and nothing of the agent. On the node each part becomes the module it is
+``jobs``, ``supervisor`` (one request each) and ``agent`` (resident). ``program(name)``
+bundles that part with the parts it imports, and no other: the fact probe, for one,
+carries ``common`` and nothing of the agent. On the node each part becomes the module it is
 here, so the parts import each other as usual.
 
 A new node-side operation is a function in the part of the program that needs it,
@@ -32,7 +33,7 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "jobs", "agent")
+PROGRAMS = ("facts", "tree", "jobs", "agent", "supervisor")
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.

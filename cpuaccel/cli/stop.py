@@ -1,0 +1,81 @@
+"""``cpuaccel stop RUN``: end a running job on every node (launch/stop.py), and print."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.options import Target, host_options
+from cpuaccel.config.settings import FLAG
+from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
+from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.launch import stop as engine
+
+EPILOG = """\b
+Examples:
+  cpuaccel stop last                        # the newest run in ./runs
+  cpuaccel stop 20250101-120000             # an id, or a prefix of one
+  cpuaccel stop -i inventory.yaml 2025010   # reach the nodes through this inventory
+
+\b
+RUN is looked up in ./runs (run from the project folder). A detached run's head is
+reached through the inventory it was started with (run.json), unless -i is given.
+The job ends as Ctrl-C ends a foreground run: SIGTERM, then SIGKILL, then every node
+swept for its processes; status.json then says stopped.
+
+\b
+Exit codes: 0 stopped (or it had ended already); 1 processes of the job are left on a
+node; 64 no such run; 69 the head node unreachable.
+"""
+
+
+@click.command(epilog=EPILOG)
+@host_options
+@click.argument("run")
+def stop_command(target: Target, run: str) -> None:
+    """End the job RUN on every node and verify that nothing of it is left."""
+    folder = engine.find_run(Path.cwd() / "runs", run)
+    record = engine.read_record(folder)
+    hosts = _run_hosts(target, record)
+    done = engine.stop(folder, record, hosts, target.connect, target.forks)
+    err = ui.stderr()
+    run_id = escape(done.run_id)
+    if done.already:
+        ui.stdout().print(f"{run_id}: had already ended ({escape(done.state)})", highlight=False)
+        sys.exit(EXIT_OK)
+    for host, procs in done.swept.items():
+        err.print(f"ended leftover processes on {escape(host)}: {len(procs)}")
+    for host, procs in done.left.items():
+        err.print(f"[red]still running on {escape(host)}[/]: {escape(str(procs))}")
+    nodes = escape(", ".join(h.name for h in hosts))
+    if done.left:
+        left = f"{run_id}: {escape(done.state)}, but processes are left"
+        ui.stdout().print(left, highlight=False)
+        sys.exit(EXIT_PROBLEMS)
+    ui.stdout().print(
+        f"{run_id}: {escape(done.state)}; nothing of it is left on {nodes}", highlight=False
+    )
+    sys.exit(EXIT_OK)
+
+
+def _run_hosts(target: Target, record: dict[str, Any]) -> list[Host]:
+    """The run's nodes (head first) from -i, else the inventory it was started with."""
+    inventory = target.inventory
+    given = target.inventory_setting is not None and target.inventory_setting.source == FLAG
+    if not given and record.get("inventory"):
+        inventory = Inventory.load(str(record["inventory"]), target.cli_vars)
+    names = [str(n) for n in record.get("hosts") or []]
+    missing = [n for n in names if n not in inventory.hosts]
+    if missing or not names:
+        raise UsageError(
+            f"run {record.get('run_id')}'s nodes {', '.join(missing or names)} are not in "
+            f"the inventory {inventory.source or '(this machine)'}",
+            hint="give the inventory the run was started with: -i INVENTORY",
+        )
+    return [inventory.hosts[n] for n in names]

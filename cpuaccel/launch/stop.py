@@ -1,0 +1,189 @@
+"""``cpuaccel stop RUN``: end a job on every node, verify nothing is left, record it.
+
+A detached run (run.json's ``detached``) is ended by its supervisor on the head
+(cpuaccel/node/supervisor.py): SIGTERM, after checking that the pid is still that run's
+supervisor (its environment names the run; never a pattern); it does the teardown and
+writes status.json. A foreground run is ended by SIGTERM to the ``cpuaccel run`` that
+supervises it (the pid and start time in the controller's status.json), which then
+does its own teardown, exactly as when its terminal sends it. Either way, this then
+sweeps every node by CPUACCEL_RUN_ID itself (launch/supervise.sweep_hosts) and reports
+what stays; a supervisor that is gone (killed) leaves that sweep to end the job alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.connectors import programs
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch.supervise import sweep_hosts
+from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
+
+# The supervisor's own teardown: GRACE twice, the launcher's exit, its sweep through ssh.
+SUPERVISOR_WAIT = 60.0
+
+
+class HeadUnreachable(HostError):
+    exit_code = EXIT_NODE_FAILED
+
+
+@dataclass
+class Stopped:
+    run_id: str
+    state: str  # status.json's state once stopped (or as it had ended before)
+    already: bool  # it had ended before: nothing was signalled
+    swept: dict[str, Any] = field(default_factory=dict)
+    left: dict[str, Any] = field(default_factory=dict)
+
+
+def find_run(runs: Path, word: str) -> Path:
+    """The run folder RUN names: an id, an unambiguous prefix of one, or ``last``."""
+    found_ids = (p.name for p in runs.glob("*") if (p / "run.json").is_file())
+    ids = sorted(found_ids) if runs.is_dir() else []
+    if word == "last":
+        found = ids[-1:]
+    else:
+        found = [i for i in ids if i == word] or [i for i in ids if i.startswith(word)]
+    if len(found) == 1:
+        return runs / found[0]
+    if not found:
+        raise UsageError(
+            f"no run {word!r} in {runs}",
+            hint="give a run id from runs/ (or a prefix of one, or last), from the project folder",
+        )
+    raise UsageError(
+        f"run {word!r} is ambiguous in {runs}: {', '.join(found[:5])}",
+        hint="give more of the run id",
+    )
+
+
+def read_record(folder: Path) -> dict[str, Any]:
+    try:
+        record = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{folder / 'run.json'}: unreadable ({exc})", hint="") from None
+    if not isinstance(record, dict):
+        raise UsageError(f"{folder / 'run.json'}: not a run record", hint="")
+    return record
+
+
+def _wait_ended(read: Any, seconds: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + seconds
+    status: dict[str, Any] | None = read()
+    while status and status.get("state") == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        status = read()
+    return status
+
+
+def stop_foreground(folder: Path, record: dict[str, Any]) -> Stopped | None:
+    """SIGTERM the `cpuaccel run` that supervises a foreground run; None when it is
+    gone (killed): the caller's sweep then ends the job alone."""
+    run_id = str(record.get("run_id"))
+    status = read_status(str(folder))
+    if status is None or status.get("state") != "running":
+        state = status.get("state") if status else str(record.get("reason", "unknown"))
+        return Stopped(run_id, str(state), already=True)
+    sup = status.get("supervisor") or {}
+    pid = sup.get("pid")
+    if sup.get("host") != socket.gethostname():
+        raise UsageError(
+            f"run {run_id} is supervised by cpuaccel run on {sup.get('host')} (pid {pid})",
+            hint="run cpuaccel stop on that machine, or press Ctrl-C in its terminal",
+        )
+    if isinstance(pid, int) and start_time(pid) == sup.get("start_time"):
+        os.kill(pid, signal.SIGTERM)  # the same pid and start: that cpuaccel run itself
+        status = _wait_ended(lambda: read_status(str(folder)), SUPERVISOR_WAIT)
+        if status is not None and status.get("state") != "running":
+            return Stopped(run_id, str(status["state"]), already=False)
+    return None
+
+
+class _Head:
+    """The detached run's supervisor, reached on its head node."""
+
+    def __init__(self, conn: Connector, record: dict[str, Any]) -> None:
+        self.conn = conn
+        self.run_id = str(record["run_id"])
+        self.run_dir = str(record["head_run_dir"])
+
+    def call(self, words: list[str], timeout: float = 60.0) -> dict[str, Any]:
+        return programs.call(
+            self.conn, "supervisor", words, what="reaching the run's supervisor", timeout=timeout
+        )
+
+    def status(self) -> dict[str, Any] | None:
+        found = self.call(["status", self.run_dir]).get("status")
+        return found if isinstance(found, dict) else None
+
+
+def stop_detached(record: dict[str, Any], head: _Head) -> tuple[Stopped | None, dict[str, Any]]:
+    """SIGTERM the supervisor and wait for its final status; None when it is gone."""
+    status = head.status()
+    if status is None:
+        raise HeadUnreachable(
+            str(record["head"]),
+            f"no status.json in {head.run_dir}",
+            hint="was the run folder removed?",
+        )
+    if status.get("state") != "running":
+        return Stopped(head.run_id, str(status["state"]), already=True), status
+    pid = (status.get("supervisor") or {}).get("pid")
+    if isinstance(pid, int):
+        words = ["stop", head.run_id, str(pid), str(SUPERVISOR_WAIT)]
+        head.call(words, timeout=SUPERVISOR_WAIT + 30)
+        ended = _wait_ended(head.status, 10.0)
+        if ended is not None and ended.get("state") != "running":
+            return Stopped(head.run_id, str(ended["state"]), already=False), ended
+    return None, status
+
+
+def stop(
+    folder: Path, record: dict[str, Any], hosts: list[Host], connect: ConnectOptions, forks: int
+) -> Stopped:
+    """End the run of ``folder`` on ``hosts`` (run.json's, head first), verified."""
+    run_id = str(record["run_id"])
+    with ConnectionPool(connect) as pool:
+        if record.get("detached"):
+            try:
+                head = _Head(pool.get(hosts[0]), record)
+                done, status = stop_detached(record, head)
+            except HostError as exc:
+                raise HeadUnreachable(exc.host, exc.reason, hint=exc.hint) from None
+            run_dir = head.run_dir
+        else:
+            done, status, run_dir = stop_foreground(folder, record), {}, str(folder)
+        if done is not None and done.already:
+            _bring_home(folder, record, status)
+            return done
+        lost: list[str] = []
+        swept, left = sweep_hosts(hosts, run_id, run_dir, pool, forks, lost)
+        if done is None:  # the supervisor was gone: the sweep ended the job; say so
+            if record.get("detached"):
+                status = head.call(["ended", run_dir, "stopped", "stop"]).get("status") or {}
+            else:
+                status = mark_ended(run_dir, "stopped", "stop") or {}
+            done = Stopped(run_id, str(status.get("state", "stopped")), already=False)
+        elif record.get("detached"):
+            status = head.status() or status
+    done.swept, done.left = swept, left
+    _bring_home(folder, record, status)
+    return done
+
+
+def _bring_home(folder: Path, record: dict[str, Any], status: dict[str, Any]) -> None:
+    """The head's final status.json, copied to the controller's run folder."""
+    if not status or not record.get("detached"):
+        return
+    if os.path.realpath(folder) != os.path.realpath(str(record["head_run_dir"])):
+        write_status(str(folder), status)
