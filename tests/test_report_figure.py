@@ -157,3 +157,15 @@ def test_steps_are_counted_from_the_step_numbers(steps: list[int], count: int) -
     from cpuaccel.launch.metrics_summary import steps_trained
 
     assert steps_trained([float(s) for s in steps]) == count
+
+
+def test_a_running_run_says_its_wall_time_so_far(tmp_path: Path) -> None:
+    import time
+
+    status = {"state": "running", "started": time.time() - 125, "ended": None}
+    run_dir = make_run(tmp_path, runtime_lines(range(1, 3)), status=status)
+    info = read_run_info(run_dir)
+    assert info.state == "running" and 125 <= (info.wall_seconds or 0) < 185
+    title = report_plot.title("r", read_metrics(run_dir), info)
+    assert title.startswith("r: 2 steps\n4 ranks · bf16 · wall 2 min ")
+    assert title.endswith(" so far")

@@ -40,7 +40,8 @@ def title(run_name: str, metrics: Metrics, info: RunInfo) -> str:
     if metrics.precision:
         details.append(metrics.precision)
     if info.wall_seconds is not None:
-        details.append(f"wall {duration(info.wall_seconds)}")
+        so_far = " so far" if info.state == "running" else ""
+        details.append(f"wall {duration(info.wall_seconds)}{so_far}")
     return head + ("\n" + " · ".join(details) if details else "")
 
 

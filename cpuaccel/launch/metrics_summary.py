@@ -14,6 +14,7 @@ import json
 import math
 import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,12 +180,14 @@ def read_run_info(run_dir: Path) -> RunInfo:
     info.ppn = _positive_int(record.get("ppn"))
     info.world = _positive_int(record.get("world"))
     started, ended = status.get("started"), status.get("ended")
+    state = status.get("state")
+    info.state = state if isinstance(state, str) else None
     if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
         info.wall_seconds = max(0.0, float(ended) - float(started))
     elif _is_number(record.get("seconds")):
         info.wall_seconds = float(record["seconds"])
-    state = status.get("state")
-    info.state = state if isinstance(state, str) else None
+    elif info.state == "running" and isinstance(started, (int, float)):
+        info.wall_seconds = max(0.0, time.time() - float(started))  # so far
     return info
 
 
