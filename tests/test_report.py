@@ -67,7 +67,8 @@ def test_report_writes_png_and_summary(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stderr == ""
     png = run_dir / "report.png"
-    assert assert_valid_png(png) == (800, 600)
+    # Four panels: loss, samples/s, and the logged learning rate and gradient-sync share.
+    assert assert_valid_png(png) == (800, 1050)
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl", "report.png"]
 
     losses = [r["loss"] for r in records]
@@ -84,6 +85,7 @@ def test_report_writes_png_and_summary(tmp_path: Path) -> None:
         f"samples/s  median {rate:.1f}",
         f"step time  median {step_ms:.1f} ms",
         f"grad sync  {share:.1%} of step time",
+        "lr         first 0.0003, last 0.0003",
         f"plot       {png}",
     ]
     # The noise puts the minimum before the last step: min is not just "last".
@@ -115,6 +117,18 @@ def test_report_json(tmp_path: Path) -> None:
         "sync_share": pytest.approx(
             sum(r["grad_sync_seconds"] for r in records) / sum(r["step_time"] for r in records)
         ),
+        "lines": 30,
+        "lr_first": 3e-4,
+        "lr_last": 3e-4,
+        # No run.json, status.json or runtime first line in this folder: not known.
+        "nodes": None,
+        "ppn": None,
+        "world": None,
+        "precision": None,
+        "wall_seconds": None,
+        "state": None,
+        "title": "20250101-120000-abc123: 30 steps",
+        "panels": ["loss", "samples/s", "learning rate", "grad sync share"],
         "skipped_partial_last_line": False,
     }
     assert_valid_png(run_dir / "report.png")

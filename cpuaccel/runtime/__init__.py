@@ -5,7 +5,7 @@
 their parts: ``env`` (rank and world from the launcher), ``group`` (the process group's
 creation and teardown), ``backend`` (process-group backend, IPEX), ``precision``
 (mixed precision), ``gradsync`` (MPI gradient allreduce), ``data`` (sharded loaders),
-``checkpoint`` (atomic saves), ``metrics`` (metrics.jsonl).
+``checkpoint`` (atomic saves), ``metrics`` (metrics.jsonl), ``trackers`` (TensorBoard).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
 from cpuaccel.runtime.metrics import MetricsLog, default_path
 from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
+from cpuaccel.runtime.trackers import start_trackers
 
 
 class Context:
@@ -36,7 +37,8 @@ class Context:
     ``local_world_size``, ``is_main`` (rank 0), ``backend``, ``grad_sync`` ("mpi", "pg"
     or "none"), ``dtype`` (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
     ``sync_gradients`` (whether this micro-step syncs and should step the optimizer),
-    ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``.
+    ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``,
+    ``trackers`` (the names of the trackers ``log`` also writes to, e.g. tensorboard).
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class Context:
         find_unused_parameters: bool = False,
         verbose: bool = True,
         owns_group: bool = False,
+        trackers: Sequence[str] = (),
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be at least 1")
@@ -87,7 +90,15 @@ class Context:
             self._mpi.timer = self.timer
         self._pg = gradsync.PgState(env.world_size, timer=self.timer)
         self.metrics_path = Path(metrics_path) if metrics_path else default_path(env.run_dir)
-        self.metrics = MetricsLog(self.metrics_path, enabled=self.is_main)
+        self.trackers = tuple(trackers)
+        # Beside metrics.jsonl: runs/<id>/tensorboard/ under cpuaccel run.
+        writers = start_trackers(self.trackers, self.metrics_path.parent) if self.is_main else []
+        self.metrics = MetricsLog(
+            self.metrics_path,
+            enabled=self.is_main,
+            header={"precision": "bf16" if dtype else "fp32", "world_size": self.world_size},
+            trackers=writers,
+        )
 
     def __repr__(self) -> str:
         return (
@@ -309,6 +320,8 @@ class Context:
     def log(self, step: int | None = None, **values: Any) -> dict[str, Any]:
         """Append a line to metrics.jsonl (rank 0) and return it (every rank).
 
+        On rank 0 the line also goes to the trackers of ``init(trackers=...)``.
+
         ``samples=`` (samples since the previous call, all ranks) gives samples/s; so does
         ``ctx.samples_per_step``. See :mod:`cpuaccel.runtime.metrics` for the fields added.
         """
@@ -326,7 +339,9 @@ class Context:
     # ------------------------------------------------------------------ end
 
     def close(self) -> None:
-        """Destroy the process group if :func:`init` created it (also done at exit)."""
+        """Close the trackers; destroy the process group if :func:`init` created it (also
+        done at exit)."""
+        self.metrics.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False

@@ -8,7 +8,11 @@ Besides what the script passes (``step``, ``loss``, ...), each line gets:
 - ``samples_per_s``: when ``samples=`` was passed (samples since the previous call, all
   ranks together) or the context knows ``samples_per_step``;
 - ``sync_time``: seconds per step spent in gradient sync in the interval, and
-  ``sync_share``, its fraction of the step time (``cpuaccel report`` reads ``sync_time``).
+  ``sync_share``, its fraction of the step time (``cpuaccel report`` reads ``sync_time``);
+- on the first line a process writes: ``precision`` (``bf16`` or ``fp32``) and
+  ``world_size``, which ``cpuaccel report`` puts in its title.
+
+Each line also goes to the trackers asked for (TensorBoard, :mod:`.trackers`).
 
 Each line is appended and flushed at once, so a killed job keeps every line it logged.
 """
@@ -22,6 +26,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from cpuaccel.runtime.trackers import Tracker
 
 FILENAME = "metrics.jsonl"
 
@@ -43,9 +49,19 @@ def plain(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, path: str | os.PathLike[str], *, enabled: bool) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        enabled: bool,
+        header: Mapping[str, Any] | None = None,
+        trackers: list[Tracker] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.enabled = enabled
+        # Said once, on the first line: what the whole run shares (its precision, ...).
+        self._header = dict(header or {})
+        self.trackers = trackers or []
         self.reset()
 
     def reset(self, *, steps_done: int = 0, sync_seconds: float = 0.0) -> None:
@@ -87,12 +103,23 @@ class MetricsLog:
             line["samples_per_s"] = samples / elapsed
         line["sync_time"] = synced / steps
         line["sync_share"] = min(1.0, synced / elapsed)
+        tracked = dict(line)  # the header is for report's title, not a chart of one point
+        for key, value in self._header.items():
+            line.setdefault(key, value)
+        self._header = {}
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps(line) + "\n")
+            for tracker in self.trackers:
+                tracker.log(tracked, step if isinstance(step, int) else steps_done)
         self._since = now
         self._steps_at = steps_done
         self._sync_at = sync_seconds
         self._last_step = step if isinstance(step, int) else None
         return line
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []

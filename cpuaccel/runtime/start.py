@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -30,6 +31,7 @@ from cpuaccel.runtime import gradsync, group
 from cpuaccel.runtime.backend import BackendChoice
 from cpuaccel.runtime.context import Context
 from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
+from cpuaccel.runtime.trackers import TENSORBOARD_DIR, choose_trackers
 
 
 def init(
@@ -43,6 +45,7 @@ def init(
     metrics_path: str | os.PathLike[str] | None = None,
     find_unused_parameters: bool = False,
     verbose: bool = True,
+    trackers: str | Sequence[str] | None = None,
 ) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
@@ -56,7 +59,11 @@ def init(
       the job was started by an MPI launcher and mpi4py works, else the process group;
     - ``ipex``: None uses IPEX when it imports and matches torch; False never; True
       requires it;
-    - ``seed``: seeds torch on every rank (and the data loaders' shuffles).
+    - ``seed``: seeds torch on every rank (and the data loaders' shuffles);
+    - ``trackers``: where ``ctx.log`` also writes, as Accelerate's ``log_with``:
+      ``["tensorboard"]`` writes TensorBoard event files into ``<run dir>/tensorboard/``
+      on rank 0 (needs ``pip install 'cpuaccel[tensorboard]'``); default
+      $CPUACCEL_TRACKERS (comma-separated), else none.
 
     Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
@@ -65,6 +72,7 @@ def init(
     if mixed_precision is None:
         mixed_precision = os.environ.get(PRECISION_ENV) or AUTO
     precision = resolve_precision(mixed_precision)
+    tracker_names = choose_trackers(trackers, os.environ)  # before joining: fail early
     env, choice, owns = group.place(backend)
     sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
     if owns:
@@ -84,6 +92,7 @@ def init(
         find_unused_parameters=find_unused_parameters,
         verbose=verbose,
         owns_group=owns,
+        trackers=tracker_names,
     )
     _note_choices(ctx, choice, sync, precision)
     return ctx
@@ -98,3 +107,6 @@ def _note_choices(
         ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
     if precision.note is not None:
         ctx.note(precision.note)
+    if ctx.trackers:
+        where = ctx.metrics_path.parent / TENSORBOARD_DIR
+        ctx.note(f"trackers {', '.join(ctx.trackers)}: event files in {where}")

@@ -1,0 +1,251 @@
+"""A run folder's metrics.jsonl and record, read for ``cpuaccel report``.
+
+``read_metrics`` parses metrics.jsonl column by column (each bad line named with its
+file and line); ``read_run_info`` takes what the title needs from ``run.json`` and
+``status.json`` when they are there (nodes × ppn, wall time) and the metrics' first line
+(precision); ``summarize`` is the summary ``report`` prints and gives as ``--json``.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.errors import CpuaccelError, SourceError, UsageError
+from cpuaccel.sourcefile import read_source
+
+METRICS = "metrics.jsonl"
+# What the runtime (or a script of one's own) may call the seconds spent in gradient sync.
+SYNC_KEYS = ("sync_time", "grad_sync_seconds")
+# The learning rate, under Accelerate's/transformers' and PyTorch's usual names.
+LR_KEYS = ("lr", "learning_rate")
+
+Point = tuple[float, float]  # (step, value)
+
+
+class Metrics:
+    """The records of one metrics.jsonl, column by column.
+
+    A plain class, not a dataclass: dataclasses cost start-up time, and report is a verb.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.steps: list[float] = []
+        self.loss: list[float] = []
+        self.samples_per_s: list[Point] = []
+        self.lr: list[Point] = []
+        self.sync_share: list[Point] = []  # logged, or sync time / step time
+        self.step_time: list[float] = []
+        self.sync_of_timed_steps: list[float] = []  # of the steps whose both are known
+        self.time_of_synced_steps: list[float] = []
+        self.precision: str | None = None  # the runtime's first line says it
+        self.world_size: int | None = None
+        self.skipped_partial_last_line = False
+
+
+class RunInfo:
+    """What run.json and status.json say about the run (None: not known)."""
+
+    def __init__(self) -> None:
+        self.hosts: list[str] | None = None
+        self.ppn: int | None = None
+        self.world: int | None = None
+        self.wall_seconds: float | None = None
+        self.state: str | None = None
+        self.warnings: list[str] = []
+
+
+def _number(record: dict[str, Any], key: str, where: str) -> float | None:
+    """record[key] as a float; None when absent or null; UsageError when not a number."""
+    value = record.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("nan", "inf", "-inf"):
+        return float(value)  # how the runtime writes a loss that went NaN
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f'{where}: "{key}" is {json.dumps(value)}, not a number')
+    return float(value)
+
+
+def read_metrics(run_dir: Path) -> Metrics:
+    """Parse RUN_DIR/metrics.jsonl; an error naming the file (and line) when it is bad."""
+    if not run_dir.exists():
+        raise UsageError(f"{run_dir}: no such run directory", hint="pass a folder like runs/<id>")
+    if not run_dir.is_dir():
+        raise UsageError(
+            f"{run_dir}: not a directory", hint="pass the run directory that holds metrics.jsonl"
+        )
+    path = run_dir / METRICS
+    if not os.path.lexists(path):
+        raise UsageError(
+            f"{path}: no such file; this run logged no metrics",
+            hint='the training script appends {"step": ..., "loss": ...} lines to '
+            "$CPUACCEL_RUN_DIR/metrics.jsonl on rank 0",
+        )
+    # Unbounded: it grows with the run. A FIFO or device there is refused, not read.
+    text = read_source(path, SourceError, "metrics file", "pass a run's folder", limit=None)
+    metrics = Metrics(path)
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                # The last line of a job killed while writing it: keep the rest.
+                metrics.skipped_partial_last_line = True
+                continue
+            raise UsageError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise UsageError(f"{path}:{number}: expected a JSON object, got {line.strip()[:60]}")
+        _add(metrics, record, f"{path}:{number}")
+    if not metrics.steps:
+        raise UsageError(f"{path}: holds no metrics (no line with a record)")
+    return metrics
+
+
+def _first_number(record: dict[str, Any], keys: tuple[str, ...], where: str) -> float | None:
+    values = (_number(record, key, where) for key in keys)
+    return next((value for value in values if value is not None), None)
+
+
+def _add(metrics: Metrics, record: dict[str, Any], where: str) -> None:
+    step, loss = _number(record, "step", where), _number(record, "loss", where)
+    if step is None or loss is None:
+        raise UsageError(f'{where}: no "{"step" if step is None else "loss"}" in this record')
+    rate = _number(record, "samples_per_s", where)
+    seconds = _number(record, "step_time", where)
+    sync = _first_number(record, SYNC_KEYS, where)
+    share = _number(record, "sync_share", where)
+    lr = _first_number(record, LR_KEYS, where)
+    metrics.steps.append(step)
+    metrics.loss.append(loss)
+    if rate is not None:
+        metrics.samples_per_s.append((step, rate))
+    if lr is not None:
+        metrics.lr.append((step, lr))
+    if seconds is not None:
+        metrics.step_time.append(seconds)
+        if sync is not None:
+            metrics.sync_of_timed_steps.append(sync)
+            metrics.time_of_synced_steps.append(seconds)
+            if share is None and seconds > 0:
+                share = min(1.0, sync / seconds)
+    if share is not None:
+        metrics.sync_share.append((step, share))
+    if isinstance(record.get("precision"), str):
+        metrics.precision = record["precision"]
+    world = record.get("world_size")
+    if isinstance(world, int) and not isinstance(world, bool):
+        metrics.world_size = world
+
+
+def steps_trained(steps: list[float]) -> float:
+    """How many steps the metrics span, whatever the logging interval.
+
+    The interval is the most common gap between logged steps. Lines from step 1 (or from
+    within the first interval) count from the start: 10, 20 ... 100 are 100 steps, not 10
+    lines, and 1, 5, 10 ... 30 are 30. Otherwise (from step 0, or a resumed run) the span
+    plus one interval: 0 ... 99 are 100 steps, 510 ... 1000 by tens are 500.
+    """
+    distinct = sorted(set(steps))
+    if len(distinct) == 1:
+        return max(distinct[0], 1.0)
+    gaps = collections.Counter(b - a for a, b in itertools.pairwise(distinct))
+    most = max(gaps.values())
+    interval = min(gap for gap, count in gaps.items() if count == most)
+    first, last = distinct[0], distinct[-1]
+    if 1 <= first <= interval:
+        return last
+    return last - first + interval
+
+
+def read_run_info(run_dir: Path) -> RunInfo:
+    """run.json's nodes × ppn and status.json's (else run.json's) wall time, when present."""
+    info = RunInfo()
+    record = _json_object(run_dir / "run.json", info)
+    status = _json_object(run_dir / "status.json", info)
+    hosts = record.get("hosts")
+    if isinstance(hosts, list) and all(isinstance(h, str) for h in hosts) and hosts:
+        info.hosts = hosts
+    info.ppn = _positive_int(record.get("ppn"))
+    info.world = _positive_int(record.get("world"))
+    started, ended = status.get("started"), status.get("ended")
+    state = status.get("state")
+    info.state = state if isinstance(state, str) else None
+    if isinstance(started, (int, float)) and isinstance(ended, (int, float)):
+        info.wall_seconds = max(0.0, float(ended) - float(started))
+    elif _is_number(record.get("seconds")):
+        info.wall_seconds = float(record["seconds"])
+    elif info.state == "running" and isinstance(started, (int, float)):
+        info.wall_seconds = max(0.0, time.time() - float(started))  # so far
+    return info
+
+
+def _json_object(path: Path, info: RunInfo) -> dict[str, Any]:
+    """The object in PATH; {} when absent, with a warning when unreadable or not one."""
+    if not os.path.lexists(path):
+        return {}
+    try:
+        data = json.loads(read_source(path, SourceError, "run record", "rerun the job"))
+    except (CpuaccelError, json.JSONDecodeError) as exc:
+        info.warnings.append(f"{path}: left out, not readable JSON ({exc})")
+        return {}
+    if not isinstance(data, dict):
+        info.warnings.append(f"{path}: left out, not a JSON object")
+        return {}
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _int_if_whole(value: float) -> float | int:
+    return int(value) if value.is_integer() else value
+
+
+def summarize(metrics: Metrics, info: RunInfo, png: Path) -> dict[str, Any]:
+    pairs = zip(metrics.steps, metrics.loss, strict=True)
+    finite = [(loss, step) for step, loss in pairs if math.isfinite(loss)]
+    best = min(finite) if finite else (math.nan, math.nan)
+    rates = [rate for _, rate in metrics.samples_per_s]
+    synced_time = sum(metrics.time_of_synced_steps)
+    return {
+        "run_dir": str(metrics.path.parent),
+        "metrics": str(metrics.path),
+        "png": str(png),
+        "steps": _int_if_whole(steps_trained(metrics.steps)),
+        "lines": len(metrics.steps),
+        "first_step": _int_if_whole(metrics.steps[0]),
+        "last_step": _int_if_whole(metrics.steps[-1]),
+        "loss_first": metrics.loss[0],
+        "loss_last": metrics.loss[-1],
+        "loss_min": best[0] if finite else None,
+        "loss_min_step": _int_if_whole(best[1]) if finite else None,
+        "samples_per_s_median": statistics.median(rates) if rates else None,
+        "step_time_median": statistics.median(metrics.step_time) if metrics.step_time else None,
+        "sync_share": sum(metrics.sync_of_timed_steps) / synced_time if synced_time > 0 else None,
+        "lr_first": metrics.lr[0][1] if metrics.lr else None,
+        "lr_last": metrics.lr[-1][1] if metrics.lr else None,
+        "nodes": len(info.hosts) if info.hosts else None,
+        "ppn": info.ppn,
+        "world": info.world or metrics.world_size,
+        "precision": metrics.precision,
+        "wall_seconds": info.wall_seconds,
+        "state": info.state,
+        "skipped_partial_last_line": metrics.skipped_partial_last_line,
+    }
