@@ -19,7 +19,7 @@ import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
+from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -43,21 +43,6 @@ if str(rank) == os.environ.get("FAIL_RANK"):
     os.kill(os.getpid(), 9)
 time.sleep(60)
 """
-
-
-def job_processes(cluster: Cluster, node: str, run_id: str) -> list[str]:
-    """Processes inside the node whose environment carries this run's id."""
-    marker = f"CPUACCEL_RUN_ID={run_id}".encode()
-    found = []
-    for pid in cluster.pids(node):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if marker in environ:
-            found.append(f"{pid} {cmd.decode(errors='replace')}")
-    return found
 
 
 def assert_nothing_left(cluster: Cluster, run_id: str) -> None:

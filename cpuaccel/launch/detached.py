@@ -11,7 +11,6 @@ head's run folder; `cpuaccel stop` (launch/stop.py) ends it.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +42,7 @@ def supervisor_files(plan: RunPlan, timeout: float | None) -> JobFiles:
 def start(plan: RunPlan, head: Connector, run_dir: RunDir, inventory: str | None) -> dict[str, Any]:
     """Start the supervisor on the head; record the detached run in run.json. Returns
     the supervisor's {"host", "pid", "start_time"}."""
-    run_dir.record(
-        run_id=plan.run_id,
-        hosts=[h.name for h in plan.hosts],
-        ppn=plan.ppn,
-        world=plan.world,
-        launcher=plan.launcher.name,
-        command=plan.command(),
-        env_names=sorted(plan.env),
-        secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
-        started=time.time(),
-        detached=True,
-        head=plan.head.name,
-        head_run_dir=plan.run_dir,
-        inventory=inventory,
-    )
+    run_dir.record_start(plan, detached=True, inventory=inventory)
     found = programs.call(
         head, "supervisor", ["start", plan.run_dir], what="starting the run's supervisor"
     )

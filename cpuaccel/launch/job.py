@@ -192,21 +192,7 @@ def _supervise(
     inventory: str | None,
 ) -> Outcome:
     """Start the job, watch it to its end, and keep its record."""
-    run_dir.record(
-        run_id=plan.run_id,
-        hosts=[h.name for h in plan.hosts],
-        ppn=plan.ppn,
-        world=plan.world,
-        launcher=plan.launcher.name,
-        command=plan.command(),
-        env_names=sorted(plan.env),
-        secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
-        started=time.time(),
-        detached=False,
-        head=plan.head.name,
-        head_run_dir=plan.run_dir,
-        inventory=inventory,
-    )
+    run_dir.record_start(plan, detached=False, inventory=inventory)
     status = foreground_status(plan, run_dir)
     try:
         job = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool)

@@ -180,6 +180,25 @@ class RunDir:
         self.write("run.json.tmp", json.dumps(data, indent=2, default=str) + "\n")
         (self.path / "run.json.tmp").replace(target)
 
+    def record_start(self, plan: RunPlan, *, detached: bool, inventory: str | None) -> None:
+        """run.json as a job starts: what ran where, and how later verbs (stop, ps, logs,
+        fetch) reach its head again without -i."""
+        self.record(
+            run_id=plan.run_id,
+            hosts=[h.name for h in plan.hosts],
+            ppn=plan.ppn,
+            world=plan.world,
+            launcher=plan.launcher.name,
+            command=plan.command(),
+            env_names=sorted(plan.env),
+            secret_names=sorted(plan.secret_env),  # names only: the values stay on the nodes
+            started=time.time(),
+            detached=detached,
+            head=plan.head.name,
+            head_run_dir=plan.run_dir,
+            inventory=inventory,
+        )
+
     def log(self, name: str) -> Path:
         """The path of a log of the run, created private (0600) if it is new."""
         path = self.path / name

@@ -15,9 +15,12 @@ import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
+
+if TYPE_CHECKING:
+    from cpuaccel.testing.cluster import Cluster
 
 # A clean environment: what a user's shell would pass, without this session's variables.
 ENV = clean_env()
@@ -138,3 +141,18 @@ class BackgroundRun:
 
     def report(self) -> str:
         return "\n".join([*self.out, *self.err])
+
+
+def job_processes(cluster: Cluster, node: str, run_id: str) -> list[str]:
+    """Processes inside the node whose environment carries this run's id."""
+    marker = f"CPUACCEL_RUN_ID={run_id}".encode()
+    found = []
+    for pid in cluster.pids(node):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if marker in environ:
+            found.append(f"{pid} {cmd.decode(errors='replace')}")
+    return found
