@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
-from cpuaccel.cli.launch_aliases import PRECISION_CHOICES, launch_options
+from cpuaccel.cli.launch_aliases import PRECISION_CHOICES, launch_options, launcher_and_env_options
 from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env, warn
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
@@ -189,17 +189,9 @@ def config_command(
 @config_command.command("show", epilog=ALIASES_EPILOG)
 @launch_options
 @host_options(settles_hosts=True)
-@click.option(
-    "--launcher",
-    type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
-    help="MPI launcher, as run's.  [default: auto]",
-)
-@click.option(
-    "--env",
-    "env_items",
-    multiple=True,
-    metavar="KEY=VALUE|NAME",
-    help="Set in every rank, as run's (NAME: this shell's value).",
+@launcher_and_env_options(
+    "MPI launcher, as run's.  [default: auto]",
+    "Set in every rank, as run's (NAME: this shell's value).",
 )
 @click.option(
     "--exclude", multiple=True, metavar="PATTERN", help="Sync: leave these paths out (repeatable)."

@@ -229,3 +229,22 @@ def refuse_option_as_script(script: str) -> None:
     if not instead:
         hint += f" (a script named {script} is ./{script})"
     raise UsageError(f"{option}: no such option of cpuaccel run", hint=hint)
+
+
+def launcher_and_env_options(launcher_help: str, env_help: str) -> Callable[[F], F]:
+    """``--launcher`` and ``--env``, declared once for ``run`` and ``config show`` (which
+    shows what run would settle), each verb with its own help wording. No click
+    defaults: None means "not given", so the project file or the inventory may set them
+    (config/effective.py)."""
+
+    def apply(func: F) -> F:
+        func = click.option(
+            "--env", "env_items", multiple=True, metavar="KEY=VALUE|NAME", help=env_help
+        )(func)
+        return click.option(
+            "--launcher",
+            type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
+            help=launcher_help,
+        )(func)
+
+    return apply

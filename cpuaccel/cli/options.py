@@ -70,6 +70,19 @@ def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) ->
     return str(values[0]) if values else None
 
 
+def connect_timeout_option(dest: str) -> Callable[[F], F]:
+    """``-T/--connect-timeout``, as every verb that reaches a host spells it."""
+    return click.option(
+        "-T",
+        "--connect-timeout",
+        dest,
+        type=click.FloatRange(0.1, 3600),
+        default=DEFAULT_CONNECT_TIMEOUT,
+        show_default=True,
+        help="Seconds to wait for a host to connect.",
+    )
+
+
 # The shared options, in --help order (each application makes new click Options).
 _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
@@ -110,15 +123,7 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         show_default=True,
         help="Hosts worked on at once.",
     ),
-    click.option(
-        "-T",
-        "--connect-timeout",
-        "timeout",
-        type=click.FloatRange(0.1, 3600),
-        default=DEFAULT_CONNECT_TIMEOUT,
-        show_default=True,
-        help="Seconds to wait for a host to connect.",
-    ),
+    connect_timeout_option("timeout"),
     click.option(
         "--no-host-key-checking",
         is_flag=True,

@@ -15,7 +15,7 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.cli import run_json
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
-from cpuaccel.cli.launch_aliases import launch_options
+from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
 from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
@@ -107,17 +107,9 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
 @host_options(settles_hosts=True)
 # No click defaults below: a value that is None was not given, so the project file or
 # the inventory may set it (cpuaccel.config.effective).
-@click.option(
-    "--launcher",
-    type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
-    help="MPI launcher.  [default: auto]",
-)
-@click.option(
-    "--env",
-    "env_items",
-    multiple=True,
-    metavar="KEY=VALUE|NAME",
-    help="Set in every rank; NAME alone passes this shell's value (secret when NAME has "
+@launcher_and_env_options(
+    "MPI launcher.  [default: auto]",
+    "Set in every rank; NAME alone passes this shell's value (secret when NAME has "
     "TOKEN, KEY, SECRET or PASSWORD in it).",
 )
 @click.option(

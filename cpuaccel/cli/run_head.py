@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import click
 
-from cpuaccel.cli.options import resolve_target
-from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, Connector
+from cpuaccel.cli.options import connect_timeout_option, resolve_target
+from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
 from cpuaccel.launch.records import RunRecord
@@ -29,15 +29,7 @@ def head_options(func: F) -> F:
             help="The inventory that names the run's head node. Default: the one the run "
             "recorded (detached runs), else $CPUACCEL_INVENTORY, else ./inventory.yaml.",
         ),
-        click.option(
-            "-T",
-            "--connect-timeout",
-            "connect_timeout",
-            type=click.FloatRange(0.1, 3600),
-            default=DEFAULT_CONNECT_TIMEOUT,
-            show_default=True,
-            help="Seconds to wait for a host to connect.",
-        ),
+        connect_timeout_option("connect_timeout"),
         click.option(
             "--no-host-key-checking", is_flag=True, help="Accept unknown host keys. Unsafe."
         ),
