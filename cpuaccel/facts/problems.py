@@ -135,13 +135,18 @@ def clock_skew(facts_by_host: dict[str, Facts]) -> list[Problem]:
     return problems
 
 
+NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
+
+
+def native_bf16(facts: Facts) -> str | None:
+    """The first native-bf16 flag the node's CPU has, or None (bf16 would be emulated)."""
+    isa = (facts.get("cpu") or {}).get("isa") or {}
+    return next((flag for flag in NATIVE_BF16 if isa.get(flag)), None)
+
+
 def bf16_support(facts_by_host: dict[str, Facts]) -> list[Problem]:
     """A job runs at the pace of its slowest rank: bf16 hardware on some nodes only."""
-    have = {
-        name: bool(facts.get("cpu", {}).get("isa", {}).get("amx_bf16"))
-        or bool(facts.get("cpu", {}).get("isa", {}).get("avx512_bf16"))
-        for name, facts in facts_by_host.items()
-    }
+    have = {name: native_bf16(facts) is not None for name, facts in facts_by_host.items()}
     if all(have.values()) or not any(have.values()):
         return []
     return [

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cpuaccel.facts.gather import Facts
+from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
 
-NATIVE_BF16 = ("amx_bf16", "avx512_bf16")
 PLACEHOLDER = "<bf16 if every node has AMX-BF16 or AVX512-BF16, else no>"
 
 
@@ -28,12 +28,6 @@ class PrecisionChoice:
     accelerate: str | None  # ACCELERATE_MIXED_PRECISION (None: not exported)
     cpuaccel: str | None  # CPUACCEL_MIXED_PRECISION
     note: str | None = None  # one line saying what auto chose and why
-
-
-def native_bf16(facts: Facts) -> str | None:
-    """The first native-bf16 flag the node's CPU has, or None."""
-    isa = (facts.get("cpu") or {}).get("isa") or {}
-    return next((flag for flag in NATIVE_BF16 if isa.get(flag)), None)
 
 
 def choose_precision(
