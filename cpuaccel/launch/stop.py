@@ -12,7 +12,6 @@ what stays; a supervisor that is gone (killed) leaves that sweep to end the job 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -53,12 +52,14 @@ def find_run(runs: Path, word: str) -> Path:
 
 
 def read_record(folder: Path) -> dict[str, Any]:
-    try:
-        record = json.loads((folder / "run.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{folder / 'run.json'}: unreadable ({exc})", hint="") from None
-    if not isinstance(record, dict):
-        raise UsageError(f"{folder / 'run.json'}: not a run record", hint="")
+    """run.json, read as ps and logs read it (records.read_json: no link followed, a
+    regular file, bounded)."""
+    record = records.read_json(folder / "run.json")
+    if record is None:
+        raise UsageError(
+            f"{folder / 'run.json'}: missing, unreadable or not a run record",
+            hint="give the id of a run that cpuaccel run recorded (cpuaccel ps lists them)",
+        )
     return record
 
 
