@@ -238,3 +238,25 @@ def test_loops_over_an_expression_and_public_attributes_still_load(tmp_path: Pat
     assert tasks[1].loop == [1, 2]
     with pytest.raises(templar.TemplateError, match="private attribute '__class__'"):
         templar.check_expression("conf['__class__']")
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("'yes' | bool", True),
+        ("'Off' | bool", False),
+        ("1 | bool", True),
+        ("none | bool", False),
+        ("n", True),  # n == 2: a number's truth, as Jinja's
+        ("'false'", False),
+        ("[]", False),
+    ],
+)
+def test_bool_and_conditions_read_the_boolean_spellings(expr: str, expected: bool) -> None:
+    assert templar.condition(expr, {"n": 2}) is expected
+
+
+@pytest.mark.parametrize("expr", ["'ture' | bool", "'enabled'", "2 | bool"])
+def test_a_word_that_is_no_boolean_is_an_error_not_false(expr: str) -> None:
+    with pytest.raises(templar.TemplateError, match="not a boolean"):
+        templar.condition(expr, {})

@@ -20,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.inventory.variables import parse_bool
 
 
 class TemplateError(CpuaccelError):
@@ -27,9 +28,20 @@ class TemplateError(CpuaccelError):
 
 
 def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).strip().lower() in ("true", "yes", "on", "1", "y")
+    """Ansible's ``| bool``, strict: a word that is no boolean spelling is an error, not
+    False (``ture`` must not quietly turn something off)."""
+    if value is None:
+        return False
+    parsed = parse_bool(value)
+    if parsed is None:
+        raise TemplateError(f"bool: {value!r} is not a boolean (true/false, yes/no, on/off, 1/0)")
+    return parsed
+
+
+def _truth(value: Any) -> bool:
+    """A condition's result: strings as ``| bool`` reads them (``"false"`` is False, an
+    unknown word an error), anything else as Jinja's truth (``2``, ``[1]`` are true)."""
+    return _bool(value) if isinstance(value, str) else bool(value)
 
 
 def _result_test(key: str) -> Any:
@@ -181,7 +193,7 @@ def condition(expr: str | bool, variables: Mapping[str, Any]) -> bool:
     text = expr.strip()
     if text.startswith("{{") and text.endswith("}}"):
         text = text[2:-2]
-    return _bool(evaluate(text, variables))
+    return _truth(evaluate(text, variables))
 
 
 def to_text(value: Any) -> str:
