@@ -14,7 +14,8 @@ from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.launch import runfiles
-from cpuaccel.launch.records import ENDED, RunRecord, last_metrics, load, run_ids, runs_folder
+from cpuaccel.launch.records import ENDED, RunRecord, load, run_ids, runs_folder
+from cpuaccel.launch.run_rows import row
 
 EPILOG = """\b
 Examples:
@@ -27,47 +28,6 @@ States: running, succeeded, failed (with its exit code), stopped, timeout,
 interrupted, lost (its supervisor is gone), unknown (a record from elsewhere).
 """
 LIVE_TIMEOUT = 10.0  # seconds a head may take to give a detached run's status
-
-
-def script_of(record: dict[str, Any]) -> str:
-    """The script (or -m module) a run ran: the words after rank.sh in its command."""
-    words = [str(w) for w in record.get("command") or []]
-    for i, word in enumerate(words):
-        if word.endswith("/rank.sh") or word == "rank.sh":
-            rest = words[i + 1 :]
-            return " ".join(rest[:2] if rest[:1] == ["-m"] else rest[:1]) or "?"
-    return "?"
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def row(run: RunRecord, now: float) -> dict[str, Any]:
-    status, record = run.status or {}, run.record
-    state = run.state()
-    started = _number(status.get("started")) or _number(record.get("started"))
-    ended = _number(status.get("ended"))
-    if ended is None and state in ENDED and started is not None:
-        seconds = _number(record.get("seconds"))
-        ended = started + seconds if seconds is not None else _number(record.get("updated"))
-    step, loss = last_metrics(run.path)
-    hosts = run.hosts
-    return {
-        "id": run.run_id,
-        "script": script_of(record),
-        "nodes": len(hosts),
-        "ppn": record.get("ppn"),
-        "hosts": hosts,
-        "state": state,
-        "exit_code": run.exit_code(),
-        "detached": run.detached,
-        "started": started,
-        "ended": ended,
-        "seconds": round((ended or now) - started, 1) if started is not None else None,
-        "step": step,
-        "loss": _number(loss),
-    }
 
 
 def _live(run: RunRecord, heads: Heads) -> RunRecord:

@@ -1,0 +1,50 @@
+"""One recorded run as a row: what ``cpuaccel ps --json`` prints and the dashboard's
+``/api/runs`` serves (one home, so the two never disagree)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpuaccel.launch.records import ENDED, RunRecord, last_metrics
+
+
+def script_of(record: dict[str, Any]) -> str:
+    """The script (or -m module) a run ran: the words after rank.sh in its command."""
+    words = [str(w) for w in record.get("command") or []]
+    for i, word in enumerate(words):
+        if word.endswith("/rank.sh") or word == "rank.sh":
+            rest = words[i + 1 :]
+            return " ".join(rest[:2] if rest[:1] == ["-m"] else rest[:1]) or "?"
+    return "?"
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number (not a bool), else None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def row(run: RunRecord, now: float) -> dict[str, Any]:
+    status, record = run.status or {}, run.record
+    state = run.state()
+    started = number(status.get("started")) or number(record.get("started"))
+    ended = number(status.get("ended"))
+    if ended is None and state in ENDED and started is not None:
+        seconds = number(record.get("seconds"))
+        ended = started + seconds if seconds is not None else number(record.get("updated"))
+    step, loss = last_metrics(run.path)
+    hosts = run.hosts
+    return {
+        "id": run.run_id,
+        "script": script_of(record),
+        "nodes": len(hosts),
+        "ppn": record.get("ppn"),
+        "hosts": hosts,
+        "state": state,
+        "exit_code": run.exit_code(),
+        "detached": run.detached,
+        "started": started,
+        "ended": ended,
+        "seconds": round((ended or now) - started, 1) if started is not None else None,
+        "step": step,
+        "loss": number(loss),
+    }
