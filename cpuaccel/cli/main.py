@@ -23,6 +23,7 @@ VERBS = {
     "ps": "cpuaccel.cli.ps:ps_command",
     "logs": "cpuaccel.cli.logs:logs_command",
     "fetch": "cpuaccel.cli.fetch:fetch_command",
+    "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
 }
 
 EPILOG = """\b
@@ -40,6 +41,7 @@ Examples:
   cpuaccel ps                                  # the runs of this folder, their state
   cpuaccel logs last -f --rank 0               # follow a run's output
   cpuaccel fetch last --checkpoints            # a run's results from its head node
+  cpuaccel dashboard                           # the live page of ./runs (Ctrl-C ends)
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
 
 \b

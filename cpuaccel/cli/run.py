@@ -7,7 +7,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.markup import escape
@@ -25,6 +25,9 @@ from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import detached, entry, job
 from cpuaccel.launch.plan import RunPlan, Script
 from cpuaccel.launch.report import JobReport
+
+if TYPE_CHECKING:
+    from cpuaccel.cli.run_dashboard import RunPage
 
 EPILOG = """\b
 Examples:
@@ -156,6 +159,12 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     is_flag=True,
     help="Start the job under a supervisor on the head node, print its run id and return.",
 )
+@click.option(
+    "--dashboard",
+    is_flag=True,
+    help="Serve the run's live page (cpuaccel dashboard) while it runs; with --detach, "
+    "until Ctrl-C.",
+)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
@@ -171,6 +180,7 @@ def run_command(
     launcher_args: str | None,
     as_json: bool,
     detach: bool,
+    dashboard: bool,
     script: str,
     script_args: tuple[str, ...],
 ) -> None:
@@ -199,24 +209,40 @@ def run_command(
         if dry_run:
             _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
             return
-        report = job.launch(
-            settings,
-            what,
-            project,
-            connect=target.connect,
-            forks=target.forks,
-            allow_sync=allow_sync,
-            timeout=job_timeout,
-            ranks_to_stderr=as_json,
-            detach=detach,
-            inventory=_inventory_file(target),
-        )
+        page = _run_page(target) if dashboard else None
+        try:
+            report = job.launch(
+                settings,
+                what,
+                project,
+                connect=target.connect,
+                forks=target.forks,
+                allow_sync=allow_sync,
+                timeout=job_timeout,
+                ranks_to_stderr=as_json,
+                detach=detach,
+                inventory=_inventory_file(target),
+            )
+        except BaseException:
+            if page is not None:
+                page.ended(None, detach)
+            raise
+        if page is not None and not detach:
+            page.ended(report, detach)  # the page closes with the run
     except (CpuaccelError, KeyboardInterrupt) as exc:
         if as_json:  # the one object, with the error (main() prints it on stderr too)
             ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
     _print_report(report, as_json)
+    if page is not None and detach:
+        page.ended(report, detach)  # a started job's page: served until Ctrl-C
     sys.exit(report.exit_code)
+
+
+def _run_page(target: Target) -> RunPage:
+    from cpuaccel.cli import run_dashboard  # the server's imports only for --dashboard
+
+    return run_dashboard.start(target)
 
 
 def _print_report(report: JobReport, as_json: bool) -> None:

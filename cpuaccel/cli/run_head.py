@@ -52,6 +52,11 @@ class Heads:
         if inventory_path:  # a bad -i is said at once, even when no head is asked
             self._target(inventory_path)
 
+    def target(self, path: str | None) -> Any:
+        """The ``Target`` of the inventory at ``path`` (read once)."""
+        with self._lock:
+            return self._target(path)
+
     def _target(self, path: str | None) -> Any:
         if path not in self._targets:
             self._targets[path] = resolve_target(

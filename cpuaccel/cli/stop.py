@@ -42,7 +42,7 @@ def stop_command(target: Target, run: str) -> None:
     """End the job RUN on every node and verify that nothing of it is left."""
     folder = engine.find_run(Path.cwd() / "runs", run)
     record = engine.read_record(folder)
-    hosts = _run_hosts(target, record)
+    hosts = run_hosts(target, record)
     done = engine.stop(folder, record, hosts, target.connect, target.forks)
     err = ui.stderr()
     run_id = escape(done.run_id)
@@ -64,7 +64,7 @@ def stop_command(target: Target, run: str) -> None:
     sys.exit(EXIT_OK)
 
 
-def _run_hosts(target: Target, record: dict[str, Any]) -> list[Host]:
+def run_hosts(target: Target, record: dict[str, Any]) -> list[Host]:
     """The run's nodes (head first) from -i, else the inventory it was started with."""
     inventory = target.inventory
     given = target.inventory_setting is not None and target.inventory_setting.source == FLAG
