@@ -43,6 +43,8 @@ command -v mpirun.mpich >/dev/null || need+=(mpich)
 command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
 # provision's become test: a non-root SSH user whose sudo asks for a password.
 command -v sudo >/dev/null || need+=(sudo)
+# The dashboard's page tests: a real headless browser (driven by playwright).
+command -v /usr/bin/chromium >/dev/null || need+=(chromium)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
