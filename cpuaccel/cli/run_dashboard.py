@@ -49,6 +49,7 @@ class RunPage:
             wiring.close()
             raise
         self.done = threading.Event()
+        self.announced = False
         self.thread = threading.Thread(target=self._announce, name="run-page", daemon=True)
         self.thread.start()
 
@@ -57,8 +58,12 @@ class RunPage:
         while not self.done.wait(WAIT):
             new = sorted(set(records.run_ids(self.runs)) - self.before)
             if new:
-                self.page.announce(f"/run/{new[0]}", browser=can_open_browser())
+                self.show(new[0])
                 return
+
+    def show(self, run_id: str) -> None:
+        self.announced = True
+        self.page.announce(f"/run/{run_id}", browser=can_open_browser())
 
     def ended(self, report: JobReport | None, detach: bool) -> None:
         """After job.launch: a started detached job is served until Ctrl-C; otherwise
@@ -67,6 +72,8 @@ class RunPage:
         self.thread.join()
         started = report is not None and report.detached is not None and report.exit_code == 0
         if detach and started and report is not None:
+            if not self.announced:  # a detached start records its run at its end
+                self.show(str(report.run_id))
             ui.stderr().print(
                 f"dashboard: serving the page of {escape(str(report.run_id))} until Ctrl-C "
                 "(the job goes on without it)"

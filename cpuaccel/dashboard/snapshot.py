@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.launch.records import ENDED, RunRecord, load
-from cpuaccel.launch.run_rows import number, row
+from cpuaccel.launch.run_rows import row
 
 MAX_POINTS = 2000  # points per response, whatever the run's length
 MAX_TAIL = 50  # log lines per rank a page may ask for
@@ -48,10 +48,10 @@ def _open_regular(path: Path) -> int | None:
 def _finite(value: Any) -> float | None:
     """A JSON number kept as it came (a step stays an int); None for anything else
     (ctx.log writes a NaN loss as the string "nan")."""
-    found = number(value)
-    if found is None or not math.isfinite(found):
-        return None
-    return value if isinstance(value, int) else found
+    kind = type(value)
+    if kind is int or (kind is float and math.isfinite(value)):
+        return value  # type: ignore[no-any-return]
+    return None
 
 
 @dataclass
@@ -100,18 +100,24 @@ class Metrics:
             os.close(fd)
 
     def _parse(self, data: bytes) -> None:
-        columns = self.columns
-        for line in data.splitlines():
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue  # not one of ctx.log's lines
-            if not isinstance(value, dict) or _finite(value.get("step")) is None:
-                continue
-            if self.precision is None and isinstance(value.get("precision"), str):
-                self.precision = value["precision"]
-            for name in COLUMNS:
-                columns[name].append(_finite(value.get(name)))
+        """Whole lines: parsed as one JSON array (one C call: about twice as fast as
+        a call a line), or line by line when one of them is not JSON."""
+        try:
+            values = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
+        except ValueError:
+            values = []
+            for line in data.splitlines():
+                try:
+                    values.append(json.loads(line))
+                except ValueError:
+                    continue  # not one of ctx.log's lines
+        lines = [v for v in values if isinstance(v, dict) and _finite(v.get("step")) is not None]
+        if self.precision is None:
+            self.precision = next(
+                (v["precision"] for v in lines if isinstance(v.get("precision"), str)), None
+            )
+        for name in COLUMNS:
+            self.columns[name].extend([_finite(v.get(name)) for v in lines])
 
     def since(self, start: int) -> dict[str, Any]:
         """The points after the first ``start`` (at most MAX_POINTS, the last kept)."""
