@@ -62,6 +62,11 @@
 
   function showMessage(err) {
     const box = $("message");
+    if (err.status === 403) {
+      // Nothing of the run can be shown without the token: the message alone.
+      $("list-view").hidden = true;
+      $("run-view").hidden = true;
+    }
     box.textContent = err.fix ? err.message + " (" + err.fix + ")" : err.message;
     box.dataset.status = String(err.status);
     box.hidden = false;
@@ -370,11 +375,13 @@
       const done = await api("/api/runs/" + encodeURIComponent(runId) + "/stop", "POST");
       const left = done && done.left && typeof done.left === "object" ? Object.entries(done.left) : [];
       const stuck = left.filter(([, procs]) => Array.isArray(procs) ? procs.length : procs);
-      let text = done && done.already ? "the run had already ended (" + String(done.state) + ")"
-        : "stopped: " + String(done && done.state);
+      const state = String(done && done.state);
+      let text = done && done.already ? "the run had already ended (" + state + ")" : state;
       if (stuck.length) {
         text += "; processes left on " + stuck.map(([host, p]) => host + " (" + (Array.isArray(p) ? p.length : p) + ")").join(", ");
         out.classList.add("error");
+      } else if (!(done && done.already)) {
+        text += ": nothing left on any node";
       }
       out.textContent = text;
       out.dataset.result = "ok";
@@ -396,6 +403,7 @@
     const path = "/api/runs/" + encodeURIComponent(runId) + "?tail=" + TAIL + "&since=";
     let since = 0;
     let endedSeen = false;
+    let thinned = false; // the first load was decimated: said under the charts' title
     for (;;) {
       let doc;
       try {
@@ -412,7 +420,9 @@
       if (m.reset) Charts.drop();
       const grew = Charts.add(m);
       if (grew || m.reset) Charts.draw();
-      setText($("points-note"), m.decimated ? "(long run: every k-th step shown at first)" : "");
+      if (m.reset) thinned = false;
+      thinned = thinned || Boolean(m.decimated);
+      setText($("points-note"), thinned ? "(long run: every k-th step of the first load shown)" : "");
       since = Number.isInteger(m.next) ? m.next : since;
       fillHeader(doc);
       Grid.update(doc);
