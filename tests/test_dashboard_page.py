@@ -20,7 +20,7 @@ pytest.importorskip("playwright")
 from cpuaccel.dashboard.server import Server, Services, build_app
 from cpuaccel.errors import UsageError
 from cpuaccel.testing.browser import CHROMIUM, Browser, points, wait_for
-from cpuaccel.testing.fake_run import FakeRun, make_run
+from cpuaccel.testing.fake_run import FakeRun, make_run, metric_line
 
 if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"no {CHROMIUM} (tools/system-deps.sh installs it)", allow_module_level=True)
@@ -164,6 +164,19 @@ def test_100k_metric_lines_load_decimated_then_update(browser: Browser, runs: Pa
     assert page.text_content("#f-step") == "100599"
     assert page.locator("#ranks [data-rank]").count() == 64
     browser.shot(page, "page-100k-lines")
+
+
+def test_a_rewritten_metrics_file_drops_the_old_points(browser: Browser, runs: Path) -> None:
+    run = make_run(runs, nodes=1, ppn=2, metrics=50)
+    page = browser.open(f"/run/{run.run_id}?token={TOKEN}")
+    wait_for(page, lambda: points(page) == 50, "the first 50 points")
+    fresh = run.path / "metrics.new"  # a run restarted in the same folder: a new file
+    fresh.write_text("".join(metric_line(s, 0.0, first=s == 0, world=2) for s in range(10)))
+    fresh.replace(run.path / "metrics.jsonl")
+    wait_for(page, lambda: points(page) == 10, "the 10 points of the new file")
+    steps = page.evaluate("window.cpuaccelCharts.data.step")
+    assert steps == list(range(10))
+    browser.shot(page, "page-reset")
 
 
 def test_log_lines_with_html_stay_text(browser: Browser, runs: Path) -> None:
