@@ -233,6 +233,7 @@
     update(doc) {
       this.layout(doc);
       const now = doc.updated || Date.now() / 1000;
+      const scrolled = []; // boxes whose text changed: shown from their last line
       for (const r of doc.ranks) {
         const c = this.cells.get(r.rank);
         if (c) {
@@ -250,12 +251,14 @@
           log.text = text;
           log.pre.textContent = text || "(no output yet)";
           log.box.classList.toggle("empty", !text);
-          log.pre.scrollTop = log.pre.scrollHeight;
+          scrolled.push(log.pre);
         }
         const age = r.last_output ? "output " + fmtDuration(now - r.last_output) + " ago" : "";
         setText(log.age, age);
         if (log.box.dataset.state !== r.state) log.box.dataset.state = String(r.state ?? "");
       }
+      // Scrolled after all the writes: one layout for every box, not one per box.
+      for (const pre of scrolled) pre.scrollTop = pre.scrollHeight;
     },
   };
 
