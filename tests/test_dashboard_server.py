@@ -257,3 +257,10 @@ def test_other_verbs_do_not_import_the_server() -> None:
         done = cpuaccel(*args, prelude=prelude)
         assert done.returncode == EXIT_OK, done
         assert "LOADED []" in done.stdout, (args, done.stdout[-300:])
+
+
+def test_run_dashboard_with_dry_run_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    done = cpuaccel("run", "--dry-run", "--dashboard", "train.py", cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE, done
+    assert "--dashboard and --dry-run together" in done.stderr and "fix:" in done.stderr

@@ -11,6 +11,7 @@ import contextlib
 import html
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -178,7 +179,12 @@ def open_browser(url: str) -> Path | None:
     return Path(name)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the server as Ctrl-C does: cleanly
+
+
 def serve_until_interrupted(page: Page) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while page.server.thread.is_alive():
             time.sleep(0.5)
