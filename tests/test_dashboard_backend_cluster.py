@@ -198,3 +198,24 @@ def test_a_foreground_runs_page_closes_with_the_run(
     assert "dashboard: the run has ended; its page is closed" in ended.stderr, ended
     with pytest.raises(urllib.error.URLError):
         page.call("/api/ping")
+
+
+def test_a_foreground_runs_own_page_stops_it(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    project = make_project(tmp_path, {"tick.py": TICKER})
+    job = BackgroundRun(
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--dashboard",
+        "tick.py", "400",
+    )  # fmt: skip
+    try:
+        page = Page(job.err, job.proc)
+        assert page.run_id is not None, job.report()
+        page.until(page.run_id, lambda d: all(r["log_tail"] for r in d["ranks"]))
+        status, stopped = page.call(f"/api/runs/{page.run_id}/stop", method="POST")
+        ended = job.finish(timeout=180)
+    finally:
+        job.stop()
+    assert status == 200 and stopped["state"] == "stopped" and stopped["left"] == {}, stopped
+    assert ended.code == 143, ended  # ended as `cpuaccel stop` ends it: SIGTERM to run
+    assert nothing_left(cluster, page.run_id) == {"node1": [], "node2": []}

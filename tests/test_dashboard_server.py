@@ -111,8 +111,15 @@ def test_a_rewritten_or_shrunk_metrics_file_starts_again(runs: Path) -> None:
     os.replace(replacement, path)  # replaced, though no smaller than what was read
     metrics.refresh()
     assert metrics.columns["step"] == [7, 8, 9, 10, 11]
-    answer = metrics.since(50)  # a page that had the old file's 50 lines
-    assert answer["reset"] and answer["next"] == 5 and answer["step"] == [7, 8, 9, 10, 11]
+    for had in (50, 3, 0):  # a page with the old file's points: fewer than the new one's too
+        answer = metrics.since(had)
+        assert answer["reset"] and answer["step"] == [7, 8, 9, 10, 11], had
+    current = answer["next"]
+    with open(path, "a") as f:
+        f.write(metric_line(12, 1.0))
+    metrics.refresh()
+    assert metrics.since(current) == {**metrics.since(current), "reset": False, "step": [12]}
+    assert metrics.since(current)["next"] == current + 1
 
 
 def test_decimation_keeps_at_most_max_points_and_the_last(runs: Path) -> None:
@@ -153,6 +160,10 @@ def test_rank_states_come_from_status_json(runs: Path) -> None:
     states = [(r["state"], r["exit_code"]) for r in doc["ranks"]]
     assert states == [("succeeded", 0), ("failed", 3), ("failed", None), ("failed", None)]
     assert doc["ended"] and doc["run"]["state"] == "failed" and doc["run"]["exit_code"] == 3
+    stopped = make_run(runs, nodes=1, ppn=3, metrics=1)
+    stopped.end("stopped", {0: 143, 1: 0, 2: 2})  # the stop's SIGTERM; one rank had failed
+    states = [(r["state"], r["exit_code"]) for r in RunView(stopped.path).snapshot()["ranks"]]
+    assert states == [("stopped", 143), ("succeeded", 0), ("failed", 2)]
 
 
 def test_api_refuses_a_missing_or_wrong_token_and_a_foreign_host(
@@ -257,3 +268,10 @@ def test_other_verbs_do_not_import_the_server() -> None:
         done = cpuaccel(*args, prelude=prelude)
         assert done.returncode == EXIT_OK, done
         assert "LOADED []" in done.stdout, (args, done.stdout[-300:])
+
+
+def test_run_dashboard_with_dry_run_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    done = cpuaccel("run", "--dry-run", "--dashboard", "train.py", cwd=tmp_path)
+    assert done.returncode == EXIT_USAGE, done
+    assert "--dashboard and --dry-run together" in done.stderr and "fix:" in done.stderr

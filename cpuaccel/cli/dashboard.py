@@ -11,9 +11,11 @@ import contextlib
 import html
 import ipaddress
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import webbrowser
 from pathlib import Path
@@ -94,8 +96,26 @@ class Wiring:
     def __init__(self, inventory_path: str | None, connect_timeout: float, no_hkc: bool) -> None:
         self.inventory_path = inventory_path
         self.heads = Heads(inventory_path, connect_timeout, no_hkc)
+        self.stopping = 0  # stops under way: the server waits for them before it ends
+        self.idle = threading.Condition()
 
     def stop(self, folder: Path) -> dict[str, Any]:
+        with self.idle:
+            self.stopping += 1
+        try:
+            return self._stop(folder)
+        finally:
+            with self.idle:
+                self.stopping -= 1
+                self.idle.notify_all()
+
+    def wait_idle(self, seconds: float) -> None:
+        """Until no stop is under way (a run --dashboard page stopping its own run ends
+        the run first; its answer is still given), at most ``seconds``."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.stopping == 0, seconds)
+
+    def _stop(self, folder: Path) -> dict[str, Any]:
         from cpuaccel.cli.stop import run_hosts
 
         record = stop_engine.read_record(folder)
@@ -147,6 +167,7 @@ class Page:
             self.redirect = open_browser(self.url(path))
 
     def close(self) -> None:
+        self.wiring.wait_idle(stop_engine.SUPERVISOR_WAIT + 60)
         self.server.stop()
         self.watcher.close(wait=2.0)
         self.wiring.close()
@@ -178,7 +199,12 @@ def open_browser(url: str) -> Path | None:
     return Path(name)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the server as Ctrl-C does: cleanly
+
+
 def serve_until_interrupted(page: Page) -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while page.server.thread.is_alive():
             time.sleep(0.5)

@@ -3,6 +3,7 @@ launch/job.py (preflight, render, launch with MPI, end cleanly), and print."""
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 import time
@@ -190,11 +191,7 @@ def run_command(
         project = Path.cwd().resolve()
         if not as_module:  # a module name is no file (-m config.yaml is module yaml)
             check_script_kind(script, no_python=no_python)
-        if dry_run and detach:
-            raise UsageError(
-                "--detach and --dry-run together",
-                hint="--dry-run starts nothing: leave out --detach to see the files",
-            )
+        _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
         env = parse_env(env_items)
         flags = {
             **launch_flags,
@@ -210,33 +207,41 @@ def run_command(
             _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
             return
         page = _run_page(target) if dashboard else None
-        try:
-            report = job.launch(
-                settings,
-                what,
-                project,
-                connect=target.connect,
-                forks=target.forks,
-                allow_sync=allow_sync,
-                timeout=job_timeout,
-                ranks_to_stderr=as_json,
-                detach=detach,
-                inventory=_inventory_file(target),
-            )
-        except BaseException:
-            if page is not None:
-                page.ended(None, detach)
-            raise
-        if page is not None and not detach:
-            page.ended(report, detach)  # the page closes with the run
+        launch = functools.partial(
+            job.launch,
+            settings,
+            what,
+            project,
+            connect=target.connect,
+            forks=target.forks,
+            allow_sync=allow_sync,
+            timeout=job_timeout,
+            ranks_to_stderr=as_json,
+            detach=detach,
+            inventory=_inventory_file(target),
+        )
+        report = page.around(launch, detach) if page is not None else launch()
     except (CpuaccelError, KeyboardInterrupt) as exc:
         if as_json:  # the one object, with the error (main() prints it on stderr too)
             ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
+    _finish(report, as_json, page if detach else None)
+
+
+def _finish(report: JobReport, as_json: bool, page: RunPage | None) -> None:
     _print_report(report, as_json)
-    if page is not None and detach:
-        page.ended(report, detach)  # a started job's page: served until Ctrl-C
+    if page is not None:
+        page.ended(report, detach=True)  # a started job's page: served until Ctrl-C
     sys.exit(report.exit_code)
+
+
+def _refuse_with_dry_run(dry_run: bool, **flags: bool) -> None:
+    for name, given in flags.items():
+        if dry_run and given:
+            raise UsageError(
+                f"--{name} and --dry-run together",
+                hint=f"--dry-run starts nothing: leave out --{name} to see the files",
+            )
 
 
 def _run_page(target: Target) -> RunPage:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from rich.markup import escape
 
@@ -64,6 +65,18 @@ class RunPage:
     def show(self, run_id: str) -> None:
         self.announced = True
         self.page.announce(f"/run/{run_id}", browser=can_open_browser())
+
+    def around(self, launch: Callable[[], JobReport], detach: bool) -> JobReport:
+        """``launch()`` (job.launch) with the page served; a foreground run's page
+        closes with the run, a detached one's is left to ``ended`` after the report."""
+        try:
+            report = launch()
+        except BaseException:
+            self.ended(None, detach)
+            raise
+        if not detach:
+            self.ended(report, detach)
+        return report
 
     def ended(self, report: JobReport | None, detach: bool) -> None:
         """After job.launch: a started detached job is served until Ctrl-C; otherwise

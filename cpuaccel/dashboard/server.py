@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cpuaccel.dashboard.remote import Watcher
 from cpuaccel.dashboard.snapshot import DEFAULT_TAIL, MAX_TAIL, RunView
-from cpuaccel.errors import CpuaccelError
+from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.launch.records import load, run_ids
 from cpuaccel.launch.run_rows import row
 
@@ -178,8 +178,11 @@ def build_app(services: Services) -> Starlette:
             return error("this server cannot stop runs", "use cpuaccel stop", 501)
         try:
             done = await run_in_threadpool(services.stopper, services.runs / run_id)
-        except CpuaccelError as exc:
-            return error(exc.message, exc.hint or f"try cpuaccel stop {run_id}", 409)
+        except CpuaccelError as exc:  # a node unreachable (69) is the gateway's failure
+            status = 502 if exc.exit_code == EXIT_NODE_FAILED else 409
+            return error(exc.message, exc.hint or f"try cpuaccel stop {run_id}", status)
+        except OSError as exc:
+            return error(f"stopping {run_id}: {exc}", f"try cpuaccel stop {run_id}", 500)
         return _json(done)
 
     routes = [

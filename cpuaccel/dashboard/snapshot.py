@@ -31,6 +31,7 @@ TAIL_BYTES = 8192  # read from the end of each rank log: bounded, whatever its s
 LINE_CHARS = 400  # a longer log line is cut (a progress bar without newlines)
 COLUMNS = ("step", "loss", "samples_per_s", "sync_share", "lr")
 READ_CHUNK = 8 << 20  # new metric bytes read at once
+SIGNALLED = ("stopped", "timeout", "interrupted")  # runs whose ranks cpuaccel signalled
 
 
 def _open_regular(path: Path) -> int | None:
@@ -60,6 +61,7 @@ class Metrics:
 
     path: Path
     offset: int = 0  # bytes consumed (whole lines only)
+    base: int = 0  # the index of this file's first line (0 until a file is replaced)
     identity: tuple[int, int] = (0, 0)  # (device, inode) of the file parsed
     precision: str | None = None
     columns: dict[str, list[float | None]] = field(
@@ -72,6 +74,11 @@ class Metrics:
         return len(self.columns["step"])
 
     def _reset(self, identity: tuple[int, int]) -> None:
+        if self.count or self.offset:
+            # Indices go on past the old file's (with a gap): a page whose ``since``
+            # came from the old file is below ``base`` and told to start again, even
+            # when the new file has more lines than it had.
+            self.base += self.count + 1
         self.offset, self.identity, self.precision = 0, identity, None
         self.columns = {name: [] for name in COLUMNS}
 
@@ -80,7 +87,7 @@ class Metrics:
         fd = _open_regular(self.path / "metrics.jsonl")
         if fd is None:
             if self.count or self.offset:
-                self._reset((0, 0))
+                self._reset((0, 0))  # removed: its points are gone
             return
         try:
             info = os.fstat(fd)
@@ -120,10 +127,11 @@ class Metrics:
             self.columns[name].extend([_finite(v.get(name)) for v in lines])
 
     def since(self, start: int) -> dict[str, Any]:
-        """The points after the first ``start`` (at most MAX_POINTS, the last kept)."""
+        """The points after index ``start`` (at most MAX_POINTS, the last kept); all of
+        this file's, with ``reset``, when ``start`` is not one of its indices."""
         total = self.count
-        reset = start > total or start < 0
-        first = 0 if reset else start
+        reset = not self.base <= start <= self.base + total
+        first = 0 if reset else start - self.base
         size = total - first
         if size <= MAX_POINTS:
             picked: range | list[int] = range(first, total)
@@ -131,7 +139,7 @@ class Metrics:
             step = math.ceil((size - 1) / (MAX_POINTS - 1))
             picked = [*range(first, total - 1, step), total - 1]
         out: dict[str, Any] = {
-            "next": total,
+            "next": self.base + total,
             "reset": reset,
             "decimated": len(picked) < size,
         }
@@ -173,7 +181,11 @@ def _rank_state(run: RunRecord, state: str, rank: int) -> tuple[str, int | None]
     codes = (run.status or {}).get("ranks") or {}
     code = codes.get(str(rank)) if isinstance(codes, dict) else None
     if isinstance(code, int) and not isinstance(code, bool):
-        return ("succeeded" if code == 0 else "failed"), code
+        if code == 0:
+            return "succeeded", code
+        if state in SIGNALLED and (code > 128 or code < 0):
+            return state, code  # ended by the stop's (or timeout's) signal, not failed
+        return "failed", code
     return ("running" if state == "running" else state), None
 
 
