@@ -261,3 +261,27 @@ def test_stop_accepted_stops_the_run(browser: Browser, runs: Path, stopper: Stop
     wait_for(page, lambda: page.is_hidden("#stop"), "the Stop button hidden")
     assert states(page) == ["stopped"] * 4
     browser.shot(page, "page-stop-done")
+
+
+class FailingHead:
+    """A remote watcher (dashboard/remote.Watcher's touch) whose head is unreachable."""
+
+    def touch(self, run: Any) -> dict[str, object]:
+        return {"error": "node7: connection refused", "fetched": None}
+
+
+def test_a_remote_run_whose_head_cannot_be_reached_says_so(runs: Path) -> None:
+    run = make_run(runs, nodes=2, ppn=2, metrics=10)
+    services = Services(runs, TOKEN, {"127.0.0.1"}, None, FailingHead())  # type: ignore[arg-type]
+    server = Server(build_app(services), "127.0.0.1", 0)
+    server.start()
+    try:
+        with Browser(f"http://127.0.0.1:{server.port}") as chromium:
+            page = chromium.open(f"/run/{run.run_id}?token={TOKEN}")
+            page.wait_for_selector("#remote[data-error]")
+            text = page.text_content("#remote") or ""
+            assert "copying from the run's head failed: node7: connection refused" in text
+            assert points(page) == 10  # what was copied is still shown
+            chromium.shot(page, "page-remote-error")
+    finally:
+        server.stop()

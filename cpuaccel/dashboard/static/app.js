@@ -282,6 +282,25 @@
     $("stop").hidden = ended;
   }
 
+  // A detached run whose head is another machine: its folder is copied home while the
+  // page looks; say when that last worked, or why it does not.
+  function fillRemote(doc) {
+    const line = $("remote");
+    const remote = doc.remote;
+    if (!remote || typeof remote !== "object") { line.hidden = true; return; }
+    line.hidden = false;
+    const now = doc.updated || Date.now() / 1000;
+    if (remote.error) {
+      line.dataset.error = "1";
+      setText(line, "copying from the run's head failed: " + String(remote.error) +
+        " (shown as last copied" + (remote.fetched ? ", " + fmtDuration(now - remote.fetched) + " ago)" : ")"));
+    } else {
+      delete line.dataset.error;
+      setText(line, remote.fetched ? "copied from the run's head " + fmtDuration(now - remote.fetched) + " ago"
+        : "copying from the run's head…");
+    }
+  }
+
   async function stopRun(runId) {
     const button = $("stop");
     const out = $("stop-result");
@@ -346,6 +365,7 @@
       setText($("points-note"), thinned ? "(long run: every k-th step of the first load shown)" : "");
       since = Number.isInteger(m.next) ? m.next : since;
       fillHeader(doc);
+      fillRemote(doc);
       Grid.update(doc);
       if (doc.ended) {
         if (endedSeen) { setLive("ended"); return; } // the last poll after the end
