@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from cpuaccel import _progress
 from cpuaccel.runtime import checkpoint, gradsync
 from cpuaccel.runtime._log import note
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
@@ -214,6 +215,7 @@ class Context:
         torch.autograd.backward(loss, **kwargs)
         if self.sync_gradients:
             self.steps_done += 1
+        _progress.beat(self.steps_done)  # run --hang-timeout's marker, rate-limited
 
     def clip_grad_norm_(
         self,
@@ -326,6 +328,7 @@ class Context:
         ``ctx.samples_per_step``. See :mod:`cpuaccel.runtime.metrics` for the fields added.
         """
         samples = values.pop("samples", None)
+        _progress.beat(step if isinstance(step, int) else self.steps_done)
         if step is not None:
             values = {"step": step, **values}
         return self.metrics.record(
