@@ -229,6 +229,14 @@ def test_a_bad_hang_timeout_in_the_project_file_is_exit_64(tmp_path: Path) -> No
     assert "cpuaccel.yaml:2: hang_timeout must be 1 seconds or more" in done.stderr
 
 
+def test_config_show_names_where_the_hang_timeout_comes_from(tmp_path: Path) -> None:
+    (tmp_path / "cpuaccel.yaml").write_text("nodes: 1\nhang_timeout: 300\n")
+    done = cpuaccel("config", "show", "--json", cwd=tmp_path, env=clean_env())
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)["hang_timeout"]
+    assert shown == {"value": 300.0, "source": "project file", "where": "cpuaccel.yaml:2"}
+
+
 # ---------------------------------------------------------------- the supervisors
 
 

@@ -84,6 +84,7 @@ SHOWN = (
     "workdir",
     "env",
     "exclude",
+    "hang_timeout",
 )
 
 
