@@ -53,7 +53,8 @@ and where it came from.
 Everything after SCRIPT goes to the script untouched. Before launching, every node is
 checked (reachable, same Python/torch/cpuaccel, names resolve, project in sync: synced
 now unless --no-sync, master port free). Output of each rank is labelled and logged in
-runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every node.
+runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
+every node.
 With --detach a supervisor on the head node does that instead (the job outlives this
 command and the connection): it writes runs/<id>/status.json there; `cpuaccel stop RUN`
 ends the job.
