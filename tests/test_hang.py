@@ -226,7 +226,7 @@ def test_a_bad_hang_timeout_in_the_project_file_is_exit_64(tmp_path: Path) -> No
     (tmp_path / "cpuaccel.yaml").write_text("nodes: 1\nhang_timeout: 0.5\n")
     done = cpuaccel("run", "--dry-run", "t.py", cwd=tmp_path, env=clean_env())
     assert done.returncode == EXIT_USAGE, done.stderr
-    assert "cpuaccel.yaml:2: hang_timeout must be 1 seconds or more" in done.stderr
+    assert "cpuaccel.yaml:2: hang_timeout must be at least 1 s, got 0.5" in done.stderr
 
 
 def test_config_show_names_where_the_hang_timeout_comes_from(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def _seconds(low: float) -> Callable[[Any], Any]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"must be a number of seconds, got {value!r}")
         if not value >= low:  # NaN too
-            raise ValueError(f"must be {low:g} seconds or more, got {value}")
+            raise ValueError(f"must be at least {low:g} s, got {value}")
         return float(value)
 
     return check
