@@ -2,10 +2,11 @@
 
 ``cpuaccel run --hang-timeout T`` exports CPUACCEL_PROGRESS (the marker interval, in
 seconds) to every rank. The worker then announces the script's pid once (``announce``:
-the process py-spy dumps on a hang), and the runtime's ``ctx.backward`` and ``ctx.log``
-call ``beat(step)``: a marker with the step counter at most once an interval, so that
-a step costs one clock read. Without the variable (no hang detection asked, or a script
-run outside cpuaccel) nothing is written. The lines' form and their parsing:
+the process py-spy dumps on a hang); the runtime's ``ctx.backward`` and ``ctx.log``, and
+each optimizer ``ctx.prepare`` saw (after its ``step()``), call ``beat(step)``: a marker
+with the step counter at most once an interval, so that a step costs one clock read.
+Without the variable (no hang detection asked, or a script run outside cpuaccel)
+nothing is written and no hook is added. The lines' form and their parsing:
 cpuaccel/node/progress.py; they travel through the labeller's own pipe (_labels.control).
 
 Stdlib only, no torch: the worker imports it.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from cpuaccel import _labels
 from cpuaccel.node.progress import ENV, marker
@@ -75,6 +77,21 @@ def beat(step: int | None) -> None:
     found = _beat if isinstance(_beat, Heartbeat) else heartbeat()
     if found is not None:
         found.beat(step)
+
+
+def watch_optimizer(optimizer: Any, steps_done: Callable[[], int]) -> None:
+    """Beat after each ``optimizer.step()`` too (a script that calls ``loss.backward()``
+    itself, not ``ctx.backward``), with its count of steps or the context's, whichever
+    is further. No hook at all unless the run asked for hang detection."""
+    if heartbeat() is None:
+        return
+    taken = [0]
+
+    def after_step(*_: Any) -> None:
+        taken[0] += 1
+        beat(max(taken[0], steps_done()))
+
+    optimizer.register_step_post_hook(after_step)
 
 
 def announce() -> None:

@@ -139,6 +139,30 @@ def test_no_heartbeat_unless_the_run_asked_for_hang_detection() -> None:
     assert found is not None and (found.run_id, found.interval) == (RUN_ID, 2.0)
 
 
+def test_a_prepared_optimizer_beats_after_each_step_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    def optimizer() -> torch.optim.Optimizer:
+        return torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+
+    written: list[str] = []
+    monkeypatch.setattr(_progress, "_beat", None)  # not asked: not even a hook
+    quiet = optimizer()
+    _progress.watch_optimizer(quiet, lambda: 0)
+    assert not quiet._optimizer_step_post_hooks  # nothing runs after its steps
+    monkeypatch.setattr(_progress, "_beat", _progress.Heartbeat(RUN_ID, 0.0, written.append))
+    opt = optimizer()
+    _progress.watch_optimizer(opt, lambda: 0)
+    opt.step()
+    opt.step()
+    behind = optimizer()
+    _progress.watch_optimizer(behind, lambda: 7)  # ctx.backward counted further
+    behind.step()
+    assert written == [marker(RUN_ID, step=s) for s in (1, 2, 7)]
+
+
 def worker(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "script.py").write_text(source)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}

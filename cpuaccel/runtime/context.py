@@ -144,6 +144,8 @@ class Context:
                 )
                 if isinstance(items[i], ShardedLoader):
                     self._loaders.append(items[i])
+            elif isinstance(obj, torch.optim.Optimizer):  # run --hang-timeout only
+                _progress.watch_optimizer(obj, lambda: self.steps_done)
         self.metrics.reset(steps_done=self.steps_done, sync_seconds=self.timer.seconds)
         return items[0] if len(items) == 1 else tuple(items)
 
