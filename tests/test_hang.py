@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -331,17 +332,17 @@ def test_stacks_are_dumped_only_for_this_nodes_ranks_of_this_run(
     assert (tmp_path / "hang-0.txt").stat().st_mode & 0o777 == 0o600
 
 
-def make_run(tmp_path: Path, launch: str, hang_timeout: float) -> str:
-    run_dir = tmp_path / "runs" / RUN_ID
+def make_run(tmp_path: Path, run_id: str, launch: str, hang_timeout: float) -> str:
+    run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
     config = {
-        "run_id": RUN_ID, "head": "here", "world": 2, "timeout": None, "nodes": {},
+        "run_id": run_id, "head": "here", "world": 2, "timeout": None, "nodes": {},
         "hang_timeout": hang_timeout, "hosts": ["here"], "ppn": 2,
     }  # fmt: skip
     (run_dir / "supervisor.json").write_text(json.dumps(config))
     (run_dir / "supervisor.py").write_bytes(node.program("supervisor"))
     (run_dir / "launch.sh").write_text(
-        f"export CPUACCEL_RUN_ID={RUN_ID}\necho $$ > {run_dir}/launcher.pid\n{launch}"
+        f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
     )
     return str(run_dir)
 
@@ -358,12 +359,15 @@ def final_status(run_dir: str, timeout: float = 30) -> dict[str, Any]:
 
 def test_the_detached_supervisor_ends_a_hung_job(tmp_path: Path) -> None:
     look_alike = "[cpuaccel] progress 20250505-000000-ffffff step=9"
+    # An id of its own: a sweep of another test's run on this machine must not end it.
+    run_id = f"20260101-000000-{uuid.uuid4().hex[:6]}"
     run_dir = make_run(
         tmp_path,
-        f"echo '[rank 0 h] {marker(RUN_ID, step=3)}'\n"
+        run_id,
+        f"echo '[rank 0 h] {marker(run_id, step=3)}'\n"
         f"echo '[rank 1 h] {look_alike}'\n"
         "exec sleep 60\n",
-        hang_timeout=1,
+        hang_timeout=3,  # room for a slow start on a loaded machine: 3.5 s from the last line
     )
     supervisor.start(run_dir)
     status = final_status(run_dir)
@@ -398,6 +402,8 @@ def this_runs_processes(run_id: str) -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            if Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+                continue  # dead already, waiting for its parent to reap it
             if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                 found.append(int(pid))
         except OSError:
@@ -407,7 +413,7 @@ def this_runs_processes(run_id: str) -> list[int]:
 
 def test_a_local_run_that_hangs_is_ended_with_its_report(tmp_path: Path) -> None:
     proj = make_project(tmp_path, {"silent.py": SILENT})
-    run = cpuaccel_run(proj, "--nodes", "1", "--ppn", "2", "--hang-timeout", "2", "silent.py")
+    run = cpuaccel_run(proj, "--nodes", "1", "--ppn", "2", "--hang-timeout", "5", "silent.py")
     assert run.code == 124, run
     assert "hang: no rank made progress for" in run.stderr
     assert f"rank 0 on {HERE}: last step 3," in run.stderr  # markers may skip none here

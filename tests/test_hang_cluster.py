@@ -113,7 +113,7 @@ def test_a_detached_run_that_hangs_is_ended_by_its_supervisor(
     proj = make_project(tmp_path, {"hang.py": HANGING})
     run = cpuaccel_run(
         proj, "-i", inventory, "--nodes", "2", "--ppn", "1", *TREE, "--detach", "--json",
-        "--master-port", str(next(_ports)), "--hang-timeout", "6", "hang.py", "10",
+        "--master-port", str(next(_ports)), "--hang-timeout", "10", "hang.py", "10",
     )  # fmt: skip
     assert run.code == EXIT_OK, run
     run_id = json.loads(run.stdout)["run_id"]

@@ -148,6 +148,17 @@ class ProgressTracker:
         return {str(p.rank): [p.host, p.pid] for p in self.ranks.values() if p.pid is not None}
 
 
+def tracker_of(config: dict[str, Any], now: float) -> ProgressTracker | None:
+    """The detached supervisor's tracker, from its supervisor.json (launch/detached.py):
+    None without hang_timeout."""
+    timeout = config.get("hang_timeout")
+    if timeout is None:
+        return None
+    world = int(config["world"])
+    hosts = planned_hosts(config.get("hosts", []), config.get("ppn"), world)
+    return ProgressTracker(config["run_id"], float(timeout), world, now, hosts)
+
+
 # ---------------------------------------------------------------- on each node
 
 

@@ -47,7 +47,7 @@ import time
 
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.jobs import end, job_pids, signal_launcher
-from cpuaccel.node.progress import ProgressTracker, gather, planned_hosts, stacks, write_stacks
+from cpuaccel.node.progress import gather, stacks, tracker_of, write_stacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class Supervisor:
         self.quiet = False  # while ending the job: ranks it kills are not failures
         self.stop_reason: str | None = None
         self._logs: dict[str, IO[str]] = {}
-        self.progress = _tracker(config, self.run_id)  # run --hang-timeout, else None
+        self.progress = tracker_of(config, time.monotonic())  # run --hang-timeout, else None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_reason is None:
@@ -350,15 +350,6 @@ class Supervisor:
         write_status(self.run_dir, self.doc)
         for log in self._logs.values():
             log.close()
-
-
-def _tracker(config: dict[str, Any], run_id: str) -> ProgressTracker | None:
-    timeout = config.get("hang_timeout")
-    if timeout is None:
-        return None
-    world = int(config["world"])
-    hosts = planned_hosts(config.get("hosts", []), config.get("ppn"), world)
-    return ProgressTracker(run_id, float(timeout), world, time.monotonic(), hosts)
 
 
 def watch(run_dir: str) -> dict[str, Any]:
