@@ -54,6 +54,7 @@ def test_a_marker_is_read_back_only_in_its_exact_form_for_this_run() -> None:
         f"[cpuaccel] progress {RUN_ID}",  # no field
         f"[cpuaccel] progress {RUN_ID} step=three",
         f"[cpuaccel] progress {RUN_ID} step=-1",
+        f"[cpuaccel] progress {RUN_ID} step=\u00b2",  # a digit to str.isdigit, no int
         f"[cpuaccel] progress {RUN_ID} step=1 done",  # words after it
         f"[cpuaccel] progress {RUN_ID} step=1 step=2",
         f"[cpuaccel] progress {RUN_ID} loss=0.5",

@@ -5,13 +5,14 @@ and the detached one on the head (node/supervisor.py), and by the rank side
 (cpuaccel/_progress.py writes the markers parsed here). Stdlib only, Python 3.8+.
 
 Progress is any labelled output line of a rank, and cpuaccel's progress marker: the
-runtime (ctx.backward, ctx.log) writes ``[cpuaccel] progress RUN_ID step=N`` at most
-every ``marker_interval`` seconds, and the worker ``[cpuaccel] progress RUN_ID pid=P``
-once, as the script starts (the process py-spy dumps on a hang). Only a line carrying
-this run's id, in exactly that form, is cpuaccel's: it is kept out of the terminal and
-of rank-R.log (one line every few seconds for hours is noise there; the last step of
-each rank is what status.json's "hang" keeps). Any other line, one that merely looks
-like a marker included, is the user's: shown and logged as it is.
+runtime (ctx.backward, ctx.log, a prepared optimizer's step) writes
+``[cpuaccel] progress RUN_ID step=N`` at most every ``marker_interval`` seconds, and the
+worker ``[cpuaccel] progress RUN_ID pid=P`` once, as the script starts (the process
+py-spy dumps on a hang). Only a line carrying this run's id, in exactly that form, is
+cpuaccel's: it is kept out of the terminal and of rank-R.log (one line every few
+seconds for hours is noise there; the last step of each rank is what status.json's
+"hang" keeps). Any other line, one that merely looks like a marker included, is the
+user's: shown and logged as it is.
 
 When no rank has progressed for the timeout (plus one marker interval: a rate-limited
 marker may be that late), the supervisor prints ``report`` (the ranks that seem stuck
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
 MARKER = "[cpuaccel] progress"
 ENV = "CPUACCEL_PROGRESS"  # the marker interval (s) in every rank; unset: no markers
-EXIT_HANG = 124  # as for --timeout: the job was ended because time passed
 STACK_LIMIT = 1 << 16  # bytes of one rank's dump kept: a dump is a few KiB
 DUMP_TIMEOUT = 10.0  # seconds py-spy may take, all of a node's ranks at once
 _FIELDS = ("step", "pid")
@@ -61,7 +61,13 @@ def parse(text: str, run_id: str) -> dict[str, int] | None:
     found: dict[str, int] = {}
     for word in words[1:]:
         key, sep, value = word.partition("=")
-        if not sep or key not in _FIELDS or key in found or not value.isdigit():
+        # ASCII digits only: "²" is a digit to str.isdigit, and no number to int().
+        if (
+            not sep
+            or key not in _FIELDS
+            or key in found
+            or not (value.isascii() and value.isdigit())
+        ):
             return None
         found[key] = int(value)
     return found
