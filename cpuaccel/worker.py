@@ -19,7 +19,7 @@ import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from cpuaccel import _labels
+from cpuaccel import _labels, _progress
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
 LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
@@ -228,6 +228,7 @@ def main() -> None:
     _die_with_parent(parent)
     if label:
         _labels.install(label)
+    _progress.announce()  # run --hang-timeout: this pid is the one py-spy dumps on a hang
     code = run_script(what, args, module=mode == "module")
     # The controller reads this to report the first failing rank and its code.
     sys.stdout.flush()

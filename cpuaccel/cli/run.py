@@ -44,6 +44,7 @@ Examples:
   cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
   cpuaccel run -i inventory.yaml --json train.py > result.json   # ranks' output: stderr
   cpuaccel run -i inventory.yaml --detach --timeout 36000 train.py  # prints the run id
+  cpuaccel run -i inventory.yaml --hang-timeout 300 train.py   # a stuck job ends, exit 124
   cpuaccel stop last                                       # ends it on every node
 
 \b
@@ -56,15 +57,17 @@ and where it came from.
 Everything after SCRIPT goes to the script untouched. Before launching, every node is
 checked (reachable, same Python/torch/cpuaccel, names resolve, project in sync: synced
 now unless --no-sync, master port free). Output of each rank is labelled and logged in
-runs/<id>/. Ctrl-C, SIGTERM, --timeout or a failing rank end the job on every node.
+runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
+every node.
 With --detach a supervisor on the head node does that instead (the job outlives this
 command and the connection): it writes runs/<id>/status.json there; `cpuaccel stop RUN`
 ends the job.
 
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
-69 a node failed preflight; 124 --timeout; 130 interrupted; 143 terminated; 255 a node
-lost. --json prints them in one object on stdout, with each rank's own code.
+69 a node failed preflight; 124 --timeout or --hang-timeout passed; 130 interrupted;
+143 terminated; 255 a node lost. --json prints them in one object on stdout, with each
+rank's own code.
 
 """
 EPILOG += ALIASES_EPILOG
@@ -132,6 +135,14 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     help="End the job after this long.",
 )
 @click.option(
+    "--hang-timeout",
+    "hang_timeout",
+    type=click.FloatRange(1),
+    metavar="SECONDS",
+    help="End the job as hung (exit 124) when no rank made progress (a step, an output "
+    "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  [default: off]",
+)
+@click.option(
     "-m",
     "--module",
     "as_module",
@@ -176,6 +187,7 @@ def run_command(
     allow_sync: bool,
     dry_run: bool,
     job_timeout: float | None,
+    hang_timeout: float | None,
     as_module: bool,
     no_python: bool,
     launcher_args: str | None,
@@ -199,6 +211,7 @@ def run_command(
             "env": env,
             "secret_env": env.secret,
             "launcher_args": _launcher_words(launcher_args),
+            "hang_timeout": hang_timeout,
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide

@@ -169,6 +169,8 @@ SPECS: dict[str, _Spec] = {
     "templates": (None, ("cpuaccel_templates",), _text, None, "cpuaccel's own templates/"),
     # Split and checked where written: the flag in cli/run.py, the file in project.py.
     "launcher_args": ("--launcher-args", (), _same, (), None),
+    # Checked where written: the flag by click, the file in project.py.
+    "hang_timeout": ("--hang-timeout", (), _same, None, "off"),
 }  # fmt: skip
 
 
@@ -216,6 +218,7 @@ def resolve(
         allocator=got["allocator"],
         templates=got["templates"],
         launcher_args=got["launcher_args"],
+        hang_timeout=got["hang_timeout"],
         chosen=tuple(chosen),
     )
 

@@ -40,6 +40,7 @@ KEYS: dict[str, str] = {
     "env": "variables set in every rank (a mapping)",
     "exclude": "sync: patterns left out (a list, gitignore syntax)",
     "launcher_args": "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
+    "hang_timeout": "seconds without progress of any rank that end the job (like --hang-timeout)",
 }
 
 
@@ -101,6 +102,17 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
     return check
 
 
+def _seconds(low: float) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"must be a number of seconds, got {value!r}")
+        if not value >= low:  # NaN too
+            raise ValueError(f"must be at least {low:g} s, got {value}")
+        return float(value)
+
+    return check
+
+
 def _text(value: Any) -> Any:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a non-empty string, got {value!r}")
@@ -145,6 +157,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "env": _env,
     "exclude": _patterns,
     "launcher_args": launcher_args.split,
+    "hang_timeout": _seconds(1),
 }
 
 

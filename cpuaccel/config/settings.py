@@ -84,6 +84,7 @@ SHOWN = (
     "workdir",
     "env",
     "exclude",
+    "hang_timeout",
 )
 
 
@@ -112,6 +113,9 @@ class LaunchSettings:
     templates: Setting[str | None]  # a folder of the user's own run templates
     # --launcher-args / launcher_args: words appended to the mpirun line, checked.
     launcher_args: Setting[tuple[str, ...]] = Setting("launcher_args", (), DEFAULT)
+    # --hang-timeout / hang_timeout: seconds without progress of any rank that end the
+    # job as hung (launch/hang.py); None: no hang detection.
+    hang_timeout: Setting[float | None] = Setting("hang_timeout", None, DEFAULT, "off")
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

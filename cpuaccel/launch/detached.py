@@ -32,6 +32,11 @@ def supervisor_files(plan: RunPlan, timeout: float | None) -> JobFiles:
         "world": plan.world or 0,
         "timeout": timeout,
         "nodes": {h.name: h.python for h in plan.hosts[1:]},  # swept through ssh.sh
+        # run --hang-timeout (cpuaccel.node.progress): None, or the seconds without
+        # progress that end the job; the hosts in rank order, for its report
+        "hang_timeout": plan.hang_timeout,
+        "hosts": [h.name for h in plan.hosts],
+        "ppn": plan.ppn,
     }
     return {
         "supervisor.py": (EXECUTABLE, node.program("supervisor").decode()),

@@ -23,6 +23,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import launchers
 from cpuaccel.launch.launchers import Launcher, LaunchSpec
 from cpuaccel.launch.precision_choice import PrecisionChoice, choose_precision
+from cpuaccel.node import progress
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -96,6 +97,7 @@ class RunPlan:
     shared_cores: bool = False  # several chosen nodes are one machine
     precision_note: str | None = None  # what --mixed-precision auto chose, and why
     launcher_args: tuple[str, ...] = ()  # --launcher-args: words for mpirun, as given
+    hang_timeout: float | None = None  # --hang-timeout: both supervisors watch for a hang
 
     @property
     def head(self) -> Host:
@@ -166,6 +168,8 @@ def build_plan(
     project_dir = local_project or posixpath.join(workdir, script.project_name)
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
     computed = _computed_env(settings, head, run_id, run_dir, threads)
+    if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
+        computed[progress.ENV] = f"{progress.marker_interval(settings.hang_timeout.value):g}"
     precision = choose_precision(settings.mixed_precision.value, chosen, facts)
     return RunPlan(
         run_id=run_id,
@@ -187,6 +191,7 @@ def build_plan(
         shared_cores=sharing > 1,
         precision_note=precision.note,
         launcher_args=tuple(settings.launcher_args.value),
+        hang_timeout=settings.hang_timeout.value,
     )
 
 

@@ -14,7 +14,7 @@ from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.supervise import Outcome
 
 # ended_by, besides the job's own endings (Outcome.reason: completed, failed,
-# interrupted, terminated, timeout, lost):
+# interrupted, terminated, timeout, lost, hang):
 PREFLIGHT = "preflight"  # a node failed its checks (or its sync): no job was started
 ERROR = "error"  # bad input, or a failure before any rank started
 

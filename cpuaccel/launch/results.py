@@ -110,6 +110,8 @@ class Homecoming:
     def _whole_wanted(self, name: str, checkpoints: bool) -> bool:
         if self.supervised_there and name == "status.json":
             return True
+        if self.supervised_there and name.startswith("hang-") and name.endswith(".txt"):
+            return True  # run --hang-timeout's stack dumps (cpuaccel/node/progress.py)
         return checkpoints and is_checkpoint(name) and "/" not in name
 
     def _append(self, item: RemoteFile, fetched: Fetched) -> None:

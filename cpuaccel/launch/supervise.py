@@ -29,8 +29,10 @@ from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import hang
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
+from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
@@ -75,6 +77,8 @@ class OutputRouter:
         # While cpuaccel itself ends the job, the launcher's reports of ranks it killed
         # go to launcher.log only: they are the ending, not news.
         self.quiet = False
+        # run --hang-timeout: every rank's last progress (Job sets it; launch/hang.py).
+        self.progress: ProgressTracker | None = None
         self._logs: dict[str, IO[str]] = {}
         self._lock = threading.Lock()
 
@@ -94,6 +98,8 @@ class OutputRouter:
                     self.err.print(f"[dim]\\[mpirun][/] {escape(line)}")
                 return
             rank, host, text = int(match[1]), match[2], match[3]
+            if self.progress is not None and self.progress.line(rank, host, text, time.monotonic()):
+                return  # cpuaccel's progress marker: not the user's to see
             code = _reported_code(text)
             if code is not None:
                 self.codes[rank] = code
@@ -118,7 +124,7 @@ class OutputRouter:
 @dataclass
 class Outcome:
     exit_code: int
-    reason: str  # completed | failed | interrupted | terminated | timeout
+    reason: str  # completed | failed | interrupted | terminated | timeout | lost | hang
     seconds: float
     launcher_exit: int | None
     first_failure: Failure | None
@@ -126,6 +132,7 @@ class Outcome:
     left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
     lost: list[str] = field(default_factory=list)  # nodes whose connection died
     codes: dict[int, int] = field(default_factory=dict)  # rank -> the code it reported
+    hang: list[dict[str, Any]] = field(default_factory=list)  # each rank's last progress
 
 
 @contextmanager
@@ -162,6 +169,7 @@ class Job:
         self.forks = forks
         self.stop_reason: str | None = None
         self.lost: list[str] = []  # nodes whose connection died, in the order noticed
+        self.hung: list[dict[str, Any]] = []  # run --hang-timeout: the ranks, once hung
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -170,6 +178,7 @@ class Job:
 
     def run(self, timeout: float | None) -> Outcome:
         started = time.monotonic()
+        self.router.progress = hang.tracker(self.plan, started)
         head = self.pool.get(self.plan.head)
         try:
             # setsid -w: a process group of its own (forking only if it must), whose
@@ -199,6 +208,7 @@ class Job:
             if self.router.failed.is_set():
                 self.stop_reason = self.stop_reason or "failed"
             self._notice_lost()
+            self._notice_hang()
             if self.stop_reason:
                 self.router.quiet = True
                 self._signal_launcher(signal.SIGTERM)
@@ -220,6 +230,16 @@ class Job:
                     f"[red]lost the connection to {escape(name)}[/] (no answer to "
                     "keepalives): ending the job on the other nodes"
                 )
+
+    def _notice_hang(self) -> None:
+        """No rank progressed for --hang-timeout: said, stacks kept, the job ends (hang)."""
+        found = self.router.progress
+        if found is None or self.stop_reason or not found.stalled(time.monotonic()):
+            return
+        self.stop_reason = "hang"
+        self.hung = hang.declare(
+            found, self.plan, self.run_dir.path, self.pool, self.forks, self.lost, self.router.err
+        )
 
     def _launcher_exit(self, proc: Process) -> int | None:
         """The launcher's exit status, or None when its node cannot give it in time."""
@@ -269,8 +289,8 @@ class Job:
             code, reason = EXIT_INTERRUPTED, "interrupted"
         elif self.stop_reason == "terminated":
             code, reason = EXIT_TERMINATED, "terminated"
-        elif self.stop_reason == "timeout":
-            code, reason = EXIT_TIMEOUT, "timeout"
+        elif self.stop_reason in ("timeout", "hang"):
+            code, reason = EXIT_TIMEOUT, self.stop_reason
         elif self.lost and (self.stop_reason == "lost" or launcher_exit != 0):
             # Ranks on the other nodes fail because one was lost: name the cause.
             code, reason = EXIT_LOST, "lost"
@@ -284,8 +304,9 @@ class Job:
             code, reason = 0, "completed"
         lost = list(self.lost)
         return Outcome(
-            code, reason, seconds, launcher_exit, first, swept, left, lost, self.router.codes
-        )
+            code, reason, seconds, launcher_exit, first, swept, left, lost, self.router.codes,
+            self.hung,
+        )  # fmt: skip
 
 
 def sweep_hosts(
@@ -354,4 +375,6 @@ def end_status(doc: dict[str, Any], run_dir: RunDir, outcome: Outcome) -> None:
         ended=time.time(),
         ranks=ranks,
     )
+    if outcome.hang:  # run --hang-timeout: each rank's last step and silence
+        doc["hang"] = outcome.hang
     write_status(str(run_dir.path), doc)

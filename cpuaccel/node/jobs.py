@@ -19,6 +19,10 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      will, within TIMEOUT s; the files and RUN_DIR are removed after
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
+  stacks RUN_ID TIMEOUT
+                     payload: JSON {rank: [host, pid]}: ``py-spy dump`` of this node's
+                     ranks that are this job's processes (run --hang-timeout;
+                     cpuaccel.node.progress), where py-spy is installed
 
 A process belongs to the job when its environment holds CPUACCEL_RUN_ID=<id> exactly,
 and it is ours (same uid): never a pattern over command lines, which would also match
@@ -35,6 +39,7 @@ import time
 
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
+from cpuaccel.node.progress import stacks
 from cpuaccel.node.runfiles import operation as run_files
 
 TYPE_CHECKING = False
@@ -293,6 +298,9 @@ def main() -> None:
         result = reach(args[0], float(args[1]), args[2:], files)
     elif mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
         result = run_files(mode, args)
+    elif mode == "stacks":
+        ranks = json.loads(sys.stdin.buffer.read())
+        result = {"stacks": stacks(ranks, set(job_pids(args[0])), float(args[1]))}
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -22,6 +22,11 @@ controller's connection:
   end RUN_ID GRACE RUN_DIR
                           the jobs program's sweep, run on another node through the
                           run's ssh.sh (every node has this file in its run folder)
+  stacks RUN_ID TIMEOUT RANKS
+                          run --hang-timeout: py-spy's dumps of this node's ranks
+                          (RANKS: JSON {rank: [host, pid]}), also through ssh.sh; the
+                          watch ends a job no rank of which progressed for hang_timeout
+                          (cpuaccel.node.progress) as "failed", ended_by "hang", 124
 
 status.json (written atomically) is the contract with ``ps``/``logs``/``fetch``:
 run_id, state, exit_code, ended_by, started, ended, detached, supervisor, ranks.
@@ -41,7 +46,8 @@ import threading
 import time
 
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.jobs import end, signal_launcher
+from cpuaccel.node.jobs import end, job_pids, signal_launcher
+from cpuaccel.node.progress import gather, stacks, tracker_of, write_stacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,9 +67,10 @@ STATES = {
     "interrupted": "interrupted",
     "timeout": "timeout",
     "lost": "lost",
+    "hang": "failed",  # run --hang-timeout: a failure (ft-restart retries it), exit 124
 }
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-CODES = {"terminated": 143, "interrupted": 130, "timeout": 124, "lost": 255}
+CODES = {"terminated": 143, "interrupted": 130, "timeout": 124, "lost": 255, "hang": 124}
 
 
 def start_time(pid: int) -> int | None:
@@ -189,6 +196,7 @@ class Supervisor:
         self.quiet = False  # while ending the job: ranks it kills are not failures
         self.stop_reason: str | None = None
         self._logs: dict[str, IO[str]] = {}
+        self.progress = tracker_of(config, time.monotonic())  # run --hang-timeout, else None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_reason is None:
@@ -210,6 +218,8 @@ class Supervisor:
             self._log("launcher.log").write(line + "\n")
             return
         rank, text = int(match[1]), match[3]
+        if self.progress is not None and self.progress.line(rank, match[2], text, time.monotonic()):
+            return  # cpuaccel's progress marker: not for rank-R.log
         code = None
         if text.startswith(EXIT_MARKER):
             word = text[len(EXIT_MARKER) :].strip()
@@ -259,6 +269,7 @@ class Supervisor:
                 self.stop_reason = self.stop_reason or "timeout"
             if self.failed.is_set():
                 self.stop_reason = self.stop_reason or "failed"
+            self._notice_hang()
             if self.stop_reason:
                 self.quiet = True
                 pidfile = os.path.join(self.run_dir, "launcher.pid")
@@ -268,6 +279,21 @@ class Supervisor:
                     signal_launcher(self.run_id, pidfile, signal.SIGKILL)
                     reader.join(GRACE)
                 return
+
+    def _notice_hang(self) -> None:
+        """No rank progressed for hang_timeout: the ranks in supervisor.log and
+        status.json ("hang"), their stacks in hang-R.txt; the job then ends (hang)."""
+        now = time.monotonic()
+        if self.progress is None or self.stop_reason or not self.progress.stalled(now):
+            return
+        self.stop_reason = "hang"
+        print(f"hang: no rank made progress for {self.progress.idle(now):.1f} s", flush=True)
+        for line in self.progress.report(now):
+            print("  " + line, flush=True)
+        self.doc["hang"] = [p.to_json(now) for p in self.progress.stuck_first()]
+        ours = set(job_pids(self.run_id))
+        dumps = gather(self.run_id, self.run_dir, self.progress.pids(), self.nodes, ours)
+        write_stacks(self.run_dir, dumps)
 
     def sweep(self) -> dict[str, Any]:
         """End what is left of the job here and on the other nodes (through ssh.sh, as
@@ -347,6 +373,9 @@ def main() -> None:
         result = {"status": read_status(args[0])}
     elif mode == "end":
         result = end(args[0], float(args[1]), args[2])
+    elif mode == "stacks":
+        ours = set(job_pids(args[0]))
+        result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from cpuaccel import _progress
 from cpuaccel.runtime import checkpoint, gradsync
 from cpuaccel.runtime._log import note
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
@@ -143,6 +144,8 @@ class Context:
                 )
                 if isinstance(items[i], ShardedLoader):
                     self._loaders.append(items[i])
+            elif isinstance(obj, torch.optim.Optimizer):  # run --hang-timeout only
+                _progress.watch_optimizer(obj, lambda: self.steps_done)
         self.metrics.reset(steps_done=self.steps_done, sync_seconds=self.timer.seconds)
         return items[0] if len(items) == 1 else tuple(items)
 
@@ -214,6 +217,7 @@ class Context:
         torch.autograd.backward(loss, **kwargs)
         if self.sync_gradients:
             self.steps_done += 1
+        _progress.beat(self.steps_done)  # run --hang-timeout's marker, rate-limited
 
     def clip_grad_norm_(
         self,
@@ -326,6 +330,7 @@ class Context:
         ``ctx.samples_per_step``. See :mod:`cpuaccel.runtime.metrics` for the fields added.
         """
         samples = values.pop("samples", None)
+        _progress.beat(step if isinstance(step, int) else self.steps_done)
         if step is not None:
             values = {"step": step, **values}
         return self.metrics.record(
