@@ -66,9 +66,15 @@ class ShardedLoader(DataLoader[Any]):
         already handed out}`` (a checkpoint saves it; :meth:`load_state_dict` goes back)."""
         if self._chosen is not None:
             return {"epoch": self._chosen, "position": self._skip}
-        if self.finished:
+        if self.finished or self.position >= self.batches_per_pass():
             return {"epoch": self.epoch + 1, "position": 0}
         return {"epoch": self.epoch, "position": self.position}
+
+    def batches_per_pass(self) -> int:
+        """A whole pass's batches (``len`` is less during a pass that skips some)."""
+        size = self.batch_size or 1
+        whole, rest = divmod(self.sampler.num_samples, size)
+        return whole + (1 if rest and not self.drop_last else 0)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.set_epoch(int(state["epoch"]), skip_batches=int(state["position"]))
