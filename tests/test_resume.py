@@ -322,3 +322,31 @@ def test_a_record_is_what_the_runtime_writes() -> None:
     parsed = host("a", [line("ck.pt", 7)], {}).records["ck.pt"]
     assert parsed == Record("ck.pt", 7, SHA_A, 100, 2000.0)
     assert os.path.join(RUN_DIR, parsed.name) == f"{RUN_DIR}/ck.pt"
+
+
+def test_only_the_tail_of_a_huge_checkpoints_file_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoints.jsonl of 50 MB: one read of its last TAIL bytes, the cut line dropped."""
+    from cpuaccel.launch import resume
+
+    whole = json.dumps(line("ck.pt", 40)) + "\n"
+    tail = ("x" * 100 + "\n" + whole).encode()
+    asked: list[tuple[int, int]] = []
+
+    def listing(conn: Any, run_dir: str, timeout: float) -> list[Any]:
+        sizes = {RECORDS: 50_000_000, "ck.pt": 100}
+        return [resume.runfiles.RemoteFile(n, s, 1000.0) for n, s in sizes.items()]
+
+    def read(conn: Any, run_dir: str, name: str, offset: int, limit: int, timeout: float) -> Any:
+        asked.append((offset, limit))
+        return tail, offset + len(tail), 50_000_000
+
+    monkeypatch.setattr(resume.runfiles, "list_files", listing)
+    monkeypatch.setattr(resume.runfiles, "read", read)
+    conn = type("Conn", (), {"host": type("H", (), {"name": "a"})()})()
+    found = resume.read_host(conn, RUN_DIR, timeout=5)
+    assert asked == [(50_000_000 - resume.TAIL, resume.TAIL)]
+    assert found.reasons == [f"{RECORDS} is 50000000 bytes: only its last {resume.TAIL} read"]
+    assert list(found.records) == ["ck.pt"]
+    assert choose([found], RUN_DIR).path == f"{RUN_DIR}/ck.pt"
