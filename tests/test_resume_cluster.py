@@ -165,3 +165,83 @@ def test_a_killed_run_resumes_from_the_newest_complete_checkpoint(
         assert gap <= 1e-5, (name, float(gap))
     # The loss over steps 96-100, all ranks' batches: the same batches as in run A.
     assert metrics(cluster, resumed)[100] == pytest.approx(metrics(cluster, whole)[100], rel=1e-5)
+
+
+# ---------------------------------------------------------------- an Accelerate script
+
+DIE_ACCELERATE = """\
+import os, runpy, signal, sys
+from accelerate import Accelerator
+
+die_at = int(sys.argv.pop(1))
+backward = Accelerator.backward
+calls = [0]
+
+def backward_then_die(self, loss, **kwargs):
+    calls[0] += 1
+    if calls[0] == die_at and self.process_index == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return backward(self, loss, **kwargs)
+
+Accelerator.backward = backward_then_die
+here = os.path.dirname(os.path.abspath(__file__))
+sys.argv[0] = os.path.join(here, "accelerate_resume.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# 64 samples, 2 ranks, 4 a batch: 8 batches an epoch; killed in step 13, the state of
+# step 10 (epoch 1, 2 batches in) is the newest.
+ACCELERATE = ("--steps", "20", "--save-every", "5", "--batch", "4")
+
+
+def accelerate_job(project: Path, inventory: str, *args: str, killed: bool = False) -> Run:
+    words = (
+        "-i", inventory, "--nodes", "2", "--ppn", "1", "--master-port", str(next(_ports)),
+        *TREE, *args,
+    )  # fmt: skip
+    if not killed:
+        return cpuaccel_run(project, *words, timeout=400)
+    started = time.monotonic()
+    proc = cpuaccel_command("run", *words, cwd=project, env=ENV, timeout=400)
+    return Run(proc, time.monotonic() - started)
+
+
+def printed(run: Run) -> dict[str, Any]:
+    found = [json.loads(text) for text in run.lines(0) if text.startswith("{")]
+    assert len(found) == 1, run
+    result: dict[str, Any] = found[0]
+    return result
+
+
+def test_an_accelerate_script_resumes_from_its_saved_state(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    example = (REPO / "examples" / "accelerate_resume.py").read_text()
+    project = make_project(tmp_path, {"accelerate_resume.py": example, "die.py": DIE_ACCELERATE})
+
+    whole = accelerate_job(project, inventory, "accelerate_resume.py", *ACCELERATE)
+    assert whole.code == 0, whole
+    reference = printed(whole)
+    assert reference["resumed_at"] == 0
+
+    killed = accelerate_job(project, inventory, "die.py", "13", *ACCELERATE, killed=True)
+    assert killed.code != 0, killed
+    run_dir = f"{WORKDIR}/runs/{killed.record()['run_id']}"
+    for node, rank in (("node1", 0), ("node2", 1)):
+        lines = records(cluster, node, run_dir)
+        assert [(x["step"], x["rank"], x["manifest"]) for x in lines] == [
+            (5, rank, "state-5.manifest.json"), (10, rank, "state-10.manifest.json"),
+        ], (node, lines)  # fmt: skip
+    inv = Inventory.load(cluster.inventory_path)
+    hosts = [inv.hosts["node1"], inv.hosts["node2"]]
+    with ConnectionPool(ConnectOptions(command_timeout=30)) as pool:
+        found = find_complete(pool, hosts, run_dir, timeout=15)
+    assert found.path == f"{run_dir}/state-10", found
+
+    resumed = accelerate_job(
+        project, inventory, "--env", f"CPUACCEL_RESUME={found.path}", "accelerate_resume.py",
+        *ACCELERATE,
+    )  # fmt: skip
+    assert resumed.code == 0, resumed
+    result = printed(resumed)
+    assert result["resumed_at"] == 10
+    assert result["params"] == pytest.approx(reference["params"], rel=1e-5, abs=1e-7)
