@@ -26,6 +26,8 @@ from cpuaccel.sourcefile import read_source
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
 PRECISIONS = ("auto", "bf16", "no")  # fp32 is read as "no"
+MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught; the flag checks the same
+MAX_RESTART_DELAY = 3600
 # The key written in the file -> what it means, for --help-like hints and `config show`.
 KEYS: dict[str, str] = {
     "inventory": "the inventory (or MPI hostfile), relative to this file",
@@ -40,6 +42,8 @@ KEYS: dict[str, str] = {
     "env": "variables set in every rank (a mapping)",
     "exclude": "sync: patterns left out (a list, gitignore syntax)",
     "launcher_args": "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
+    "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
+    "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
 }
 
 
@@ -101,6 +105,14 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
     return check
 
 
+def _seconds(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number of seconds, got {value!r}")
+    if not 0 <= value <= MAX_RESTART_DELAY:
+        raise ValueError(f"must be 0 to {MAX_RESTART_DELAY} seconds, got {value}")
+    return float(value)
+
+
 def _text(value: Any) -> Any:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"must be a non-empty string, got {value!r}")
@@ -145,6 +157,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "env": _env,
     "exclude": _patterns,
     "launcher_args": launcher_args.split,
+    "max_restarts": _int(0, MAX_RESTARTS),
+    "restart_delay": _seconds,
 }
 
 

@@ -23,6 +23,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
 )
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_CCL_WORKERS = 1
+DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
 ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
 
@@ -112,6 +113,9 @@ class LaunchSettings:
     templates: Setting[str | None]  # a folder of the user's own run templates
     # --launcher-args / launcher_args: words appended to the mpirun line, checked.
     launcher_args: Setting[tuple[str, ...]] = Setting("launcher_args", (), DEFAULT)
+    # --max-restarts / --restart-delay: attempts after a failure (launch/attempts.py).
+    max_restarts: Setting[int] = Setting("max_restarts", 0, DEFAULT)
+    restart_delay: Setting[float] = Setting("restart_delay", DEFAULT_RESTART_DELAY, DEFAULT)
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()
