@@ -10,6 +10,9 @@ writes metrics.jsonl into the run directory and saves checkpoints atomically:
     cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
     cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 300 \\
         --resume <id>          # continue where run <id> ended (its checkpoint.pt)
+
+A restarted job (cpuaccel run --max-restarts) resumes by itself: ``ctx.load()`` loads the
+checkpoint that cpuaccel found complete on every node ($CPUACCEL_RESUME), if any.
 """
 
 from __future__ import annotations
@@ -163,12 +166,13 @@ def main() -> None:
     model, optimizer, loader = ctx.prepare(model, optimizer, loader)
     # After prepare: IPEX, when used, may hand back a new optimizer.
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.warmup, args.steps))
-    step = 0
-    if args.resume:
-        args.resume = resume_path(args.resume, ctx.run_dir)
-        state = ctx.load(args.resume, model=model, optimizer=optimizer, scheduler=scheduler)
-        step = int(state["step"])
-        ctx.print(f"resumed from {args.resume} at step {step}")
+    # --resume's checkpoint, else the one a restarted cpuaccel run names ($CPUACCEL_RESUME),
+    # else none: model, optimizer, schedule and the loader's place in the data come back.
+    resume = resume_path(args.resume, ctx.run_dir) if args.resume else None
+    state = ctx.load(resume, model=model, optimizer=optimizer, scheduler=scheduler)
+    step = int(state["step"]) if state is not None else 0
+    if state is not None:
+        ctx.print(f"resumed from {resume or ctx.resume_path} at step {step}")
     params = sum(p.numel() for p in model.parameters())
     ctx.samples_per_step = args.batch * ctx.world_size * args.grad_accum
     ctx.print(
@@ -178,16 +182,12 @@ def main() -> None:
         f"{args.context} bytes per step, {len(loader)} batches per rank and epoch"
     )
     path = args.checkpoint or os.path.join(ctx.run_dir or ".", "checkpoint.pt")
-    # Where the data order stands: whole epochs done, then batches into this one.
-    epoch, skip = divmod(step * args.grad_accum, len(loader))
     first = last = None
     started = time.perf_counter()
     start_step = step
     interval, counted = torch.zeros(()), 0  # loss summed over micro-batches since the last print
     while step < args.steps:
-        loader.set_epoch(epoch, skip_batches=skip)
-        skip = 0
-        for inputs, targets in loader:
+        for inputs, targets in loader:  # each pass: the next epoch (or the saved one's rest)
             with ctx.accumulate(model):
                 with ctx.autocast():
                     logits = model(inputs)
@@ -220,7 +220,6 @@ def main() -> None:
                 ctx.save(path, model=model, optimizer=optimizer, scheduler=scheduler, step=step)
             if step >= args.steps:
                 break
-        epoch += 1
     ctx.save(path, model=model, optimizer=optimizer, scheduler=scheduler, step=step)
     seconds = time.perf_counter() - started
     if first is not None and last is not None:

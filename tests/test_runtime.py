@@ -613,10 +613,16 @@ def test_interrupted_save_leaves_the_old_checkpoint_whole(
 
 def test_temp_file_of_a_killed_save_is_cleared_by_the_next(ctx: Context, tmp_path: Path) -> None:
     path = tmp_path / "state.pt"
-    stale = tmp_path / f".state.pt{checkpoint.TEMP_MARK}4242"
+    # The name carries host and pid (nodes sharing a folder never remove another's).
+    host = socket.gethostname()
+    stale = tmp_path / f".state.pt{checkpoint.TEMP_MARK}{host}-99999999"  # no such pid
     stale.write_bytes(b"half a checkpoint")
+    running = tmp_path / f".state.pt{checkpoint.TEMP_MARK}{host}-1"  # init: a save under way
+    running.write_bytes(b"another writer's")
+    other = tmp_path / f".state.pt{checkpoint.TEMP_MARK}node9-123"
+    other.write_bytes(b"another host's")
     ctx.save(path, step=3)
-    assert not stale.exists()
+    assert not stale.exists() and running.exists() and other.exists()
     assert ctx.load(path) == {"step": 3}
 
 
@@ -729,6 +735,9 @@ for x, y in loader:
         opt.step()
         opt.zero_grad()
 ctx.save("ckpt.pt", a=a, b=b, step=len(loader))  # relative: rank 1 runs in another folder
+saved_here = os.path.exists("ckpt.pt")  # each is its node's local rank 0: both save
+if ctx.rank == 1:
+    os.remove("ckpt.pt")  # a node without a copy: it gets rank 0's bytes
 state = ctx.load("ckpt.pt")
 params = [p.detach() for m in (a, b) for p in m.parameters()]
 print(json.dumps({
@@ -736,7 +745,7 @@ print(json.dumps({
     "same_optimizers": [oa.param_groups[0]["params"][0] is next(a.parameters())],
     "params": torch.cat([p.flatten() for p in params]).tolist(), "seen": seen,
     "loaded": all(torch.equal(state["a"][k], v) for k, v in ctx.unwrap(a).state_dict().items()),
-    "step": state["step"], "has_file": os.path.exists("ckpt.pt"),
+    "step": state["step"], "has_file": os.path.exists("ckpt.pt"), "saved_here": saved_here,
     "sync_calls": ctx.timer.calls,
 }))
 """
@@ -779,7 +788,7 @@ def start_two_ranks(script: Path, tmp_path: Path) -> list[tuple[int, str, str]]:
 
 def test_two_local_ranks_train_two_pairs_in_sync(tmp_path: Path) -> None:
     """Two ranks as torchrun would start them: DDP, process-group sync, sharded data,
-    and a checkpoint that only rank 0's folder holds, loaded by both."""
+    and a checkpoint saved by each (each is local rank 0), loaded by one that lost its copy."""
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS)
     results = start_two_ranks(script, tmp_path)

@@ -3,7 +3,13 @@
 :func:`write_atomic` writes a temporary file in the target's folder, fsyncs it, then
 renames it over the target (``os.replace``, atomic on POSIX) and fsyncs the folder: at
 any moment the path holds either the previous checkpoint or the new one, whole.
-Temporary files left by a save that was killed half-way are removed by the next save.
+Temporary files left by a save that was killed half-way are removed by the next save
+on the same host (their names carry host and pid: nodes that share the folder, e.g. over
+NFS, each write their own temporary file and never remove another's).
+
+:func:`record` appends the saved file's line to ``checkpoints.jsonl`` in the run folder
+(path, step, sha256, size, time, rank, host): what the controller reads to pick the
+newest checkpoint that every node has (``cpuaccel.launch.resume``).
 
 :func:`state_of` turns models (DDP-wrapped or not), optimizers and schedulers into
 their ``state_dict()`` so that a checkpoint holds plain tensors and numbers.
@@ -12,16 +18,22 @@ their ``state_dict()`` so that a checkpoint holds plain tensors and numbers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
+import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 TEMP_MARK = ".tmp-"
+RECORDS = "checkpoints.jsonl"  # in the run folder, one line a saved checkpoint
 
 
 def unwrap(model: Any) -> Any:
@@ -46,7 +58,27 @@ def to_bytes(state: Mapping[str, Any]) -> bytes:
 
 
 def _temp_prefix(path: Path) -> str:
-    return f".{path.name}{TEMP_MARK}"
+    return f".{path.name}{TEMP_MARK}{socket.gethostname()}-"
+
+
+def _remove_stale(folder: Path, prefix: str) -> None:
+    """Remove this host's temporary files whose writer is gone (killed mid-save)."""
+    for stale in folder.glob(f"{prefix}*"):
+        pid = stale.name[len(prefix) :]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue  # another save in progress on this host
+        with contextlib.suppress(OSError):
+            stale.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -55,9 +87,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     folder = target.parent
     folder.mkdir(parents=True, exist_ok=True)
     prefix = _temp_prefix(target)
-    for stale in folder.glob(f"{prefix}*"):  # left by a save that was killed
-        with contextlib.suppress(OSError):
-            stale.unlink()
+    _remove_stale(folder, prefix)
     temp = folder / f"{prefix}{os.getpid()}"
     try:
         with open(temp, "wb") as out:
@@ -102,3 +132,72 @@ def restore(state: Mapping[str, Any], targets: Mapping[str, Any]) -> None:
         )
     for name, target in targets.items():
         unwrap(target).load_state_dict(state[name])
+
+
+def record_line(path: Path, data: bytes, *, step: int | None, rank: int) -> dict[str, Any]:
+    """The checkpoints.jsonl line of ``data`` just saved at ``path`` (absolute)."""
+    return {
+        "path": str(path),
+        "step": step,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "time": time.time(),
+        "rank": rank,
+        "host": socket.gethostname(),
+    }
+
+
+def record(run_dir: str | os.PathLike[str], line: Mapping[str, Any]) -> None:
+    """Append ``line`` to the run folder's checkpoints.jsonl: one write of one line with
+    O_APPEND, so that lines of several writers never interleave; never through a link."""
+    text = (json.dumps(line, sort_keys=True) + "\n").encode()
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(Path(run_dir) / RECORDS, flags, 0o644)
+    try:
+        os.write(fd, text)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def step_of(state: Mapping[str, Any]) -> int | None:
+    """The ``step`` saved with a checkpoint, when it is a number (the record's step)."""
+    value = state.get("step")
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        return int(value.item())
+    return None
+
+
+def fetch(path: Path, is_main: bool, world_size: int) -> bytes:
+    """Rank 0's bytes of ``path`` on every rank: a rank whose node has the same file
+    (same sha256) reads its own copy; the others get rank 0's over the process group."""
+    data: bytes | None = None
+    head: list[Any] = [None, None]
+    if is_main:
+        try:
+            data = path.read_bytes()
+            head = [hashlib.sha256(data).hexdigest(), None]
+        except OSError as exc:
+            head = [None, f"{type(exc).__name__}: {exc}"]
+    dist.broadcast_object_list(head, src=0)
+    digest, error = head
+    if error is not None:
+        raise RuntimeError(f"loading {path} failed on rank 0: {error}")
+    if not is_main:
+        with contextlib.suppress(OSError):
+            local = path.read_bytes()
+            if hashlib.sha256(local).hexdigest() == digest:
+                data = local
+    wanted: list[Any] = [None] * world_size
+    dist.all_gather_object(wanted, data is None)
+    if any(wanted):
+        box: list[Any] = [data if is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        if data is None:
+            data = box[0]
+    assert data is not None
+    return data

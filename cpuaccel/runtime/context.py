@@ -8,11 +8,10 @@ what a training script calls on the context afterwards: ``prepare``, ``accumulat
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -29,6 +28,8 @@ from cpuaccel.runtime.metrics import MetricsLog, default_path
 from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
 from cpuaccel.runtime.trackers import start_trackers
 
+LOADERS_KEY = "cpuaccel_loaders"  # the prepared loaders' positions, in a checkpoint
+
 
 class Context:
     """A rank's view of the job, and the helpers that train across ranks.
@@ -38,7 +39,9 @@ class Context:
     or "none"), ``dtype`` (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
     ``sync_gradients`` (whether this micro-step syncs and should step the optimizer),
     ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``,
-    ``trackers`` (the names of the trackers ``log`` also writes to, e.g. tensorboard).
+    ``trackers`` (the names of the trackers ``log`` also writes to, e.g. tensorboard),
+    ``restart`` (the attempt's number: 0, or k after k restarts of the job) and
+    ``resume_path`` (the checkpoint this attempt resumes from, or None; see :meth:`load`).
     """
 
     def __init__(
@@ -66,6 +69,8 @@ class Context:
         self.local_world_size = env.local_world_size
         self.is_main = env.rank == 0
         self.run_dir = env.run_dir
+        self.restart = env.restart
+        self.resume_path = env.resume_path
         self.backend = backend.name
         self.backend_reason = backend.reason
         self.grad_sync = sync.mode
@@ -82,6 +87,7 @@ class Context:
         self.steps_done = 0
         self._micro_steps = 0
         self._loaders: list[ShardedLoader] = []
+        self._positions: list[dict[str, Any]] = []  # loader positions a checkpoint held
         self._ipex_noted = False
         self._owns_group = owns_group
         self._mpi: gradsync.MpiState | None = None
@@ -142,6 +148,8 @@ class Context:
                     obj, rank=self.rank, world_size=self.world_size, seed=self.seed
                 )
                 if isinstance(items[i], ShardedLoader):
+                    if len(self._positions) > len(self._loaders):  # ctx.load came first
+                        items[i].load_state_dict(self._positions[len(self._loaders)])
                     self._loaders.append(items[i])
         self.metrics.reset(steps_done=self.steps_done, sync_seconds=self.timer.seconds)
         return items[0] if len(items) == 1 else tuple(items)
@@ -239,76 +247,96 @@ class Context:
             dist.all_reduce(tensor)
         return float(tensor.item()) / self.world_size
 
-    def _agree(self, error: str | None, what: str) -> None:
-        """Raise on every rank when rank 0 reports an error (and let all go on otherwise)."""
-        if self.world_size > 1:
-            box: list[Any] = [error]
-            dist.broadcast_object_list(box, src=0)
-            error = box[0]
-        if error is not None:
-            raise RuntimeError(f"{what} failed on rank 0: {error}")
-
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
-        """Write ``state`` to ``path`` atomically from rank 0; all ranks wait for it.
+        """Write ``state`` to ``path`` atomically on every node; all ranks wait for it.
 
         Models (wrapped or not), optimizers and schedulers are saved as their
-        ``state_dict()``; other values (step, epoch, config) as they are.
+        ``state_dict()``; other values (step, epoch, config) as they are; the prepared
+        loaders' positions too (:meth:`load` puts them back: the data order resumes
+        exactly). Every node's local rank 0 writes its own copy (in data parallel every
+        rank holds the same state: a local write, no network), so that a checkpoint
+        outlives a lost node; under ``cpuaccel run`` each copy gets its line in the run
+        folder's checkpoints.jsonl (``step`` is the ``step=`` value saved), which is how
+        a restarted job finds the newest checkpoint every node has. Save into
+        ``ctx.run_dir`` for that.
         """
-        error = None
-        if self.is_main:
+        target = Path(path).absolute()
+        if self._loaders and LOADERS_KEY not in state:
+            state = {**state, LOADERS_KEY: [loader.state_dict() for loader in self._loaders]}
+        error = digest = None
+        if self.local_rank == 0:
             try:
-                checkpoint.write_atomic(path, checkpoint.to_bytes(state))
+                data = checkpoint.to_bytes(state)
+                checkpoint.write_atomic(target, data)
+                line = checkpoint.record_line(
+                    target, data, step=checkpoint.step_of(state), rank=self.rank
+                )
+                digest = line["sha256"]
+                if self.run_dir:
+                    checkpoint.record(self.run_dir, line)
             except Exception as exc:
                 if self.world_size == 1:
                     raise
                 error = f"{type(exc).__name__}: {exc}"
-        self._agree(error, f"saving {path}")
+        self._agree_all(error, digest, f"saving {path}")
         return Path(path)
 
+    def _agree_all(self, error: str | None, digest: str | None, what: str) -> None:
+        """Raise on every rank when any rank failed; note copies that differ by node."""
+        if self.world_size == 1:
+            return
+        told: list[Any] = [None] * self.world_size
+        dist.all_gather_object(told, (error, digest))
+        for rank, (failed, _) in enumerate(told):
+            if failed is not None:
+                raise RuntimeError(f"{what} failed on rank {rank}: {failed}")
+        if len({d for _, d in told if d is not None}) > 1:
+            self.note(f"{what}: the nodes' copies differ (the ranks' states are not equal)")
+
+    @overload
     def load(
-        self, path: str | os.PathLike[str], *, weights_only: bool = True, **targets: Any
-    ) -> dict[str, Any]:
+        self, path: str | os.PathLike[str], *, weights_only: bool = ..., **targets: Any
+    ) -> dict[str, Any]: ...
+    @overload
+    def load(
+        self, path: None = None, *, weights_only: bool = ..., **targets: Any
+    ) -> dict[str, Any] | None: ...
+    def load(
+        self, path: str | os.PathLike[str] | None = None, *, weights_only: bool = True,
+        **targets: Any,
+    ) -> dict[str, Any] | None:  # fmt: skip
         """Rank 0's checkpoint at ``path``, on every rank; loads the named ``targets``.
 
         ``ctx.load(path, model=model, optimizer=opt)`` calls ``load_state_dict`` on each
-        with the entry of that name, and returns the whole dict (step, ...). Ranks whose
-        node holds no copy (or another one) of the file get rank 0's bytes over the
-        process group, so a checkpoint in a node-local folder works too.
+        with the entry of that name, puts the prepared loaders back where they were at the
+        save, and returns the whole dict (step, ...). Ranks whose node holds no copy (or
+        another one) of the file get rank 0's bytes over the process group, so a
+        checkpoint in a node-local folder works too.
+
+        Without ``path``, the checkpoint of ``ctx.resume_path`` ($CPUACCEL_RESUME, which a
+        restarted ``cpuaccel run`` sets): when there is none (a first attempt), nothing is
+        loaded and the result is None.
         """
-        data = Path(path).read_bytes() if self.world_size == 1 else self._fetch(Path(path))
+        if path is None:
+            if self.resume_path is None:
+                return None
+            path = self.resume_path
+        data = (
+            Path(path).read_bytes()
+            if self.world_size == 1
+            else checkpoint.fetch(Path(path), self.is_main, self.world_size)
+        )
         state = checkpoint.from_bytes(data, weights_only=weights_only)
         checkpoint.restore(state, targets)
+        positions = state.pop(LOADERS_KEY, None)
+        if isinstance(positions, list):
+            # Loaders prepared after this load get theirs in prepare(), in the same order.
+            self._positions = positions
+            for loader, position in zip(self._loaders, positions, strict=False):
+                loader.load_state_dict(position)
         return state
-
-    def _fetch(self, path: Path) -> bytes:
-        data: bytes | None = None
-        head: list[Any] = [None, None]
-        if self.is_main:
-            try:
-                data = path.read_bytes()
-                head = [hashlib.sha256(data).hexdigest(), None]
-            except OSError as exc:
-                head = [None, f"{type(exc).__name__}: {exc}"]
-        dist.broadcast_object_list(head, src=0)
-        digest, error = head
-        if error is not None:
-            raise RuntimeError(f"loading {path} failed on rank 0: {error}")
-        if not self.is_main:
-            with contextlib.suppress(OSError):
-                local = path.read_bytes()
-                if hashlib.sha256(local).hexdigest() == digest:
-                    data = local
-        wanted: list[Any] = [None] * self.world_size
-        dist.all_gather_object(wanted, data is None)
-        if any(wanted):
-            box: list[Any] = [data if self.is_main else None]
-            dist.broadcast_object_list(box, src=0)
-            if data is None:
-                data = box[0]
-        assert data is not None
-        return data
 
     # ------------------------------------------------------------------ metrics
 

@@ -5,7 +5,9 @@ workers...) on a :class:`ShardSampler`, a ``DistributedSampler`` that can also s
 epoch part-way (to resume a run at the batch where it stopped). The loader it returns
 is a :class:`ShardedLoader`: each new pass over it uses the next epoch's shuffle unless
 :meth:`ShardedLoader.set_epoch` chose one, so every rank shuffles alike and each epoch
-differently, deterministically from the seed.
+differently, deterministically from the seed. Its ``state_dict`` (epoch, batches handed
+out) goes into checkpoints, so that a resumed run reads exactly the batches that the
+interrupted one would have read next.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 
 class ShardSampler(DistributedSampler[Any]):
@@ -41,26 +42,57 @@ class ShardSampler(DistributedSampler[Any]):
 
 
 class ShardedLoader(DataLoader[Any]):
-    """A DataLoader over a :class:`ShardSampler`, with ``set_epoch``."""
+    """A DataLoader over a :class:`ShardSampler`, with ``set_epoch`` and a resumable
+    position (``state_dict``/``load_state_dict``)."""
 
     sampler: ShardSampler
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.epoch = -1
+        self.epoch = -1  # the epoch of the pass under way (or the last one)
+        self.position = 0  # batches of that pass handed out so far (skipped ones count)
+        self.finished = True  # whether that pass reached its end
         self._chosen: int | None = None
+        self._skip = 0
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Use ``epoch``'s order for the next pass, starting after ``skip_batches``."""
         self._chosen = epoch
+        self._skip = skip_batches
         self.sampler.skip = skip_batches * (self.batch_size or 1)
 
-    def __iter__(self) -> _BaseDataLoaderIter:
+    def state_dict(self) -> dict[str, int]:
+        """Where the next batch comes from: ``{"epoch": e, "position": batches of e
+        already handed out}`` (a checkpoint saves it; :meth:`load_state_dict` goes back)."""
+        if self._chosen is not None:
+            return {"epoch": self._chosen, "position": self._skip}
+        if self.finished or self.position >= self.batches_per_pass():
+            return {"epoch": self.epoch + 1, "position": 0}
+        return {"epoch": self.epoch, "position": self.position}
+
+    def batches_per_pass(self) -> int:
+        """A whole pass's batches (``len`` is less during a pass that skips some)."""
+        size = self.batch_size or 1
+        whole, rest = divmod(self.sampler.num_samples, size)
+        return whole + (1 if rest and not self.drop_last else 0)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.set_epoch(int(state["epoch"]), skip_batches=int(state["position"]))
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        # The pass is set up here, not on the first next(): state_dict() is right at once.
         epoch = self._chosen if self._chosen is not None else self.epoch + 1
         self._chosen = None
-        self.epoch = epoch
+        self.epoch, self.position, self.finished = epoch, self._skip, False
+        self._skip = 0
         self.sampler.set_epoch(epoch)
-        return super().__iter__()
+        return self._counted(super().__iter__())
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            self.position += 1  # before the yield: the batch is the caller's from now on
+            yield batch
+        self.finished = True
 
 
 def _batch_size_and_sampler(loader: DataLoader[Any]) -> tuple[int, Any, bool]:

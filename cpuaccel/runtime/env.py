@@ -8,10 +8,14 @@ derivation the worker uses; with no launcher at all it is a world of one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpuaccel.worker import derive_env
+
+RESTART_ENV = "CPUACCEL_RESTART"  # the attempt's number: 0 first, k after k restarts
+RESUME_ENV = "CPUACCEL_RESUME"  # the checkpoint the attempt resumes from (absolute path)
 
 # Set by the MPI process managers that start each rank (Intel MPI/MPICH, Open MPI, PMIx).
 MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -27,6 +31,8 @@ class DistEnv:
     master_port: int
     launched_by_mpi: bool
     run_dir: str | None
+    restart: int = 0
+    resume_path: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -41,4 +47,19 @@ class DistEnv:
             master_port=int(derived["MASTER_PORT"]),
             launched_by_mpi=any(name in env for name in MPI_RANK_VARS),
             run_dir=env.get("CPUACCEL_RUN_DIR") or None,
+            restart=restart_of(env),
+            resume_path=env.get(RESUME_ENV) or None,
         )
+
+
+def restart_of(env: Mapping[str, str]) -> int:
+    """$CPUACCEL_RESTART as a number (0 when unset); anything else is a mistake to name."""
+    text = env.get(RESTART_ENV, "").strip()
+    if not text:
+        return 0
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError(
+            f"{RESTART_ENV}={text!r}: not a whole number >= 0 (the attempt's number, "
+            "0 for the first; cpuaccel run sets it on a restart: unset it)"
+        )
+    return int(text)
