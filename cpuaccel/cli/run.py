@@ -20,8 +20,8 @@ from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, pars
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
-from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.config.launcher_args import split as split_launcher_args
+from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import detached, entry, job
 from cpuaccel.launch.plan import RunPlan, Script
