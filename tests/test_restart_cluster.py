@@ -1,0 +1,131 @@
+"""`run --max-restarts` against real nodes (issue 15 item 1): a failed attempt is ended
+everywhere, and the next one starts in the same run folder; a failure that repeats
+identically before any checkpoint stops the run.
+
+Scripts import nothing heavy: each attempt is about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
+
+pytestmark = pytest.mark.cluster
+
+NODES = ("node1", "node2", "node3")
+
+# Rank 0 fails at once, every attempt; rank 1 waits to be ended.
+FAILS = """\
+import os, sys, time
+print("attempt", os.environ["CPUACCEL_RESTART"], flush=True)
+if os.environ["RANK"] == "0":
+    sys.exit(3)
+time.sleep(60)
+"""
+
+# Attempt 0 sleeps until the test kills a rank; attempt 1 finishes at once.
+KILLED_ONCE = """\
+import os, time
+attempt = os.environ["CPUACCEL_RESTART"]
+print("started", attempt, os.environ.get("CPUACCEL_RESUME"), flush=True)
+if attempt == "0":
+    time.sleep(60)
+"""
+
+
+def attempts_of(run_dir: Path) -> list[dict[str, object]]:
+    lines = (run_dir / "attempts.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
+    for node in NODES:
+        assert job_processes(cluster, node, run_id) == [], node
+    for node in NODES:
+        assert cluster.wait_idle(node, timeout=5) == [], node
+
+
+def test_an_identical_failure_is_not_restarted_again(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    proj = make_project(tmp_path, {"job.py": FAILS})
+    run = cpuaccel_run(
+        proj, "-i", inventory, "--nodes", "2", "--ppn", "1", "--max-restarts", "3",
+        "--restart-delay", "0.5", "job.py",
+    )  # fmt: skip
+    assert run.code == 3, run  # the script's own code, the last attempt's
+    attempts = attempts_of(run.run_dir)
+    assert [a["attempt"] for a in attempts] == [0, 1], run  # not 4: the repeat was seen
+    for a in attempts:
+        assert (a["reason"], a["exit_code"], a["rank"], a["host"]) == ("failed", 3, 0, "node1")
+        assert a["hosts"] == ["node1", "node2"] and a["resume"] is None
+    assert "attempt 0 failed (exit code 3, rank 0 on node1): restarting in 0.5 s" in run.stderr
+    assert "attempt 1 failed as attempt 0 did" in run.stderr, run
+    assert "not restarting it again" in run.stderr
+    assert run.lines(0) == ["attempt 0", "attempt 1"]
+    record = run.record()
+    assert record["attempts"] == attempts and record["exit_code"] == 3
+    log = (run.run_dir / "rank-1.log").read_text().splitlines()  # and how it was ended
+    ours = [line for line in log if line.startswith(("---", "attempt"))]
+    assert ours == ["--- attempt 0 ---", "attempt 0", "--- attempt 1 ---", "attempt 1"], log
+    copy = (run.run_dir / "attempt-1" / "rank-0.log").read_text().splitlines()
+    assert copy == ["attempt 1", "[cpuaccel] exit code 3"]
+    assert_nothing_left(cluster, record["run_id"])
+
+
+def _the_rank(cluster: Cluster, node: str, run_id: str) -> int:
+    """The rank's own process on ``node``: the worker's child (the worker reports how it
+    ended), itself the parent of the helper that labels its output (_labels.py)."""
+    workers = {}
+    for line in job_processes(cluster, node, run_id):
+        pid, cmd = line.split(" ", 1)
+        if "cpuaccel.worker" in cmd:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            workers[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])  # its parent
+    middle = [pid for pid, up in workers.items() if up in workers and pid in workers.values()]
+    assert len(middle) == 1, workers
+    return middle[0]
+
+
+def test_a_rank_killed_mid_run_is_restarted(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    proj = make_project(tmp_path, {"job.py": KILLED_ONCE})
+    job = BackgroundRun(
+        proj, "-i", inventory, "--nodes", "2", "--ppn", "1", "--max-restarts", "1",
+        "--restart-delay", "1", "--json", "job.py",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while sum("started 0" in line for line in job.err) < 2:  # --json: ranks on stderr
+            assert job.proc.poll() is None and time.monotonic() < deadline, job.report()
+            time.sleep(0.05)
+        run_id = next((proj / "runs").iterdir()).name
+        os.kill(_the_rank(cluster, "node2", run_id), signal.SIGKILL)
+        run = job.finish(timeout=90)
+    finally:
+        job.stop()
+    assert run.code == 0, run
+    report = json.loads(run.stdout)
+    assert report["exit_code"] == 0 and report["ended_by"] == "completed"
+    attempts = report["attempts"]
+    assert [(a["attempt"], a["reason"]) for a in attempts] == [(0, "failed"), (1, "completed")]
+    assert attempts[0]["rank"] == 1 and attempts[0]["host"] == "node2", run
+    assert attempts[0]["exit_code"] == 128 + signal.SIGKILL
+    assert attempts[1]["resume"] is None  # no checkpoint was saved
+    run_dir = Path(report["folder"])
+    assert attempts_of(run_dir) == attempts
+    log = (run_dir / "rank-1.log").read_text().splitlines()
+    assert log[0] == "--- attempt 0 ---" and "[cpuaccel] killed by SIGKILL" in log
+    assert log[-2:] == ["--- attempt 1 ---", "started 1 None"]
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    assert_nothing_left(cluster, run_id)
