@@ -224,3 +224,53 @@ def test_attempt_k_tells_its_ranks_which_it_is() -> None:
     assert again.env["CPUACCEL_RESUME"] == "/w/runs/r1/ckpt.pt"
     assert attempts.plan_for(again, 3, None).env.get("CPUACCEL_RESUME") is None
     assert "CPUACCEL_RESTART" not in plan.env  # the plan itself is left as it was
+
+
+# ---------------------------------------------------------------- report
+
+
+def restarted_run(tmp_path: Path, checkpoints: bool) -> Path:
+    """Steps 1-40 logged by attempt 0 (times 100-139), then attempt 1 (started at 150)
+    resumed from step 30's checkpoint and logged 31-60."""
+    run_dir = tmp_path / "20260101-000000-abcdef"
+    run_dir.mkdir()
+    lines = [{"step": s, "loss": 3.0 - s / 100, "time": 99.0 + s} for s in range(1, 41)]
+    lines += [{"step": s, "loss": 3.0 - s / 100, "time": 120.0 + s} for s in range(31, 61)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    ckpt = "/w/runs/r/ckpt-30.pt"
+    (run_dir / "attempts.jsonl").write_text(
+        json.dumps(attempt(0).to_json() | {"started": 90.0}) + "\n"
+        + json.dumps(attempt(1, "completed", 0, None, None, ckpt).to_json() | {"started": 150.0})
+        + "\n"
+    )  # fmt: skip
+    if checkpoints:
+        record = {"path": ckpt, "step": 30, "sha256": "0" * 64, "size": 1, "time": 140.0}
+        (run_dir / "checkpoints.jsonl").write_text(json.dumps(record) + "\n")
+    return run_dir
+
+
+@pytest.mark.parametrize(("checkpoints", "step"), [(True, 30), (False, 31)])
+def test_report_marks_each_restart_on_the_loss_plot(
+    tmp_path: Path, checkpoints: bool, step: int
+) -> None:
+    from cpuaccel.cli import report_plot
+    from cpuaccel.launch.metrics_summary import read_metrics, read_restarts, read_run_info
+
+    run_dir = restarted_run(tmp_path, checkpoints)
+    metrics = read_metrics(run_dir)
+    info = read_run_info(run_dir)
+    read_restarts(run_dir, metrics, info)
+    assert info.restarts == [(1, step)]  # the checkpoint's step, else the first one logged
+    described = report_plot.describe(report_plot.build_figure(metrics, info, "r"))
+    assert [p["restarts"] for p in described["panels"]] == [[step], []]  # the loss panel
+
+
+def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
+    from cpuaccel.testing.command import cpuaccel
+
+    run_dir = restarted_run(tmp_path, True)
+    shown = cpuaccel("report", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    assert "restarts   attempt 1 from step 30" in shown.stdout
+    proc = cpuaccel("report", str(run_dir), "--json")
+    assert json.loads(proc.stdout)["restarts"] == [{"attempt": 1, "step": 30}]
