@@ -274,3 +274,14 @@ def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
     assert "restarts   attempt 1 from step 30" in shown.stdout
     proc = cpuaccel("report", str(run_dir), "--json")
     assert json.loads(proc.stdout)["restarts"] == [{"attempt": 1, "step": 30}]
+
+
+@pytest.mark.parametrize(
+    ("count", "state", "restarts"),
+    [(None, "succeeded", 0), (1, "failed", 0), (2, "succeeded", 1), (1, "running", 1)],
+)
+def test_ps_counts_the_restarts(count: int | None, state: str, restarts: int) -> None:
+    from cpuaccel.cli import ps
+
+    record = {} if count is None else {"attempts": [attempt(k).to_json() for k in range(count)]}
+    assert ps.restarts(record, state) == restarts

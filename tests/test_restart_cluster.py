@@ -16,18 +16,26 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
+from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testing.runs import ENV, BackgroundRun, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
 NODES = ("node1", "node2", "node3")
 
-# Rank 0 fails at once, every attempt; rank 1 waits to be ended.
+# Rank 0 fails once rank 1 has started (a flag in a folder the nodes share), every
+# attempt; rank 1 waits to be ended.
 FAILS = """\
-import os, sys, time
-print("attempt", os.environ["CPUACCEL_RESTART"], flush=True)
+import os, pathlib, sys, time
+attempt = os.environ["CPUACCEL_RESTART"]
+flag = pathlib.Path(sys.argv[1]) / f"started-{attempt}"
+print("attempt", attempt, flush=True)
 if os.environ["RANK"] == "0":
+    deadline = time.monotonic() + 30
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     sys.exit(3)
+flag.touch()
 time.sleep(60)
 """
 
@@ -59,7 +67,7 @@ def test_an_identical_failure_is_not_restarted_again(
     proj = make_project(tmp_path, {"job.py": FAILS})
     run = cpuaccel_run(
         proj, "-i", inventory, "--nodes", "2", "--ppn", "1", "--max-restarts", "3",
-        "--restart-delay", "0.5", "job.py",
+        "--restart-delay", "0.5", "job.py", str(tmp_path),
     )  # fmt: skip
     assert run.code == 3, run  # the script's own code, the last attempt's
     attempts = attempts_of(run.run_dir)
@@ -128,4 +136,8 @@ def test_a_rank_killed_mid_run_is_restarted(
     assert log[-2:] == ["--- attempt 1 ---", "started 1 None"]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "succeeded" and status["exit_code"] == 0
+    listed = cpuaccel("ps", "--json", cwd=proj, env=ENV)
+    assert [(r["id"], r["restarts"]) for r in json.loads(listed.stdout)] == [(run_id, 1)]
+    table = cpuaccel("ps", cwd=proj, env=ENV)
+    assert "succeeded, restarts: 1" in table.stdout, table.stdout
     assert_nothing_left(cluster, run_id)

@@ -67,7 +67,16 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
         "seconds": round((ended or now) - started, 1) if started is not None else None,
         "step": step,
         "loss": _number(loss),
+        "restarts": restarts(record, state),
     }
+
+
+def restarts(record: dict[str, Any], state: str) -> int:
+    """How many times run --max-restarts restarted it: run.json's attempts are those
+    that ended (a running run is in the one after them)."""
+    ended = record.get("attempts")
+    count = len(ended) if isinstance(ended, list) else 0
+    return count if state == "running" else max(0, count - 1)
 
 
 def _live(run: RunRecord, heads: Heads) -> RunRecord:
@@ -103,6 +112,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     colours = {"running": "cyan", "succeeded": "green"}
     for r in rows:
         state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
+        if r["restarts"]:
+            state += f", restarts: {r['restarts']}"
         started = (
             time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
         )
