@@ -15,9 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, BackgroundRun, cpuaccel_run, job_processes, make_project
+from cpuaccel.testing.runs import (
+    ENV,
+    BackgroundRun,
+    Run,
+    cpuaccel_run,
+    job_processes,
+    make_project,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -140,4 +147,69 @@ def test_a_rank_killed_mid_run_is_restarted(
     assert [(r["id"], r["restarts"]) for r in json.loads(listed.stdout)] == [(run_id, 1)]
     table = cpuaccel("ps", cwd=proj, env=ENV)
     assert "succeeded, restarts: 1" in table.stdout, table.stdout
+    assert_nothing_left(cluster, run_id)
+
+
+# ---------------------------------------------------------------- resumed exactly
+
+REPO = Path(__file__).resolve().parent.parent
+WORKDIR = NODE_DIR / "work"  # the nodes' own folder for projects and runs
+# examples/train.py as it is, but in attempt 0 rank 3 (on node2) dies by SIGKILL as soon
+# as it has finished step 43 (steps 40's checkpoint is saved): a death at a known step.
+KILLED_AT_43 = """\
+import os, runpy, signal
+from cpuaccel.runtime.context import Context
+if os.environ["CPUACCEL_RESTART"] == "0" and os.environ["RANK"] == "3":
+    log = Context.log
+    def dying(self, step=None, **values):
+        if step == 43:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return log(self, step, **values)
+    Context.log = dying
+runpy.run_path("train.py", run_name="__main__")
+"""
+TRAIN = (
+    "--steps", "100", "--save-every", "10", "--log-every", "1", "--precision", "fp32",
+    "--seed", "7", "--width", "32", "--layers", "1", "--heads", "2", "--context", "32",
+    "--batch", "4", "--corpus-bytes", "100000",
+)  # fmt: skip
+# The largest relative difference between two checkpoints' model parameters.
+COMPARE = """\
+import sys, torch
+a, b = (torch.load(p, weights_only=False)["model"] for p in sys.argv[1:3])
+assert a.keys() == b.keys()
+print(max(float(((a[k] - b[k]).abs() / b[k].abs().clamp_min(1e-12)).max()) for k in a))
+"""
+
+
+def test_a_killed_rank_resumes_from_the_checkpoint_to_the_same_parameters(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    example = (REPO / "examples" / "train.py").read_text()
+    proj = make_project(tmp_path, {"train.py": example, "job.py": KILLED_AT_43})
+    # The ranks import cpuaccel from this tree (its runtime saves and resumes).
+    common = ("-i", inventory, "--nodes", "2", "--ppn", "2", "--env", f"PYTHONPATH={REPO}")
+    reference = cpuaccel_run(proj, *common, "train.py", *TRAIN, timeout=400)
+    assert reference.code == 0, reference
+    # Not cpuaccel_run: the other ranks' tracebacks (their peer gone) are expected here.
+    begun = time.monotonic()
+    proc = cpuaccel(
+        "run", *common, "--max-restarts", "2", "job.py", *TRAIN, cwd=proj, env=ENV, timeout=400
+    )
+    run = Run(proc, time.monotonic() - begun)
+    assert run.code == 0, run
+    assert "[rank 3 node2] [cpuaccel] killed by SIGKILL" in run.stderr, run
+    attempts = attempts_of(run.run_dir)
+    # The first rank to report may be rank 3 or a peer that lost it (gloo's read error).
+    assert [a["reason"] for a in attempts] == ["failed", "completed"], attempts
+    run_id, reference_id = run.record()["run_id"], reference.record()["run_id"]
+    resumed = f"{WORKDIR}/runs/{run_id}/checkpoint.pt"
+    assert attempts[1]["resume"] == resumed
+    assert f"resumed from {resumed} at step 40" in run.lines(0), run
+    compared = cluster.exec(
+        "node1",
+        [cluster.python, "-c", COMPARE, resumed, f"{WORKDIR}/runs/{reference_id}/checkpoint.pt"],
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert float(compared.stdout) <= 1e-5, compared.stdout
     assert_nothing_left(cluster, run_id)
