@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from cpuaccel.runtime import Context, init
+    from cpuaccel.runtime import Context, init, record_checkpoint
 
-__all__ = ["Context", "__version__", "init"]
-_RUNTIME = ("Context", "init")
+__all__ = ["Context", "__version__", "init", "record_checkpoint"]
+_RUNTIME = ("Context", "init", "record_checkpoint")
 
 
 def __getattr__(name: str) -> Any:

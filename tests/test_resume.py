@@ -163,6 +163,8 @@ def test_a_loader_resumed_from_its_state_reads_what_the_whole_run_reads(stop: in
         state = json.loads(json.dumps(first.state_dict()))  # plain numbers, as saved
         resumed = sharded(rank)
         resumed.load_state_dict(state)
+        # Until the pass starts, len() is a whole epoch's: scripts compute from it.
+        assert len(resumed) == 6
         assert batches(resumed, 20 - stop) == whole[stop:], (rank, stop, state)
 
 
@@ -322,3 +324,80 @@ def test_a_record_is_what_the_runtime_writes() -> None:
     parsed = host("a", [line("ck.pt", 7)], {}).records["ck.pt"]
     assert parsed == Record("ck.pt", 7, SHA_A, 100, 2000.0)
     assert os.path.join(RUN_DIR, parsed.name) == f"{RUN_DIR}/ck.pt"
+
+
+def test_only_the_tail_of_a_huge_checkpoints_file_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoints.jsonl of 50 MB: one read of its last TAIL bytes, the cut line dropped."""
+    from cpuaccel.launch import resume
+
+    whole = json.dumps(line("ck.pt", 40)) + "\n"
+    tail = ("x" * 100 + "\n" + whole).encode()
+    asked: list[tuple[int, int]] = []
+
+    def listing(conn: Any, run_dir: str, timeout: float) -> list[Any]:
+        sizes = {RECORDS: 50_000_000, "ck.pt": 100}
+        return [resume.runfiles.RemoteFile(n, s, 1000.0) for n, s in sizes.items()]
+
+    def read(conn: Any, run_dir: str, name: str, offset: int, limit: int, timeout: float) -> Any:
+        asked.append((offset, limit))
+        return tail, offset + len(tail), 50_000_000
+
+    monkeypatch.setattr(resume.runfiles, "list_files", listing)
+    monkeypatch.setattr(resume.runfiles, "read", read)
+    conn = type("Conn", (), {"host": type("H", (), {"name": "a"})()})()
+    found = resume.read_host(conn, RUN_DIR, timeout=5)
+    assert asked == [(50_000_000 - resume.TAIL, resume.TAIL)]
+    assert found.reasons == [f"{RECORDS} is 50000000 bytes: only its last {resume.TAIL} read"]
+    assert list(found.records) == ["ck.pt"]
+    assert choose([found], RUN_DIR).path == f"{RUN_DIR}/ck.pt"
+
+
+# ---------------------------------------------------------------- record_checkpoint
+
+
+def test_record_checkpoint_of_a_folder_writes_its_manifest(
+    clean_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What Accelerate's save_state writes: a folder, whose per-process RNG files differ
+    between nodes (each holds its own ranks'), so they are left out of the hash."""
+    run_dir = tmp_path / "runs" / "r1"
+    state = run_dir / "state-10"
+    (state / "sub").mkdir(parents=True)
+    (state / "model.safetensors").write_bytes(b"weights")
+    (state / "sub" / "x.bin").write_bytes(b"x")
+    (state / "random_states_0.pkl").write_bytes(b"rng of rank 0")
+    (state / "link").symlink_to("/etc/passwd")
+    assert cpuaccel.record_checkpoint(state, step=10) is None  # not under cpuaccel run
+    monkeypatch.setenv("CPUACCEL_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert cpuaccel.record_checkpoint(state, step=10) is None  # local rank 1: not its part
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    line = cpuaccel.record_checkpoint(state, step=10)
+    assert line is not None and line["manifest"] == "state-10.manifest.json"
+    listed = (run_dir / "state-10.manifest.json").read_bytes()
+    assert json.loads(listed) == [
+        ["model.safetensors", 7, hashlib.sha256(b"weights").hexdigest()],
+        ["sub/x.bin", 1, hashlib.sha256(b"x").hexdigest()],
+    ]
+    assert (line["sha256"], line["size"], line["rank"]) == (
+        hashlib.sha256(listed).hexdigest(), len(listed), 2,
+    )  # fmt: skip
+    (state / "random_states_0.pkl").write_bytes(b"another node's ranks")
+    assert cpuaccel.record_checkpoint(state, step=10)["sha256"] == line["sha256"]  # type: ignore[index]
+    # The controller checks the manifest (the listing shows files only).
+    found = HostCheckpoints("h", files={"state-10.manifest.json": (len(listed), 0.0)})
+    parse_records((run_dir / RECORDS).read_text(), str(run_dir), found)
+    assert choose([found], str(run_dir)).path == str(state)
+    gone = HostCheckpoints("h", files={})
+    parse_records((run_dir / RECORDS).read_text(), str(run_dir), gone)
+    assert choose([gone], str(run_dir)).reasons[0][1].endswith("state-10.manifest.json is gone")
+
+
+def test_a_manifest_of_another_name_is_refused() -> None:
+    bad = {**line("state-10", 10), "manifest": "../../etc/passwd"}
+    found = host("a", [bad], {"passwd": 100})
+    assert found.records == {} and "manifest '../../etc/passwd' is not" in found.reasons[0]

@@ -22,12 +22,15 @@ from typing import Any
 
 import pytest
 
+import cpuaccel
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parent.parent
+# Ranks import cpuaccel from the tree under test (a worktree's, when it is one).
+TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
 WORKDIR = NODE_DIR / "work"  # the nodes' own (not shared) folder for projects and runs
 _ports = iter(range(random.randrange(30000, 39000, 100), 65000))
 
@@ -87,7 +90,7 @@ while done < steps:
             break
 params = [p for m in (fp32, bf16) for p in ctx.unwrap(m).parameters()]
 flat = torch.cat([p.detach().float().flatten() for p in params])  # bf16 -> fp32 is exact
-# A checkpoint in the run folder, which is each node's own: node2's ranks get rank 0's bytes.
+# A checkpoint in the run folder, which is each node's own: each node's local rank 0 writes.
 path = os.path.join(os.environ["CPUACCEL_RUN_DIR"], "state.pt")
 ctx.save(path, fp32=fp32, bf16=bf16, step=done)
 state = ctx.load(path)
@@ -115,7 +118,7 @@ def sync_run(
     project: Path, inventory: str, mode: str, steps: int, out: Path
 ) -> dict[int, dict[str, Any]]:
     run = cpuaccel_run(
-        project, "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port", port(),
+        project, "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port", port(), *TREE,
         "--env", f"CPUACCEL_GRAD_SYNC={mode}", "sync.py", str(steps), str(out),
     )  # fmt: skip
     assert run.code == 0, run
@@ -140,8 +143,8 @@ def test_mpi_gradient_sync_matches_gloo_on_two_nodes(
             # one bucket per model and step at least
             assert seen["sync_calls"] >= 2 * steps and seen["sync_seconds"] > 0, (mode, rank)
             assert seen["loaded"], (mode, rank)
-        # The checkpoint was written on node1 only; node2's ranks loaded rank 0's copy.
-        assert [ranks[r]["has_file"] for r in range(4)] == [True, True, False, False], mode
+        # Each node's local rank 0 wrote its copy (issue 15): every node has the file.
+        assert [ranks[r]["has_file"] for r in range(4)] == [True, True, True, True], mode
     sizes = runs["mpi"][0]["sizes"]
     assert sizes == runs["pg"][0]["sizes"]
     mpi, pg = (json.loads((tmp_path / f"{mode}.json").read_text()) for mode in ("mpi", "pg"))
@@ -222,7 +225,7 @@ def test_checkpoint_kill_and_resume_give_the_same_loss_curve(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
     project = make_project(tmp_path, {"resume.py": RESUME_SCRIPT})
-    common = ("-i", inventory, "--nodes", "2", "--ppn", "1")
+    common = ("-i", inventory, "--nodes", "2", "--ppn", "1", *TREE)
     # 48 samples / 2 ranks / 4 a batch: 6 steps an epoch; 14 steps cross two epoch ends.
     whole = cpuaccel_run(
         project, *common, "--master-port", port(), "resume.py",
@@ -269,7 +272,7 @@ def test_example_loss_falls_and_it_resumes(
 ) -> None:
     example = (REPO / "examples" / "train.py").read_text()
     project = make_project(tmp_path, {"train.py": example})
-    common = ("-i", inventory, "--nodes", "1", "--ppn", "2")
+    common = ("-i", inventory, "--nodes", "1", "--ppn", "2", *TREE)
     first = cpuaccel_run(
         project, *common, "--master-port", port(), "train.py",
         "--steps", "40", "--log-every", "10", "--checkpoint", "ckpt.pt",

@@ -5,8 +5,10 @@ folder's ``checkpoints.jsonl`` on its node (path, step, sha256, size, time, rank
 :func:`newest_complete` reads every host's lines (the ``jobs`` program's ``read``, the
 tail only: bounded) and listing (``list``: the files' sizes), and picks the newest
 checkpoint (highest step, then time) that every host recorded with the same sha256 and
-size and still holds at that size. A checkpoint that lived only on a lost node, or that
-one node did not finish writing, is not chosen.
+size and still holds at that size. A folder (``cpuaccel.record_checkpoint`` of what
+Accelerate's ``save_state`` wrote) is recorded by its manifest, a file beside it. A
+checkpoint that lived only on a lost node, or that one node did not finish writing, is
+not chosen.
 
 What a node wrote is input, not trusted: a line that is not JSON, a field of the wrong
 type, a path outside the run folder (or in a subfolder, or a hidden name) is ignored
@@ -29,6 +31,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import runfiles
 
 RECORDS = "checkpoints.jsonl"
+MANIFEST = ".manifest.json"  # a recorded folder's: <folder>.manifest.json beside it
 TAIL = 1024 * 1024  # bytes of checkpoints.jsonl read (its newest lines are at its end)
 LINE_LIMIT = 4096  # a longer line is no record cpuaccel wrote
 MTIME_SLACK = 5.0  # seconds a file's mtime may pass its record's time (clock skew)
@@ -45,6 +48,7 @@ class Record:
     sha256: str
     size: int
     time: float
+    manifest: str | None = None  # a folder's: the file in the run folder that stands for it
 
 
 @dataclass
@@ -94,7 +98,10 @@ def parse_line(text: str, run_dir: str) -> Record | str:
         return f"size {size!r} is not a byte count"
     if not isinstance(when, int | float) or isinstance(when, bool) or not math.isfinite(when):
         return f"time {when!r} is not a time"
-    return Record(name, step, sha, size, float(when))
+    manifest = data.get("manifest")
+    if manifest is not None and manifest != f"{name}{MANIFEST}":
+        return f"manifest {manifest!r} is not {name}{MANIFEST}"
+    return Record(name, step, sha, size, float(when), manifest)
 
 
 def parse_records(text: str, run_dir: str, found: HostCheckpoints, first: int = 1) -> None:
@@ -115,11 +122,15 @@ def _gap(record: Record, host: HostCheckpoints) -> str | None:
     mine = host.records.get(record.name)
     if mine is None:
         return "no record of it"
-    if (mine.sha256, mine.size, mine.step) != (record.sha256, record.size, record.step):
+    if (mine.sha256, mine.size, mine.step, mine.manifest) != (
+        record.sha256, record.size, record.step, record.manifest
+    ):  # fmt: skip
         return f"its copy is another one (step {mine.step}, sha256 {mine.sha256[:12]})"
-    held = (host.files or {}).get(record.name)
+    # A folder (Accelerate's save_state) is checked through its manifest, which the
+    # node's listing shows (it lists files only) and whose hash the record holds.
+    held = (host.files or {}).get(record.manifest or record.name)
     if held is None:
-        return "the file is gone"
+        return f"{record.manifest or 'the file'} is gone"
     if held[0] != record.size:
         return f"the file is {held[0]} bytes, its record says {record.size}"
     if held[1] > mine.time + MTIME_SLACK:

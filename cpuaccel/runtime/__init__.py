@@ -10,7 +10,8 @@ creation and teardown), ``backend`` (process-group backend, IPEX), ``precision``
 
 from __future__ import annotations
 
+from cpuaccel.runtime.checkpoint import record_checkpoint
 from cpuaccel.runtime.context import Context
 from cpuaccel.runtime.start import init
 
-__all__ = ["Context", "init"]
+__all__ = ["Context", "init", "record_checkpoint"]

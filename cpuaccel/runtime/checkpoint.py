@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Mapping
@@ -34,6 +35,10 @@ from torch import nn
 
 TEMP_MARK = ".tmp-"
 RECORDS = "checkpoints.jsonl"  # in the run folder, one line a saved checkpoint
+MANIFEST = ".manifest.json"  # beside a recorded folder: what it holds (name, size, sha256)
+# Accelerate's save_state writes each process's RNG state into the folder: each node
+# holds its own ranks' files only, so they are no part of what must be equal everywhere.
+PER_PROCESS = re.compile(r"^random_states_[0-9]+\.pkl$")
 
 
 def unwrap(model: Any) -> Any:
@@ -201,3 +206,57 @@ def fetch(path: Path, is_main: bool, world_size: int) -> bytes:
             data = box[0]
     assert data is not None
     return data
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as data:
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def manifest(folder: Path) -> bytes:
+    """The files of a checkpoint folder (relative name, size, sha256), links left out."""
+    entries = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            full = Path(root) / name
+            if (root == str(folder) and PER_PROCESS.match(name)) or not full.is_file():
+                continue
+            if full.is_symlink():
+                continue
+            rel = full.relative_to(folder).as_posix()
+            entries.append([rel, full.stat().st_size, _digest(full)])
+    return json.dumps(entries).encode()
+
+
+def record_checkpoint(
+    path: str | os.PathLike[str], *, step: int | None = None
+) -> dict[str, Any] | None:
+    """Record a checkpoint the script wrote itself, so that a restarted ``cpuaccel run``
+    can resume from it ($CPUACCEL_RESUME), as it does from ``ctx.save``'s.
+
+    For a file, or a folder such as Accelerate's ``accelerator.save_state(folder)``
+    writes (with ``ProjectConfiguration(save_on_each_node=True)``: a copy on every
+    node). Call it on every rank after the save; each node's local rank 0 appends the
+    line to its checkpoints.jsonl (for a folder, after writing ``<folder>.manifest.json``
+    beside it, which the line describes). Outside ``cpuaccel run`` it does nothing.
+    Returns the line written, or None.
+    """
+    from cpuaccel.runtime.env import DistEnv
+
+    env = DistEnv.from_environ()
+    if env.run_dir is None or env.local_rank != 0:
+        return None
+    target = Path(path).absolute()
+    if target.is_dir():
+        listed = manifest(target)
+        name = f"{target.name}{MANIFEST}"
+        write_atomic(target.parent / name, listed)
+        line = {**record_line(target, listed, step=step, rank=env.rank), "manifest": name}
+    else:
+        line = record_line(target, target.read_bytes(), step=step, rank=env.rank)
+    record(env.run_dir, line)
+    return line

@@ -77,12 +77,15 @@ class ShardedLoader(DataLoader[Any]):
         return whole + (1 if rest and not self.drop_last else 0)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.set_epoch(int(state["epoch"]), skip_batches=int(state["position"]))
+        # Applied when the next pass starts: until then len() stays a whole epoch's, as
+        # scripts that compute their place from len(loader) after a load expect.
+        self._chosen, self._skip = int(state["epoch"]), int(state["position"])
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # The pass is set up here, not on the first next(): state_dict() is right at once.
         epoch = self._chosen if self._chosen is not None else self.epoch + 1
         self._chosen = None
+        self.sampler.skip = self._skip * (self.batch_size or 1)
         self.epoch, self.position, self.finished = epoch, self._skip, False
         self._skip = 0
         self.sampler.set_epoch(epoch)
