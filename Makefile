@@ -70,6 +70,10 @@ bench-sync: $(STAMP)
 bench-launch: $(STAMP)
 	$(BIN)/python bench/launch.py
 
+# A rank's death to the next attempt's first step: run --max-restarts against torchrun's.
+bench-restart: $(STAMP)
+	$(BIN)/python bench/restart.py
+
 # 1 node x 2 ranks: fp32 DDP, Accelerate bf16 and cpuaccel run side by side, then the
 # gloo/MPI allreduce microbenchmark (its 2-node half needs root for the namespace cluster).
 bench-train: $(STAMP)

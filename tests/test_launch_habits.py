@@ -205,8 +205,16 @@ def test_config_show_names_the_spelling_typed(proj: Path) -> None:
         # Unknown options before SCRIPT: named, with cpuaccel's spelling where there is one.
         (["-n", "2"], "-n: no such option of cpuaccel run", "--num_processes N"),
         (["-np", "2"], "-np: no such option", "--num_processes N"),
-        (["--max-restarts", "3"], "--max-restarts: no such option", "not supported yet"),
-        (["--max_restarts=3"], "--max_restarts: no such option", "not supported yet"),
+        # torchrun's spelling of --max-restarts is taken; a bad value names the flag.
+        (["--max-restarts", "-1"], "'--max-restarts': -1 is not in the range", "run --help"),
+        (["--max_restarts=x"], "Invalid value for '--max_restarts'", "run --help"),
+        (["--max-restarts", "2", "--max_restarts", "3"],
+         "--max-restarts 2 and --max_restarts 3 set the same thing differently",
+         "give --max-restarts once"),
+        (["--restart-delay", "-2"], "'--restart-delay': -2.0 is not in the range", "run --help"),
+        (["--max-restarts", "1", "--detach"],
+         "--detach with max_restarts 1 (--max-restarts): a detached run is not restarted",
+         "leave out --detach"),
         (["--config_file", "x.yaml"], "--config_file: no such option", "--config FILE"),
         (["--frobnicate"], "--frobnicate: no such option of cpuaccel run", "cpuaccel run --help"),
         (["--frobnicate=1", "--ppn", "2"], "--frobnicate: no such option", "go after SCRIPT"),

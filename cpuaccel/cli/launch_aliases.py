@@ -39,6 +39,7 @@ accelerate launch / torchrun spellings (the same settings):
   --master_addr, --master-addr, --main_process_ip HOST   the head: rank 0 and mpirun
   --master_port, --main_process_port PORT   --master-port PORT
   --mixed_precision P          --mixed-precision P
+  --max_restarts N             --max-restarts N
 """
 
 
@@ -93,7 +94,9 @@ ALIASES: dict[str, tuple[str | None, tuple[str, ...], _Convert]] = {
     "master_port": ("--master-port", ("--master_port", "--main_process_port",
                                       "--main-process-port"), _as_is),
     "mixed_precision": ("--mixed-precision", ("--mixed_precision",), _as_is),
+    "max_restarts": ("--max-restarts", ("--max_restarts",), _as_is),
 }  # fmt: skip
+MAX_RESTARTS = 1000  # as config/project.py bounds max_restarts: a typo (30000) is caught
 
 
 def _dest(spelling: str) -> str:
@@ -106,6 +109,8 @@ def _alias_type(setting: str) -> Any:
         return click.IntRange(1)
     if setting == "master_port":
         return click.IntRange(1, 65535)
+    if setting == "max_restarts":
+        return click.IntRange(0, MAX_RESTARTS)
     if setting == "mixed_precision":
         return click.Choice(PRECISION_CHOICES, case_sensitive=False)
     return str
@@ -130,6 +135,12 @@ def _declarations() -> list[Callable[[Any], Any]]:
             type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
             help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
             "CPUACCEL_MIXED_PRECISION.",
+        ),
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(0, MAX_RESTARTS),
+            metavar="N",
+            help="Restart a failed job up to N times, from its newest checkpoint.  [default: 0]",
         ),
     ]
     aliases = [
@@ -200,8 +211,6 @@ def _normal(value: Any) -> Any:
 SPELLINGS: dict[str, str] = {
     "-n": "-n is mpirun's total: --num_processes N (N ranks in all) or --ppn N per node",
     "-np": "-np is mpirun's total: --num_processes N (N ranks in all) or --ppn N per node",
-    "--max-restarts": "restarting failed ranks (torchrun --max-restarts) is not supported yet",
-    "--max_restarts": "restarting failed ranks (torchrun --max-restarts) is not supported yet",
     "--config_file": "the config file is --config FILE (Accelerate's default_config.yaml works)",
     "--config-file": "the config file is --config FILE (Accelerate's default_config.yaml works)",
     "--hostfile": "hosts come from -i FILE (an Ansible inventory or an MPI hostfile)",

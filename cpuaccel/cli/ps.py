@@ -63,6 +63,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     colours = {"running": "cyan", "succeeded": "green"}
     for r in rows:
         state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
+        if r["restarts"]:
+            state += f", restarts: {r['restarts']}"
         started = (
             time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
         )

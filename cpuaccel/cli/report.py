@@ -16,7 +16,12 @@ import click
 from cpuaccel import ui
 from cpuaccel.cli import report_plot
 from cpuaccel.cli.report_plot import duration
-from cpuaccel.launch.metrics_summary import read_metrics, read_run_info, summarize
+from cpuaccel.launch.metrics_summary import (
+    read_metrics,
+    read_restarts,
+    read_run_info,
+    summarize,
+)
 
 PNG = "report.png"
 
@@ -79,6 +84,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         line("grad sync", f"{share:.1%} of step time")
     if summary["lr_first"] is not None:
         line("lr", f"first {summary['lr_first']:.3g}, last {summary['lr_last']:.3g}")
+    if summary.get("restarts"):
+        marks = ", ".join(
+            f"attempt {r['attempt']} from step {r['step']}" for r in summary["restarts"]
+        )
+        line("restarts", marks)
     line("plot", summary["png"])
 
 
@@ -105,6 +115,7 @@ def report_command(run_dir: Path, as_json: bool) -> None:
     """
     metrics = read_metrics(run_dir)
     info = read_run_info(run_dir)
+    read_restarts(run_dir, metrics, info)
     png = run_dir / PNG
     figure = report_plot.build_figure(metrics, info, run_dir.resolve().name)
     report_plot.save(figure, png)

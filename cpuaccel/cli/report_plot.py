@@ -82,6 +82,12 @@ def build_figure(metrics: Metrics, info: RunInfo, run_name: str) -> Figure:
     loss_axes = axes_list[0]
     _series(loss_axes, list(zip(metrics.steps, metrics.loss, strict=True)), "tab:blue")
     loss_axes.set_ylabel("loss")
+    for attempt, step in info.restarts:  # run --max-restarts: where each attempt resumed
+        loss_axes.axvline(step, color="gray", linestyle=":", linewidth=1.0, gid="restart")
+        loss_axes.annotate(
+            f"restart {attempt}", xy=(step, 1), xycoords=("data", "axes fraction"),
+            xytext=(3, -12), textcoords="offset points", color="gray", fontsize="small",
+        )  # fmt: skip
     _rates(axes_list[1], metrics.samples_per_s)
     for axes, name in zip(axes_list[2:], names[2:], strict=True):
         if name == "learning rate":
@@ -155,6 +161,11 @@ def describe(figure: Figure) -> dict[str, Any]:
                     {"points": int(numpy.size(line.get_xdata())), "marker": line.get_marker()}
                     for line in axes.get_lines()
                     if line.get_gid() == "series"
+                ],
+                "restarts": [
+                    float(numpy.asarray(line.get_xdata())[0])
+                    for line in axes.get_lines()
+                    if line.get_gid() == "restart"
                 ],
             }
             for axes in figure.axes

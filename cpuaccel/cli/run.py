@@ -22,6 +22,7 @@ from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
+from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import detached, entry, job
 from cpuaccel.launch.plan import RunPlan, Script
@@ -46,6 +47,7 @@ Examples:
   cpuaccel run -i inventory.yaml --detach --timeout 36000 train.py  # prints the run id
   cpuaccel run -i inventory.yaml --hang-timeout 300 train.py   # a stuck job ends, exit 124
   cpuaccel stop last                                       # ends it on every node
+  cpuaccel run -i inventory.yaml --max-restarts 3 train.py  # a failure: from its checkpoint
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
@@ -143,6 +145,12 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  [default: off]",
 )
 @click.option(
+    "--restart-delay",
+    type=click.FloatRange(0, 3600),
+    metavar="SECONDS",
+    help="Wait this long before a restart (--max-restarts).  [default: 3]",
+)
+@click.option(
     "-m",
     "--module",
     "as_module",
@@ -188,6 +196,7 @@ def run_command(
     dry_run: bool,
     job_timeout: float | None,
     hang_timeout: float | None,
+    restart_delay: float | None,
     as_module: bool,
     no_python: bool,
     launcher_args: str | None,
@@ -212,9 +221,12 @@ def run_command(
             "secret_env": env.secret,
             "launcher_args": _launcher_words(launcher_args),
             "hang_timeout": hang_timeout,
+            "restart_delay": restart_delay,
         }
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
+        if detach:
+            _refuse_detached_restarts(settings)
         what = _entry(script, script_args, project, as_module, no_python)
         if dry_run:
             _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
@@ -272,6 +284,18 @@ def _print_report(report: JobReport, as_json: bool) -> None:
             f"detached: supervised on {escape(str(report.detached['head']))} "
             f"(pid {report.detached['supervisor']['pid']}); run directory: "
             f"{escape(str(report.folder))}; cpuaccel stop {escape(str(report.run_id))} ends it"
+        )
+
+
+def _refuse_detached_restarts(settings: LaunchSettings) -> None:
+    """A restart runs the preflight again, from the controller: a detached run's
+    supervisor on the head cannot (it holds no inventory, no connection to the nodes)."""
+    restarts = settings.max_restarts
+    if restarts.value:
+        raise UsageError(
+            f"--detach with max_restarts {restarts.value} ({restarts.where}): a detached run "
+            "is not restarted (a restart's preflight runs from this machine)",
+            hint="leave out --detach to have failures restarted, or set max_restarts to 0",
         )
 
 

@@ -30,6 +30,7 @@ from cpuaccel.config.settings import (
     DEFAULT,
     DEFAULT_CCL_WORKERS,
     DEFAULT_MASTER_PORT,
+    DEFAULT_RESTART_DELAY,
     FLAG,
     INVENTORY,
     PROJECT,
@@ -169,8 +170,10 @@ SPECS: dict[str, _Spec] = {
     "templates": (None, ("cpuaccel_templates",), _text, None, "cpuaccel's own templates/"),
     # Split and checked where written: the flag in cli/run.py, the file in project.py.
     "launcher_args": ("--launcher-args", (), _same, (), None),
-    # Checked where written: the flag by click, the file in project.py.
+    # Checked where written: the flags by click, the file in project.py.
     "hang_timeout": ("--hang-timeout", (), _same, None, "off"),
+    "max_restarts": ("--max-restarts", (), _same, 0, "a failed job is not restarted"),
+    "restart_delay": ("--restart-delay", (), _same, DEFAULT_RESTART_DELAY, None),
 }  # fmt: skip
 
 
@@ -219,6 +222,8 @@ def resolve(
         templates=got["templates"],
         launcher_args=got["launcher_args"],
         hang_timeout=got["hang_timeout"],
+        max_restarts=got["max_restarts"],
+        restart_delay=got["restart_delay"],
         chosen=tuple(chosen),
     )
 

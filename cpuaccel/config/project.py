@@ -26,6 +26,8 @@ from cpuaccel.sourcefile import read_source
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
 PRECISIONS = ("auto", "bf16", "no")  # fp32 is read as "no"
+MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught; the flag checks the same
+MAX_RESTART_DELAY = 3600
 # The key written in the file -> what it means, for --help-like hints and `config show`.
 KEYS: dict[str, str] = {
     "inventory": "the inventory (or MPI hostfile), relative to this file",
@@ -41,6 +43,8 @@ KEYS: dict[str, str] = {
     "exclude": "sync: patterns left out (a list, gitignore syntax)",
     "launcher_args": "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
     "hang_timeout": "seconds without progress of any rank that end the job (like --hang-timeout)",
+    "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
+    "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
 }
 
 
@@ -102,11 +106,13 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
     return check
 
 
-def _seconds(low: float) -> Callable[[Any], Any]:
+def _seconds(low: float, high: float | None = None) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"must be a number of seconds, got {value!r}")
-        if not value >= low:  # NaN too
+        if high is not None and not low <= value <= high:  # NaN too
+            raise ValueError(f"must be {low:g} to {high:g} seconds, got {value}")
+        if not value >= low:
             raise ValueError(f"must be at least {low:g} s, got {value}")
         return float(value)
 
@@ -158,6 +164,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "exclude": _patterns,
     "launcher_args": launcher_args.split,
     "hang_timeout": _seconds(1),
+    "max_restarts": _int(0, MAX_RESTARTS),
+    "restart_delay": _seconds(0, MAX_RESTART_DELAY),
 }
 
 

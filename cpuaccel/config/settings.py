@@ -23,6 +23,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
 )
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_CCL_WORKERS = 1
+DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
 ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
 
@@ -116,6 +117,9 @@ class LaunchSettings:
     # --hang-timeout / hang_timeout: seconds without progress of any rank that end the
     # job as hung (launch/hang.py); None: no hang detection.
     hang_timeout: Setting[float | None] = Setting("hang_timeout", None, DEFAULT, "off")
+    # --max-restarts / --restart-delay: attempts after a failure (launch/attempts.py).
+    max_restarts: Setting[int] = Setting("max_restarts", 0, DEFAULT)
+    restart_delay: Setting[float] = Setting("restart_delay", DEFAULT_RESTART_DELAY, DEFAULT)
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

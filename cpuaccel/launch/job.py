@@ -17,8 +17,10 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,12 +35,20 @@ from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import detached, results
+from cpuaccel.launch import attempts, detached, results
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
-from cpuaccel.launch.rundir import HostKeys, RunDir, render_job_files
-from cpuaccel.launch.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
+from cpuaccel.launch.resume import newest_complete
+from cpuaccel.launch.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files
+from cpuaccel.launch.supervise import (
+    TEARDOWN,
+    Job,
+    Outcome,
+    OutputRouter,
+    end_status,
+    foreground_status,
+)
 from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
@@ -111,11 +121,15 @@ def launch(
             ui.stderr().print(escape(plan.precision_note))
         if detach:
             return _detach(plan, project, local is not None, timeout, nodes, inventory, started)
-        outcome, folder = _run(
-            plan, project, local is not None, timeout, nodes, ranks_to_stderr, inventory
+        again = functools.partial(
+            _preflight_and_sync, settings, draft, allow_sync, local is not None, nodes
         )
+        job = _Foreground(attempts.plan_for(plan, 0, None), nodes, local is not None, again)
+        job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
+        outcome, folder, history = _run(job, project, inventory, settings)
     report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
     report.add_outcome(outcome, folder)
+    report.attempts = [a.to_json() for a in history]
     return report
 
 
@@ -160,25 +174,71 @@ def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
     return {name: key for name, key in keys.items() if key}
 
 
+class _Foreground:
+    """The job's attempts, run from here (launch/attempts.py decides when to restart)."""
+
+    def __init__(self, plan: RunPlan, nodes: _Nodes, local: bool, again: Callable[[], object]):
+        self.plan, self.nodes, self.local = plan, nodes, local  # plan: attempt 0's
+        self.again = again  # the preflight (and sync), as before attempt 0
+        self.hosts = [h.name for h in plan.hosts]
+        self.run_dir = RunDir(Path())  # _run creates it
+        self.timeout: float | None = None
+        self.out = ui.stdout()
+
+    def files(self, plan: RunPlan) -> JobFiles:
+        return render_job_files(plan, self.nodes.connect, _host_keys(plan.hosts, self.nodes.pool))
+
+    def copy(self, plan: RunPlan, files: JobFiles) -> None:
+        if not self.local or "secret.env" in files:  # the sweep took secret.env away
+            _copy_files(plan, files, self.nodes)
+
+    def run(self, k: int, resume: str | None) -> Outcome:
+        plan = self.plan
+        if k:  # the files again, with CPUACCEL_RESTART and CPUACCEL_RESUME
+            plan = attempts.plan_for(self.plan, k, resume)
+            files = self.files(plan)
+            for name, (mode, text) in files.items():
+                if name not in SECRET_FILES:
+                    self.run_dir.write(name, text, mode)
+            self.copy(plan, files)
+        router = OutputRouter(self.run_dir, self.out, ui.stderr())
+        job = Job(plan, self.nodes.connect, self.run_dir, router, self.nodes.forks, self.nodes.pool)
+        with results.brought_home(plan, self.run_dir, self.nodes.pool):  # metrics.jsonl ...
+            return job.run(self.timeout)
+
+    def preflight(self) -> bool:
+        for host in self.plan.hosts:  # a lost node: a fresh connection, if it answers
+            if host.name in self.nodes.pool.lost([host]):
+                self.nodes.pool.discard(host)
+        try:
+            self.again()
+        except PreflightFailed as exc:
+            ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
+            return False
+        return True
+
+    def newest_checkpoint(self) -> str | None:
+        return newest_complete(self.nodes.pool, self.plan.hosts, self.plan.run_dir, TEARDOWN)
+
+
 def _run(
-    plan: RunPlan,
-    project: Path,
-    local: bool,
-    timeout: float | None,
-    nodes: _Nodes,
-    ranks_to_stderr: bool,
-    inventory: str | None,
-) -> tuple[Outcome, str]:
-    """Render and copy the files, run the job, keep its record, print its summary."""
-    files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
-    run_dir = RunDir.create(project / "runs", plan, files)
+    job: _Foreground, project: Path, inventory: str | None, settings: LaunchSettings
+) -> tuple[Outcome, str, list[attempts.Attempt]]:
+    """Render and copy the files, run the attempts, keep the record, print the summary."""
+    plan = job.plan
+    files = job.files(plan)
+    job.run_dir = run_dir = RunDir.create(project / "runs", plan, files)
     try:
-        if not local or "secret.env" in files:
-            _copy_files(plan, files, nodes)
-        out = ui.stderr() if ranks_to_stderr else ui.stdout()
-        router = OutputRouter(run_dir, out, ui.stderr())
-        outcome = _supervise(plan, run_dir, timeout, nodes, router, inventory)
-        return outcome, str(run_dir.path)
+        job.copy(plan, files)
+        log = attempts.AttemptLog(run_dir, plan.world or 0, settings.max_restarts.value > 0)
+        restarts = attempts.Settings(
+            settings.max_restarts.value, settings.restart_delay.value, ui.stderr()
+        )
+        outcome = _supervise(
+            plan, run_dir, inventory, lambda: attempts.run_attempts(job, log, restarts)
+        )
+        _summary(plan, outcome, run_dir, log.history)
+        return outcome, str(run_dir.path), log.history
     finally:
         run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
 
@@ -186,18 +246,14 @@ def _run(
 def _supervise(
     plan: RunPlan,
     run_dir: RunDir,
-    timeout: float | None,
-    nodes: _Nodes,
-    router: OutputRouter,
     inventory: str | None,
+    run: Callable[[], Outcome],
 ) -> Outcome:
-    """Start the job, watch it to its end, and keep its record."""
+    """Start the job, watch it to its end (attempt after attempt), and keep its record."""
     run_dir.record_start(plan, detached=False, inventory=inventory)
     status = foreground_status(plan, run_dir)
     try:
-        job = Job(plan, nodes.connect, run_dir, router, nodes.forks, nodes.pool)
-        with results.brought_home(plan, run_dir, nodes.pool):  # metrics.jsonl ... from the head
-            outcome = job.run(timeout)
+        outcome = run()
     except BaseException:  # no outcome (the head refused the launch): not "running" forever
         mark_ended(str(run_dir.path), "failed", "error")
         raise
@@ -211,7 +267,6 @@ def _supervise(
         swept=outcome.swept,
         left=outcome.left,
     )
-    _summary(plan, outcome, run_dir)
     return outcome
 
 
@@ -314,8 +369,14 @@ def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
     run_on_hosts(hosts, forget, forks=nodes.forks, pool=nodes.pool)
 
 
-def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir) -> None:
+def _summary(
+    plan: RunPlan, outcome: Outcome, run_dir: RunDir, history: list[attempts.Attempt]
+) -> None:
     err = ui.stderr()
+    if len(history) > 1:  # the restarts, one line each
+        for a in history:
+            start = f" from {escape(a.resume)}" if a.resume else ""
+            err.print(f"attempt {a.attempt}{start}: {escape(a.why())}, {a.ended - a.started:.1f} s")
     colour = "green" if outcome.exit_code == 0 else "red"
     detail = ""
     if outcome.first_failure is not None:

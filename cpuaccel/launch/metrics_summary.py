@@ -43,6 +43,7 @@ class Metrics:
         self.samples_per_s: list[Point] = []
         self.lr: list[Point] = []
         self.sync_share: list[Point] = []  # logged, or sync time / step time
+        self.times: list[float | None] = []  # each line's "time" (epoch), for the restarts
         self.step_time: list[float] = []
         self.sync_of_timed_steps: list[float] = []  # of the steps whose both are known
         self.time_of_synced_steps: list[float] = []
@@ -61,6 +62,7 @@ class RunInfo:
         self.wall_seconds: float | None = None
         self.state: str | None = None
         self.warnings: list[str] = []
+        self.restarts: list[tuple[int, float]] = []  # (attempt, the step it resumed from)
 
 
 def _number(record: dict[str, Any], key: str, where: str) -> float | None:
@@ -129,6 +131,7 @@ def _add(metrics: Metrics, record: dict[str, Any], where: str) -> None:
     lr = _first_number(record, LR_KEYS, where)
     metrics.steps.append(step)
     metrics.loss.append(loss)
+    metrics.times.append(_number(record, "time", where))
     if rate is not None:
         metrics.samples_per_s.append((step, rate))
     if lr is not None:
@@ -191,6 +194,47 @@ def read_run_info(run_dir: Path) -> RunInfo:
     return info
 
 
+def read_restarts(run_dir: Path, metrics: Metrics, info: RunInfo) -> None:
+    """info.restarts from attempts.jsonl (run --max-restarts): each attempt after the
+    first, at the step of the checkpoint it resumed from (checkpoints.jsonl, when this
+    folder has it), else at the first step it logged (metrics' "time" after its start)."""
+    steps = {}
+    for record in _json_lines(run_dir / "checkpoints.jsonl", info):
+        if isinstance(record.get("path"), str) and _is_number(record.get("step")):
+            steps[record["path"]] = float(record["step"])
+    for record in _json_lines(run_dir / "attempts.jsonl", info):
+        attempt, started = record.get("attempt"), record.get("started")
+        if not (isinstance(attempt, int) and attempt > 0 and isinstance(started, (int, float))):
+            continue
+        begun = float(started)
+        step = steps.get(str(record.get("resume")))
+        if step is None:
+            timed = zip(metrics.times, metrics.steps, strict=True)
+            step = next((s for t, s in timed if t is not None and t >= begun), None)
+        if step is not None:
+            info.restarts.append((attempt, step))
+
+
+def _json_lines(path: Path, info: RunInfo) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file of the run; [] when absent; bad lines left out."""
+    if not os.path.lexists(path):
+        return []
+    try:
+        text = read_source(path, SourceError, "run record", "rerun the job", limit=None)
+    except CpuaccelError as exc:
+        info.warnings.append(f"{path}: left out, not readable ({exc})")
+        return []
+    found = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a job that was killed while writing it
+        if isinstance(record, dict):
+            found.append(record)
+    return found
+
+
 def _json_object(path: Path, info: RunInfo) -> dict[str, Any]:
     """The object in PATH; {} when absent, with a warning when unreadable or not one."""
     if not os.path.lexists(path):
@@ -248,4 +292,10 @@ def summarize(metrics: Metrics, info: RunInfo, png: Path) -> dict[str, Any]:
         "wall_seconds": info.wall_seconds,
         "state": info.state,
         "skipped_partial_last_line": metrics.skipped_partial_last_line,
+        # run --max-restarts: only when the run was restarted (attempts.jsonl)
+        **(
+            {"restarts": [{"attempt": a, "step": _int_if_whole(s)} for a, s in info.restarts]}
+            if info.restarts
+            else {}
+        ),
     }

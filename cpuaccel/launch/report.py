@@ -34,6 +34,8 @@ class JobReport:
     fix: str | None = None  # the error's hint, as the `fix:` line says it
     # run --detach: state, head, head_run_dir and supervisor (launch/detached.py)
     detached: dict[str, Any] | None = None
+    # run --max-restarts: attempts.jsonl's lines (launch/attempts.py); [] before any job
+    attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of_plan(cls, plan: RunPlan, code: int, ended_by: str, seconds: float) -> JobReport:
@@ -63,5 +65,6 @@ class JobReport:
             "ranks": {str(rank): code for rank, code in self.ranks.items()},
             "error": self.error,
             "fix": self.fix,
+            **({"attempts": self.attempts} if self.attempts else {}),
             **({"detached": True, **self.detached} if self.detached else {}),
         }

@@ -47,4 +47,13 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
         "seconds": round((ended or now) - started, 1) if started is not None else None,
         "step": step,
         "loss": number(loss),
+        "restarts": restarts(record, state),
     }
+
+
+def restarts(record: dict[str, Any], state: str) -> int:
+    """How many times run --max-restarts restarted it: run.json's attempts are those
+    that ended (a running run is in the one after them)."""
+    ended = record.get("attempts")
+    count = len(ended) if isinstance(ended, list) else 0
+    return count if state == "running" else max(0, count - 1)

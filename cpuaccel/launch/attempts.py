@@ -1,0 +1,255 @@
+"""The attempts of one foreground job (``run --max-restarts N``), in one run folder.
+
+When an attempt fails (a rank exits non-zero or is killed, a node is lost, a hang), it
+has already been ended everywhere (launch/supervise.py's teardown and sweep). If
+attempts remain, this waits ``--restart-delay`` (Ctrl-C or SIGTERM then ends the run),
+runs the preflight again and starts attempt k+1 with ``CPUACCEL_RESTART=k+1`` and, when
+every node holds one whole, ``CPUACCEL_RESUME`` (launch/resume.py's newest checkpoint).
+
+A failure that repeats identically (same rank, same exit code, and no checkpoint before
+either) would repeat forever: it is said once, and the run stops. ``decide`` is that
+judgement, pure. ``AttemptLog`` keeps the record: ``attempts.jsonl`` (one line per
+attempt), run.json's ``attempts``, a ``--- attempt k ---`` line in every top-level rank
+log where an attempt starts, and ``attempt-<k>/`` with copies of attempt k's logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich.markup import escape
+
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.rundir import RunDir
+from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
+
+RETRIED = frozenset({"failed", "lost", "hang"})  # Outcome.reasons a restart may follow
+RESTART_ENV, RESUME_ENV = "CPUACCEL_RESTART", "CPUACCEL_RESUME"
+ATTEMPTS = "attempts.jsonl"
+MARKER = "--- attempt {} ---"  # where attempt k starts in a top-level rank log
+
+
+@dataclass
+class Attempt:
+    """One line of attempts.jsonl (the FT contract's fields)."""
+
+    attempt: int
+    started: float
+    ended: float
+    reason: str
+    exit_code: int | None
+    rank: int | None
+    host: str | None
+    hosts: list[str]
+    resume: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def why(self) -> str:
+        """The failure in words: "exit code 3, rank 1 on node2"."""
+        words = [f"exit code {self.exit_code}" if self.reason == "failed" else self.reason]
+        if self.rank is not None:
+            words.append(f"rank {self.rank} on {self.host}")
+        elif self.host is not None:
+            words.append(f"node {self.host}")
+        return ", ".join(words)
+
+
+def attempt_of(
+    k: int, started: float, outcome: Outcome, hosts: list[str], resume: str | None
+) -> Attempt:
+    """The record of attempt ``k`` from its outcome (the first failing rank, else the
+    first node lost)."""
+    first = outcome.first_failure
+    host = first.host if first else (outcome.lost[0] if outcome.lost else None)
+    return Attempt(
+        attempt=k,
+        started=round(started, 3),
+        ended=round(time.time(), 3),
+        reason=outcome.reason,
+        exit_code=outcome.exit_code,
+        rank=first.rank if first else None,
+        host=host,
+        hosts=list(hosts),
+        resume=resume,
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    restart: bool
+    why: str | None = None  # the one line said when it stops for a reason of its own
+
+
+def decide(history: Sequence[Attempt], max_restarts: int, resume: str | None) -> Verdict:
+    """Restart after the last attempt of ``history``? ``resume``: the checkpoint the next
+    attempt would get (None: none complete)."""
+    last = history[-1]
+    if last.reason not in RETRIED:
+        return Verdict(False)
+    if len(history) > max_restarts:
+        if not max_restarts:
+            return Verdict(False)  # restarts were not asked for: nothing to say
+        return Verdict(False, f"attempt {last.attempt} failed ({last.why()}): no restart left")
+    if len(history) >= 2:
+        before = history[-2]
+        same = (before.reason, before.rank, before.host, before.exit_code) == (
+            last.reason,
+            last.rank,
+            last.host,
+            last.exit_code,
+        )
+        if same and last.resume is None and resume is None:
+            return Verdict(
+                False,
+                f"attempt {last.attempt} failed as attempt {before.attempt} did "
+                f"({last.why()}) before any checkpoint: not restarting it again",
+            )
+    return Verdict(True)
+
+
+def plan_for(plan: RunPlan, k: int, resume: str | None) -> RunPlan:
+    """The plan of attempt ``k``: the same job, with the ranks told which attempt it is."""
+    env = {key: value for key, value in plan.env.items() if key != RESUME_ENV}
+    env[RESTART_ENV] = str(k)
+    if resume is not None:
+        env[RESUME_ENV] = resume
+    return dataclasses.replace(plan, env=env)
+
+
+class AttemptLog:
+    """The run folder's record of the attempts (see the module's docstring). With
+    restarts off, only attempts.jsonl and run.json's list: the logs stay as they were."""
+
+    def __init__(self, run_dir: RunDir, world: int, restarts: bool) -> None:
+        self.run_dir = run_dir
+        self.names = [f"rank-{r}.log" for r in range(world)] + ["launcher.log"]
+        self.restarts = restarts
+        self.history: list[Attempt] = []
+        self._offsets: dict[str, int] = {}
+
+    def begin(self, k: int) -> None:
+        if not self.restarts:
+            return
+        for name in self.names:
+            path = self.run_dir.log(name)
+            if name.startswith("rank-"):
+                with path.open("a") as log:
+                    log.write(MARKER.format(k) + "\n")
+            self._offsets[name] = path.stat().st_size
+
+    def end(self, attempt: Attempt) -> None:
+        self.history.append(attempt)
+        if self.restarts:
+            folder = f"attempt-{attempt.attempt}"
+            (self.run_dir.path / folder).mkdir(mode=0o700, exist_ok=True)
+            for name in self.names:
+                with self.run_dir.log(name).open("rb") as log:
+                    log.seek(self._offsets.get(name, 0))
+                    text = log.read().decode(errors="replace")
+                self.run_dir.write(f"{folder}/{name}", text)
+        with self.run_dir.log(ATTEMPTS).open("a") as out:
+            out.write(json.dumps(attempt.to_json()) + "\n")
+        self.run_dir.record(attempts=[a.to_json() for a in self.history])
+
+
+class Attempts(Protocol):
+    """What the loop needs of the job (launch/job.py gives it)."""
+
+    hosts: list[str]
+
+    def run(self, k: int, resume: str | None) -> Outcome:
+        """Attempt ``k``: started, watched, ended everywhere."""
+
+    def preflight(self) -> bool:
+        """The nodes checked again; False (the problems printed) when one is not ready."""
+
+    def newest_checkpoint(self) -> str | None:
+        """The newest checkpoint every node holds whole."""
+
+
+@dataclass
+class Settings:
+    max_restarts: int
+    delay: float
+    err: Console
+    stop: list[str] = field(default_factory=list)  # the signal that ended the wait
+
+
+def run_attempts(job: Attempts, log: AttemptLog, settings: Settings) -> Outcome:
+    """Attempt after attempt until one ends for good; the last one's outcome."""
+    resume: str | None = None
+    k = 0
+    while True:
+        started = time.time()
+        log.begin(k)
+        outcome = job.run(k, resume)
+        log.end(attempt_of(k, started, outcome, job.hosts, resume))
+        if outcome.reason not in RETRIED or k >= settings.max_restarts:
+            verdict = decide(log.history, settings.max_restarts, None)
+        else:
+            resume = job.newest_checkpoint()
+            verdict = decide(log.history, settings.max_restarts, resume)
+        if not verdict.restart:
+            if verdict.why:
+                settings.err.print(f"[red]{escape(verdict.why)}[/]")
+            return outcome
+        last = log.history[-1]
+        settings.err.print(
+            f"[yellow]attempt {k} failed[/] ({escape(last.why())}): restarting in "
+            f"{settings.delay:g} s" + (f" from {escape(resume)}" if resume else "")
+        )
+        with _stop_signals(settings.stop):
+            ready = _wait(settings) and job.preflight()
+        if settings.stop:
+            return _stopped(outcome, settings.stop[0], settings.err)
+        if not ready:
+            settings.err.print(f"[red]not restarting[/]: attempt {k + 1}'s preflight failed")
+            return outcome
+        k += 1
+
+
+def _wait(settings: Settings) -> bool:
+    """The delay, cut short by a stop signal: False when one came."""
+    deadline = time.monotonic() + settings.delay
+    while not settings.stop and time.monotonic() < deadline:
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    return not settings.stop
+
+
+def _stopped(outcome: Outcome, reason: str, err: Console) -> Outcome:
+    """Ctrl-C or SIGTERM between attempts: the job is already ended everywhere."""
+    err.print(f"[yellow]{reason}[/] before the restart: no further attempt")
+    code = EXIT_INTERRUPTED if reason == "interrupted" else EXIT_TERMINATED
+    return dataclasses.replace(outcome, exit_code=code, reason=reason)
+
+
+@contextmanager
+def _stop_signals(stop: list[str]) -> Iterator[None]:
+    """Between attempts, Ctrl-C and SIGTERM (`cpuaccel stop`) note the stop; the wait
+    and the preflight end with it, not with a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers are the main thread's (tests call this from others)
+        return
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if not stop:
+            stop.append("interrupted" if signum == signal.SIGINT else "terminated")
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
