@@ -4,6 +4,7 @@ attempts. The real restarts are in test_restart_cluster.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -222,8 +223,17 @@ def test_attempt_k_tells_its_ranks_which_it_is() -> None:
     again = attempts.plan_for(first, 2, "/w/runs/r1/ckpt.pt")
     assert again.env["CPUACCEL_RESTART"] == "2"
     assert again.env["CPUACCEL_RESUME"] == "/w/runs/r1/ckpt.pt"
-    assert attempts.plan_for(again, 3, None).env.get("CPUACCEL_RESUME") is None
+    assert attempts.plan_for(plan, 3, None).env.get("CPUACCEL_RESUME") is None
     assert "CPUACCEL_RESTART" not in plan.env  # the plan itself is left as it was
+    # --env CPUACCEL_RESUME=<another run's checkpoint>: attempt 0 starts from it, and so
+    # does a restart before this run saved a checkpoint of its own (a regression: the
+    # first attempt used to drop it).
+    given = dataclasses.replace(plan, env={**plan.env, "CPUACCEL_RESUME": "/w/runs/r0/c.pt"})
+    assert attempts.plan_for(given, 0, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
+    assert attempts.plan_for(given, 1, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
+    assert attempts.plan_for(given, 1, "/w/runs/r1/c.pt").env["CPUACCEL_RESUME"] == (
+        "/w/runs/r1/c.pt"
+    )
 
 
 # ---------------------------------------------------------------- report

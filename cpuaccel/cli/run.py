@@ -17,7 +17,13 @@ from cpuaccel import ui
 from cpuaccel.cli import run_json
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
-from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env
+from cpuaccel.cli.options import (
+    EnvFlags,
+    Target,
+    host_options,
+    list_hosts_and_exit,
+    parse_env,
+)
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
@@ -213,16 +219,14 @@ def run_command(
         if not as_module:  # a module name is no file (-m config.yaml is module yaml)
             check_script_kind(script, no_python=no_python)
         _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
-        env = parse_env(env_items)
-        flags = {
-            **launch_flags,
-            "launcher": launcher,
-            "env": env,
-            "secret_env": env.secret,
-            "launcher_args": _launcher_words(launcher_args),
-            "hang_timeout": hang_timeout,
-            "restart_delay": restart_delay,
-        }
+        flags = _run_flags(
+            launch_flags,
+            launcher=launcher,
+            env=parse_env(env_items),
+            launcher_args=_launcher_words(launcher_args),
+            hang_timeout=hang_timeout,
+            restart_delay=restart_delay,
+        )
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
         if detach:
@@ -251,6 +255,11 @@ def run_command(
             ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
         raise
     _finish(report, as_json, page if detach else None)
+
+
+def _run_flags(launch_flags: dict[str, Any], env: EnvFlags, **given: Any) -> dict[str, Any]:
+    """The flags mapping config/effective.resolve reads (secrets apart from the env)."""
+    return {**launch_flags, **given, "env": env, "secret_env": env.secret}
 
 
 def _finish(report: JobReport, as_json: bool, page: RunPage | None) -> None:

@@ -120,8 +120,11 @@ def decide(history: Sequence[Attempt], max_restarts: int, resume: str | None) ->
 
 
 def plan_for(plan: RunPlan, k: int, resume: str | None) -> RunPlan:
-    """The plan of attempt ``k``: the same job, with the ranks told which attempt it is."""
-    env = {key: value for key, value in plan.env.items() if key != RESUME_ENV}
+    """The plan of attempt ``k`` (``plan``: the run's own): the same job, with the ranks
+    told which attempt it is and the checkpoint found for it. Without one, a
+    ``CPUACCEL_RESUME`` the user gave (``--env``: resume from another run) stays: each
+    attempt starts from there until this run saved a checkpoint of its own."""
+    env = dict(plan.env)
     env[RESTART_ENV] = str(k)
     if resume is not None:
         env[RESUME_ENV] = resume
