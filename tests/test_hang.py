@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from cpuaccel.node import progress, supervisor
 from cpuaccel.node.progress import ProgressTracker, marker, parse
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import cpuaccel_run, make_project
+from tests.test_supervisor import final_status
 
 RUN_ID = "20260101-000000-abcdef"
 HERE = socket.gethostname()
@@ -346,16 +346,6 @@ def make_run(tmp_path: Path, run_id: str, launch: str, hang_timeout: float) -> s
         f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
     )
     return str(run_dir)
-
-
-def final_status(run_dir: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = supervisor.read_status(run_dir)
-        if status and status["state"] != "running":
-            return status
-        time.sleep(0.1)
-    raise AssertionError(supervisor.read_status(run_dir))
 
 
 def test_the_detached_supervisor_ends_a_hung_job(tmp_path: Path) -> None:

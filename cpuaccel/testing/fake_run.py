@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.node.supervisor import start_time
+from cpuaccel.node.supervisor import start_time, status_doc
 
 SAMPLES_PER_STEP = 256
 
@@ -142,17 +142,7 @@ def make_run(
     _write_json(path / "run.json", record)
     pid = os.getpid()
     supervisor = {"host": socket.gethostname(), "pid": pid, "start_time": start_time(pid)}
-    status = {
-        "run_id": run_id,
-        "state": "running",
-        "exit_code": None,
-        "ended_by": None,
-        "started": started,
-        "ended": None,
-        "detached": detached,
-        "supervisor": supervisor,
-        "ranks": {str(r): None for r in range(run.world)},
-    }
+    status = status_doc(run_id, started, detached, supervisor, run.world)
     _write_json(path / "status.json", status)
     run.append_metrics(metrics)
     run.append_logs(log_lines)
