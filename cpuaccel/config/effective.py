@@ -145,6 +145,8 @@ _Spec = tuple[str | None, tuple[str, ...], Callable[[Any], Any], Any, str | None
 # file sets those of its keys (config/project.py) that it names, under the flags.
 SPECS: dict[str, _Spec] = {
     "nodes": ("--nodes", (), _same, None, "every selected host"),
+    # --nodes MIN:MAX's MIN (cli/launch_aliases.py); None: no node may be left out.
+    "min_nodes": ("--nodes", (), _same, None, "every chosen node"),
     "ppn": (
         "--ppn", ("cpuaccel_ppn", SLOTS_VAR), _whole(1), None,
         "sockets per node, from the nodes' facts",
@@ -204,6 +206,7 @@ def resolve(
     return LaunchSettings(
         head=head,
         nodes=got["nodes"],
+        min_nodes=got["min_nodes"],
         ppn=got["ppn"],
         launcher=got["launcher"],
         master_port=got["master_port"],
