@@ -43,6 +43,11 @@ def test_failing_nodes_are_left_out_in_order_while_min_remain() -> None:
     assert [h.name for h in kept[0]] == ["a", "c"] and kept[1] == {"b": "no route"}
 
 
+def test_a_node_the_heads_launcher_cannot_reach_is_the_one_left_out() -> None:
+    kept = elastic.remaining(hosts("a", "b", "c"), [problem("a -> c", "no answer")], 2)
+    assert kept is not None and [h.name for h in kept[0]] == ["a", "b"]
+
+
 def test_a_lost_head_makes_the_next_host_the_head() -> None:
     kept = elastic.remaining(hosts("a", "b", "c"), [problem("a"), problem("a", "x")], 2)
     assert kept is not None

@@ -45,11 +45,13 @@ def remaining(
     first problem); None when that is not allowed: no MIN, a problem naming no chosen
     host (e.g. the controller's own), or fewer than MIN left."""
     names = {h.name for h in hosts}
-    if min_nodes is None or not problems or any(p.host not in names for p in problems):
+    # "head -> node" (the launcher's ssh from the head failed): the node is left out.
+    named = [(str(p.host).split(" -> ")[-1], p.message) for p in problems]
+    if min_nodes is None or not problems or any(name not in names for name, _ in named):
         return None
     why: dict[str, str] = {}
-    for p in problems:
-        why.setdefault(str(p.host), p.message)
+    for name, message in named:
+        why.setdefault(name, message)
     kept = [h for h in hosts if h.name not in why]
     if len(kept) < min_nodes:
         return None
