@@ -126,6 +126,7 @@ def launch(
         job.min_nodes = settings.min_nodes.value
         job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
         outcome, folder, history = _run(job, project, inventory, settings)
+    plan = job.plan  # the last attempt's: fewer nodes when some were left out
     report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
     report.add_outcome(outcome, folder)
     report.attempts = [a.to_json() for a in history]
@@ -238,7 +239,7 @@ def _run(
         outcome = _supervise(
             plan, run_dir, inventory, lambda: attempts.run_attempts(job, log, restarts)
         )
-        _summary(plan, outcome, run_dir, log.history)
+        _summary(job.plan, outcome, run_dir, log.history)  # the last attempt's nodes
         return outcome, str(run_dir.path), log.history
     finally:
         run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
