@@ -175,3 +175,25 @@ def test_the_checkpoint_is_looked_up_on_the_remaining_nodes(tmp_path: Path) -> N
     assert [line["hosts"] for line in lines] == [["n1", "n2", "n3"], ["n1", "n2"]]
     assert lines[1]["resume"] == "/w/runs/x/ckpt-10.pt"
     assert "attempt 1 on 2 node(s): n1, n2, from /w/runs/x/ckpt-10.pt" in console.export_text()
+
+
+def test_the_project_file_takes_min_max_too(tmp_path: Path) -> None:
+    from cpuaccel.config.project import parse_project
+
+    inventory = Inventory.load(str(INVENTORY))
+    project = parse_project('nodes: "2:3"\n', "cpuaccel.yaml")
+    settings = resolve({}, project, inventory, inventory.select(None))
+    assert settings.hosts.value == ["node0", "node1", "node2"]
+    assert settings.min_nodes.value == 2 and settings.min_nodes.where == "cpuaccel.yaml:1"
+    flagged = resolve({"nodes": 4}, project, inventory, inventory.select(None))
+    assert flagged.min_nodes.value is None and len(flagged.hosts.value) == 4
+
+
+@pytest.mark.parametrize("value", ['"3:2"', '"0:2"', '"a:2"'])
+def test_a_bad_range_in_the_project_file_names_its_line(value: str) -> None:
+    from cpuaccel.config.project import parse_project
+    from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+
+    with pytest.raises(CpuaccelError, match=r"cpuaccel\.yaml:1: nodes must be") as caught:
+        parse_project(f"nodes: {value}\n", "cpuaccel.yaml")
+    assert caught.value.exit_code == EXIT_USAGE

@@ -21,6 +21,7 @@ per node?" has an answer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -195,6 +196,10 @@ def resolve(
     ordered = order_hosts(hosts, head)
     src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
     got = {name: src.pick(name, *spec) for name, spec in SPECS.items()}
+    if isinstance(got["nodes"].value, str):  # the project file's "MIN:MAX"
+        low, high = got["nodes"].value.split(":")
+        got["min_nodes"] = dataclasses.replace(got["nodes"], name="min_nodes", value=int(low))
+        got["nodes"] = dataclasses.replace(got["nodes"], value=int(high))
     chosen = _choose(ordered, got["nodes"], project)
     got["ppn"] = _per_node(src, got["ppn"], len(chosen))
     if got["launcher"].value == "auto":
