@@ -98,6 +98,9 @@ def ranks(argv: list[str]) -> tuple[str, str]:
         pytest.param(
             ["--num_processes", "4", "--ppn", "1"], "4", "1", NODES, id="total-agrees-with-ppn"
         ),
+        # MIN:MAX: MAX nodes are taken (MIN only matters when a preflight fails).
+        pytest.param(["--nnodes", "1:3", "--ppn", "1"], "3", "1", NODES[:3], id="torchrun-range"),
+        pytest.param(["--nodes", "2:4", "--ppn", "2"], "8", "2", NODES, id="nodes-range"),
     ],
 )  # fmt: skip
 def test_world_size_aliases(
@@ -189,8 +192,12 @@ def test_config_show_names_the_spelling_typed(proj: Path) -> None:
          "multiple of 4"),
         (["--num_processes", "8", "--ppn", "3"],
          "--num_processes 8 is 2 per node on 4 node(s), but --ppn says 3", "either"),
-        (["--nnodes", "1:4"], "--nnodes 1:4: elastic ranges (MIN:MAX) are not supported yet",
-         "--nnodes 4"),
+        # MIN:MAX (issue 15 item 2): a bad range names the flag.
+        (["--nnodes", "4:1"], "--nnodes 4:1: MIN is above MAX", "--nnodes 1:4"),
+        (["--nodes", "0:2"], "--nodes 0:2: expected MIN:MAX, whole numbers of 1", "--nodes 2:3"),
+        (["--nodes", "2:5"], "--nodes 5, but 4 host(s) are selected", "lower --nodes"),
+        (["--nodes", "2:3", "--nnodes", "2:4"],
+         "--nodes 2:3 and --nnodes 2:4 set the same thing differently", "give --nodes once"),
         (["--nnodes", "two"], "--nnodes two: expected a whole number", "--nnodes 2"),
         (["--nproc_per_node", "gpu"], "cpuaccel runs its ranks on CPUs", "--nproc_per_node 2"),
         (["--nproc-per-node", "2", "--ppn", "3"],

@@ -34,7 +34,7 @@ _DEFAULT = "default"
 EPILOG = """\b
 accelerate launch / torchrun spellings (the same settings):
   --num_processes N            N ranks in all: --ppn N/nodes
-  --num_machines, --nnodes N   --nodes N (torchrun's MIN:MAX only as N:N)
+  --num_machines, --nnodes N|MIN:MAX   --nodes N|MIN:MAX
   --nproc-per-node, --nproc_per_node N|auto|cpu   --ppn N (auto, cpu: the default)
   --master_addr, --master-addr, --main_process_ip HOST   the head: rank 0 and mpirun
   --master_port, --main_process_port PORT   --master-port PORT
@@ -52,18 +52,25 @@ def _whole(flag: str, text: str) -> int:
     return int(digits)
 
 
-def _nodes(flag: str, text: str) -> int:
-    """torchrun's --nnodes takes MIN:MAX for elastic jobs; a fixed N:N is just N."""
-    low, sep, high = text.partition(":")
-    if sep:
+def _nodes(flag: str, text: Any) -> int | tuple[int, int]:
+    """N, or torchrun's MIN:MAX (issue 15 item 2): MAX nodes are taken, and a restart
+    may go on with as few as MIN when nodes are lost. N:N is just N."""
+    low, sep, high = str(text).partition(":")
+    if not sep:
+        return _whole(flag, str(text))
+    try:
         first, last = _whole(flag, low), _whole(flag, high)
-        if first != last:
-            raise UsageError(
-                f"{flag} {text}: elastic ranges (MIN:MAX) are not supported yet",
-                hint=f"give one number of nodes, e.g. {flag} {last}",
-            )
-        return first
-    return _whole(flag, text)
+    except UsageError:
+        raise UsageError(
+            f"{flag} {text}: expected MIN:MAX, whole numbers of 1 or more",
+            hint=f"e.g. {flag} 2:3 (at least 2 nodes, at most 3)",
+        ) from None
+    if first > last:
+        raise UsageError(
+            f"{flag} {text}: MIN is above MAX",
+            hint=f"give MIN:MAX with MIN <= MAX, e.g. {flag} {last}:{first}",
+        )
+    return first if first == last else (first, last)
 
 
 def _ppn(flag: str, text: str) -> int | str:
@@ -120,7 +127,10 @@ def _declarations() -> list[Callable[[Any], Any]]:
     """cpuaccel's own options (shown), then every alias (hidden: the epilog lists them)."""
     own = [
         click.option(
-            "--nodes", type=click.IntRange(1), help="How many hosts (default: all selected)."
+            "--nodes",
+            metavar="N|MIN:MAX",
+            help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
+            "without lost nodes while MIN remain.",
         ),
         click.option(
             "--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1)."
@@ -176,7 +186,9 @@ def merge(kwargs: dict[str, Any]) -> dict[str, Any]:
     for setting, (own, spellings, convert) in ALIASES.items():
         given: list[tuple[str, Any, Any]] = []  # (spelling, as typed, value)
         if own is not None and kwargs.get(setting) is not None:
-            given.append((own, kwargs[setting], kwargs[setting]))
+            typed = kwargs[setting]
+            own_value = convert(own, typed) if setting == "nodes" else typed
+            given.append((own, typed, own_value))
         kwargs.pop(setting, None)
         for spelling in spellings:
             raw = kwargs.pop(_dest(spelling))
@@ -193,6 +205,10 @@ def merge(kwargs: dict[str, Any]) -> dict[str, Any]:
         merged[setting] = None if value == _DEFAULT else value
         if given:
             names[setting] = given[0][0]
+    merged["min_nodes"] = None
+    if isinstance(merged["nodes"], tuple):  # MIN:MAX: MAX nodes taken, MIN the floor
+        merged["min_nodes"], merged["nodes"] = merged["nodes"]
+        names["min_nodes"] = names["nodes"]
     if merged["mixed_precision"] is not None:  # fp32 is written "no", as Accelerate reads it
         merged["mixed_precision"] = _normal(merged["mixed_precision"])
     merged["flag_names"] = names

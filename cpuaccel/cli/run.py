@@ -54,6 +54,7 @@ Examples:
   cpuaccel run -i inventory.yaml --hang-timeout 300 train.py   # a stuck job ends, exit 124
   cpuaccel stop last                                       # ends it on every node
   cpuaccel run -i inventory.yaml --max-restarts 3 train.py  # a failure: from its checkpoint
+  cpuaccel run -i inv.yaml --nodes 2:3 --max-restarts 1 train.py  # a lost node left out
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's

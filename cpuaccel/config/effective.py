@@ -21,6 +21,7 @@ per node?" has an answer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -145,6 +146,8 @@ _Spec = tuple[str | None, tuple[str, ...], Callable[[Any], Any], Any, str | None
 # file sets those of its keys (config/project.py) that it names, under the flags.
 SPECS: dict[str, _Spec] = {
     "nodes": ("--nodes", (), _same, None, "every selected host"),
+    # --nodes MIN:MAX's MIN (cli/launch_aliases.py); None: no node may be left out.
+    "min_nodes": ("--nodes", (), _same, None, "every chosen node"),
     "ppn": (
         "--ppn", ("cpuaccel_ppn", SLOTS_VAR), _whole(1), None,
         "sockets per node, from the nodes' facts",
@@ -193,6 +196,10 @@ def resolve(
     ordered = order_hosts(hosts, head)
     src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
     got = {name: src.pick(name, *spec) for name, spec in SPECS.items()}
+    if isinstance(got["nodes"].value, str):  # the project file's "MIN:MAX"
+        low, high = got["nodes"].value.split(":")
+        got["min_nodes"] = dataclasses.replace(got["nodes"], name="min_nodes", value=int(low))
+        got["nodes"] = dataclasses.replace(got["nodes"], value=int(high))
     chosen = _choose(ordered, got["nodes"], project)
     got["ppn"] = _per_node(src, got["ppn"], len(chosen))
     if got["launcher"].value == "auto":
@@ -204,6 +211,7 @@ def resolve(
     return LaunchSettings(
         head=head,
         nodes=got["nodes"],
+        min_nodes=got["min_nodes"],
         ppn=got["ppn"],
         launcher=got["launcher"],
         master_port=got["master_port"],

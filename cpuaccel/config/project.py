@@ -33,7 +33,7 @@ KEYS: dict[str, str] = {
     "inventory": "the inventory (or MPI hostfile), relative to this file",
     "limit": "host pattern selecting hosts (like --limit)",
     "head": "the host that runs rank 0 and mpirun (default: the first host)",
-    "nodes": "how many hosts",
+    "nodes": 'how many hosts (N, or "MIN:MAX": see run --nodes)',
     "ppn": "ranks per node",
     "launcher": "auto, impi, mpich or openmpi",
     "master_port": "the rendezvous port on the head node",
@@ -106,6 +106,19 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
     return check
 
 
+def _nodes(value: Any) -> Any:
+    """N, or "MIN:MAX" (run --nodes MIN:MAX, issue 15 item 2), kept as written."""
+    if isinstance(value, str) and ":" in value:
+        low, high = value.split(":", 1)
+        if not (low.strip().isdigit() and high.strip().isdigit()):
+            raise ValueError(f"must be N or MIN:MAX (whole numbers), got {value!r}")
+        first, last = int(low), int(high)
+        if not 1 <= first <= last:
+            raise ValueError(f"must be MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+        return last if first == last else f"{first}:{last}"
+    return _int(1)(value)
+
+
 def _seconds(low: float, high: float | None = None) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -154,7 +167,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "inventory": _text,
     "limit": _text,
     "head": _text,
-    "nodes": _int(1),
+    "nodes": _nodes,
     "ppn": _int(1),
     "launcher": _choice(LAUNCHERS),
     "master_port": _int(1, 65535),

@@ -120,6 +120,9 @@ class LaunchSettings:
     # --max-restarts / --restart-delay: attempts after a failure (launch/attempts.py).
     max_restarts: Setting[int] = Setting("max_restarts", 0, DEFAULT)
     restart_delay: Setting[float] = Setting("restart_delay", DEFAULT_RESTART_DELAY, DEFAULT)
+    # --nodes MIN:MAX's MIN: restarts (and the first preflight) leave out failing nodes
+    # while at least this many remain (launch/elastic.py). None: none is left out.
+    min_nodes: Setting[int | None] = Setting("min_nodes", None, DEFAULT)
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

@@ -220,6 +220,12 @@ def run_attempts(job: Attempts, log: AttemptLog, settings: Settings) -> Outcome:
         if not ready:
             settings.err.print(f"[red]not restarting[/]: attempt {k + 1}'s preflight failed")
             return outcome
+        if job.hosts != last.hosts:  # nodes left out (--nodes MIN:MAX): theirs only
+            resume = job.newest_checkpoint()
+            settings.err.print(
+                f"attempt {k + 1} on {len(job.hosts)} node(s): {escape(', '.join(job.hosts))}"
+                + (f", from {escape(resume)}" if resume else ", from the start")
+            )
         k += 1
 
 

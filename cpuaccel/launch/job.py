@@ -17,7 +17,6 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections.abc import Callable
@@ -35,7 +34,8 @@ from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import attempts, detached, results
+from cpuaccel.launch import attempts, detached, elastic, results
+from cpuaccel.launch.elastic import PreflightFailed
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
@@ -54,10 +54,6 @@ from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
-
-
-class PreflightFailed(CpuaccelError):
-    """A node is not ready; the problems were printed one per line."""
 
 
 def _local_project(settings: LaunchSettings, project: Path) -> str | None:
@@ -108,25 +104,29 @@ def launch(
     with ConnectionPool(connect) as pool:
         nodes = _Nodes(connect, forks, pool)
         draft = build_plan(settings, script, None, run_id, local_project=local)
-        try:
-            facts = _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
+
+        def check(draft: RunPlan) -> dict[str, Facts]:
+            return _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
+
+        try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (launch/elastic.py)
+            facts, draft = elastic.preflight_leaving_out(draft, settings.min_nodes.value, check)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
             seconds = time.monotonic() - started
             report = JobReport.of_plan(draft, EXIT_NODE_FAILED, PREFLIGHT, seconds)
             report.error = str(exc)
             return report
+        settings = elastic.settings_on(settings, draft.hosts)
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
         if detach:
             return _detach(plan, project, local is not None, timeout, nodes, inventory, started)
-        again = functools.partial(
-            _preflight_and_sync, settings, draft, allow_sync, local is not None, nodes
-        )
-        job = _Foreground(attempts.plan_for(plan, 0, None), nodes, local is not None, again)
+        job = _Foreground(attempts.plan_for(plan, 0, None), nodes, local is not None, check)
+        job.min_nodes = settings.min_nodes.value
         job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
         outcome, folder, history = _run(job, project, inventory, settings)
+    plan = job.plan  # the last attempt's: fewer nodes when some were left out
     report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
     report.add_outcome(outcome, folder)
     report.attempts = [a.to_json() for a in history]
@@ -177,9 +177,10 @@ def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
 class _Foreground:
     """The job's attempts, run from here (launch/attempts.py decides when to restart)."""
 
-    def __init__(self, plan: RunPlan, nodes: _Nodes, local: bool, again: Callable[[], object]):
+    def __init__(self, plan: RunPlan, nodes: _Nodes, local: bool, again: elastic.Check):
         self.plan, self.nodes, self.local = plan, nodes, local  # plan: attempt 0's
         self.again = again  # the preflight (and sync), as before attempt 0
+        self.min_nodes: int | None = None  # --nodes MIN:MAX: lost nodes may be left out
         self.hosts = [h.name for h in plan.hosts]
         self.run_dir = RunDir(Path())  # _run creates it
         self.timeout: float | None = None
@@ -210,11 +211,12 @@ class _Foreground:
         for host in self.plan.hosts:  # a lost node: a fresh connection, if it answers
             if host.name in self.nodes.pool.lost([host]):
                 self.nodes.pool.discard(host)
-        try:
-            self.again()
+        try:  # a node failing it is left out while MIN remain: a new plan, fewer ranks
+            _, plan = elastic.preflight_leaving_out(self.plan, self.min_nodes, self.again)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
             return False
+        self.plan, self.hosts = plan, [h.name for h in plan.hosts]
         return True
 
     def newest_checkpoint(self) -> str | None:
@@ -237,7 +239,7 @@ def _run(
         outcome = _supervise(
             plan, run_dir, inventory, lambda: attempts.run_attempts(job, log, restarts)
         )
-        _summary(plan, outcome, run_dir, log.history)
+        _summary(job.plan, outcome, run_dir, log.history)  # the last attempt's nodes
         return outcome, str(run_dir.path), log.history
     finally:
         run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
@@ -311,7 +313,9 @@ def _preflight_and_sync(
         ]
     if problems:
         _print_problems(problems)
-        raise PreflightFailed(f"{len(problems)} problem(s) found before launch; no job was started")
+        raise PreflightFailed(
+            f"{len(problems)} problem(s) found before launch; no job was started", problems
+        )
     source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
         _sync_stale(draft, [h for h in draft.hosts if h.name in found.stale], source, nodes)
