@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import records
 from cpuaccel.launch import stop as stop_engine
 
@@ -149,7 +149,11 @@ class Page:
                 f"--port {port} --bind {bind}: cannot listen there ({exc.strerror or exc})",
                 hint="give another port (--port 0 takes any free one), or stop what uses it",
             ) from None
-        self.server.start()
+        try:
+            self.server.start()
+        except OSError as exc:  # uvicorn ended, or did not listen in time: one line
+            self.watcher.close()
+            raise CpuaccelError(str(exc), hint="try again, or another --port") from None
         self.redirect: Path | None = None
 
     def url(self, path: str = "/") -> str:

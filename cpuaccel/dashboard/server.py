@@ -42,6 +42,7 @@ from cpuaccel.launch.run_rows import row
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "x-cpuaccel-token"
+START_WAIT = 30.0  # seconds uvicorn may take to listen on the socket bound here
 MISSING = "<!doctype html><title>cpuaccel</title><p>The page's files are missing (static/).</p>"
 Stopper = Callable[[Path], dict[str, Any]]
 
@@ -248,9 +249,11 @@ class Server:
     def start(self) -> None:
         """Serve from the thread; returns once uvicorn listens."""
         self.thread.start()
+        deadline = time.monotonic() + START_WAIT  # nothing waits forever
         while not self.server.started:
-            if not self.thread.is_alive():
-                raise OSError("the dashboard server did not start")
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise OSError(f"the dashboard server did not start within {START_WAIT:g} s")
             time.sleep(0.02)
 
     def stop(self) -> None:
