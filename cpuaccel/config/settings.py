@@ -85,6 +85,9 @@ SHOWN = (
     "workdir",
     "env",
     "exclude",
+    "min_nodes",
+    "max_restarts",
+    "restart_delay",
     "hang_timeout",
 )
 
