@@ -30,6 +30,9 @@ def _console(stream: Any) -> Console:
         color_system="auto" if colour else None,
         # highlight=False: rich would otherwise colour numbers and paths in plain output.
         highlight=False,
+        # emoji=False: a value such as `1:x:` or a host `a:smile:b` is printed as given,
+        # not turned into a picture (escape() guards markup, not emoji codes).
+        emoji=False,
         soft_wrap=True,
         # Piped output is read by scripts and people's pagers: never truncate a table.
         width=None if stream.isatty() else 250,

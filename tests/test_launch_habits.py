@@ -489,3 +489,25 @@ def test_preflight_progress_bar_counts_the_hosts(
     with pytest.raises(Stop):
         job._preflight_and_sync(settings, draft, True, False, nodes)
     assert bars == [("preflight", 3, ["n0", "n1", "n2"])]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--hang-timeout", "--timeout", "--restart-delay", "--connect-timeout"],
+)
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_seconds_flag_refuses_nan_and_infinity(proj: Path, flag: str, value: str) -> None:
+    # click's FloatRange let nan through (no comparison with NaN is true): a hang
+    # timeout of nan would never, or always, fire.
+    proc = dry_run(proj, flag, value, "train.py")
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    # inf above a flag's maximum is refused by the range first, with its own words
+    said = (f"{value!r} is not a number of seconds", "inf is not in the range")
+    assert any(words in proc.stderr for words in said), proc.stderr
+    assert flag in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_error_prints_a_value_as_given_not_as_an_emoji(proj: Path) -> None:
+    proc = dry_run(proj, "--nodes", "1:x", "train.py")
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert "--nodes 1:x: expected MIN:MAX" in proc.stderr, proc.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -70,13 +71,26 @@ def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) ->
     return str(values[0]) if values else None
 
 
+class Seconds(click.FloatRange):
+    """A number of seconds in a range, never NaN or infinite: click's FloatRange lets
+    ``nan`` through (no comparison with it is true), and a NaN bound never passes."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return number
+
+
 def connect_timeout_option(dest: str) -> Callable[[F], F]:
     """``-T/--connect-timeout``, as every verb that reaches a host spells it."""
     return click.option(
         "-T",
         "--connect-timeout",
         dest,
-        type=click.FloatRange(0.1, 3600),
+        type=Seconds(0.1, 3600),
         default=DEFAULT_CONNECT_TIMEOUT,
         show_default=True,
         help="Seconds to wait for a host to connect.",

@@ -19,6 +19,7 @@ from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
 from cpuaccel.cli.options import (
     EnvFlags,
+    Seconds,
     Target,
     host_options,
     list_hosts_and_exit,
@@ -139,21 +140,21 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
 @click.option(
     "--timeout",
     "job_timeout",
-    type=click.FloatRange(0.1),
+    type=Seconds(0.1),
     metavar="SECONDS",
     help="End the job after this long.",
 )
 @click.option(
     "--hang-timeout",
     "hang_timeout",
-    type=click.FloatRange(1),
+    type=Seconds(1),
     metavar="SECONDS",
     help="End the job as hung (exit 124) when no rank made progress (a step, an output "
     "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  [default: off]",
 )
 @click.option(
     "--restart-delay",
-    type=click.FloatRange(0, 3600),
+    type=Seconds(0, 3600),
     metavar="SECONDS",
     help="Wait this long before a restart (--max-restarts).  [default: 3]",
 )
