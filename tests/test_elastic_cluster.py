@@ -12,9 +12,7 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from cpuaccel.launch.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import BackgroundRun, make_project
+from tests.test_conn_cluster import link_down
 
 pytestmark = pytest.mark.cluster
 
@@ -57,16 +56,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 LOST = "node3"
 DEAD_NODE_BOUND = KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 1) + GRACE + TEARDOWN
-
-
-@contextlib.contextmanager
-def link_down(cluster: Cluster, name: str) -> Iterator[None]:
-    namespace = cluster.node(name).namespace
-    subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "up"], check=True)
 
 
 def node_path(cluster: Cluster, node: str, path: str) -> Path:
