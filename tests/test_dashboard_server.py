@@ -275,3 +275,10 @@ def test_run_dashboard_with_dry_run_is_refused(tmp_path: Path) -> None:
     done = cpuaccel("run", "--dry-run", "--dashboard", "train.py", cwd=tmp_path)
     assert done.returncode == EXIT_USAGE, done
     assert "--dashboard and --dry-run together" in done.stderr and "fix:" in done.stderr
+
+
+def test_an_address_not_of_this_machine_is_one_line_naming_it(tmp_path: Path) -> None:
+    proc = cpuaccel("dashboard", "--no-browser", "--bind", "a\nb", cwd=tmp_path)
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert "--bind 'a\\nb': cannot listen there" in proc.stderr, proc.stderr
+    assert "give an address of this machine" in proc.stderr and "Traceback" not in proc.stderr

@@ -8,6 +8,7 @@ the page is served: starlette and uvicorn are no part of any other verb's start-
 from __future__ import annotations
 
 import contextlib
+import errno
 import html
 import ipaddress
 import os
@@ -145,9 +146,12 @@ class Page:
             self.server: Server = Server(build_app(services), bind, port)
         except OSError as exc:
             self.watcher.close()
+            in_use = exc.errno == errno.EADDRINUSE
             raise UsageError(
-                f"--port {port} --bind {bind}: cannot listen there ({exc.strerror or exc})",
-                hint="give another port (--port 0 takes any free one), or stop what uses it",
+                f"--port {port} --bind {bind!r}: cannot listen there ({exc.strerror or exc})",
+                hint="give another port (--port 0 takes any free one), or stop what uses it"
+                if in_use
+                else "give an address of this machine, e.g. --bind 127.0.0.1",
             ) from None
         try:
             self.server.start()
