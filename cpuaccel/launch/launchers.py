@@ -160,6 +160,11 @@ class Slurm(Launcher):
             f"--job-name={step_name(spec.run_id)}",
             # A rank that fails ends the step (its other ranks), as MPI ends a job.
             "--kill-on-bad-exit=1",
+            # --ppn is the user's word: `salloc -N 2` holds one CPU a node, and Slurm
+            # would refuse a second task there ("More processors requested than
+            # permitted"); threads per rank come from the nodes' cores, as elsewhere.
+            "--overcommit",
+            "--distribution=block",  # ranks 0..P-1 on the first node, as hydra's -ppn
             *spec.extra,
             *spec.rank_argv,
         ]
