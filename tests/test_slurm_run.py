@@ -89,6 +89,8 @@ def test_srun_connector_wraps_the_rendered_line() -> None:
     assert argv[-3:] == ["/bin/sh", "-c", "echo 'a b'"]
     with pytest.raises(UsageError, match="no ssh"):
         conn.ssh_argv()
+    assert not conn.rsync_ok  # the sync sends a tar: rsync hangs in srun's stdin
+    assert not conn.rsync(["-a"], "/src/", "/dest/").ok
 
 
 @pytest.mark.usefixtures("in_job")

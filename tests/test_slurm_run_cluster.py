@@ -9,6 +9,7 @@ PYTHONPATH, which srun passes on as it passes the whole environment.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +29,7 @@ REPORT = """\
 import os, socket, sys
 print("report", os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"],
       os.environ["LOCAL_WORLD_SIZE"], socket.gethostname(), os.environ["MASTER_ADDR"],
+      os.path.getsize("data.bin") if os.path.exists("data.bin") else 0,
       repr(sys.argv[1:]), flush=True)
 """
 FAIL = """\
@@ -37,6 +39,7 @@ if os.environ["RANK"] == "3":
 time.sleep(600)  # past in_allocation's timeout: only the step's end ends it
 """
 RUN_DIR = re.compile(r"^run directory: (.+)$", re.M)
+DATA = (4 << 20) + 12345  # bytes: above sync/transfer.RSYNC_MIN_BYTES
 
 
 def in_allocation(
@@ -65,6 +68,8 @@ def run_id_of(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_salloc_two_nodes_run_ppn_2_reports_every_rank(slurm: SlurmBed, tmp_path: Path) -> None:
     project = make_project(tmp_path, {"report.py": REPORT})
+    # Above sync's rsync threshold: through srun the tar stream carries it all the same.
+    (project / "data.bin").write_bytes(os.urandom(DATA))
     proc = in_allocation(slurm, project, 2, "--ppn", "2", "report.py", "a b", "$x", "'q'")
     assert proc.returncode == EXIT_OK, proc.stderr
     assert re.search(r"hosts: the nodes of Slurm job \d+ \(node1, node2\)", proc.stderr)
@@ -72,16 +77,16 @@ def test_salloc_two_nodes_run_ppn_2_reports_every_rank(slurm: SlurmBed, tmp_path
     for line in proc.stdout.splitlines():
         match = LABELLED.match(line)
         assert match, f"unlabelled line {line!r}"
-        words = match[3].split(" ", 7)
+        words = match[3].split(" ", 8)
         assert words[0] == "report" and int(words[1]) == int(match[1])  # label = RANK
         assert words[5] == match[2]  # the label names the rank's own node
         reports[int(words[1])] = words[2:]
-    args = repr(["a b", "$x", "'q'"])
+    args, size = repr(["a b", "$x", "'q'"]), str(DATA)
     assert reports == {
-        0: ["0", "4", "2", "node1", "node1", args],
-        1: ["1", "4", "2", "node1", "node1", args],
-        2: ["0", "4", "2", "node2", "node1", args],
-        3: ["1", "4", "2", "node2", "node1", args],
+        0: ["0", "4", "2", "node1", "node1", size, args],
+        1: ["1", "4", "2", "node1", "node1", size, args],
+        2: ["0", "4", "2", "node2", "node1", size, args],
+        3: ["1", "4", "2", "node2", "node1", size, args],
     }
     record = json.loads((project / "runs" / run_id_of(proc) / "run.json").read_text())
     assert record["hosts"] == ["node1", "node2"] and record["exit_code"] == 0

@@ -3,10 +3,11 @@
 ``srun --jobid J --nodelist HOST --nodes 1 --ntasks 1 --overlap sh -c LINE`` runs the
 same rendered line the other connectors run (commandline.shell_line), with srun's own
 stdin and stdout as the command's: so the node programs (facts, jobs, tree), the sync's
-tar stream and the sweep work as over SSH. ``--overlap`` lets the step share the CPUs
-that the job's ranks hold (Slurm would otherwise queue it behind them); ``--quiet``
-keeps srun's own notes out of the program's output. A host is reached so when its
-``ansible_connection`` is ``slurm`` (slurm/allocation.py makes such hosts).
+tar stream and the sweep work as over SSH. Not rsync: its protocol hangs in srun's
+stdin forwarding (Slurm 22.05), so the sync sends its tar stream. ``--overlap`` lets the
+step share the CPUs that the job's ranks hold (Slurm would otherwise queue it behind
+them); ``--quiet`` keeps srun's own notes out of the program's output. A host is reached
+so when its ``ansible_connection`` is ``slurm`` (slurm/allocation.py makes such hosts).
 
 srun is started on this machine, bounded as a local command is (connectors/local.py):
 a command past its timeout has its srun killed, which ends the step.
@@ -14,13 +15,10 @@ a command past its timeout has its srun killed, which ends the step.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Sequence
 
-from cpuaccel import ui
-from cpuaccel.connectors import commandline
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
+from cpuaccel.connectors.rsync import RsyncResult
 from cpuaccel.errors import UsageError
 
 STEP_NAME = "cpuaccel"  # what squeue --steps shows for these steps
@@ -49,6 +47,10 @@ class SrunConnector(LocalConnector):
     def wrap(self, line: str) -> list[str]:
         return [*srun_prefix(self.job_id, self.host.name), "/bin/sh", "-c", line]
 
+    # rsync over srun's stdin forwarding hangs (rsync's protocol waits on data that
+    # srun holds back; seen with Slurm 22.05): the sync sends its tar stream instead.
+    rsync_ok = False
+
     def rsync(
         self,
         flags: Sequence[str],
@@ -58,13 +60,7 @@ class SrunConnector(LocalConnector):
         stdin: bytes | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> RsyncResult:
-        # rsync starts its "remote shell" as RSH HOST rsync --server ...: srun with
-        # --nodelist last takes HOST as that option's value, and runs the rest there.
-        shell = shlex.join([*srun_prefix(self.job_id), "--nodelist"])
-        argv = rsync_argv(flags, source, f"{self.host.name}:{dest}")
-        argv[-3:-3] = ["-e", shell]  # before "-- SOURCE DEST"
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)} (on the controller)")
-        return run_rsync(argv, stdin=stdin, on_line=on_line)
+        return RsyncResult(1, [], f"{self.host.name} is reached through srun, where rsync hangs")
 
     def ssh_argv(self) -> list[str]:
         raise UsageError(
