@@ -119,7 +119,8 @@ def test_the_slurm_launcher_is_chosen_and_renders_srun() -> None:
     ]  # fmt: skip
     assert f"--job-name=cpuaccel-{RUN_ID}" in command and "--kill-on-bad-exit=1" in command
     assert command[-4:] == [f"{run_dir}/rank.sh", "train.py", "a b", "$x"]
-    files = render_job_files(plan, ConnectOptions(), ssh_files=False)
+    files = render_job_files(plan, ConnectOptions())
+    assert "ssh.sh" not in files and "ssh_config" not in files  # srun: no ssh files
     assert files["hostfile"][1] == "node1\nnode2\n"
     launch = files["launch.sh"][1]
     assert "export I_MPI_PMI_LIBRARY=/usr/lib/x86_64-linux-gnu/libpmi2.so.0" in launch

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK
+from cpuaccel.launch.supervise import EXIT_TIMEOUT
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.runs import ENV, LABELLED, job_processes, make_project
 from cpuaccel.testing.slurm import SlurmBed
@@ -58,6 +59,14 @@ def in_allocation(
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     return proc
+
+
+def step_names(slurm: SlurmBed) -> str:
+    """Every job step Slurm still knows of, with its name."""
+    argv = ["squeue", "--steps", "--noheader", "--format=%i %j"]
+    env = {**ENV, **slurm.env}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout
 
 
 def run_id_of(proc: subprocess.CompletedProcess[str]) -> str:
@@ -105,15 +114,7 @@ def test_a_failing_rank_ends_the_step_with_its_code_and_leaves_nothing(
     assert status["state"] == "failed" and status["exit_code"] == 7
     for node in cluster.names:
         assert job_processes(cluster, node, run_id) == [], node
-    steps = subprocess.run(
-        ["squeue", "--steps", "--noheader", "--format=%i %j"],
-        env={**ENV, **slurm.env},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout
-    assert f"cpuaccel-{run_id}" not in steps
+    assert f"cpuaccel-{run_id}" not in step_names(slurm)
 
 
 def test_a_batch_job_keeps_the_given_run_id(slurm: SlurmBed, tmp_path: Path) -> None:
@@ -142,3 +143,18 @@ def test_a_batch_job_keeps_the_given_run_id(slurm: SlurmBed, tmp_path: Path) -> 
     reports = [line.split("] report ", 1) for line in text.splitlines()]
     hosts = sorted(parts[1].split()[4] for parts in reports if len(parts) == 2)
     assert hosts == ["node1", "node2", "node3"], text
+
+
+def test_a_timeout_ends_the_step_and_leaves_nothing(
+    slurm: SlurmBed, cluster: Cluster, tmp_path: Path
+) -> None:
+    """cpuaccel ends the job itself (the teardown: the launcher signalled, the step
+    scancelled, every node swept), not a failing rank."""
+    project = make_project(tmp_path, {"sleep.py": "import time\ntime.sleep(600)\n"})
+    proc = in_allocation(slurm, project, 3, "--ppn", "1", "--timeout", "5", "sleep.py")
+    assert proc.returncode == EXIT_TIMEOUT, proc.stderr
+    run_id = run_id_of(proc)
+    assert json.loads((project / "runs" / run_id / "status.json").read_text())["state"] == "timeout"
+    for node in cluster.names:
+        assert job_processes(cluster, node, run_id) == [], node
+    assert f"cpuaccel-{run_id}" not in step_names(slurm)
