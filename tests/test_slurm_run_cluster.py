@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.errors import EXIT_OK
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.launch.supervise import EXIT_TIMEOUT
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.runs import ENV, LABELLED, job_processes, make_project
@@ -158,3 +158,16 @@ def test_a_timeout_ends_the_step_and_leaves_nothing(
     for node in cluster.names:
         assert job_processes(cluster, node, run_id) == [], node
     assert f"cpuaccel-{run_id}" not in step_names(slurm)
+
+
+def test_preflight_through_srun_names_each_failing_node(slurm: SlurmBed, tmp_path: Path) -> None:
+    """The fact probe runs in one srun step over the nodes; a node that cannot run it
+    is named with the fix, exit 69, and no job starts."""
+    project = make_project(tmp_path, {"report.py": REPORT})
+    bad = ("-e", "cpuaccel_python=/nonexistent/python")
+    proc = in_allocation(slurm, project, 2, *bad, "--ppn", "1", "report.py")
+    assert proc.returncode == EXIT_NODE_FAILED, proc.stderr
+    for node in ("node1", "node2"):
+        assert f"preflight {node}: " in proc.stderr
+    assert "/nonexistent/python" in proc.stderr and "no job was started" in proc.stderr
+    assert "[rank" not in proc.stdout
