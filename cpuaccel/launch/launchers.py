@@ -141,10 +141,12 @@ class Slurm(Launcher):
     """Slurm as the process manager, inside an allocation: ``srun --mpi=pmi2`` starts
     every rank itself, so no ssh between nodes is needed.
 
-    Chosen over Intel MPI's ``mpirun`` with ``I_MPI_HYDRA_BOOTSTRAP=slurm`` because it
-    works with impi-rt and starts faster: measured on the namespace test bed, 3 nodes x
-    2 ranks (see README, Slurm). The step is named after the run (``cpuaccel-<id>``) so
-    that the teardown can scancel exactly it (slurm/steps.py)."""
+    Chosen over Intel MPI's ``mpirun`` with ``I_MPI_HYDRA_BOOTSTRAP=slurm``: both start
+    impi-rt's ranks as fast (median 1.54 s for 3 nodes x 2 on the test bed; README,
+    Slurm), but srun works from anywhere in the allocation (hydra's proxies must reach
+    back to mpirun's host: from the login side they could not) and Slurm then accounts
+    and cancels every rank. The step is named after the run (``cpuaccel-<id>``) so that
+    the teardown can scancel exactly it (slurm/steps.py)."""
 
     name = flavour = "slurm"
 
