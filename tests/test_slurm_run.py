@@ -16,6 +16,9 @@ from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.connectors.base import CommandResult, ConnectOptions, Unreachable, connector_for
 from cpuaccel.connectors.srun import SrunConnector, step_answers
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, UsageError
+from cpuaccel.executor import Status
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import Script, build_plan
 from cpuaccel.launch.rundir import render_job_files
 from cpuaccel.slurm import allocation
@@ -189,3 +192,14 @@ def test_one_step_answers_are_told_apart_by_task_and_node() -> None:
     assert isinstance(answers["node3"], Unreachable) and "node3: unreachable" in str(
         answers["node3"]
     )
+
+
+def test_one_step_only_for_the_nodes_of_one_allocation() -> None:
+    found = allocation.detect(SLURM)
+    assert found is not None
+    hosts = list(allocation.inventory(found).hosts.values())
+    assert fanout.in_one_step(hosts)
+    assert not fanout.in_one_step([*hosts, Host("other")])  # an SSH host among them
+    assert not fanout.in_one_step([])
+    result = fanout.failed(hosts[1], Unreachable("node2", "no answer through srun"), 0.5)
+    assert result.status is Status.UNREACHABLE and result.error == "no answer through srun"

@@ -22,19 +22,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
-from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError, UsageError
-from cpuaccel.executor import ConnectionPool, run_on_hosts
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import attempts, detached, elastic, results
+from cpuaccel.launch import attempts, detached, elastic, fanout, results
 from cpuaccel.launch.elastic import PreflightFailed
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
@@ -77,6 +77,9 @@ class _Nodes:
     connect: ConnectOptions
     forks: int
     pool: ConnectionPool
+
+    def fan(self) -> dict[str, Any]:
+        return {"forks": self.forks, "pool": self.pool}
 
 
 def launch(
@@ -349,14 +352,12 @@ def _print_problems(problems: list[Problem]) -> None:
 
 
 def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
-    payload = json.dumps(files).encode()
-
-    def write(conn: Connector) -> dict[str, object]:
-        return programs.call(
-            conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
-        )
-
-    results = run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool)
+    payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
+    what, timeout = "writing the run's files", 600.0
+    words = ["write", plan.run_dir]
+    results = fanout.call_all(
+        plan.hosts, "jobs", words, payload, what=what, timeout=timeout, **nodes.fan()
+    )
     failed = [r for r in results if not r.ok]
     if failed:
         if "secret.env" in files:  # no job starts: take the secrets back off the others
@@ -368,11 +369,9 @@ def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
 
 
 def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
-    def forget(conn: Connector) -> dict[str, object]:
-        words = ["end", plan.run_id, "0", plan.run_dir]
-        return programs.call(conn, "jobs", words, what="removing the run's secrets")
-
-    run_on_hosts(hosts, forget, forks=nodes.forks, pool=nodes.pool)
+    words = ["end", plan.run_id, "0", plan.run_dir]
+    what = "removing the run's secrets"
+    fanout.call_all(hosts, "jobs", words, what=what, timeout=600.0, **nodes.fan())
 
 
 def _summary(

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpuaccel.connectors import openssh, programs, srun
-from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable
+from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import PROBE_TIMEOUT, Facts, gather, names_to_resolve, settle
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import render_ssh_files
 from cpuaccel.sync import receiver
@@ -100,7 +101,7 @@ def run_preflight(
         if on_host is not None:
             on_host(result.host.name)
 
-    if all(h.slurm_job is not None for h in hosts):  # an allocation: one srun step each
+    if fanout.in_one_step(hosts):  # an allocation: one srun step each
         results = _in_one_step(hosts, project_dest, source, master_port, check_project)
         for result in results:
             on_result(result)
@@ -164,8 +165,7 @@ def _in_one_step(
             state = NodeState(settle(facts, sent, received), project)
             results.append(HostResult(h, Status.OK, state, seconds=received - sent))
         except CpuaccelError as exc:
-            status = Status.UNREACHABLE if isinstance(exc, Unreachable) else Status.FAILED
-            results.append(HostResult(h, status, None, str(exc), exc.hint))
+            results.append(fanout.failed(h, exc, received - sent))
     return results
 
 
