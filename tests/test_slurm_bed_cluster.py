@@ -49,6 +49,10 @@ def test_srun_runs_one_task_on_every_node(slurm: SlurmBed) -> None:
     assert tasks == ["node1 0", "node2 1", "node3 2"]
     assert slurm.nodes == ["node1", "node2", "node3"]
     assert slurm.partition == "debug"
+    # A node's slurmd is the bed's, not a process a test's job left behind.
+    slurmd = slurm.pids["slurmd-node2"]
+    assert slurmd not in slurm.cluster.pids("node2")
+    assert slurm.cluster.wait_idle("node2") == []
 
 
 def test_batch_jobs_end_in_sacct_with_their_exit_code(slurm: SlurmBed, tmp_path: Path) -> None:

@@ -77,6 +77,8 @@ class SlurmBed:
     pids: dict[str, int] = field(default_factory=dict)
     """daemon name (``munged``, ``slurmctld``, ``slurmd-node1``, ...) -> pid."""
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    ready_after: dict[str, float] = field(default_factory=dict)
+    """daemon -> seconds from the start of start() until it answered (for the report)."""
 
     partition: str = PARTITION
 
@@ -123,18 +125,16 @@ class SlurmBed:
                 return
             if time.monotonic() > deadline:
                 first = next(iter(busy))
-                log = self.paths.log(f"slurmd-{first}")
                 raise ClusterError(
-                    f"Slurm nodes not idle within {timeout:.0f}s: {busy}; slurmd of {first} "
-                    f"logs to {log}: {_tail(log)}"
+                    f"Slurm nodes not idle within {timeout:.0f}s: {busy}; slurmd of {first}: "
+                    f"{_logs(self.paths, f'slurmd-{first}')}"
                 )
             time.sleep(0.1)
 
     def _check_alive(self) -> None:
         for daemon, pid in self.pids.items():
             if not _alive(pid):
-                log = self.paths.log(daemon)
-                raise ClusterError(f"{daemon} (pid {pid}) died; its log {log}: {_tail(log)}")
+                raise ClusterError(f"{daemon} (pid {pid}) died; {_logs(self.paths, daemon)}")
 
     @property
     def running(self) -> bool:
@@ -165,8 +165,9 @@ def stop_bed(state_dir: Path, nodes: Sequence[Node], pids: Sequence[int] = ()) -
     targets = set(daemons) | steps
     for pid in list(targets):
         targets |= _descendants(pid)
-    # The daemons were started with setsid: each is its own process group.
-    _terminate(targets, groups=sorted(daemons))
+    # The daemons were started with setsid: each is its own process group. Their state is
+    # thrown away, so a daemon slow to save it (slurmctld, mariadbd) gets SIGKILL soon.
+    _terminate(targets, groups=sorted(daemons), timeout=1.0)
 
 
 def _is_slurmstepd(pid: int) -> bool:
@@ -202,7 +203,9 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
         _wait_for(bed, "slurmctld", lambda: _ctld_answers(bed), START_TIMEOUT)
         for node in cluster.nodes:
             _spawn(bed, f"slurmd-{node.name}", _slurmd_argv(cluster, node, paths))
+        began = time.monotonic()
         bed.wait_idle(START_TIMEOUT)
+        bed.ready_after["nodes idle"] = time.monotonic() - began
     except BaseException:
         with contextlib.suppress(Exception):
             bed.stop()
@@ -228,7 +231,7 @@ def _munged_argv(paths: BedPaths) -> list[str]:
         MUNGED, "--foreground", f"--socket={paths.munge_socket}",
         f"--key-file={paths.munge_key}", f"--pid-file={paths.munge_dir / 'munged.pid'}",
         f"--seed-file={paths.munge_dir / 'munged.seed'}",
-        f"--log-file={paths.munge_dir / 'munged.log'}",
+        f"--log-file={paths.log('munged')}",
     ]  # fmt: skip
 
 
@@ -248,7 +251,7 @@ def _spawn(
     env: Mapping[str, str] | None = None,
 ) -> None:  # fmt: skip
     """Start a daemon in the foreground, in its own session, marked as this bed's."""
-    log = bed.paths.log(daemon)
+    log = bed.paths.stderr(daemon)
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root",
@@ -269,15 +272,16 @@ def _wait_for(bed: SlurmBed, daemon: str, ready: object, timeout: float) -> None
     """Wait until ready() is true; ClusterError naming the daemon and its log if it dies
     or does not get ready within `timeout` seconds."""
     assert callable(ready)
-    deadline = time.monotonic() + timeout
-    log = bed.paths.log(daemon)
+    began = time.monotonic()
+    deadline = began + timeout
     while not ready():
         bed._check_alive()
         if time.monotonic() > deadline:
             raise ClusterError(
-                f"{daemon} did not answer within {timeout:.0f}s; its log {log}: {_tail(log)}"
+                f"{daemon} did not answer within {timeout:.0f}s; {_logs(bed.paths, daemon)}"
             )
         time.sleep(0.05)
+    bed.ready_after[daemon] = time.monotonic() - began
 
 
 def _ctld_answers(bed: SlurmBed) -> bool:
@@ -285,12 +289,21 @@ def _ctld_answers(bed: SlurmBed) -> bool:
     return "UP" in done.stdout and "DOWN" not in done.stdout
 
 
-def _tail(path: Path, size: int = 1500) -> str:
+def _logs(paths: BedPaths, daemon: str, size: int = 1200) -> str:
+    """Where a daemon logs, and the end of its log (and of its stderr, if it wrote any)."""
+    log, stderr = paths.log(daemon), paths.stderr(daemon)
+    parts = [f"its log {log}: {_tail(log, size) or '(empty or not written)'}"]
+    said = _tail(stderr, size)
+    if said:
+        parts.append(f"{stderr}: {said}")
+    return "; ".join(parts)
+
+
+def _tail(path: Path, size: int) -> str:
     try:
-        text = path.read_text(errors="replace").strip()
+        return path.read_text(errors="replace").strip()[-size:]
     except OSError:
-        return "(no log)"
-    return text[-size:] or "(empty log)"
+        return ""
 
 
 def without_daemons(bed: SlurmBed | None, pids: list[int]) -> list[int]:
