@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import pytest
 
 from cpuaccel.testing import slurm as slurm_bed
+from cpuaccel.testing import slurm_db
 from cpuaccel.testing.cluster import Cluster, unavailable_reason
 
 REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
@@ -104,7 +105,8 @@ def slurm(cluster: Cluster) -> slurm_bed.SlurmBed:
     Client commands need ``{**os.environ, **slurm.env}`` (``SLURM_CONF``). A test that
     drains or cuts a node restores it and may call ``slurm.wait_idle()``.
     """
-    reason = slurm_bed.unavailable_reason()
+    # Accounting too: the Slurm tests read exit codes through sacct.
+    reason = slurm_bed.unavailable_reason() or slurm_db.unavailable_reason()
     if reason is not None:
         message = f"Slurm test bed cannot start: {reason}"
         if _cluster_required():
