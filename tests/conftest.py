@@ -116,6 +116,22 @@ def slurm(cluster: Cluster) -> slurm_bed.SlurmBed:
 
 
 @pytest.fixture(autouse=True)
+def _slurm_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used Slurm: no job of it left, every node idle, every daemon
+    running (what was not is put right and warned about, so the next test starts clean)."""
+    yield
+    if "slurm" not in request.fixturenames:
+        return
+    try:
+        bed: slurm_bed.SlurmBed = request.getfixturevalue("slurm")
+    except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+        return  # the bed never came up; its own error is reported already
+    wrong = slurm_bed.restore(bed)
+    if wrong:
+        warnings.warn(f"{request.node.nodeid} left Slurm so: {'; '.join(wrong)}", stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
 def _cluster_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
     """After each test that used the shared cluster, bring back any sshd it left stopped."""
     yield

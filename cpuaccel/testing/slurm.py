@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -55,6 +56,8 @@ Completed = subprocess.CompletedProcess[str]
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
+# Node states that come back to idle by themselves once the jobs are gone.
+OK_STATES = ("idle", "allocated", "mixed", "completing")
 START_TIMEOUT = 30.0  # seconds for each daemon to answer: they take well under 2 s here
 
 
@@ -74,6 +77,8 @@ class SlurmBed:
     cluster: Cluster
     paths: BedPaths
     accounting: bool
+    cpus: int = 2
+    """CPUs of each node, as slurm.conf gives them."""
     pids: dict[str, int] = field(default_factory=dict)
     """daemon name (``munged``, ``slurmctld``, ``slurmd-node1``, ...) -> pid."""
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
@@ -192,7 +197,8 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     shutil.rmtree(paths.root, ignore_errors=True)
     bed = SlurmBed(cluster=cluster, paths=paths, accounting=accounting)
     try:
-        _write_files(bed, cpus if cpus is not None else max(2, os.cpu_count() or 2))
+        bed.cpus = cpus if cpus is not None else max(2, os.cpu_count() or 2)
+        _write_files(bed)
         _spawn(bed, "munged", _munged_argv(paths), cwd=paths.munge_dir)
         _wait_for(bed, "munged", lambda: paths.munge_socket.is_socket(), 10.0)
         if accounting:
@@ -213,12 +219,12 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     return bed
 
 
-def _write_files(bed: SlurmBed, cpus: int) -> None:
+def _write_files(bed: SlurmBed) -> None:
     cluster, paths = bed.cluster, bed.paths
     slurm_files.make_dirs(paths, cluster.nodes)
     slurm_files.write_munge_key(paths)
     text = slurm_files.slurm_conf(
-        paths, cluster.cluster_id, cluster.controller_address, cluster.nodes, cpus,
+        paths, cluster.cluster_id, cluster.controller_address, cluster.nodes, bed.cpus,
         bed.accounting,
     )  # fmt: skip
     paths.conf.write_text(text)
@@ -306,6 +312,31 @@ def _tail(path: Path, size: int) -> str:
         return ""
 
 
+def restore(bed: SlurmBed, timeout: float = START_TIMEOUT) -> list[str]:
+    """Bring the bed back to how tests find it: every daemon running, no job left, every
+    node idle. Returns what was wrong (empty when nothing was), for the test's warning."""
+    wrong = []
+    if not bed.running:
+        dead = sorted(d for d, pid in bed.pids.items() if not _alive(pid))
+        wrong.append(f"daemons not running: {', '.join(dead)} (restarted the bed)")
+        fresh = start(bed.cluster, bed.cpus, bed.accounting)
+        vars(bed).update(vars(fresh))  # the same object: a session fixture holds it
+        bed.cluster.slurm_bed = bed
+        return wrong
+    jobs = bed.client(["squeue", "-h", "-o", "%i"], timeout=15).stdout.split()
+    if jobs:
+        wrong.append(f"jobs left: {', '.join(jobs)} (cancelled)")
+        bed.client(["scancel", *jobs], timeout=15)
+    states = bed.node_states()
+    off = sorted(n for n in bed.nodes if not states.get(n, "").startswith(OK_STATES))
+    if off:
+        wrong.append(f"nodes {', '.join(f'{n} {states.get(n)}' for n in off)} (resumed)")
+        bed.client(["scontrol", "update", f"nodename={','.join(off)}", "state=resume"])
+    if wrong:
+        bed.wait_idle(timeout)
+    return wrong
+
+
 def without_daemons(bed: SlurmBed | None, pids: list[int]) -> list[int]:
     """`pids` but the bed's daemons (a node's slurmd is no process of a test's job)."""
     if bed is None:
@@ -319,7 +350,10 @@ def attach(cluster: Cluster) -> SlurmBed | None:
     paths = BedPaths(bed_dir(cluster.state_dir))
     if not paths.conf.is_file():
         return None
-    bed = SlurmBed(cluster=cluster, paths=paths, accounting="slurmdbd" in paths.conf.read_text())
+    conf = paths.conf.read_text()
+    bed = SlurmBed(cluster=cluster, paths=paths, accounting="slurmdbd" in conf)
+    cpus = re.search(r" CPUs=(\d+) ", conf)
+    bed.cpus = int(cpus.group(1)) if cpus else bed.cpus
     try:
         saved = json.loads(paths.pids_file.read_text())
         bed.pids = {str(daemon): int(pid) for daemon, pid in saved.items()}
