@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.testing import slurm_files
+from cpuaccel.testing.cluster import Cluster, ClusterError
 from cpuaccel.testing.netns import _alive, state_dir_for
 from cpuaccel.testing.slurm import SlurmBed, restore
+from cpuaccel.testing.state import leftovers
 
 pytestmark = pytest.mark.cluster
 
@@ -123,3 +125,12 @@ def test_restore_cancels_a_left_job_and_resumes_a_drained_node(slurm: SlurmBed) 
     assert _sacct_end(slurm, job)[0] == "CANCELLED"
     assert slurm.node_states() == {"node1": "idle", "node2": "idle", "node3": "idle"}
     assert restore(slurm) == []
+
+
+def test_a_taken_port_is_one_error_naming_it_and_nothing_is_left(slurm: SlurmBed) -> None:
+    scratch = (slurm.cluster.cluster_id + 1) % 256
+    port = slurm_files.ports(scratch)["slurmctld"]
+    with socket.create_server(("127.0.0.1", port)), pytest.raises(ClusterError) as caught:
+        Cluster(1, cluster_id=scratch, slurm=True).__enter__()
+    assert str(caught.value).startswith(f"port {port} (slurmctld of test cluster {scratch}) ")
+    assert all(not found for found in leftovers(scratch).values())

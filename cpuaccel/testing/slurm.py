@@ -28,14 +28,15 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cpuaccel.testing import slurm_files
+from cpuaccel.testing import slurm_db, slurm_files
 from cpuaccel.testing.netns import (
     NETNS_DIR,
     ClusterError,
@@ -189,11 +190,10 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     if reason is not None:
         raise ClusterError(f"cannot start Slurm on the test cluster: {reason}")
     if accounting is None:
-        from cpuaccel.testing import slurm_db
-
         accounting = slurm_db.unavailable_reason() is None
     paths = BedPaths(bed_dir(cluster.state_dir))
     stop_bed(cluster.state_dir, cluster.nodes)  # a crashed run's leftovers of this id
+    _check_ports_free(cluster.cluster_id)
     shutil.rmtree(paths.root, ignore_errors=True)
     bed = SlurmBed(cluster=cluster, paths=paths, accounting=accounting)
     try:
@@ -202,8 +202,6 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
         _spawn(bed, "munged", _munged_argv(paths), cwd=paths.munge_dir)
         _wait_for(bed, "munged", lambda: paths.munge_socket.is_socket(), 10.0)
         if accounting:
-            from cpuaccel.testing import slurm_db
-
             slurm_db.start(bed, _spawn, _wait_for)
         _spawn(bed, "slurmctld", [SLURMCTLD, "-D", "-f", str(paths.conf)])
         _wait_for(bed, "slurmctld", lambda: _ctld_answers(bed), START_TIMEOUT)
@@ -219,6 +217,24 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     return bed
 
 
+def _check_ports_free(cluster_id: int) -> None:
+    """ClusterError if a controller-side port of the bed is taken: slurmctld does not exit
+    when it cannot bind, it retries and never answers (a 30 s wait for nothing)."""
+    for daemon, port in slurm_files.ports(cluster_id).items():
+        if daemon == "slurmd":
+            continue  # bound in each node's own network namespace
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError as exc:
+                raise ClusterError(
+                    f"port {port} ({daemon} of test cluster {cluster_id}) is in use on this "
+                    f"machine ({exc.strerror}): see `ss -ltnp 'sport = :{port}'`, or use "
+                    "another cluster id"
+                ) from None
+
+
 def _write_files(bed: SlurmBed) -> None:
     cluster, paths = bed.cluster, bed.paths
     slurm_files.make_dirs(paths, cluster.nodes)
@@ -231,10 +247,12 @@ def _write_files(bed: SlurmBed) -> None:
 
 
 def _munged_argv(paths: BedPaths) -> list[str]:
+    # 8 threads, not 2: every task of an srun step authenticates at once (munge's own
+    # advice when it is short of them is 10).
     user = slurm_files.MUNGE_USER
     return [
         "/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-        MUNGED, "--foreground", f"--socket={paths.munge_socket}",
+        MUNGED, "--foreground", f"--socket={paths.munge_socket}", "--num-threads=8",
         f"--key-file={paths.munge_key}", f"--pid-file={paths.munge_dir / 'munged.pid'}",
         f"--seed-file={paths.munge_dir / 'munged.seed'}",
         f"--log-file={paths.log('munged')}",
@@ -274,10 +292,9 @@ def _spawn(
     bed.paths.pids_file.write_text(json.dumps(bed.pids) + "\n")
 
 
-def _wait_for(bed: SlurmBed, daemon: str, ready: object, timeout: float) -> None:
+def _wait_for(bed: SlurmBed, daemon: str, ready: Callable[[], bool], timeout: float) -> None:
     """Wait until ready() is true; ClusterError naming the daemon and its log if it dies
     or does not get ready within `timeout` seconds."""
-    assert callable(ready)
     began = time.monotonic()
     deadline = began + timeout
     while not ready():
@@ -291,7 +308,10 @@ def _wait_for(bed: SlurmBed, daemon: str, ready: object, timeout: float) -> None
 
 
 def _ctld_answers(bed: SlurmBed) -> bool:
-    done = bed.client(["scontrol", "ping"], timeout=10)
+    try:
+        done = bed.client(["scontrol", "ping"], timeout=5)
+    except subprocess.TimeoutExpired:
+        return False  # something holds the port but does not answer: _wait_for's deadline
     return "UP" in done.stdout and "DOWN" not in done.stdout
 
 

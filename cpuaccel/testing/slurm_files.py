@@ -132,7 +132,7 @@ def slurm_conf(
         ("ReturnToService", "2"),
         # The nodes are namespaces of one machine: take the CPUs given, not the real ones.
         ("SlurmdParameters", "config_overrides"),
-        ("MailProg", "/bin/true"),
+        ("MailProg", "/bin/true"),  # else slurmctld logs an error: there is no mail here
         ("KillWait", "2"),
         ("InactiveLimit", "0"),
         ("MinJobAge", "300"),
@@ -142,20 +142,24 @@ def slurm_conf(
         ("JobCompLoc", str(root / "jobcomp.txt")),
     ]
     if accounting:
-        settings += [
-            ("AccountingStorageType", "accounting_storage/slurmdbd"),
-            ("AccountingStorageHost", controller_address),
-            ("AccountingStoragePort", str(port["slurmdbd"])),
-            # For slurmdbd this is not a password but the munge socket to use (its AuthInfo
-            # is not used for that connection): without it sacct tries /run/munge.
-            ("AccountingStoragePass", str(paths.munge_socket)),
-        ]
+        settings += _accounting(paths, controller_address, port["slurmdbd"])
     lines = [f"# Slurm of test cluster {cluster_id} (cpuaccel.testing.slurm)"]
     lines += [f"{key}={value}" for key, value in settings]
     lines += [f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes]
     names = ",".join(n.name for n in nodes)
     lines.append(f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def _accounting(paths: BedPaths, controller_address: str, port: int) -> list[tuple[str, str]]:
+    return [
+        ("AccountingStorageType", "accounting_storage/slurmdbd"),
+        ("AccountingStorageHost", controller_address),
+        ("AccountingStoragePort", str(port)),
+        # For slurmdbd this is not a password but the munge socket to use (its AuthInfo
+        # is not used for that connection): without it sacct tries /run/munge.
+        ("AccountingStoragePass", str(paths.munge_socket)),
+    ]
 
 
 def slurmdbd_conf(paths: BedPaths, cluster_id: int, controller_address: str) -> str:
@@ -180,6 +184,11 @@ def slurmdbd_conf(paths: BedPaths, cluster_id: int, controller_address: str) -> 
 
 
 def make_dirs(paths: BedPaths, nodes: Sequence[Node]) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    # munged runs as the munge user and must reach its key and socket below these, even
+    # when the cluster's state dir was made under a umask of 077.
+    for path in (paths.root.parent, paths.root):
+        path.chmod(0o755)
     for sub in ("log", "run", "ctld", "spool"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     for node in nodes:
