@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.testing import slurm_files
-from cpuaccel.testing.cluster import Cluster, ClusterError
+from cpuaccel.testing.cluster import NODE_DIR, Cluster, ClusterError
 from cpuaccel.testing.netns import _alive, state_dir_for
 from cpuaccel.testing.slurm import SlurmBed, restore
 from cpuaccel.testing.state import leftovers
@@ -46,9 +46,15 @@ def _sacct_end(bed: SlurmBed, job: str, timeout: float = 60) -> tuple[str, str]:
 
 
 def test_srun_runs_one_task_on_every_node(slurm: SlurmBed) -> None:
-    out = _client(slurm, "srun", "-N", "3", "-l", "sh", "-c", "echo $(hostname) $SLURM_NODEID")
+    # A task sees its node as an SSH session does: hostname, /etc/hosts, private dir.
+    for node in slurm.cluster.nodes:
+        (node.private_dir / "whoami").write_text(f"private-{node.name}\n")
+    script = f"echo $(hostname) $SLURM_NODEID $(cat {NODE_DIR}/whoami) $(getent hosts node2)"
+    out = _client(slurm, "srun", "-N", "3", "-l", "sh", "-c", script)
     tasks = sorted(line.split(": ", 1)[1] for line in out.splitlines())
-    assert tasks == ["node1 0", "node2 1", "node3 2"]
+    node2 = slurm.cluster.node("node2").address
+    assert tasks == [f"node{k} {k - 1} private-node{k} {node2} node2" for k in (1, 2, 3)]
+    assert slurm.cluster.start_slurm() is slurm  # started once: the same bed
     assert slurm.nodes == ["node1", "node2", "node3"]
     assert slurm.partition == "debug"
     # A node's slurmd is the bed's, not a process a test's job left behind.
