@@ -22,8 +22,32 @@ from cpuaccel.slurm.partition import describe, fields, read_partition, unavailab
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 DATA = Path(__file__).parent / "data" / "slurm"
-NODES = (DATA / "scontrol-show-nodes.txt").read_text()
-PARTITIONS = (DATA / "scontrol-show-partitions.txt").read_text()
+CAPTURED_NODES = (DATA / "scontrol-show-nodes.txt").read_text()
+CAPTURED_PARTITIONS = (DATA / "scontrol-show-partitions.txt").read_text()
+# The capture with a second partition "big" (node2, node3), node2 busy, and a partition
+# without nodes: what a site with several partitions prints.
+
+
+def _multi(line: str) -> str:
+    if line.startswith("NodeName=node1 "):
+        return line
+    line = line.replace("Partitions=debug ", "Partitions=debug,big ")
+    return line.replace("State=IDLE ", "State=ALLOCATED ") if "node2 " in line else line
+
+
+NODES = "\n".join(map(_multi, CAPTURED_NODES.splitlines()))
+_DEBUG = CAPTURED_PARTITIONS.splitlines()[0]
+PARTITIONS = "\n".join(
+    [
+        _DEBUG,
+        _DEBUG.replace("=debug", "=big")
+        .replace("Default=YES", "Default=NO")
+        .replace("Nodes=node[1-3]", "Nodes=node[2-3]"),
+        _DEBUG.replace("=debug", "=empty")
+        .replace("Default=YES", "Default=NO")
+        .replace("Nodes=node[1-3]", "Nodes=(null)"),
+    ]
+)
 
 
 def fake_run(nodes: str = NODES, partitions: str = PARTITIONS) -> object:
@@ -46,6 +70,18 @@ def with_node(**changes: str) -> str:
         old = fields(line)[key]
         line = line.replace(f"{key}={old}", f"{key}={value}", 1)
     return "\n".join([line, *NODES.splitlines()[1:]]) + "\n"
+
+
+def test_the_capture_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition.commands, "run", fake_run(CAPTURED_NODES, CAPTURED_PARTITIONS))
+    found = read_partition("slurm:")
+    assert found.partition == "debug"
+    assert [(n.name, n.address, n.state, n.cpus) for n in found.nodes] == [
+        ("node1", "10.77.67.1", "IDLE", 2),
+        ("node2", "10.77.67.2", "IDLE", 2),
+        ("node3", "10.77.67.3", "IDLE+DRAIN", 2),
+    ]
+    assert found.nodes[2].reason == "maint by admin [root@2026-11-30T21:25:10]"
 
 
 def test_capture_reads_every_node_with_its_state(scontrol: pytest.MonkeyPatch) -> None:
