@@ -238,6 +238,18 @@ def test_cli_lists_a_partition(tmp_path: Path) -> None:
     assert done.stdout.split()[1:] == ["(3):", "node1", "node2", "node3"]
 
 
+def test_project_file_and_environment_name_a_partition(tmp_path: Path) -> None:
+    env = fake_scontrol(tmp_path)
+    (tmp_path / "cpuaccel.yaml").write_text("inventory: slurm:big\n")
+    done = cpuaccel("config", "show", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "slurm:big" in done.stdout and "node2,node3" in done.stdout
+    (tmp_path / "cpuaccel.yaml").unlink()
+    env["CPUACCEL_INVENTORY"] = "slurm:"
+    done = cpuaccel("check", "--list-hosts", cwd=tmp_path, env=env)
+    assert done.stdout.split()[1:] == ["(3):", "node1", "node2", "node3"], done.stderr
+
+
 def test_cli_names_a_drained_node_without_contacting_it(tmp_path: Path) -> None:
     env = fake_scontrol(tmp_path)
     done = cpuaccel("check", "--slurm", "--limit", "node3", "--json", cwd=tmp_path, env=env)
