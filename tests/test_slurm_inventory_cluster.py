@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env
+from cpuaccel.testing.netns import NODE_DIR
 
 pytestmark = pytest.mark.cluster
 
@@ -105,3 +107,18 @@ def test_unknown_partition_lists_the_real_ones(slurm: Any, project: Path) -> Non
     assert done.returncode == EXIT_USAGE
     assert "slurm:nope: Slurm has no partition 'nope'" in done.stderr
     assert f"-i slurm:{slurm.partition} (default)" in done.stderr
+
+
+def test_provision_works_on_a_partition_with_its_slurm_variables(slurm: Any, project: Path) -> None:
+    # Each node's private folder (not the shared filesystem), fresh for this test.
+    path = f"{NODE_DIR}/slurm-{uuid.uuid4().hex[:8]}"
+    line = "{{ inventory_hostname }} {{ ansible_host }} {{ slurm_state }} {{ slurm_cpus }}"
+    play = [{"hosts": slurm.partition, "tasks": [{"copy": {"dest": path, "content": line}}]}]
+    (project / "play.yaml").write_text(yaml.safe_dump(play))
+    done = run(slurm, project, "provision", "-i", "slurm:", "--playbook", "play.yaml")
+    assert done.returncode == EXIT_OK, done.stdout + done.stderr
+    for name in slurm.nodes:
+        node = slurm.cluster.node(name)
+        shown = slurm.cluster.exec(name, ["cat", path]).stdout
+        slurm.cluster.exec(name, ["rm", "-f", path])
+        assert shown == f"{name} {node.address} IDLE 2"
