@@ -189,6 +189,16 @@ def test_no_default_partition(monkeypatch: pytest.MonkeyPatch) -> None:
         read_partition("slurm:")
 
 
+def test_a_hostile_default_partition_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile = PARTITIONS.replace("PartitionName=debug ", "PartitionName=-oX;x ")
+    nodes = NODES.replace("Partitions=debug", "Partitions=-oX;x")
+    monkeypatch.setattr(partition.commands, "run", fake_run(nodes, hostile))
+    with pytest.raises(UsageError) as caught:
+        read_partition("slurm:")
+    assert "default partition: '-oX;x' is not a partition name" in caught.value.message
+    assert "-oX" not in (caught.value.hint or "")  # the list leaves it out
+
+
 def slurm_host(name: str, state: str, reason: str | None = None) -> Host:
     values: dict[str, object] = {"slurm_state": state, "slurm_cpus": 2}
     if reason:

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpuaccel.errors import InventoryError, UsageError
+from cpuaccel.inventory.slurm_source import PREFIX
 from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.slurm import commands
 
 NODES_ARGV = ("scontrol", "show", "nodes", "--oneliner")
 PARTITIONS_ARGV = ("scontrol", "show", "partitions", "--oneliner")
-PREFIX = "slurm:"
 # Slurm's partition names in practice; never a leading '-' (it would read as an option
 # of sinfo or sbatch) and nothing a shell or a terminal would interpret.
 PARTITION_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}")
@@ -172,6 +172,11 @@ def read_partition(spec: str, env: Mapping[str, str] | None = None) -> Partition
                 hint=f"name one: {_choices(partitions)}",
             )
         wanted = default[0]
+        if partition_problem(wanted) is not None:
+            raise UsageError(
+                f"{spec}: Slurm's default partition: {partition_problem(wanted)}",
+                hint=f"name one: {_choices(partitions)}",
+            )
     members = [n for n in nodes if wanted in n.get("Partitions", "").split(",")]
     if not members:
         if partitions is None:
