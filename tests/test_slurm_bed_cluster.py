@@ -15,7 +15,7 @@ import pytest
 
 from cpuaccel.testing import slurm_files
 from cpuaccel.testing.netns import _alive, state_dir_for
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testing.slurm import SlurmBed, restore
 
 pytestmark = pytest.mark.cluster
 
@@ -49,6 +49,10 @@ def test_srun_runs_one_task_on_every_node(slurm: SlurmBed) -> None:
     assert tasks == ["node1 0", "node2 1", "node3 2"]
     assert slurm.nodes == ["node1", "node2", "node3"]
     assert slurm.partition == "debug"
+    # A node's slurmd is the bed's, not a process a test's job left behind.
+    slurmd = slurm.pids["slurmd-node2"]
+    assert slurmd not in slurm.cluster.pids("node2")
+    assert slurm.cluster.wait_idle("node2") == []
 
 
 def test_batch_jobs_end_in_sacct_with_their_exit_code(slurm: SlurmBed, tmp_path: Path) -> None:
@@ -106,3 +110,16 @@ def test_up_slurm_then_down_leaves_nothing(slurm: SlurmBed) -> None:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
     # The session's bed was not touched.
     assert slurm.running
+
+
+def test_restore_cancels_a_left_job_and_resumes_a_drained_node(slurm: SlurmBed) -> None:
+    job = _client(
+        slurm, "sbatch", "--parsable", "-w", "node1", "-o", "/dev/null", "--wrap", "sleep 300"
+    ).strip()
+    _client(slurm, "scontrol", "update", "nodename=node3", "state=drain", "reason=maint")
+    assert slurm.node_states()["node3"].startswith("drain")
+    wrong = restore(slurm)
+    assert wrong == [f"jobs left: {job} (cancelled)", "nodes node3 drained (resumed)"]
+    assert _sacct_end(slurm, job)[0] == "CANCELLED"
+    assert slurm.node_states() == {"node1": "idle", "node2": "idle", "node3": "idle"}
+    assert restore(slurm) == []

@@ -73,6 +73,10 @@ class BedPaths:
         """The log of a daemon: ``munged``, ``slurmctld``, ``slurmd-node1``, ..."""
         return self.root / "log" / f"{daemon}.log"
 
+    def stderr(self, daemon: str) -> Path:
+        """A daemon's stdout and stderr (what it says before its log is open)."""
+        return self.root / "log" / f"{daemon}.stderr"
+
     def pid_file(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
 
@@ -132,6 +136,8 @@ def slurm_conf(
         ("KillWait", "2"),
         ("InactiveLimit", "0"),
         ("MinJobAge", "300"),
+        # Schedule a batch job when it is submitted, not up to 3 s later (the default).
+        ("SchedulerParameters", "batch_sched_delay=0"),
         ("JobCompType", "jobcomp/filetxt"),
         ("JobCompLoc", str(root / "jobcomp.txt")),
     ]
@@ -194,6 +200,9 @@ def write_munge_key(paths: BedPaths) -> None:
     finally:
         os.close(fd)
     os.chown(paths.munge_key, user.pw_uid, user.pw_gid)
+    # munged opens its log as the munge user.
+    paths.log("munged").touch()
+    os.chown(paths.log("munged"), user.pw_uid, user.pw_gid)
 
 
 def marked_with(pid: int, root: Path) -> bool:
