@@ -269,6 +269,11 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_workdir": folder,
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
+    # Slurm's view of a node of -i slurm:PARTITION (inventory/slurm_source.py), which
+    # check shows and by which it leaves a down or drained node alone.
+    "slurm_state": text,
+    "slurm_cpus": whole(0),
+    "slurm_reason": text,
 }
 
 HINTS: dict[str, str] = {
