@@ -175,4 +175,4 @@ def test_a_node_unreachable_between_attempts_ends_the_run_failed_naming_it(
     assert status["exit_code"] == status["attempts"][0]["exit_code"]
     assert status["ended_by"] == "unreachable: node2" and list(status["unreachable"]) == ["node2"]
     log = head_file(cluster, run_id, "supervisor.log") or ""
-    assert "not restarting: node2 is not reachable from the head" in log, log
+    assert "not restarting: node2 did not answer from the head" in log, log

@@ -72,6 +72,19 @@ def test_a_long_record_file_is_read_from_its_tail_only(
                              f"only its last {len(line) + 10} read"]  # fmt: skip
 
 
+def test_records_that_cannot_be_read_give_no_checkpoint_and_no_crash(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / RUN_ID
+    run_dir.mkdir(parents=True)
+    os.mkfifo(run_dir / checkpoints.RECORDS)  # would hang a plain open(): not read
+    found = checkpoints.host_of("here", str(run_dir), **checkpoints.gather_here(str(run_dir)))
+    assert found.records == {} and found.files == {}
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "runs" / "linked")  # never followed
+    linked = str(tmp_path / "runs" / "linked")
+    found = checkpoints.host_of("here", linked, **checkpoints.gather_here(linked))
+    assert found.files is None and found.reasons == [f"no run folder {linked}"]
+
+
 def _sourced(run_dir: Path) -> str:
     script = f'. {run_dir}/env.sh; echo "$A|$CPUACCEL_RESTART|${{CPUACCEL_RESUME-unset}}"'
     return subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout.strip()

@@ -189,10 +189,13 @@ def host_of(host: str, run_dir: str, files: list[Any] | None, tail: str | None) 
 def gather_here(run_dir: str) -> dict[str, Any]:
     """This node's listing and checkpoints.jsonl tail, as :func:`host_of` takes them
     (the supervisor's ``ready``, on the head and, through ssh.sh, on the other nodes)."""
-    files = list_files(run_dir)["files"]
-    size = records_size(files)
-    tail = None
-    if size:
-        data = read_file(run_dir, RECORDS, max(0, size - TAIL), TAIL)["data"]
-        tail = base64.b64decode(data).decode("utf-8", errors="replace") if data else None
+    try:
+        files = list_files(run_dir)["files"]
+        size = records_size(files)
+        tail = None
+        if size:
+            data = read_file(run_dir, RECORDS, max(0, size - TAIL), TAIL)["data"]
+            tail = base64.b64decode(data).decode("utf-8", errors="replace") if data else None
+    except (OSError, ValueError) as exc:  # e.g. a FIFO put there: not read, no checkpoint
+        return {"error": f"{RECORDS} not read: {exc}"}
     return {"files": files, "tail": tail}

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import time
 
-from cpuaccel.node.checkpoints import choose, gather_here, host_of
+from cpuaccel.node.checkpoints import HostCheckpoints, choose, gather_here, host_of
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.restarts import (
     ATTEMPTS,
@@ -231,19 +231,26 @@ class Restarts:
     def _newest_checkpoint(self) -> str | None:
         """Every node's checkpoints (the others through ssh.sh: whether they answer)."""
         answers = on_nodes(self.run_dir, self.nodes, ["ready", self.run_dir], REACH_TIMEOUT)
-        told = [host_of(self.head, self.run_dir, **gather_here(self.run_dir))]
+        answers = {self.head: gather_here(self.run_dir), **answers}
+        told = []
         for name, answer in answers.items():
-            if isinstance(answer, str) or not isinstance(answer, dict):
+            if not isinstance(answer, dict):
                 self._lost(name, str(answer))
                 continue
-            told.append(host_of(name, self.run_dir, answer.get("files"), answer.get("tail")))
+            try:
+                told.append(host_of(name, self.run_dir, answer["files"], answer["tail"]))
+            except (KeyError, TypeError, ValueError):  # a host that cannot be read has none
+                told.append(HostCheckpoints(name, reasons=[f"not read: {answer!r:.200}"]))
         found = choose(told, self.run_dir)
         for host, why in found.reasons:
             self.say(f"  {host}: {why}")
         return found.path
 
     def _set_env(self, k: int, resume: str | None) -> None:
-        set_attempt_env(self.run_dir, k, resume)
+        try:
+            set_attempt_env(self.run_dir, k, resume)
+        except (OSError, UnicodeError) as exc:
+            self._lost(self.head, f"env.sh not written: {exc}")
         words = ["attempt", self.run_dir, str(k)] + ([resume] if resume else [])
         for name, answer in on_nodes(self.run_dir, self.nodes, words, REACH_TIMEOUT).items():
             if not isinstance(answer, dict):
@@ -251,4 +258,4 @@ class Restarts:
 
     def _lost(self, name: str, why: str) -> None:
         self.unreachable[name] = why
-        self.say(f"not restarting: {name} is not reachable from the head ({why})")
+        self.say(f"not restarting: {name} did not answer from the head ({why})")
