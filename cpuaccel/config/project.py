@@ -21,6 +21,7 @@ from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
+from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
 from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
@@ -197,9 +198,11 @@ def parse_project(text: str, source: str) -> ProjectConfig:
         config.set(key, _checked(key, item, source), item.line)
     inventory = config.get("inventory")
     base = os.path.dirname(source)
-    if inventory and not ("," in inventory and not os.path.exists(os.path.join(base, inventory))):
+    names_no_file = "," in inventory or inventory.startswith(SLURM_PREFIX) if inventory else False
+    if inventory and not (names_no_file and not os.path.exists(os.path.join(base, inventory))):
         # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own (a
-        # comma list of hosts, "node1,node2,", names no file).
+        # comma list of hosts, "node1,node2,", or a Slurm partition, "slurm:batch",
+        # names no file).
         config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
     return config
 

@@ -270,6 +270,11 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
     "cpuaccel_slurm_job": whole(1),  # the Slurm job an allocated node is reached in
+    # Slurm's view of a node of -i slurm:PARTITION (inventory/slurm_source.py), which
+    # check shows and by which it leaves a down or drained node alone.
+    "slurm_state": text,
+    "slurm_cpus": whole(0),
+    "slurm_reason": text,
 }
 
 HINTS: dict[str, str] = {

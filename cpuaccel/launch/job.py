@@ -125,9 +125,11 @@ def launch(
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
+        plan = attempts.plan_for(plan, 0, None)  # a detached run's restarts: its supervisor's
         if detach:
-            return _detach(plan, project, local is not None, timeout, nodes, inventory, started)
-        job = _Foreground(attempts.plan_for(plan, 0, None), nodes, local is not None, check)
+            limits = (timeout, settings.max_restarts.value, settings.restart_delay.value)
+            return _detach(plan, project, local is not None, limits, nodes, inventory, started)
+        job = _Foreground(plan, nodes, local is not None, check)
         job.min_nodes = settings.min_nodes.value
         job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
         outcome, folder, history = _run(job, project, inventory, settings)
@@ -142,7 +144,7 @@ def _detach(
     plan: RunPlan,
     project: Path,
     local: bool,
-    timeout: float | None,
+    limits: tuple[float | None, int, float],  # --timeout, --max-restarts, --restart-delay
     nodes: _Nodes,
     inventory: str | None,
     started: float,
@@ -151,7 +153,7 @@ def _detach(
     secret.env stays for the ranks to read; the supervisor's sweep removes it from every
     node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
     files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
-    files.update(detached.supervisor_files(plan, timeout))
+    files.update(detached.supervisor_files(plan, *limits))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
         _copy_files(plan, files, nodes)
@@ -353,10 +355,9 @@ def _print_problems(problems: list[Problem]) -> None:
 
 def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
     payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
-    what, timeout = "writing the run's files", 600.0
-    words = ["write", plan.run_dir]
+    words, what = ["write", plan.run_dir], "writing the run's files"
     results = fanout.call_all(
-        plan.hosts, "jobs", words, payload, what=what, timeout=timeout, **nodes.fan()
+        plan.hosts, "jobs", words, payload, what=what, timeout=600.0, **nodes.fan()
     )
     failed = [r for r in results if not r.ok]
     if failed:

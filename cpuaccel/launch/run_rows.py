@@ -47,13 +47,14 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
         "seconds": round((ended or now) - started, 1) if started is not None else None,
         "step": step,
         "loss": number(loss),
-        "restarts": restarts(record, state),
+        "restarts": restarts(record, state, run.status),
     }
 
 
-def restarts(record: dict[str, Any], state: str) -> int:
-    """How many times run --max-restarts restarted it: run.json's attempts are those
-    that ended (a running run is in the one after them)."""
-    ended = record.get("attempts")
+def restarts(record: dict[str, Any], state: str, status: dict[str, Any] | None = None) -> int:
+    """How many times run --max-restarts restarted it: run.json's attempts (a detached
+    run's: status.json's, its supervisor's record) are those that ended (a running run
+    is in the one after them)."""
+    ended = record.get("attempts", (status or {}).get("attempts"))
     count = len(ended) if isinstance(ended, list) else 0
     return count if state == "running" else max(0, count - 1)
