@@ -142,7 +142,7 @@ class RunRecord:
 
     def exit_code(self) -> int | None:
         code = (self.status or {}).get("exit_code", self.record.get("exit_code"))
-        if code is None and self.slurm is not None:
+        if code is None and self.slurm is not None and self.slurm.ended:
             code = self.slurm.exit_code  # killed before its `cpuaccel run` said
         return code if isinstance(code, int) else None
 

@@ -137,6 +137,10 @@ def _check_key(key: str, item: Any) -> Any:
     if key == "partition" or key == "account":
         return check_name(item, key)
     if key == "time":
+        if not isinstance(item, str):
+            # YAML 1.1 reads 2:00:00 unquoted as the number 7200 (base 60), and 30 as
+            # 30: neither says which of Slurm's forms was meant.
+            raise ValueError(f"must be quoted, e.g. time: '2:00:00' (YAML read {item!r})")
         return check_time(item)
     if key == "sbatch_args":
         words = [item] if isinstance(item, str) else item
