@@ -9,6 +9,7 @@ import click
 
 from cpuaccel import __version__
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+from cpuaccel.launch import given_id
 
 # Each verb's module is imported only when that verb runs (or for --help): start-up is
 # paid on every command, and a sync need not load the playbook engine or the launcher.
@@ -78,6 +79,8 @@ def cli() -> None:
 
 def main() -> None:
     try:
+        # `CPUACCEL_RUN_ID=ID cpuaccel run`: the id passed on, this process replaced.
+        given_id.hand_over(sys.argv)
         cli.main(standalone_mode=False)
     except CpuaccelError as exc:
         _print_error(str(exc))

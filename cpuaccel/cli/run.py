@@ -31,8 +31,8 @@ from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.launch import detached, entry, job
-from cpuaccel.launch.plan import RunPlan, Script
+from cpuaccel.launch import detached, entry, given_id, job
+from cpuaccel.launch.plan import RunPlan, Script, new_run_id
 from cpuaccel.launch.report import JobReport
 
 if TYPE_CHECKING:
@@ -234,8 +234,9 @@ def run_command(
         if detach:
             _refuse_detached_restarts(settings)
         what = _entry(script, script_args, project, as_module, no_python)
+        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         if dry_run:
-            _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
+            _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
             return
         page = _run_page(target) if dashboard else None
         launch = functools.partial(
@@ -250,6 +251,7 @@ def run_command(
             ranks_to_stderr=as_json,
             detach=detach,
             inventory=_inventory_file(target),
+            run_id=run_id,
         )
         report = page.around(launch, detach) if page is not None else launch()
     except (CpuaccelError, KeyboardInterrupt) as exc:

@@ -62,10 +62,10 @@ def _local_project(settings: LaunchSettings, project: Path) -> str | None:
 
 
 def dry_run(
-    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions
+    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions, run_id: str
 ) -> tuple[RunPlan, JobFiles]:
     """The plan and files of a run, without the facts: no node is contacted."""
-    plan = build_plan(settings, script, None, new_run_id(), _local_project(settings, project))
+    plan = build_plan(settings, script, None, run_id, _local_project(settings, project))
     return plan, render_job_files(plan, connect, ssh_files=False)
 
 
@@ -91,15 +91,17 @@ def launch(
     ranks_to_stderr: bool = False,
     detach: bool = False,
     inventory: str | None = None,
+    run_id: str | None = None,
 ) -> JobReport:
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
     ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
     leaving stdout to the one JSON object. ``detach`` (run --detach): a supervisor on
     the head watches the job; this returns once it has started (launch/detached.py).
-    ``inventory``: the inventory file (absolute), kept in run.json for later verbs."""
+    ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
+    ``run_id``: given from outside (launch/given_id.py), else a new one."""
     started = time.monotonic()
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     local = _local_project(settings, project)
     with ConnectionPool(connect) as pool:
         nodes = _Nodes(connect, forks, pool)

@@ -155,7 +155,10 @@ class RunDir:
     @classmethod
     def create(cls, base: Path, plan: RunPlan, files: dict[str, tuple[int, str]]) -> RunDir:
         path = base / plan.run_id
-        path.mkdir(parents=True, exist_ok=False, mode=FOLDER)
+        # It exists only for an id given from outside (CPUACCEL_RUN_ID: `cpuaccel
+        # submit` wrote its batch script there; launch/given_id.py checked it): a
+        # generated id is new.
+        path.mkdir(parents=True, exist_ok=True, mode=FOLDER)
         path.chmod(FOLDER)  # whatever the umask
         run_dir = cls(path)
         for name, (mode, text) in files.items():
