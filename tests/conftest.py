@@ -26,6 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cpuaccel.testing import slurm as slurm_bed
 from cpuaccel.testing.cluster import Cluster, unavailable_reason
 
 REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
@@ -93,6 +94,23 @@ def cluster() -> Iterator[Cluster]:
 def inventory(cluster: Cluster) -> str:
     """The session cluster's inventory.yaml, as the `-i` argument of a command line."""
     return str(cluster.inventory_path)
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster: Cluster) -> slurm_bed.SlurmBed:
+    """Slurm on the session cluster (munged, slurmctld, slurmdbd for sacct, one slurmd a
+    node; :mod:`cpuaccel.testing.slurm`), started once, stopped with the cluster.
+
+    Client commands need ``{**os.environ, **slurm.env}`` (``SLURM_CONF``). A test that
+    drains or cuts a node restores it and may call ``slurm.wait_idle()``.
+    """
+    reason = slurm_bed.unavailable_reason()
+    if reason is not None:
+        message = f"Slurm test bed cannot start: {reason}"
+        if _cluster_required():
+            pytest.fail(f"{REQUIRE_ENV}=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return cluster.start_slurm()
 
 
 @pytest.fixture(autouse=True)
