@@ -188,9 +188,12 @@ def stop_submitted(folder: Path, record: dict[str, Any], job: str) -> Stopped:
     sweep included), and its status.json no longer says running."""
     run_id = str(record.get("run_id"))
     before = jobs.state(job)
+    own = records.load(folder)
     if before is not None and before.ended:
-        state = dataclasses.replace(records.load(folder), slurm=before).state()
+        state = dataclasses.replace(own, slurm=before).state()
         return Stopped(run_id, state, already=True, slurm=before)
+    if before is None and own.state() in records.ENDED:  # Slurm has forgotten it since
+        return Stopped(run_id, own.state(), already=True)
     jobs.cancel(job)
     after = jobs.wait_ended(job, SLURM_WAIT)
     if after is None or not after.ended:
