@@ -231,6 +231,9 @@ def resolve_target(
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)
+    if choice.slurm is not None:  # no -i: the hosts are the allocation's, said once
+        names = ", ".join(choice.slurm.nodes)
+        ui.stderr().print(f"hosts: the nodes of {choice.slurm.label} ({escape(names)})")
     limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
     if limit is None and project is not None and project.get("limit"):
         limit = str(project.get("limit"))

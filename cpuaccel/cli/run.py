@@ -302,7 +302,14 @@ def _print_report(report: JobReport, as_json: bool) -> None:
 
 def _refuse_detached_restarts(settings: LaunchSettings) -> None:
     """A restart runs the preflight again, from the controller: a detached run's
-    supervisor on the head cannot (it holds no inventory, no connection to the nodes)."""
+    supervisor on the head cannot (it holds no inventory, no connection to the nodes).
+    Nor can it sweep a Slurm allocation's nodes (it reaches them by ssh)."""
+    if settings.chosen[0].slurm_job is not None:
+        raise UsageError(
+            f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
+            "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
+            hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
+        )
     restarts = settings.max_restarts
     if restarts.value:
         raise UsageError(

@@ -1,7 +1,9 @@
 """Which inventory a verb reads, and where that choice came from.
 
 -i (a file, or a comma list of hosts as Ansible's ``-i node1,node2,``), else the
-project file's inventory (or Accelerate's hostfile), else
+Slurm allocation this runs in (``$SLURM_JOB_ID``: inside ``salloc`` or ``sbatch`` the
+allocated nodes are the ones to use, whatever the project file names for SSH use), else
+the project file's inventory (or Accelerate's hostfile), else
 $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone. The choice is a
 ``Setting`` so that ``config show`` can say why that file was read.
 """
@@ -16,15 +18,20 @@ from typing import Any
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
 from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory, is_host_list
+from cpuaccel.slurm import allocation
+from cpuaccel.slurm.allocation import Allocation
 
 
 @dataclass(frozen=True)
 class InventoryChoice:
-    path: str | None  # None: this machine alone
+    path: str | None  # None: this machine alone (or the Slurm allocation)
     setting: Setting[str]
+    slurm: Allocation | None = None  # the allocation's nodes, not a file
 
     def load(self, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
         """The chosen inventory, read (with -e on top)."""
+        if self.slurm is not None:
+            return allocation.inventory(self.slurm, extra_vars)
         if self.path is None:
             return Inventory.implicit(extra_vars)
         if is_host_list(self.path):  # -i node1,node2, (Ansible's host list)
@@ -38,10 +45,15 @@ class InventoryChoice:
 
 
 def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
-    """-i, else the project file's inventory (or Accelerate's hostfile), else
-    $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone."""
+    """-i, else the Slurm allocation, else the project file's inventory (or
+    Accelerate's hostfile), else $CPUACCEL_INVENTORY, else ./inventory.yaml, else this
+    machine alone."""
     if flag:
         return InventoryChoice(flag, Setting("inventory", flag, FLAG, "-i"))
+    found = allocation.detect(os.environ)
+    if found is not None:
+        where = f"${allocation.JOB_ID}"
+        return InventoryChoice(None, Setting("inventory", found.label, ENVIRONMENT, where), found)
     if project is not None:
         if project.get("inventory"):
             if project.inventory_error is not None:

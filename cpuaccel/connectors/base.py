@@ -186,6 +186,10 @@ class Connector(abc.ABC):
 def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:
     """The connector a host's ``ansible_connection`` asks for."""
     options = options or ConnectOptions()
+    if host.vars.get("ansible_connection") == "slurm":  # an allocated node: srun, no ssh
+        from cpuaccel.connectors.srun import SrunConnector
+
+        return SrunConnector(host, options)
     if host.is_local:
         from cpuaccel.connectors.local import LocalConnector
 

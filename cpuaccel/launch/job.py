@@ -295,7 +295,7 @@ def _preflight_and_sync(
             master_port=settings.master_port.value,
             forks=nodes.forks,
             connect=nodes.connect,
-            launcher_flavour=None if launcher == "auto" else launcher,
+            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
             check_project=not local,
             pool=nodes.pool,
             reach=reach,

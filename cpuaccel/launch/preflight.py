@@ -185,6 +185,8 @@ class LauncherReach:
         self.pool = pool
         local_head = draft.head.is_local  # the controller reaches itself without ssh
         self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
+        if draft.launcher.name == "slurm":  # srun starts the ranks: no ssh between nodes
+            self.targets = []
         self._waiting = {h.name for h in draft.hosts}
         self._keys: dict[str, str] = {}
         self._failed: set[str] = set()

@@ -29,11 +29,12 @@ from cpuaccel.connectors.base import ConnectOptions, Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import hang
+from cpuaccel.launch import hang, launchers
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
+from cpuaccel.slurm import steps
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
@@ -190,6 +191,7 @@ class Job:
                 self._supervise(reader, started, timeout)
                 launcher_exit = self._launcher_exit(proc)
                 proc.close()
+                self._cancel_step()
                 swept, left = self.sweep()
                 reader.join(GRACE)  # its last lines, before the logs close
         finally:
@@ -270,6 +272,17 @@ class Job:
         except CpuaccelError as exc:
             # The sweep that follows still ends every process of the job, node by node.
             self.router.err.print(f"[yellow]could not signal the launcher: {escape(str(exc))}[/]")
+
+    def _cancel_step(self) -> None:
+        """Under Slurm, the run's srun step, if still there, is scancelled (the sweep
+        follows); a Slurm that does not answer is said, and the sweep still runs."""
+        job = self.plan.head.slurm_job
+        if self.plan.launcher.name != "slurm" or job is None:
+            return
+        try:
+            steps.cancel(job, launchers.step_name(self.plan.run_id))
+        except CpuaccelError as exc:
+            self.router.err.print(f"[yellow]could not end the job step: {escape(str(exc))}[/]")
 
     def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """End what is left of the job on every node; report what was ended and what stays."""
