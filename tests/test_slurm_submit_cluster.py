@@ -136,6 +136,7 @@ def test_a_failing_rank_reaches_sacct_and_ps(
     assert (row["state"], row["exit_code"]) == ("failed", 3)
     assert row["slurm"] == {"job_id": job, "state": "FAILED", "exit_code": 3, "reason": None}
     code, out, _ = _verb(slurm, project, "ps")
+    assert code == EXIT_OK
     assert "failed (3)" in out and f"{job} FAILED" in out
     _nothing_left(cluster, run_id)
 
