@@ -9,6 +9,7 @@ import json
 import random
 import re
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -177,3 +178,30 @@ def test_submit_refuses_a_partition_slurm_does_not_have(slurm: SlurmBed, tmp_pat
     code, _, err = _verb(slurm, project, "submit", "-p", "nope", "--nodes", "1", "fail.py")
     assert code == 69 and "invalid partition" in err.lower()
     assert list((project / "runs").glob("*")) == []
+
+
+def test_a_queued_job_is_queued_in_ps_followed_and_cancelled(
+    slurm: SlurmBed, tmp_path: Path
+) -> None:
+    project = _project(tmp_path, {"slow.py": SLOW})
+    # The user's own hold: Slurm keeps the job PENDING (JobHeldUser) until released.
+    job, run_id = _submit(slurm, project, "--sbatch-arg=--hold", "slow.py")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    follow = start_cpuaccel("logs", "-f", run_id, cwd=project, env=_env(slurm), **pipes)
+    guard = threading.Timer(60, follow.kill)  # a follower that never says: the test fails
+    guard.start()
+    assert follow.stderr is not None
+    first = follow.stderr.readline()  # before stop: it has seen the job queued
+    guard.cancel()
+    assert f"waiting for Slurm job {job} to start: PENDING (JobHeldUser)" in first
+    row = _ps(slurm, project)
+    assert row["state"] == "queued", row
+    assert row["slurm"] == {"job_id": job, "state": "PENDING", "exit_code": None,
+                            "reason": "JobHeldUser"}  # fmt: skip
+    code, out, err = _verb(slurm, project, "stop", run_id)
+    assert code == EXIT_OK, err
+    assert f"stopped (Slurm job {job} CANCELLED)" in out
+    _, said = follow.communicate(timeout=60)
+    assert follow.returncode == EXIT_OK
+    assert f"run {run_id} ended: stopped" in said
+    assert not (project / "runs" / run_id / "status.json").exists()  # it never ran
