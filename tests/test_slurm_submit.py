@@ -138,7 +138,9 @@ def test_sbatch_arg_is_one_option_on_one_line(arg: str) -> None:
 
 
 def test_sbatch_quote_escapes_what_sbatch_reads_specially() -> None:
-    assert batch.sbatch_quote("/home/a b/#x\"y'") == "/home/a\\ b/\\#x\\\"y\\'"
+    # sbatch keeps blanks and '#' only inside quotes, and \\ and " escaped there.
+    assert batch.sbatch_quote("/home/a b/#x\"y'$") == '"/home/a b/#x\\"y\'$"'
+    assert batch.sbatch_quote("a\\b") == '"a\\\\b"'
     assert batch.sbatch_quote("--mem=8G") == "--mem=8G"
     with pytest.raises(ValueError):
         batch.sbatch_quote("a\nb")
@@ -246,6 +248,15 @@ def test_bad_project_file_names_its_line(project: Path, slurm: FakeSlurm) -> Non
     done = cpuaccel("submit", "--nodes", "1", "train.py", cwd=project, env=slurm.env())
     assert done.returncode == EXIT_USAGE
     assert "cpuaccel.yaml:3" in done.stderr and slurm.calls() == []
+
+
+def test_a_project_folder_with_a_backslash_is_refused(tmp_path: Path, slurm: FakeSlurm) -> None:
+    folder = tmp_path / "a\\b"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('hi')\n")
+    done = cpuaccel("submit", "--nodes", "1", "train.py", cwd=folder, env=slurm.env())
+    assert done.returncode == EXIT_USAGE and "backslash" in done.stderr
+    assert slurm.calls() == [] and not (folder / "runs").exists()
 
 
 def test_missing_script_is_refused(project: Path, slurm: FakeSlurm) -> None:

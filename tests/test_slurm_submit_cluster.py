@@ -129,10 +129,15 @@ def test_submit_runs_train_to_completed_with_logs_metrics_and_report(
 def test_a_failing_rank_reaches_sacct_and_ps(
     cluster: Cluster, slurm: SlurmBed, tmp_path: Path
 ) -> None:
-    project = _project(tmp_path, {"fail.py": FAIL})
+    # A folder that sbatch's #SBATCH reader would cut (a blank, a '#', quotes): quoted;
+    # a '%' that --output would expand: doubled.
+    odd = tmp_path / "a b #c $x'q\"d%e"
+    odd.mkdir()
+    project = _project(odd, {"fail.py": FAIL})
     job, run_id = _submit(slurm, project, "fail.py")
     state = _sacct(slurm, job)
     assert state == ("FAILED", "3:0"), _batch_output(project, run_id, job)
+    assert (project / "runs" / run_id / f"slurm-{job}.out").is_file()
     row = _ps(slurm, project)
     assert (row["state"], row["exit_code"]) == ("failed", 3)
     assert row["slurm"] == {"job_id": job, "state": "FAILED", "exit_code": 3, "reason": None}

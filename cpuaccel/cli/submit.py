@@ -151,6 +151,7 @@ def submit_command(
     check_script_kind(script)
     if not os.path.isfile(script):
         raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
+    batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
     settings = _settings(project, partition, time_limit, account, sbatch_args)
     request = _request(settings, nodes, ppn, config_path, script, script_args)

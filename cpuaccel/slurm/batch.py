@@ -35,22 +35,23 @@ EXECUTABLE = 0o700
 PLAIN = 0o600
 # What sbatch --parsable prints: the job id, then ";cluster" on a federation.
 _JOB_ID = re.compile(r"(\d+)(;[A-Za-z0-9_.-]+)?")
-# sbatch's #SBATCH reader takes backslash escapes and double quotes, nothing else; these
-# need none.
+# Words that sbatch's #SBATCH reader takes as they are (no blank, quote, backslash, #).
 _PLAIN = re.compile(r"[A-Za-z0-9_.,:/=@%+-]+")
 
 
 def sbatch_quote(value: Any) -> str:
-    """``value`` as one word of an ``#SBATCH`` line: sbatch's own reader (not a shell)
-    splits on blanks, ends the line at an unescaped ``#`` and drops quotes, but keeps
-    the character after a backslash whatever it is. Newlines are refused earlier
-    (slurm/options.py): no escape can continue a line."""
+    """``value`` as one word of an ``#SBATCH`` line. sbatch's own reader (not a shell)
+    ends a word at a blank unless inside quotes (a backslash does not keep a blank: it
+    is tested first), ends the line at an unquoted ``#``, and inside quotes keeps the
+    character after a backslash. So: a plain word as it is, else in double quotes with
+    ``\\`` and ``"`` backslash-escaped. Newlines are refused earlier (slurm/options.py):
+    nothing can continue a line."""
     text = str(value)
     if "\n" in text or "\r" in text:
         raise ValueError(f"{text!r}: a #SBATCH value cannot hold a newline")
     if _PLAIN.fullmatch(text):
         return text
-    return "".join(c if _PLAIN.fullmatch(c) else "\\" + c for c in text)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,19 @@ def _environment(templates: str | None) -> jinja2.Environment:
     env.filters["quote"] = quote  # the shell's words: the one quoting of every template
     env.filters["sbatch_quote"] = sbatch_quote  # #SBATCH lines: sbatch's own reader
     return env
+
+
+def check_project_dir(path: str) -> None:
+    """A folder the batch job can run from: slurmstepd reads a backslash in --output
+    as "no %j here" and drops it (the output then goes to a folder that does not
+    exist), and no #SBATCH line can hold a newline."""
+    bad = next((c for c in path if c == "\\" or not c.isprintable()), None)
+    if bad is not None:
+        raise UsageError(
+            f"the project folder {path!r} holds {bad!r}, which Slurm cannot take in a "
+            "batch job's --chdir and --output",
+            hint="submit from a folder whose path has no backslash nor control character",
+        )
 
 
 def output_path(run_dir: Path) -> str:
