@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,21 +215,3 @@ def submit(run_dir: Path, script_text: str, request: BatchRequest) -> str:
                 commands.run(["scancel", job])
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
-
-
-def slurm_block(record: dict[str, Any]) -> dict[str, Any] | None:
-    """run.json's ``slurm`` record when the run was submitted with a job id."""
-    block = record.get("slurm")
-    if isinstance(block, dict) and isinstance(block.get("job_id"), str):
-        return block
-    return None
-
-
-def job_id_of(record: dict[str, Any]) -> str | None:
-    block = slurm_block(record)
-    job = block["job_id"] if block else None
-    return job if isinstance(job, str) and job.isdigit() else None
-
-
-def job_ids(records: Sequence[dict[str, Any]]) -> list[str]:
-    return [j for j in (job_id_of(r) for r in records) if j is not None]
