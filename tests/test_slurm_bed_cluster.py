@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.testing import slurm_files
+from cpuaccel.testing.cluster import NODE_DIR, Cluster, ClusterError
 from cpuaccel.testing.netns import _alive, state_dir_for
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testing.slurm import SlurmBed, restore
+from cpuaccel.testing.state import leftovers
 
 pytestmark = pytest.mark.cluster
 
@@ -44,11 +46,21 @@ def _sacct_end(bed: SlurmBed, job: str, timeout: float = 60) -> tuple[str, str]:
 
 
 def test_srun_runs_one_task_on_every_node(slurm: SlurmBed) -> None:
-    out = _client(slurm, "srun", "-N", "3", "-l", "sh", "-c", "echo $(hostname) $SLURM_NODEID")
+    # A task sees its node as an SSH session does: hostname, /etc/hosts, private dir.
+    for node in slurm.cluster.nodes:
+        (node.private_dir / "whoami").write_text(f"private-{node.name}\n")
+    script = f"echo $(hostname) $SLURM_NODEID $(cat {NODE_DIR}/whoami) $(getent hosts node2)"
+    out = _client(slurm, "srun", "-N", "3", "-l", "sh", "-c", script)
     tasks = sorted(line.split(": ", 1)[1] for line in out.splitlines())
-    assert tasks == ["node1 0", "node2 1", "node3 2"]
+    node2 = slurm.cluster.node("node2").address
+    assert tasks == [f"node{k} {k - 1} private-node{k} {node2} node2" for k in (1, 2, 3)]
+    assert slurm.cluster.start_slurm() is slurm  # started once: the same bed
     assert slurm.nodes == ["node1", "node2", "node3"]
     assert slurm.partition == "debug"
+    # A node's slurmd is the bed's, not a process a test's job left behind.
+    slurmd = slurm.pids["slurmd-node2"]
+    assert slurmd not in slurm.cluster.pids("node2")
+    assert slurm.cluster.wait_idle("node2") == []
 
 
 def test_batch_jobs_end_in_sacct_with_their_exit_code(slurm: SlurmBed, tmp_path: Path) -> None:
@@ -106,3 +118,25 @@ def test_up_slurm_then_down_leaves_nothing(slurm: SlurmBed) -> None:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
     # The session's bed was not touched.
     assert slurm.running
+
+
+def test_restore_cancels_a_left_job_and_resumes_a_drained_node(slurm: SlurmBed) -> None:
+    job = _client(
+        slurm, "sbatch", "--parsable", "-w", "node1", "-o", "/dev/null", "--wrap", "sleep 300"
+    ).strip()
+    _client(slurm, "scontrol", "update", "nodename=node3", "state=drain", "reason=maint")
+    assert slurm.node_states()["node3"].startswith("drain")
+    wrong = restore(slurm)
+    assert wrong == [f"jobs left: {job} (cancelled)", "nodes node3 drained (resumed)"]
+    assert _sacct_end(slurm, job)[0] == "CANCELLED"
+    assert slurm.node_states() == {"node1": "idle", "node2": "idle", "node3": "idle"}
+    assert restore(slurm) == []
+
+
+def test_a_taken_port_is_one_error_naming_it_and_nothing_is_left(slurm: SlurmBed) -> None:
+    scratch = (slurm.cluster.cluster_id + 1) % 256
+    port = slurm_files.ports(scratch)["slurmctld"]
+    with socket.create_server(("127.0.0.1", port)), pytest.raises(ClusterError) as caught:
+        Cluster(1, cluster_id=scratch, slurm=True).__enter__()
+    assert str(caught.value).startswith(f"port {port} (slurmctld of test cluster {scratch}) ")
+    assert all(not found for found in leftovers(scratch).values())

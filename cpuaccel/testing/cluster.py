@@ -358,10 +358,10 @@ class Cluster:
         return subprocess.run(full, **kw)
 
     def pids(self, name: str, *, include_sshd: bool = False) -> list[int]:
-        """Live processes inside node `name` (:func:`node_pids`); without `include_sshd`,
-        not its sshd listener nor its Slurm daemon (slurmd, which a test bed keeps there)."""
+        """Live processes inside node `name` (:func:`node_pids`; its sshd listener only with
+        `include_sshd`), never its slurmd: a test bed's daemon, no process of a test's job."""
         found = node_pids(self.node(name), include_sshd=include_sshd)
-        return slurm_daemons.without_daemons(self.slurm_bed, found) if not include_sshd else found
+        return slurm_daemons.without_daemons(self.slurm_bed, found)
 
     def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
         """Wait until node `name` has no process but its sshd; return what is left."""

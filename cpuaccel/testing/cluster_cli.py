@@ -58,6 +58,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for row in cluster.status():
             state = "up" if row["sshd"] and row["port22"] else "DOWN"
             print(f"  {row['name']:<8} {row['address']:<14} pid {row['pid']!s:<8} {state}")
+        if cluster.slurm_bed is not None:
+            daemons = ", ".join(cluster.slurm_bed.pids)
+            print(f"  slurm    SLURM_CONF={cluster.slurm_bed.conf_path} ({daemons})")
     return 0
 
 

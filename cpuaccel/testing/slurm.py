@@ -25,16 +25,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
+import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cpuaccel.testing import slurm_files
+from cpuaccel.testing import slurm_db, slurm_files
 from cpuaccel.testing.netns import (
     NETNS_DIR,
     ClusterError,
@@ -55,6 +57,8 @@ Completed = subprocess.CompletedProcess[str]
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
+# Node states that come back to idle by themselves once the jobs are gone.
+OK_STATES = ("idle", "allocated", "mixed", "completing")
 START_TIMEOUT = 30.0  # seconds for each daemon to answer: they take well under 2 s here
 
 
@@ -74,9 +78,13 @@ class SlurmBed:
     cluster: Cluster
     paths: BedPaths
     accounting: bool
+    cpus: int = 2
+    """CPUs of each node, as slurm.conf gives them."""
     pids: dict[str, int] = field(default_factory=dict)
     """daemon name (``munged``, ``slurmctld``, ``slurmd-node1``, ...) -> pid."""
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    ready_after: dict[str, float] = field(default_factory=dict)
+    """daemon -> seconds from the start of start() until it answered (for the report)."""
 
     partition: str = PARTITION
 
@@ -123,18 +131,16 @@ class SlurmBed:
                 return
             if time.monotonic() > deadline:
                 first = next(iter(busy))
-                log = self.paths.log(f"slurmd-{first}")
                 raise ClusterError(
-                    f"Slurm nodes not idle within {timeout:.0f}s: {busy}; slurmd of {first} "
-                    f"logs to {log}: {_tail(log)}"
+                    f"Slurm nodes not idle within {timeout:.0f}s: {busy}; slurmd of {first}: "
+                    f"{_logs(self.paths, f'slurmd-{first}')}"
                 )
             time.sleep(0.1)
 
     def _check_alive(self) -> None:
         for daemon, pid in self.pids.items():
             if not _alive(pid):
-                log = self.paths.log(daemon)
-                raise ClusterError(f"{daemon} (pid {pid}) died; its log {log}: {_tail(log)}")
+                raise ClusterError(f"{daemon} (pid {pid}) died; {_logs(self.paths, daemon)}")
 
     @property
     def running(self) -> bool:
@@ -165,8 +171,9 @@ def stop_bed(state_dir: Path, nodes: Sequence[Node], pids: Sequence[int] = ()) -
     targets = set(daemons) | steps
     for pid in list(targets):
         targets |= _descendants(pid)
-    # The daemons were started with setsid: each is its own process group.
-    _terminate(targets, groups=sorted(daemons))
+    # The daemons were started with setsid: each is its own process group. Their state is
+    # thrown away, so a daemon slow to save it (slurmctld, mariadbd) gets SIGKILL soon.
+    _terminate(targets, groups=sorted(daemons), timeout=1.0)
 
 
 def _is_slurmstepd(pid: int) -> bool:
@@ -183,26 +190,26 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     if reason is not None:
         raise ClusterError(f"cannot start Slurm on the test cluster: {reason}")
     if accounting is None:
-        from cpuaccel.testing import slurm_db
-
         accounting = slurm_db.unavailable_reason() is None
     paths = BedPaths(bed_dir(cluster.state_dir))
     stop_bed(cluster.state_dir, cluster.nodes)  # a crashed run's leftovers of this id
+    _check_ports_free(cluster.cluster_id)
     shutil.rmtree(paths.root, ignore_errors=True)
     bed = SlurmBed(cluster=cluster, paths=paths, accounting=accounting)
     try:
-        _write_files(bed, cpus if cpus is not None else max(2, os.cpu_count() or 2))
+        bed.cpus = cpus if cpus is not None else max(2, os.cpu_count() or 2)
+        _write_files(bed)
         _spawn(bed, "munged", _munged_argv(paths), cwd=paths.munge_dir)
         _wait_for(bed, "munged", lambda: paths.munge_socket.is_socket(), 10.0)
         if accounting:
-            from cpuaccel.testing import slurm_db
-
             slurm_db.start(bed, _spawn, _wait_for)
         _spawn(bed, "slurmctld", [SLURMCTLD, "-D", "-f", str(paths.conf)])
         _wait_for(bed, "slurmctld", lambda: _ctld_answers(bed), START_TIMEOUT)
         for node in cluster.nodes:
             _spawn(bed, f"slurmd-{node.name}", _slurmd_argv(cluster, node, paths))
+        began = time.monotonic()
         bed.wait_idle(START_TIMEOUT)
+        bed.ready_after["nodes idle"] = time.monotonic() - began
     except BaseException:
         with contextlib.suppress(Exception):
             bed.stop()
@@ -210,25 +217,45 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
     return bed
 
 
-def _write_files(bed: SlurmBed, cpus: int) -> None:
+def _check_ports_free(cluster_id: int) -> None:
+    """ClusterError if a controller-side port of the bed is taken: slurmctld does not exit
+    when it cannot bind, it retries and never answers (a 30 s wait for nothing)."""
+    for daemon, port in slurm_files.ports(cluster_id).items():
+        if daemon == "slurmd":
+            continue  # bound in each node's own network namespace
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError as exc:
+                raise ClusterError(
+                    f"port {port} ({daemon} of test cluster {cluster_id}) is in use on this "
+                    f"machine ({exc.strerror}): see `ss -ltnp 'sport = :{port}'`, or use "
+                    "another cluster id"
+                ) from None
+
+
+def _write_files(bed: SlurmBed) -> None:
     cluster, paths = bed.cluster, bed.paths
     slurm_files.make_dirs(paths, cluster.nodes)
     slurm_files.write_munge_key(paths)
     text = slurm_files.slurm_conf(
-        paths, cluster.cluster_id, cluster.controller_address, cluster.nodes, cpus,
+        paths, cluster.cluster_id, cluster.controller_address, cluster.nodes, bed.cpus,
         bed.accounting,
     )  # fmt: skip
     paths.conf.write_text(text)
 
 
 def _munged_argv(paths: BedPaths) -> list[str]:
+    # 8 threads, not 2: every task of an srun step authenticates at once (munge's own
+    # advice when it is short of them is 10).
     user = slurm_files.MUNGE_USER
     return [
         "/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-        MUNGED, "--foreground", f"--socket={paths.munge_socket}",
+        MUNGED, "--foreground", f"--socket={paths.munge_socket}", "--num-threads=8",
         f"--key-file={paths.munge_key}", f"--pid-file={paths.munge_dir / 'munged.pid'}",
         f"--seed-file={paths.munge_dir / 'munged.seed'}",
-        f"--log-file={paths.munge_dir / 'munged.log'}",
+        f"--log-file={paths.log('munged')}",
     ]  # fmt: skip
 
 
@@ -248,7 +275,7 @@ def _spawn(
     env: Mapping[str, str] | None = None,
 ) -> None:  # fmt: skip
     """Start a daemon in the foreground, in its own session, marked as this bed's."""
-    log = bed.paths.log(daemon)
+    log = bed.paths.stderr(daemon)
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "HOME": "/root",
@@ -265,32 +292,69 @@ def _spawn(
     bed.paths.pids_file.write_text(json.dumps(bed.pids) + "\n")
 
 
-def _wait_for(bed: SlurmBed, daemon: str, ready: object, timeout: float) -> None:
+def _wait_for(bed: SlurmBed, daemon: str, ready: Callable[[], bool], timeout: float) -> None:
     """Wait until ready() is true; ClusterError naming the daemon and its log if it dies
     or does not get ready within `timeout` seconds."""
-    assert callable(ready)
-    deadline = time.monotonic() + timeout
-    log = bed.paths.log(daemon)
+    began = time.monotonic()
+    deadline = began + timeout
     while not ready():
         bed._check_alive()
         if time.monotonic() > deadline:
             raise ClusterError(
-                f"{daemon} did not answer within {timeout:.0f}s; its log {log}: {_tail(log)}"
+                f"{daemon} did not answer within {timeout:.0f}s; {_logs(bed.paths, daemon)}"
             )
         time.sleep(0.05)
+    bed.ready_after[daemon] = time.monotonic() - began
 
 
 def _ctld_answers(bed: SlurmBed) -> bool:
-    done = bed.client(["scontrol", "ping"], timeout=10)
+    try:
+        done = bed.client(["scontrol", "ping"], timeout=5)
+    except subprocess.TimeoutExpired:
+        return False  # something holds the port but does not answer: _wait_for's deadline
     return "UP" in done.stdout and "DOWN" not in done.stdout
 
 
-def _tail(path: Path, size: int = 1500) -> str:
+def _logs(paths: BedPaths, daemon: str, size: int = 1200) -> str:
+    """Where a daemon logs, and the end of its log (and of its stderr, if it wrote any)."""
+    log, stderr = paths.log(daemon), paths.stderr(daemon)
+    parts = [f"its log {log}: {_tail(log, size) or '(empty or not written)'}"]
+    said = _tail(stderr, size)
+    if said:
+        parts.append(f"{stderr}: {said}")
+    return "; ".join(parts)
+
+
+def _tail(path: Path, size: int) -> str:
     try:
-        text = path.read_text(errors="replace").strip()
+        return path.read_text(errors="replace").strip()[-size:]
     except OSError:
-        return "(no log)"
-    return text[-size:] or "(empty log)"
+        return ""
+
+
+def restore(bed: SlurmBed, timeout: float = START_TIMEOUT) -> list[str]:
+    """Bring the bed back to how tests find it: every daemon running, no job left, every
+    node idle. Returns what was wrong (empty when nothing was), for the test's warning."""
+    wrong = []
+    if not bed.running:
+        dead = sorted(d for d, pid in bed.pids.items() if not _alive(pid))
+        wrong.append(f"daemons not running: {', '.join(dead)} (restarted the bed)")
+        fresh = start(bed.cluster, bed.cpus, bed.accounting)
+        vars(bed).update(vars(fresh))  # the same object: a session fixture holds it
+        bed.cluster.slurm_bed = bed
+        return wrong
+    jobs = bed.client(["squeue", "-h", "-o", "%i"], timeout=15).stdout.split()
+    if jobs:
+        wrong.append(f"jobs left: {', '.join(jobs)} (cancelled)")
+        bed.client(["scancel", *jobs], timeout=15)
+    states = bed.node_states()
+    off = sorted(n for n in bed.nodes if not states.get(n, "").startswith(OK_STATES))
+    if off:
+        wrong.append(f"nodes {', '.join(f'{n} {states.get(n)}' for n in off)} (resumed)")
+        bed.client(["scontrol", "update", f"nodename={','.join(off)}", "state=resume"])
+    if wrong:
+        bed.wait_idle(timeout)
+    return wrong
 
 
 def without_daemons(bed: SlurmBed | None, pids: list[int]) -> list[int]:
@@ -306,7 +370,10 @@ def attach(cluster: Cluster) -> SlurmBed | None:
     paths = BedPaths(bed_dir(cluster.state_dir))
     if not paths.conf.is_file():
         return None
-    bed = SlurmBed(cluster=cluster, paths=paths, accounting="slurmdbd" in paths.conf.read_text())
+    conf = paths.conf.read_text()
+    bed = SlurmBed(cluster=cluster, paths=paths, accounting="slurmdbd" in conf)
+    cpus = re.search(r" CPUs=(\d+) ", conf)
+    bed.cpus = int(cpus.group(1)) if cpus else bed.cpus
     try:
         saved = json.loads(paths.pids_file.read_text())
         bed.pids = {str(daemon): int(pid) for daemon, pid in saved.items()}

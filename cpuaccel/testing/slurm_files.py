@@ -73,6 +73,10 @@ class BedPaths:
         """The log of a daemon: ``munged``, ``slurmctld``, ``slurmd-node1``, ..."""
         return self.root / "log" / f"{daemon}.log"
 
+    def stderr(self, daemon: str) -> Path:
+        """A daemon's stdout and stderr (what it says before its log is open)."""
+        return self.root / "log" / f"{daemon}.stderr"
+
     def pid_file(self, daemon: str) -> Path:
         return self.root / "run" / f"{daemon}.pid"
 
@@ -128,28 +132,34 @@ def slurm_conf(
         ("ReturnToService", "2"),
         # The nodes are namespaces of one machine: take the CPUs given, not the real ones.
         ("SlurmdParameters", "config_overrides"),
-        ("MailProg", "/bin/true"),
+        ("MailProg", "/bin/true"),  # else slurmctld logs an error: there is no mail here
         ("KillWait", "2"),
         ("InactiveLimit", "0"),
         ("MinJobAge", "300"),
+        # Schedule a batch job when it is submitted, not up to 3 s later (the default).
+        ("SchedulerParameters", "batch_sched_delay=0"),
         ("JobCompType", "jobcomp/filetxt"),
         ("JobCompLoc", str(root / "jobcomp.txt")),
     ]
     if accounting:
-        settings += [
-            ("AccountingStorageType", "accounting_storage/slurmdbd"),
-            ("AccountingStorageHost", controller_address),
-            ("AccountingStoragePort", str(port["slurmdbd"])),
-            # For slurmdbd this is not a password but the munge socket to use (its AuthInfo
-            # is not used for that connection): without it sacct tries /run/munge.
-            ("AccountingStoragePass", str(paths.munge_socket)),
-        ]
+        settings += _accounting(paths, controller_address, port["slurmdbd"])
     lines = [f"# Slurm of test cluster {cluster_id} (cpuaccel.testing.slurm)"]
     lines += [f"{key}={value}" for key, value in settings]
     lines += [f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes]
     names = ",".join(n.name for n in nodes)
     lines.append(f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def _accounting(paths: BedPaths, controller_address: str, port: int) -> list[tuple[str, str]]:
+    return [
+        ("AccountingStorageType", "accounting_storage/slurmdbd"),
+        ("AccountingStorageHost", controller_address),
+        ("AccountingStoragePort", str(port)),
+        # For slurmdbd this is not a password but the munge socket to use (its AuthInfo
+        # is not used for that connection): without it sacct tries /run/munge.
+        ("AccountingStoragePass", str(paths.munge_socket)),
+    ]
 
 
 def slurmdbd_conf(paths: BedPaths, cluster_id: int, controller_address: str) -> str:
@@ -174,6 +184,11 @@ def slurmdbd_conf(paths: BedPaths, cluster_id: int, controller_address: str) -> 
 
 
 def make_dirs(paths: BedPaths, nodes: Sequence[Node]) -> None:
+    paths.root.mkdir(parents=True, exist_ok=True)
+    # munged runs as the munge user and must reach its key and socket below these, even
+    # when the cluster's state dir was made under a umask of 077.
+    for path in (paths.root.parent, paths.root):
+        path.chmod(0o755)
     for sub in ("log", "run", "ctld", "spool"):
         (paths.root / sub).mkdir(parents=True, exist_ok=True)
     for node in nodes:
@@ -194,6 +209,9 @@ def write_munge_key(paths: BedPaths) -> None:
     finally:
         os.close(fd)
     os.chown(paths.munge_key, user.pw_uid, user.pw_gid)
+    # munged opens its log as the munge user.
+    paths.log("munged").touch()
+    os.chown(paths.log("munged"), user.pw_uid, user.pw_gid)
 
 
 def marked_with(pid: int, root: Path) -> bool:
