@@ -91,3 +91,15 @@ def test_a_local_run_keeps_the_given_id_and_its_folder(tmp_path: Path) -> None:
     status = json.loads((folder / "status.json").read_text())
     assert status["run_id"] == RUN_ID and status["state"] == "succeeded"
     assert sorted(p.name for p in (proj / "runs").iterdir()) == [RUN_ID]
+
+
+def test_the_hand_over_does_not_import_from_the_project_folder(tmp_path: Path) -> None:
+    """The fresh start runs as the console script does: a project module named like a
+    library (click.py here) is not imported in place of it."""
+    proj = project(tmp_path)
+    (proj / "click.py").write_text("raise SystemExit('the project shadowed click')\n")
+    args = ("run", "--nodes", "1", "--ppn", "1", "--dry-run", "train.py")
+    prelude = "import sys\ndel sys.path[0]  # as the console script: no '' on sys.path"
+    proc = cpuaccel(*args, cwd=proj, env=clean_env(CPUACCEL_RUN_ID=RUN_ID), prelude=prelude)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert f"# run {RUN_ID} " in proc.stdout and "shadowed" not in proc.stderr

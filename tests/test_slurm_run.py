@@ -13,9 +13,9 @@ import pytest
 
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.inventory_choice import choose_inventory
-from cpuaccel.connectors.base import ConnectOptions, connector_for
-from cpuaccel.connectors.srun import SrunConnector
-from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
+from cpuaccel.connectors.base import CommandResult, ConnectOptions, Unreachable, connector_for
+from cpuaccel.connectors.srun import SrunConnector, step_answers
+from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, UsageError
 from cpuaccel.launch.plan import Script, build_plan
 from cpuaccel.launch.rundir import render_job_files
 from cpuaccel.slurm import allocation
@@ -89,6 +89,8 @@ def test_srun_connector_wraps_the_rendered_line() -> None:
     assert argv[-3:] == ["/bin/sh", "-c", "echo 'a b'"]
     with pytest.raises(UsageError, match="no ssh"):
         conn.ssh_argv()
+    assert not conn.rsync_ok  # the sync sends a tar: rsync hangs in srun's stdin
+    assert not conn.rsync(["-a"], "/src/", "/dest/").ok
 
 
 @pytest.mark.usefixtures("in_job")
@@ -117,7 +119,8 @@ def test_the_slurm_launcher_is_chosen_and_renders_srun() -> None:
     ]  # fmt: skip
     assert f"--job-name=cpuaccel-{RUN_ID}" in command and "--kill-on-bad-exit=1" in command
     assert command[-4:] == [f"{run_dir}/rank.sh", "train.py", "a b", "$x"]
-    files = render_job_files(plan, ConnectOptions(), ssh_files=False)
+    files = render_job_files(plan, ConnectOptions())
+    assert "ssh.sh" not in files and "ssh_config" not in files  # srun: no ssh files
     assert files["hostfile"][1] == "node1\nnode2\n"
     launch = files["launch.sh"][1]
     assert "export I_MPI_PMI_LIBRARY=/usr/lib/x86_64-linux-gnu/libpmi2.so.0" in launch
@@ -158,3 +161,31 @@ def test_in_a_job_a_dry_run_says_where_the_hosts_came_from(tmp_path: Path) -> No
     assert too_many.returncode == EXIT_USAGE and "Slurm job 4242 has 3 node(s)" in too_many.stderr
     detached = cpuaccel("run", "--detach", "train.py", cwd=tmp_path, env=env)
     assert detached.returncode == EXIT_USAGE and "cpuaccel submit" in detached.stderr
+
+
+def test_one_step_answers_are_told_apart_by_task_and_node() -> None:
+    """srun --label output of call_everywhere's step: a long answer cut into pieces,
+    tasks in any order, a failing program, and a node that never answered."""
+    found = allocation.detect(SLURM)
+    assert found is not None
+    hosts = list(allocation.inventory(found).hosts.values())
+    stdout = "\n".join(
+        [
+            "1: cpuaccel-node node2",
+            "0: cpuaccel-node node1",
+            '0: {"a": "x',
+            "1: ",
+            '0: y", "n": 1}',
+            "1: cpuaccel-exit 1",
+            "0: ",
+            "0: cpuaccel-exit 0",
+        ]
+    )
+    stderr = "1: Traceback\n1: OSError: disk full\nsrun: error: node3: unreachable"
+    ran = CommandResult("node1", "", 1, stdout, stderr, 0.5)
+    answers = step_answers(hosts, ran, "the fact probe")
+    assert answers["node1"] == {"a": "xy", "n": 1}
+    assert isinstance(answers["node2"], HostError) and "disk full" in str(answers["node2"])
+    assert isinstance(answers["node3"], Unreachable) and "node3: unreachable" in str(
+        answers["node3"]
+    )

@@ -56,6 +56,7 @@ Examples:
   cpuaccel stop last                                       # ends it on every node
   cpuaccel run -i inventory.yaml --max-restarts 3 train.py  # a failure: from its checkpoint
   cpuaccel run -i inv.yaml --nodes 2:3 --max-restarts 1 train.py  # a lost node left out
+  salloc -N 2 cpuaccel run --ppn 2 train.py  # in a Slurm job: its nodes, srun launches
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's

@@ -107,6 +107,8 @@ def split_lines(pending: bytes, chunk: bytes) -> tuple[list[str], bytes]:
 class Connector(abc.ABC):
     """A connection to one host. Use as a context manager; commands are argv lists."""
 
+    rsync_ok = True  # rsync's protocol runs over it (not through srun: sync sends a tar)
+
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         self.host = host
         self.options = options

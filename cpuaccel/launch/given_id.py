@@ -8,7 +8,7 @@ The controller must not carry ``CPUACCEL_RUN_ID=<id>`` itself: that exact entry 
 process's environment is what the sweep ends (node/jobs.py), and the sweep of a node
 that sees this process (the batch host; every node of a test bed sharing one process
 table) would end the controller. So ``main()`` hands the id over first: it starts
-``python -m cpuaccel`` afresh, the id under another name (:data:`HANDED`), which leaves
+the same entry point afresh, the id under another name (:data:`HANDED`), which leaves
 ``/proc/<pid>/environ`` without the marker (renaming it in ``os.environ`` alone would not).
 """
 
@@ -40,7 +40,7 @@ def check_form(value: str, origin: str = f"${ENV_VAR}") -> str:
 
 def hand_over(argv: Sequence[str]) -> None:
     """Before ``cpuaccel run`` starts: a valid CPUACCEL_RUN_ID is passed on as
-    :data:`HANDED` to a fresh ``python -m cpuaccel`` (this process is replaced); a bad
+    :data:`HANDED` to a fresh start of ``cpuaccel`` (this process is replaced); a bad
     one is a UsageError. Other verbs, and runs without it, return at once."""
     value = os.environ.get(ENV_VAR)
     if value is None or list(argv[1:2]) != ["run"]:
@@ -50,7 +50,16 @@ def hand_over(argv: Sequence[str]) -> None:
     env[HANDED] = value
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "cpuaccel", *argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, "-c", _RESTART, *argv], env)
+
+
+# The entry point again, as the console script runs it: the current folder (the user's
+# project, whose modules may shadow a library) is taken off sys.path, and argv[0] kept
+# for click's usage lines.
+_RESTART = (
+    "import sys; del sys.path[0]; sys.argv = sys.argv[1:]; "
+    "from cpuaccel.cli.main import main; main()"
+)
 
 
 def given(runs: Path) -> str | None:

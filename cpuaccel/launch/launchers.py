@@ -141,10 +141,12 @@ class Slurm(Launcher):
     """Slurm as the process manager, inside an allocation: ``srun --mpi=pmi2`` starts
     every rank itself, so no ssh between nodes is needed.
 
-    Chosen over Intel MPI's ``mpirun`` with ``I_MPI_HYDRA_BOOTSTRAP=slurm`` because it
-    works with impi-rt and starts faster: measured on the namespace test bed, 3 nodes x
-    2 ranks (see README, Slurm). The step is named after the run (``cpuaccel-<id>``) so
-    that the teardown can scancel exactly it (slurm/steps.py)."""
+    Chosen over Intel MPI's ``mpirun`` with ``I_MPI_HYDRA_BOOTSTRAP=slurm``: both start
+    impi-rt's ranks as fast (median 1.54 s for 3 nodes x 2 on the test bed; README,
+    Slurm), but srun works from anywhere in the allocation (hydra's proxies must reach
+    back to mpirun's host: from the login side they could not) and Slurm then accounts
+    and cancels every rank. The step is named after the run (``cpuaccel-<id>``) so that
+    the teardown can scancel exactly it (slurm/steps.py)."""
 
     name = flavour = "slurm"
 
@@ -160,6 +162,11 @@ class Slurm(Launcher):
             f"--job-name={step_name(spec.run_id)}",
             # A rank that fails ends the step (its other ranks), as MPI ends a job.
             "--kill-on-bad-exit=1",
+            # --ppn is the user's word: `salloc -N 2` holds one CPU a node, and Slurm
+            # would refuse a second task there ("More processors requested than
+            # permitted"); threads per rank come from the nodes' cores, as elsewhere.
+            "--overcommit",
+            "--distribution=block",  # ranks 0..P-1 on the first node, as hydra's -ppn
             *spec.extra,
             *spec.rank_argv,
         ]

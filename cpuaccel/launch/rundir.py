@@ -138,7 +138,7 @@ def render_job_files(
         ("launch.sh", EXECUTABLE),
     ):
         files[name] = (mode, _render(env, name, context))
-    if ssh_files:
+    if ssh_files and plan.launcher.name != "slurm":  # srun reaches the nodes: no ssh
         files.update(render_ssh_files(plan, connect, host_keys))
     if plan.secret_env:
         lines = [f"export {k}={shlex.quote(v)}\n" for k, v in plan.secret_env.items()]
