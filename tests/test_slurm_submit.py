@@ -356,6 +356,16 @@ def test_states_asks_squeue_then_sacct_then_scontrol() -> None:
     assert asked[1][-1] == "2,3"
 
 
+def test_a_completing_job_is_not_ended_whatever_sacct_says() -> None:
+    def run(argv: list[str]) -> str:
+        if argv[0] == "squeue":
+            return "7|COMPLETING|None\n"
+        return "7|CANCELLED by 0|0:15\n"  # sacct's word while processes remain
+
+    found = jobs.states(["7"], run)
+    assert found["7"].state == "COMPLETING" and not found["7"].ended
+
+
 def _submitted(project: Path, status: dict[str, object] | None = None) -> Path:
     folder = project / "runs" / "20261130-120000-abcdef"
     folder.mkdir(parents=True)

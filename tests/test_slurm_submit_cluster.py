@@ -163,6 +163,8 @@ def test_stop_cancels_a_running_submitted_job(
     code, out, err = _verb(slurm, project, "stop", run_id, timeout=200)
     assert code == EXIT_OK, err
     assert f"Slurm job {job} CANCELLED" in out
+    # Verified before stop returned: Slurm lists it no more (not even COMPLETING).
+    assert job not in slurm.client(["squeue", "-h", "-o", "%i"]).stdout.split()
     assert _sacct(slurm, job)[0] == "CANCELLED"
     followed, said = follow.communicate(timeout=60)
     assert follow.returncode == EXIT_OK

@@ -127,7 +127,9 @@ def states(ids: Sequence[str], run: Runner = _run) -> dict[str, JobState]:
         return {}
     queue = parse_squeue(run(["squeue", "-h", "--me", "-o", "%i|%T|%r"]))
     found = {i: queue[i] for i in wanted if i in queue}
-    rest = [i for i in wanted if i not in found or found[i].state == "COMPLETING"]
+    # Not sacct for a job squeue lists: sacct says CANCELLED or COMPLETED while the job
+    # is still COMPLETING (processes of it not yet ended on some node).
+    rest = [i for i in wanted if i not in found]
     if rest:
         argv = ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(rest)]
         # Accounting off: scontrol below, while slurmctld remembers the job.
