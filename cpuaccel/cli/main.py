@@ -24,6 +24,7 @@ VERBS = {
     "ps": "cpuaccel.cli.ps:ps_command",
     "logs": "cpuaccel.cli.logs:logs_command",
     "fetch": "cpuaccel.cli.fetch:fetch_command",
+    "submit": "cpuaccel.cli.submit:submit_command",
     "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
 }
 
@@ -38,6 +39,7 @@ Examples:
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
   cpuaccel run -i inventory.yaml --detach train.py  # prints the run id, returns
   cpuaccel stop last                           # end it on every node, verified
+  cpuaccel submit --nodes 4 --ppn 2 train.py   # a Slurm batch job; prints its ids
   cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
   cpuaccel ps                                  # the runs of this folder, their state
   cpuaccel logs last -f --rank 0               # follow a run's output

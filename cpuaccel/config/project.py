@@ -22,6 +22,7 @@ from cpuaccel.inventory import variables
 from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
 from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
+from cpuaccel.slurm import options as slurm_options
 from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
@@ -46,6 +47,7 @@ KEYS: dict[str, str] = {
     "hang_timeout": "seconds without progress of any rank that end the job (like --hang-timeout)",
     "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
     "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
+    "slurm": "cpuaccel submit's defaults: partition, time, account, sbatch_args, templates",
 }
 
 
@@ -180,6 +182,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "hang_timeout": _seconds(1),
     "max_restarts": _int(0, MAX_RESTARTS),
     "restart_delay": _seconds(0, MAX_RESTART_DELAY),
+    "slurm": slurm_options.check_block,
 }
 
 
@@ -204,6 +207,9 @@ def parse_project(text: str, source: str) -> ProjectConfig:
         # comma list of hosts, "node1,node2,", or a Slurm partition, "slurm:batch",
         # names no file).
         config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
+    slurm = config.get("slurm")
+    if slurm and slurm.get("templates"):  # relative to the file, as the inventory is
+        slurm["templates"] = os.path.join(base, os.path.expanduser(slurm["templates"]))
     return config
 
 
