@@ -45,3 +45,4 @@ def test_bad_hostlists_name_the_origin_and_the_fault(text: str, said: str) -> No
     assert str(caught.value).startswith("SLURM_JOB_NODELIST: ")
     assert said in str(caught.value)
     assert caught.value.exit_code == EXIT_USAGE
+    assert caught.value.hint  # every refusal says how to write it

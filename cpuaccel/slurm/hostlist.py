@@ -22,6 +22,9 @@ _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 class HostlistError(UsageError):
     """A hostlist that is not Slurm's syntax, or names something that is no host."""
 
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "write Slurm's hostlist form, e.g. node[01-16,20]")
+
 
 def expand(text: str, *, origin: str = "hostlist") -> list[str]:
     """The host names of ``text``, in order, duplicates kept out.
