@@ -23,6 +23,9 @@ Every run gets a master port of its own (see MASTER_PORTS), and every run is che
 all N ranks must report the world size.
 
     sudo .venv/bin/python bench/launch.py [--sizes 1,3] [--repeat 5]
+
+Its Slurm column (cpuaccel run inside `salloc` against plain `srun`, on the test bed's
+real Slurm) is bench/launch_slurm.py: `make bench-launch-slurm`.
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ RUN_DIR = re.compile(r"^run directory: (.+)$", re.M)
 INIT_PY = """\
 import os
 
-# Under a bare mpirun (or accelerate launch) only MPI's variables are set.
-os.environ.setdefault("RANK", os.environ.get("PMI_RANK", "0"))
-os.environ.setdefault("WORLD_SIZE", os.environ.get("PMI_SIZE", "1"))
+# Under a bare mpirun (or accelerate launch) only MPI's variables are set; under plain
+# srun (launch_slurm.py) Slurm's.
+os.environ.setdefault("RANK", os.environ.get("PMI_RANK", os.environ.get("SLURM_PROCID", "0")))
+os.environ.setdefault("WORLD_SIZE", os.environ.get("PMI_SIZE", os.environ.get("SLURM_NTASKS", "1")))
 os.environ.setdefault("MASTER_ADDR", "node1")
 os.environ.setdefault("MASTER_PORT", "29500")
 
