@@ -122,6 +122,14 @@ class OutputRouter:
             log.close()
 
 
+def cause(failures: list[Failure]) -> Failure | None:
+    """The failure to blame: the first reported, unless it was a SIGTERM (143) and
+    another rank failed otherwise. A launcher ends the other ranks with SIGTERM once one
+    fails (srun's --kill-on-bad-exit), and a victim's report can arrive first."""
+    own = [f for f in failures if f.code != 128 + signal.SIGTERM] or failures
+    return own[0] if own else None
+
+
 @dataclass
 class Outcome:
     exit_code: int
@@ -300,7 +308,7 @@ class Job:
         swept: dict[str, Any],
         left: dict[str, Any],
     ) -> Outcome:
-        first = self.router.failures[0] if self.router.failures else None
+        first = cause(self.router.failures)
         if self.stop_reason == "interrupted":
             code, reason = EXIT_INTERRUPTED, "interrupted"
         elif self.stop_reason == "terminated":
