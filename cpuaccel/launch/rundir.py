@@ -28,7 +28,7 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
-from cpuaccel.resources import data_dir
+from cpuaccel.resources import template_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
 # script prints or an inventory sets, and secret.env is the secrets.
@@ -42,20 +42,10 @@ HostKeys = Mapping[str, str]  # host name -> "TYPE BASE64", as the controller ve
 
 
 def _environment(plan: RunPlan) -> jinja2.Environment:
-    folders = [str(data_dir("templates"))]
-    if plan.templates:
-        custom = os.path.expanduser(plan.templates)
-        if not os.path.isdir(custom):
-            raise UsageError(
-                f"cpuaccel_templates is {custom}, which is not a folder",
-                hint="point it at a folder holding your copies of templates/*.j2",
-            )
-        folders.insert(0, custom)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folders),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
+    env = template_environment(
+        plan.templates,
+        setting="cpuaccel_templates",
+        hint="point it at a folder holding your copies of templates/*.j2",
     )
     env.filters["quote"] = quote  # the playbooks' filter, under Ansible's name
     return env

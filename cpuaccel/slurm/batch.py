@@ -23,7 +23,7 @@ import jinja2
 
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
-from cpuaccel.resources import data_dir
+from cpuaccel.resources import template_environment
 from cpuaccel.slurm import commands
 from cpuaccel.slurm.commands import SlurmError
 
@@ -75,20 +75,10 @@ class BatchRequest:
 
 
 def _environment(templates: str | None) -> jinja2.Environment:
-    folders = [str(data_dir("templates"))]
-    if templates:
-        custom = os.path.expanduser(templates)
-        if not os.path.isdir(custom):
-            raise UsageError(
-                f"slurm: templates is {custom}, which is not a folder",
-                hint="point it at a folder holding your copy of templates/sbatch.sh.j2",
-            )
-        folders.insert(0, custom)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(folders),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
+    env = template_environment(
+        templates,
+        setting="slurm: templates",
+        hint="point it at a folder holding your copy of templates/sbatch.sh.j2",
     )
     env.filters["quote"] = quote  # the shell's words: the one quoting of every template
     env.filters["sbatch_quote"] = sbatch_quote  # #SBATCH lines: sbatch's own reader
