@@ -12,10 +12,14 @@ from rich.markup import escape
 from cpuaccel import ui
 from cpuaccel.cli.check_table import print_report
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
-from cpuaccel.executor import HostResult, Status, run_on_hosts
+from cpuaccel.config.effective import resolve
+from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
-from cpuaccel.facts.problems import ERROR, Problem, find_problems, same_account
+from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
+from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.launch.preflight import LauncherReach
 
 EPILOG = """\b
 Examples:
@@ -33,17 +37,51 @@ Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
 """
 
 
-def gather_all(target: Target) -> list[HostResult[Facts]]:
-    """Facts from every selected host in parallel, with a progress bar on a terminal."""
+def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
+    """Facts from every selected host in parallel, with a progress bar on a terminal;
+    and, in the same pass, the head node's launcher ssh to every other node, as run's
+    preflight tries it (launch/preflight.LauncherReach): its problems, head -> node."""
     hosts = target.hosts
-    with ui.progress("gathering facts", len(hosts)) as tracker:
-        return run_on_hosts(
-            hosts,
-            lambda conn: gather(conn, names_to_resolve(conn.host, hosts)),
-            forks=target.forks,
-            options=target.connect,
-            on_result=lambda r: tracker.advance(r.host.name),
+    draft = launcher_draft(target)
+    problems = [draft] if isinstance(draft, Problem) else []
+    with ConnectionPool(target.connect) as pool, ui.progress("gathering facts", len(hosts)) as bar:
+        reach = LauncherReach(draft, target.connect, pool) if isinstance(draft, RunPlan) else None
+
+        def probe(conn: Connector) -> Facts:
+            if reach is not None:
+                reach.connected(conn)  # its key goes into the run's known_hosts
+            return gather(conn, names_to_resolve(conn.host, hosts))
+
+        def on_result(result: HostResult[Facts]) -> None:
+            if reach is not None:
+                reach.finished(result)
+            bar.advance(result.host.name)
+
+        results = run_on_hosts(
+            hosts, probe, forks=target.forks, options=target.connect, pool=pool, on_result=on_result
         )
+        if reach is not None:  # bounded: the reach's own timeout
+            problems += reach.problems()
+    return results, problems
+
+
+def launcher_draft(target: Target) -> RunPlan | Problem | None:
+    """The plan a run with no flags would draft on every selected host, head first (the
+    project file's head, else the first): what the launcher's ssh files are made from.
+    None when there is no other node to reach (one host, or only this machine). When a
+    run would refuse these settings (its own error says why), a warning that the ssh
+    was not tried: check's verdict stays about the nodes, as before."""
+    hosts = target.hosts
+    if len(hosts) < 2 or all(h.is_local for h in hosts):
+        return None
+    try:
+        # --nodes all of them: check tries every selected host, not the first N.
+        flags = {"nodes": len(hosts)}
+        settings = resolve(flags, target.project, target.inventory, hosts, target.cli_vars)
+        return build_plan(settings, Script("check"), None, new_run_id())
+    except CpuaccelError as exc:
+        message = f"the MPI launcher's ssh between the nodes was not tried: {exc.message}"
+        return Problem(WARNING, None, message, hint=exc.hint)
 
 
 def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem]) -> int:
@@ -64,10 +102,11 @@ def check_command(
     """Gather facts from every node in parallel and report what differs.
 
     Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
-    cannot resolve, clock skew and missing bf16 hardware, before any job can hang on them.
+    cannot resolve, clock skew and missing bf16 hardware, and a node that the head node's
+    MPI launcher cannot ssh to (the pair, head -> node), before any job can hang on them.
     """
-    results = gather_all(target)
-    problems = find_problems(results)
+    results, reach = gather_all(target)
+    problems = find_problems(results) + reach
     notes = same_account(results)  # said, never counted: exit codes stay the problems'
     if as_json:
         ui.print_json({**to_json(results, problems), "notes": [n.to_json() for n in notes]})
