@@ -19,7 +19,7 @@ from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import LauncherReach
+from cpuaccel.launch.preflight import LauncherReach, readiness
 
 EPILOG = """\b
 Examples:
@@ -103,10 +103,14 @@ def check_command(
 
     Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
     cannot resolve, clock skew and missing bf16 hardware, and a node that the head node's
-    MPI launcher cannot ssh to (the pair, head -> node), before any job can hang on them.
+    MPI launcher cannot ssh to (the pair, head -> node), as run's preflight does; and a
+    node without cpuaccel or without its cpuaccel_setvars, before any job can hang on them.
     """
     results, reach = gather_all(target)
-    problems = find_problems(results) + reach
+    problems = find_problems(results)
+    # What run's preflight refuses on each node, then the pairs the launcher cannot reach.
+    problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
+    problems += reach
     notes = same_account(results)  # said, never counted: exit codes stay the problems'
     if as_json:
         ui.print_json({**to_json(results, problems), "notes": [n.to_json() for n in notes]})

@@ -112,31 +112,39 @@ def run_preflight(
 
 
 def _check_nodes(found: Preflight, source: SourceManifest) -> None:
-    """Every node: cpuaccel installed, its setvars.sh present, its project copy current."""
+    """Every node ready (``readiness``), its project copy current."""
     for r in found.results:
         if r.value is None:
             continue
-        name, f = r.host.name, r.value.facts
-        if f["packages"].get("cpuaccel") is None:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    name,
-                    f"cpuaccel is not installed for {f['python']['executable']}",
-                    hint="every rank runs python -m cpuaccel.worker: run cpuaccel provision",
-                )
-            )
-        if r.host.setvars and not f["setvars"]["exists"]:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    name,
-                    f"cpuaccel_setvars {r.host.setvars} does not exist here",
-                    hint="fix cpuaccel_setvars, or install oneAPI there",
-                )
-            )
+        found.problems += readiness(r.host, r.value.facts)
         if r.value.project is not None and _differs(source, r.value.project):
-            found.stale.append(name)
+            found.stale.append(r.host.name)
+
+
+def readiness(host: Host, facts: Facts) -> list[Problem]:
+    """What every rank needs on a node: cpuaccel installed for its Python, and its
+    cpuaccel_setvars present. ``check`` reports the same, so that it passes no node
+    that this preflight would refuse."""
+    problems = []
+    if facts["packages"].get("cpuaccel") is None:
+        problems.append(
+            Problem(
+                ERROR,
+                host.name,
+                f"cpuaccel is not installed for {facts['python']['executable']}",
+                hint="every rank runs python -m cpuaccel.worker: run cpuaccel provision",
+            )
+        )
+    if host.setvars and not facts["setvars"]["exists"]:
+        problems.append(
+            Problem(
+                ERROR,
+                host.name,
+                f"cpuaccel_setvars {host.setvars} does not exist here",
+                hint="fix cpuaccel_setvars, or install oneAPI there",
+            )
+        )
+    return problems
 
 
 def _check_head(
