@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,8 +200,8 @@ def test_check_of_a_healthy_mixed_cluster_has_no_pair_problem(
     assert proc.returncode == EXIT_OK, proc
     assert json.loads(proc.stdout)["problems"] == []
     # One node, or only this machine: nothing to try, and nothing is said about it.
-    for limited in (("--limit", "node1"), ("-i", "localhost,")):
-        args = limited if limited[0] == "-i" else ("-i", str(inventory), *limited)
+    here = ("-i", "localhost,", "-e", f"cpuaccel_python={sys.executable}")
+    for args in (("-i", str(inventory), "--limit", "node1"), here):
         proc = cpuaccel("check", *args, "--json", env=ENV, timeout=120)
         assert proc.returncode == EXIT_OK, proc
         assert json.loads(proc.stdout)["problems"] == [], proc.stdout

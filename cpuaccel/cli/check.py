@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -13,13 +14,14 @@ from cpuaccel import ui
 from cpuaccel.cli.check_table import print_report
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
+from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import LauncherReach, readiness
+from cpuaccel.launch.preflight import LauncherReach, head_problems, readiness
 
 EPILOG = """\b
 Examples:
@@ -39,48 +41,69 @@ Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
 
 def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
     """Facts from every selected host in parallel, with a progress bar on a terminal;
-    and, in the same pass, the head node's launcher ssh to every other node, as run's
-    preflight tries it (launch/preflight.LauncherReach): its problems, head -> node."""
-    hosts = target.hosts
-    draft = launcher_draft(target)
-    problems = [draft] if isinstance(draft, Problem) else []
-    with ConnectionPool(target.connect) as pool, ui.progress("gathering facts", len(hosts)) as bar:
-        reach = LauncherReach(draft, target.connect, pool) if isinstance(draft, RunPlan) else None
+    and, in the same pass, what run's preflight checks from the settings a run would
+    use: the head node's launcher ssh to every other node (launch/preflight.LauncherReach,
+    its problems named head -> node) and the launcher on the head."""
+    view = run_view(target)
+    if isinstance(view, Problem):
+        return _gather(target, None), [view]
+    with ConnectionPool(target.connect) as pool:
+        # One host, or only this machine: no other node to reach, and nothing is tried.
+        reach = LauncherReach(view.draft, target.connect, pool)
+        results = _gather(target, reach, pool)
+        problems = reach.problems()  # bounded: the reach's own timeout
+    facts = {r.host.name: r.value for r in results if r.value is not None}
+    launcher = view.settings.launcher.value
+    head = view.draft.head.name
+    # The master port is not probed: a job holding it now may be gone when the run starts.
+    port = view.settings.master_port.value
+    problems += head_problems(facts, head, port, None if launcher == "auto" else launcher)
+    return results, problems
 
-        def probe(conn: Connector) -> Facts:
-            if reach is not None:
-                reach.connected(conn)  # its key goes into the run's known_hosts
-            return gather(conn, names_to_resolve(conn.host, hosts))
+
+def _gather(
+    target: Target, reach: LauncherReach | None, pool: ConnectionPool | None = None
+) -> list[HostResult[Facts]]:
+    hosts = target.hosts
+
+    def probe(conn: Connector) -> Facts:
+        if reach is not None:
+            reach.connected(conn)  # its key goes into the run's known_hosts
+        return gather(conn, names_to_resolve(conn.host, hosts))
+
+    with ui.progress("gathering facts", len(hosts)) as bar:
 
         def on_result(result: HostResult[Facts]) -> None:
             if reach is not None:
                 reach.finished(result)
             bar.advance(result.host.name)
 
-        results = run_on_hosts(
+        return run_on_hosts(
             hosts, probe, forks=target.forks, options=target.connect, pool=pool, on_result=on_result
         )
-        if reach is not None:  # bounded: the reach's own timeout
-            problems += reach.problems()
-    return results, problems
 
 
-def launcher_draft(target: Target) -> RunPlan | Problem | None:
-    """The plan a run with no flags would draft on every selected host, head first (the
-    project file's head, else the first): what the launcher's ssh files are made from.
-    None when there is no other node to reach (one host, or only this machine). When a
-    run would refuse these settings (its own error says why), a warning that the ssh
-    was not tried: check's verdict stays about the nodes, as before."""
+@dataclass(frozen=True)
+class RunView:
+    """What a run with no flags would use on these hosts: its settings, and its draft
+    plan on every selected host (what the launcher's ssh files are made from)."""
+
+    settings: LaunchSettings
+    draft: RunPlan
+
+
+def run_view(target: Target) -> RunView | Problem:
+    """The run's view of the selected hosts, head first (the project file's head, else
+    the first). When a run would refuse these settings (its own error says why), a
+    warning that its checks were not tried: check's verdict stays about the nodes."""
     hosts = target.hosts
-    if len(hosts) < 2 or all(h.is_local for h in hosts):
-        return None
     try:
         # --nodes all of them: check tries every selected host, not the first N.
         flags = {"nodes": len(hosts)}
         settings = resolve(flags, target.project, target.inventory, hosts, target.cli_vars)
-        return build_plan(settings, Script("check"), None, new_run_id())
+        return RunView(settings, build_plan(settings, Script("check"), None, new_run_id()))
     except CpuaccelError as exc:
-        message = f"the MPI launcher's ssh between the nodes was not tried: {exc.message}"
+        message = f"a run would refuse these settings, so its checks were not tried: {exc.message}"
         return Problem(WARNING, None, message, hint=exc.hint)
 
 
@@ -103,8 +126,9 @@ def check_command(
 
     Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
     cannot resolve, clock skew and missing bf16 hardware, and a node that the head node's
-    MPI launcher cannot ssh to (the pair, head -> node), as run's preflight does; and a
-    node without cpuaccel or without its cpuaccel_setvars, before any job can hang on them.
+    MPI launcher cannot ssh to (the pair, head -> node), as run's preflight does; a node
+    without cpuaccel or its cpuaccel_setvars, and a head without the chosen launcher,
+    before any job can hang on them.
     """
     results, reach = gather_all(target)
     problems = find_problems(results)

@@ -107,7 +107,7 @@ def run_preflight(
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     found.problems += checks.resolution(facts)
     _check_nodes(found, source)
-    _check_head(found, head.name, master_port, launcher_flavour)
+    found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found
 
 
@@ -147,31 +147,35 @@ def readiness(host: Host, facts: Facts) -> list[Problem]:
     return problems
 
 
-def _check_head(
-    found: Preflight, head: str, master_port: int, launcher_flavour: str | None
-) -> None:
-    """The head node: the master port free, and the launcher the job will use present."""
-    head_facts = found.facts.get(head)
-    if head_facts is not None:
-        if head_facts.get("port_free") is False:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    head,
-                    f"master port {master_port} is in use on the head node",
-                    hint="pass another --master-port, or end what listens there",
-                )
+def head_problems(
+    facts: dict[str, Facts], head: str, master_port: int, launcher_flavour: str | None
+) -> list[Problem]:
+    """The head node: the master port free, and the launcher the job will use present
+    (``check`` reports the same, from the settings a run would use)."""
+    head_facts = facts.get(head)
+    if head_facts is None:
+        return []
+    problems = []
+    if head_facts.get("port_free") is False:
+        problems.append(
+            Problem(
+                ERROR,
+                head,
+                f"master port {master_port} is in use on the head node",
+                hint="pass another --master-port, or end what listens there",
             )
-        flavours = [lau["flavour"] for lau in head_facts["mpi"]["launchers"]]
-        if launcher_flavour is not None and launcher_flavour not in flavours:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    head,
-                    f"no {launcher_flavour} launcher here (found: {', '.join(flavours) or 'none'})",
-                    hint="install it, pick another --launcher, or set cpuaccel_mpirun",
-                )
+        )
+    flavours = [lau["flavour"] for lau in head_facts["mpi"]["launchers"]]
+    if launcher_flavour is not None and launcher_flavour not in flavours:
+        problems.append(
+            Problem(
+                ERROR,
+                head,
+                f"no {launcher_flavour} launcher here (found: {', '.join(flavours) or 'none'})",
+                hint="install it, pick another --launcher, or set cpuaccel_mpirun",
             )
+        )
+    return problems
 
 
 # ---------------------------------------------------------------- the launcher's ssh
