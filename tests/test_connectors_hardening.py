@@ -17,8 +17,9 @@ from cpuaccel.connectors import hostkeys, rsync
 from cpuaccel.connectors.base import ConnectOptions, HostKeyError
 from cpuaccel.connectors.hostkeys import add_key_hint, forget_key_hint, host_key_policy
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.openssh import refused_key, remote_spec
+from cpuaccel.connectors.openssh import jump_hops, refused_key, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.connectors.transports import hops
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
@@ -221,3 +222,20 @@ def test_a_key_refused_by_rsyncs_ssh_is_a_host_key_error_naming_the_hop(
         add_key_hint("10.0.0.2", 22),
     )
     assert refused_key("rsync error: unexplained error (code 255)", []) is None
+
+
+def test_proxyjump_hops_are_taken_in_openssh_order_by_both_paths(home: Path) -> None:
+    """``ProxyJump a,b``: a first, then b, then the node (OpenSSH's order; Fabric's own
+    reading turns it around), for paramiko's chain and rsync's ssh alike."""
+    (home / ".ssh" / "config").write_text(
+        "Host 10.0.0.9\n    ProxyJump ann@10.0.0.1,10.0.0.2:2200\n"
+        "Host 10.0.0.1\n    ProxyJump 10.0.0.7\n"
+    )
+    host = Host("n9", {"ansible_host": "10.0.0.9"})
+    addresses = [(hop.address, hop.port, hop.user) for hop in jump_hops(host)]
+    assert addresses[:2] == [("10.0.0.2", 2200, addresses[0][2]), ("10.0.0.1", 22, "ann")]
+    assert addresses[2][:2] == ("10.0.0.7", 22)  # the first hop's own, from its config
+    conn = SSHConnector(host, CHECKED)._connection()
+    assert [hop.host for hop in hops(conn)] == ["10.0.0.2", "10.0.0.1", "10.0.0.7"]
+    direct = SSHConnector(Host("n8", {"ansible_host": "10.0.0.8"}), CHECKED)._connection()
+    assert direct.gateway is False

@@ -114,3 +114,45 @@ def test_a_hop_with_a_wrong_recorded_key_stops_sync_and_rsync_naming_the_hop(
     assert f"{changed} since it was recorded (rsync's ssh)" == refused.value.reason
     assert "ssh-keygen -R" in (refused.value.hint or "")
     assert after_sync == after_rsync == ["<absent>"]  # nothing written on the target
+
+
+def test_two_hops_are_taken_in_openssh_order_by_check_and_rsync(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``ProxyJump node1,node2`` to node3: node1 first, node2 through it, node3 through
+    node2, where each of node2's and node3's second sshd lets root in only from the hop
+    before it. The other order (Fabric's own reading) would be refused at both."""
+    node1, node2, node3 = (cluster.node(name) for name in ("node1", "node2", "node3"))
+    keys = _keys(cluster)
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        f"{node1.address} {keys['node1']}\n[{node2.address}]:{PORT} {keys['node2']}\n"
+        f"[{node3.address}]:{PORT} {keys['node3']}\n"
+    )
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host {node3.address}\n    ProxyJump root@{node1.address},root@{node2.address}:{PORT}\n"
+        f"Host {node1.address} {node2.address}\n    IdentityFile {cluster.key_path}\n"
+    )
+    inventory = cluster.write_inventory(
+        tmp_path / "two-hops.yaml",
+        {"node3": {"ansible_port": PORT}},
+        only=["node3"],
+        cpuaccel_known_hosts=None,
+        ansible_ssh_common_args=f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes",
+    )
+    dest = NODE_DIR / "work" / f"jump-{uuid.uuid4().hex[:8]}"
+    with (
+        second_sshd(cluster, "node2", f"root@{node1.address}"),
+        second_sshd(cluster, "node3", f"root@{node2.address}"),
+    ):
+        check = cpuaccel("check", "-i", str(inventory), env=clean_env(HOME=str(home)), timeout=120)
+        _, proc = _sync(tmp_path, home, inventory, dest)
+        listed = cluster.exec("node3", ["ls", "-A", str(dest)]).stdout.split()
+    assert check.returncode == 0, check
+    row = next(line for line in check.stdout.splitlines() if line.startswith("node3 "))
+    assert row.split()[1:3] == ["ok", "="], check.stdout  # "=": the hostname is node3
+    assert proc.returncode == 0, proc
+    assert json.loads(proc.stdout)["hosts"]["node3"]["method"] == "rsync", proc.stdout
+    assert "big.bin" in listed and "small.txt" in listed, listed

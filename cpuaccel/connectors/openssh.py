@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cpuaccel.connectors.hostkeys import (
     add_key_hint,
@@ -64,7 +64,7 @@ def _session_options(options: ConnectOptions) -> list[str]:
 
 @dataclass(frozen=True)
 class Hop:
-    """A ProxyJump hop as the paramiko path reaches it (Fabric's reading of ssh_config)."""
+    """A ProxyJump hop as the paramiko path reaches it (``gateway_of``)."""
 
     address: str
     port: int
@@ -73,21 +73,43 @@ class Hop:
 
 
 def jump_hops(host: Host) -> list[Hop]:
-    """The ProxyJump hops in front of ``host``, the nearest to it first: the chain that
-    Fabric builds for the SSH connector (connectors/transports.py), so that rsync's ssh
-    takes the same way. A ProxyCommand (a string) is left to ssh's own config."""
+    """The ProxyJump hops in front of ``host``, the nearest to it first: the chain the
+    SSH connector takes (``gateway_of``), so that rsync's ssh takes the same way. A
+    ProxyCommand (a string) is left to ssh's own config."""
     if host.is_local:
         return []
     from fabric import Connection  # imported here: as in port_of
 
     found: list[Hop] = []
-    gateway = Connection(host=host.address, port=port_of(host)).gateway
+    gateway = gateway_of(host.address)
     while isinstance(gateway, Connection):
         keys = gateway.connect_kwargs.get("key_filename") or []
         keys = [keys] if isinstance(keys, str) else keys
         found.append(Hop(gateway.host, int(gateway.port), gateway.user, tuple(keys)))
         gateway = gateway.gateway
     return found
+
+
+def gateway_of(address: str, depth: int = 0) -> Any:
+    """Fabric's ``gateway`` for ``address``: ssh_config's ``ProxyJump`` read as OpenSSH
+    reads it (``a,b``: a is reached first, b through a, the node through b; a by its own
+    config), else its ``ProxyCommand`` (a string), else False (no gateway). Fabric's own
+    reading turns ``a,b`` around (the node through a, a through b)."""
+    from fabric import Config, Connection
+    from fabric.connection import derive_shorthand
+
+    found = Config().base_ssh_config.lookup(address)
+    jump = found.get("proxyjump")
+    if not jump or jump.lower() == "none" or depth > 8:  # 8: a config whose hops loop
+        return found.get("proxycommand") or False
+    gateway: Any = None
+    for spec in jump.split(","):
+        hop = derive_shorthand(spec)["host"]
+        if hop in (address, found.get("hostname")):
+            return False  # a wildcard Host block that names the host its own hop
+        earlier = gateway_of(hop, depth + 1) if gateway is None else gateway
+        gateway = Connection(spec, gateway=earlier)
+    return gateway
 
 
 def _jump_command(hops: list[Hop], policy: list[str], options: ConnectOptions) -> str | None:

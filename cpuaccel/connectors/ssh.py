@@ -175,6 +175,7 @@ class SSHConnector(Connector):
             port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
+            gateway=openssh.gateway_of(host.address),  # ProxyJump's hops in OpenSSH's order
         )
 
     def connect(self) -> None:
