@@ -49,6 +49,8 @@ def derive_env(env: Mapping[str, str]) -> dict[str, str]:
     """
     derived: dict[str, str] = {}
     for rank, size, local_rank, local_size in LAUNCHER_VARS:
+        if rank in env and local_rank not in env and "SLURM_LOCALID" in env:
+            continue  # srun's pmi2 gives PMI_RANK alone: Slurm's own variables are whole
         if rank in env:
             local = env.get(local_size)
             if local is None and rank == "SLURM_PROCID":

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from cpuaccel.testing import slurm as slurm_bed
+from cpuaccel.testing import slurm_db
 from cpuaccel.testing.cluster import Cluster, unavailable_reason
 
 REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
@@ -93,6 +95,40 @@ def cluster() -> Iterator[Cluster]:
 def inventory(cluster: Cluster) -> str:
     """The session cluster's inventory.yaml, as the `-i` argument of a command line."""
     return str(cluster.inventory_path)
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster: Cluster) -> slurm_bed.SlurmBed:
+    """Slurm on the session cluster (munged, slurmctld, slurmdbd for sacct, one slurmd a
+    node; :mod:`cpuaccel.testing.slurm`), started once, stopped with the cluster.
+
+    Client commands need ``{**os.environ, **slurm.env}`` (``SLURM_CONF``). A test that
+    drains or cuts a node restores it and may call ``slurm.wait_idle()``.
+    """
+    # Accounting too: the Slurm tests read exit codes through sacct.
+    reason = slurm_bed.unavailable_reason() or slurm_db.unavailable_reason()
+    if reason is not None:
+        message = f"Slurm test bed cannot start: {reason}"
+        if _cluster_required():
+            pytest.fail(f"{REQUIRE_ENV}=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return cluster.start_slurm()
+
+
+@pytest.fixture(autouse=True)
+def _slurm_left_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used Slurm: no job of it left, every node idle, every daemon
+    running (what was not is put right and warned about, so the next test starts clean)."""
+    yield
+    if "slurm" not in request.fixturenames:
+        return
+    try:
+        bed: slurm_bed.SlurmBed = request.getfixturevalue("slurm")
+    except (Exception, pytest.skip.Exception, pytest.fail.Exception):
+        return  # the bed never came up; its own error is reported already
+    wrong = slurm_bed.restore(bed)
+    if wrong:
+        warnings.warn(f"{request.node.nodeid} left Slurm so: {'; '.join(wrong)}", stacklevel=1)
 
 
 @pytest.fixture(autouse=True)

@@ -190,7 +190,7 @@ ACC_MULTI = (
         ("cpuaccel.yaml", "nodes: 2\nppm: 4\n", None,
          "cpuaccel.yaml:2: unknown key 'ppm' in the project file"),
         ("cpuaccel.yaml", "ppn: zero\n", None, "cpuaccel.yaml:1: ppn must be a whole number"),
-        ("cpuaccel.yaml", "launcher: slurm\n", None, "cpuaccel.yaml:1: launcher is 'slurm'"),
+        ("cpuaccel.yaml", "launcher: pbs\n", None, "cpuaccel.yaml:1: launcher is 'pbs'"),
         ("cpuaccel.yaml", "env: [A]\n", None, "cpuaccel.yaml:1: env must be a mapping"),
         ("cpuaccel.yaml", "ppn: 2\nppn: 3\n", None, "cpuaccel.yaml:2: duplicate key 'ppn'"),
         ("cpuaccel.yaml", "ppn: [2\n", None, "cpuaccel.yaml:2: YAML syntax error"),

@@ -51,7 +51,7 @@ def host_with(var_line: str) -> str:
         (host_with("cpuaccel_master_port: abc"), 5, "cpuaccel_master_port must be"),
         (host_with("cpuaccel_master_port: 70000"), 5, "must be 1 to 65535"),
         (host_with("cpuaccel_ccl_workers: many"), 5, "cpuaccel_ccl_workers must be"),
-        (host_with("cpuaccel_launcher: slurm"), 5, "use one of auto, impi"),
+        (host_with("cpuaccel_launcher: pbs"), 5, "use one of auto, impi"),
         (host_with("cpuaccel_mixed_precision: fp16"), 5, "use one of auto, bf16"),
         (host_with("cpuaccel_env: [A, B]"), 5, "cpuaccel_env must be a mapping"),
         (host_with("cpuaccel_env: oops"), 5, "cpuaccel_env must be a mapping"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Debian packages the multi-node tests use (real sshd in namespaces, rsync, the
-# nodes' own venvs, MPICH and Open MPI, sudo). `make test` runs this first, so a fresh
+# nodes' own venvs, MPICH and Open MPI, sudo, Slurm with munge, slurmdbd and MariaDB). `make test` runs this first, so a fresh
 # machine runs those tests instead of skipping them. Installs only what is missing;
 # without root it names what is missing and the cluster tests skip.
 #
@@ -45,6 +45,16 @@ command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
 command -v sudo >/dev/null || need+=(sudo)
 # The dashboard's page tests: a real headless browser (driven by playwright).
 command -v /usr/bin/chromium >/dev/null || need+=(chromium)
+# The Slurm tests: a real Slurm in the test cluster (cpuaccel/testing/slurm.py starts its
+# own munged, slurmctld, slurmd and, for sacct, slurmdbd on a private MariaDB; the
+# packages' own services stay off: they need /etc/slurm configs that this never writes).
+# libpmi2-0 is the PMI-2 library Intel MPI needs under `srun --mpi=pmi2`.
+{ command -v /usr/sbin/slurmctld && command -v /usr/sbin/slurmd && command -v srun; } >/dev/null \
+    || need+=(slurm-wlm)
+command -v /usr/sbin/munged >/dev/null || need+=(munge)
+ldconfig -p 2>/dev/null | grep 'libpmi2\.so\.0 ' >/dev/null || need+=(libpmi2-0)
+command -v /usr/sbin/slurmdbd >/dev/null || need+=(slurmdbd)
+command -v /usr/sbin/mariadbd >/dev/null || need+=(mariadb-server-core)
 
 if [ ${#need[@]} -eq 0 ]; then
     exit 0

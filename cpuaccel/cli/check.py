@@ -11,6 +11,7 @@ import click
 from rich.markup import escape
 
 from cpuaccel import ui
+from cpuaccel.cli.check_slurm import held_back, slurm_json, with_refusal
 from cpuaccel.cli.check_table import print_report
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
@@ -20,6 +21,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelEr
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
+from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, head_problems, readiness
 
@@ -32,6 +34,8 @@ Examples:
   cpuaccel check -i inventory.yaml --limit node1,node2 --json | jq .problems
   cpuaccel check -i inventory.yaml -u ubuntu --private-key ~/.ssh/id_ed25519 -v
   cpuaccel check -i inventory.yaml --limit 'workers:!node3' --list-hosts
+  cpuaccel check --slurm                # the default Slurm partition's nodes
+  cpuaccel check --slurm batch -u train # partition batch; the same as -i slurm:batch
 
 \b
 Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
@@ -40,10 +44,11 @@ Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
 
 
 def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
-    """Facts from every selected host in parallel, with a progress bar on a terminal;
-    and, in the same pass, what run's preflight checks from the settings a run would
-    use: the head node's launcher ssh to every other node (launch/preflight.LauncherReach,
-    its problems named head -> node) and the launcher on the head."""
+    """Facts from every selected host in parallel, with a progress bar on a terminal
+    (a node Slurm has down or drained is not contacted: its result says why); and, in
+    the same pass, what run's preflight checks from the settings a run would use: the
+    head node's launcher ssh to every other node (launch/preflight.LauncherReach, its
+    problems named head -> node) and the launcher on the head."""
     view = run_view(target)
     if isinstance(view, Problem):
         return _gather(target, None), [view]
@@ -65,22 +70,33 @@ def _gather(
     target: Target, reach: LauncherReach | None, pool: ConnectionPool | None = None
 ) -> list[HostResult[Facts]]:
     hosts = target.hosts
+    contact, held = held_back(hosts)
+    for result in held.values():  # never connected: the reach leaves them out
+        if reach is not None:
+            reach.finished(result)
 
     def probe(conn: Connector) -> Facts:
         if reach is not None:
             reach.connected(conn)  # its key goes into the run's known_hosts
         return gather(conn, names_to_resolve(conn.host, hosts))
 
-    with ui.progress("gathering facts", len(hosts)) as bar:
+    with ui.progress("gathering facts", len(contact)) as bar:
 
         def on_result(result: HostResult[Facts]) -> None:
             if reach is not None:
                 reach.finished(result)
             bar.advance(result.host.name)
 
-        return run_on_hosts(
-            hosts, probe, forks=target.forks, options=target.connect, pool=pool, on_result=on_result
+        gathered = run_on_hosts(
+            contact,
+            probe,
+            forks=target.forks,
+            options=target.connect,
+            pool=pool,
+            on_result=on_result,
         )
+    by_name = {r.host.name: r for r in gathered} | held
+    return [by_name[host.name] for host in hosts]
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,16 @@ def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem])
 
 @click.command(epilog=EPILOG)
 @host_options
+@click.option(
+    "--slurm",
+    "slurm_partition",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[PARTITION]",
+    help="Check a Slurm partition's nodes (the default partition without a name), with "
+    "their Slurm state; the same as -i slurm:PARTITION.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def check_command(
     target: Target,
@@ -131,7 +157,7 @@ def check_command(
     before any job can hang on them.
     """
     results, reach = gather_all(target)
-    problems = find_problems(results)
+    problems = with_refusal(results, find_problems(results))
     # What run's preflight refuses on each node, then the pairs the launcher cannot reach.
     problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
     problems += reach
@@ -154,8 +180,14 @@ def to_json(results: Sequence[HostResult[Facts]], problems: Sequence[Problem]) -
                 "status": r.status.value,
                 "facts": r.value,
                 "error": r.error,
+                **_slurm_part(r.host),
             }
             for r in results
         },
         "problems": [p.to_json() for p in problems],
     }
+
+
+def _slurm_part(host: Host) -> dict[str, Any]:
+    slurm = slurm_json(host)
+    return {"slurm": slurm} if slurm is not None else {}

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from cpuaccel.cli.check_slurm import was_held
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem, mpi_flavour
@@ -29,6 +30,9 @@ COLUMNS += ("MPI", "CORES", "SOCK/NUMA", "BF16", "MEM")
 # problems are reported under the table anyway), then the node's own hostname (its
 # resolution problems too; --json has it). The host and the versions always stay.
 DROP_ORDER = ("MEM", "SOCK/NUMA", "CORES", "BF16", "MPI", "HOSTNAME")
+# Slurm nodes (-i slurm:, --slurm) get SLURM, their state in Slurm, after STATUS: short,
+# and never left out (it says why a node was not contacted).
+SLURM_COLUMNS = (*COLUMNS[:2], "SLURM", *COLUMNS[2:])
 RIGHT = frozenset({"CORES", "SOCK/NUMA", "BF16", "MEM"})
 # The space between two columns: two, or one when that saves the host and versions from
 # wrapping (rich's padding (0, 1), collapsed or not; pad_edge=False: none at the edges).
@@ -42,9 +46,12 @@ def _gib(value: Any) -> str:
 def row(r: HostResult[Facts]) -> dict[str, str]:
     """The cells of one host (rich markup, user text escaped)."""
     name = escape(r.host.name)
+    slurm = r.host.vars.get("slurm_state")
+    state = {"SLURM": escape(str(slurm).lower())} if slurm else {}
     if r.value is None:
         colour = "red" if r.status is Status.UNREACHABLE else "yellow"
-        return {"HOST": name, "STATUS": f"[{colour}]{r.status.value}[/]"}
+        status = "not contacted" if was_held(r) else r.status.value
+        return {"HOST": name, "STATUS": f"[{colour}]{status}[/]", **state}
     f = r.value
     packages = f.get("packages", {})
     cpu = f.get("cpu", {})
@@ -64,7 +71,7 @@ def row(r: HostResult[Facts]) -> dict[str, str]:
         "BF16": bf16,
         "MEM": _gib(f.get("memory", {}).get("total")),
     }
-    return {k: escape(v) for k, v in cells.items()} | {"STATUS": "[green]ok[/]"}
+    return {k: escape(v) for k, v in cells.items()} | {"STATUS": "[green]ok[/]", **state}
 
 
 def _width(columns: Sequence[str], rows: Sequence[dict[str, str]], gap: int) -> int:
@@ -77,8 +84,9 @@ def _width(columns: Sequence[str], rows: Sequence[dict[str, str]], gap: int) -> 
 
 def fitting_columns(rows: Sequence[dict[str, str]], width: int) -> tuple[list[str], list[str], int]:
     """The columns shown at this terminal width, the ones left out, and the gap."""
+    slurm = any("SLURM" in r for r in rows)
     for gap in GAPS:
-        shown, dropped = list(COLUMNS), []
+        shown, dropped = list(SLURM_COLUMNS if slurm else COLUMNS), []
         for column in DROP_ORDER:
             if _width(shown, rows, gap) <= width:
                 break
@@ -121,9 +129,12 @@ def print_report(
         out.print(f"[{colour}]{p.severity:<7}[/] {escape(p.host or '-')}: {escape(p.message)}")
         if p.hint:
             out.print(f"         [dim]fix: {escape(p.hint)}[/]")
-    reachable = sum(r.status is not Status.UNREACHABLE for r in results)
+    held = sum(map(was_held, results))
+    reachable = sum(r.status is not Status.UNREACHABLE for r in results) - held
     errors = sum(p.severity == ERROR for p in problems)
     out.print(
-        f"\n{len(results)} host(s): {reachable} reachable, {len(results) - reachable} "
-        f"unreachable; {errors} error(s), {len(problems) - errors} warning(s)"
+        f"\n{len(results)} host(s): {reachable} reachable, "
+        f"{len(results) - reachable - held} unreachable"
+        + (f", {held} not contacted (down or drained in Slurm)" if held else "")
+        + f"; {errors} error(s), {len(problems) - errors} warning(s)"
     )

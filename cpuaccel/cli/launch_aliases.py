@@ -268,7 +268,7 @@ def launcher_and_env_options(launcher_help: str, env_help: str) -> Callable[[F],
         )(func)
         return click.option(
             "--launcher",
-            type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
+            type=click.Choice(["auto", "impi", "mpich", "openmpi", "slurm"]),
             help=launcher_help,
         )(func)
 

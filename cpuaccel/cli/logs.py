@@ -16,7 +16,7 @@ from cpuaccel.cli.run_head import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.launch import runfiles
-from cpuaccel.launch.records import ENDED, RunRecord, find_run, load
+from cpuaccel.launch.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.launch.supervise import COLOURS
 
 EPILOG = """\b
@@ -53,7 +53,11 @@ class LocalFiles:
         return data, offset + len(data)
 
     def state(self) -> str:
-        return load(self.run.path).state()
+        run = load(self.run.path)
+        if run.job_id is not None:  # submitted: Slurm says whether it is queued or ended
+            run = with_slurm([run])[0]
+            self.run = run
+        return run.state()
 
 
 class HeadFiles:
@@ -143,15 +147,44 @@ class Printer:
 
 
 def _follow(printer: Printer, files: LocalFiles | HeadFiles) -> None:
+    waiting = ""
     while True:
         state = files.state()
+        if isinstance(files, LocalFiles) and files.run.job_id is not None:
+            printer.run = files.run  # its hosts, once the batch job's run has started
+            waiting = _say_waiting(files.run, state, waiting)
         printer.poll(files)
         if state in ENDED:
             printer.poll(files)  # what came between the look at the state and its end
             printer.flush()
+            _batch_output(files, printer)
             ui.stderr().print(f"[dim]run {escape(printer.run.run_id)} ended: {escape(state)}[/]")
             return
         time.sleep(POLL)
+
+
+def _say_waiting(run: RunRecord, state: str, said: str) -> str:
+    """A submitted run that Slurm has not started: one line each time its state
+    changes (queued, with Slurm's reason), until the batch job writes."""
+    if state not in ("queued", "submitted") or run.status is not None:
+        return said
+    now = run.slurm.describe() if run.slurm is not None else "not known to Slurm yet"
+    if now != said:
+        job = escape(run.job_id or "?")
+        ui.stderr().print(f"[dim]waiting for Slurm job {job} to start: {escape(now)}[/]")
+    return now
+
+
+def _batch_output(files: LocalFiles | HeadFiles, printer: Printer) -> None:
+    """A submitted run that ended without any rank's output (its batch job failed
+    before the ranks started, or never ran): the batch job's own output says why."""
+    job = printer.run.job_id
+    if job is None or not isinstance(files, LocalFiles) or any(printer.offsets.values()):
+        return
+    data, _ = files.read(f"slurm-{job}.out", 0)
+    if data:
+        ui.stderr().print(f"[dim]slurm-{escape(job)}.out:[/]")
+        ui.stderr().print(escape(data.decode(errors="replace").rstrip("\n")), soft_wrap=True)
 
 
 @click.command(epilog=EPILOG)

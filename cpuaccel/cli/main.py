@@ -9,6 +9,7 @@ import click
 
 from cpuaccel import __version__
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+from cpuaccel.launch import given_id
 
 # Each verb's module is imported only when that verb runs (or for --help): start-up is
 # paid on every command, and a sync need not load the playbook engine or the launcher.
@@ -23,6 +24,7 @@ VERBS = {
     "ps": "cpuaccel.cli.ps:ps_command",
     "logs": "cpuaccel.cli.logs:logs_command",
     "fetch": "cpuaccel.cli.fetch:fetch_command",
+    "submit": "cpuaccel.cli.submit:submit_command",
     "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
 }
 
@@ -37,6 +39,7 @@ Examples:
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
   cpuaccel run -i inventory.yaml --detach train.py  # prints the run id, returns
   cpuaccel stop last                           # end it on every node, verified
+  cpuaccel submit --nodes 4 --ppn 2 train.py   # a Slurm batch job; prints its ids
   cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
   cpuaccel ps                                  # the runs of this folder, their state
   cpuaccel logs last -f --rank 0               # follow a run's output
@@ -76,6 +79,8 @@ def cli() -> None:
 
 def main() -> None:
     try:
+        # `CPUACCEL_RUN_ID=ID cpuaccel run`: the id passed on, this process replaced.
+        given_id.hand_over(sys.argv)
         cli.main(standalone_mode=False)
     except CpuaccelError as exc:
         _print_error(str(exc))

@@ -107,7 +107,8 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         multiple=True,  # Ansible merges several -i; cpuaccel reads one: said, not dropped
         callback=_one_inventory,
         help="Ansible inventory (YAML or INI, with group_vars/ and host_vars/ beside "
-        "it), an MPI hostfile, or hosts as 'node1,node2,'. Default: $CPUACCEL_INVENTORY, "
+        "it), an MPI hostfile, hosts as 'node1,node2,', or a Slurm partition's nodes as "
+        "'slurm:PARTITION' ('slurm:' the default partition). Default: $CPUACCEL_INVENTORY, "
         "else ./inventory.yaml, else localhost only.",
     ),
     click.option(
@@ -202,6 +203,15 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
                     hint="give the inventory once",
                 )
             given["inventory_path"] = positional
+        # `check --slurm [PARTITION]`: the same as -i slurm:PARTITION.
+        slurm = kwargs.pop("slurm_partition", None)
+        if slurm is not None:
+            if given["inventory_path"]:
+                raise UsageError(
+                    f"two inventories given: -i {given['inventory_path']} and --slurm {slurm}",
+                    hint="give either -i or --slurm",
+                )
+            given["inventory_path"] = f"slurm:{slurm}"
         target = resolve_target(**given)
         if list_hosts and not settles_hosts:
             print_hosts([host.name for host in target.hosts])
@@ -231,6 +241,9 @@ def resolve_target(
     cli_vars = parse_extra_vars(extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)
+    if choice.slurm is not None:  # no -i: the hosts are the allocation's, said once
+        names = ", ".join(choice.slurm.nodes)
+        ui.stderr().print(f"hosts: the nodes of {choice.slurm.label} ({escape(names)})")
     limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
     if limit is None and project is not None and project.get("limit"):
         limit = str(project.get("limit"))

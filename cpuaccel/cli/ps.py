@@ -14,7 +14,7 @@ from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.launch import runfiles
-from cpuaccel.launch.records import ENDED, RunRecord, load, run_ids, runs_folder
+from cpuaccel.launch.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm
 from cpuaccel.launch.run_rows import row
 
 EPILOG = """\b
@@ -25,7 +25,10 @@ Examples:
 
 \b
 States: running, succeeded, failed (with its exit code), stopped, timeout,
-interrupted, lost (its supervisor is gone), unknown (a record from elsewhere).
+interrupted, lost (its supervisor is gone), unknown (a record from elsewhere);
+a run queued by cpuaccel submit also: queued (Slurm has not started it), submitted
+(Slurm could not be asked), and a SLURM column with its job id and Slurm's state
+(squeue, else sacct).
 """
 LIVE_TIMEOUT = 10.0  # seconds a head may take to give a detached run's status
 
@@ -56,11 +59,32 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def _slurm_cell(r: dict[str, Any]) -> str:
+    job = r.get("slurm")
+    if not job:
+        return "-"
+    said = job["state"] or "?"
+    if job.get("reason") and job["state"] == "PENDING":
+        said += f" ({job['reason']})"
+    return escape(f"{job['job_id']} {said}")
+
+
+def _with_slurm(runs: list[RunRecord]) -> list[RunRecord]:
+    """Slurm's word on the submitted runs; a warning, and the runs' own, without it."""
+    try:
+        return with_slurm(runs)
+    except CpuaccelError as exc:
+        ui.stderr().print(f"[yellow]warning:[/] Slurm's states unknown: {escape(str(exc))}")
+        return runs
+
+
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
-    for name in ("ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS"):
+    slurm = any(r.get("slurm") for r in rows)
+    names = ["ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS"]
+    for name in names + (["SLURM"] if slurm else []):
         table.add_column(name, justify="right" if name in ("STEP", "LOSS") else "left")
-    colours = {"running": "cyan", "succeeded": "green"}
+    colours = {"running": "cyan", "succeeded": "green", "queued": "cyan", "submitted": "cyan"}
     for r in rows:
         state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
         if r["restarts"]:
@@ -77,6 +101,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             _duration(r["seconds"]),
             escape(str(r["step"])) if r["step"] is not None else "-",
             f"{r['loss']:.4g}" if r["loss"] is not None else "-",
+            *([_slurm_cell(r)] if slurm else []),
         )
     return table
 
@@ -113,6 +138,7 @@ def ps_command(
             runs = list(pool.map(lambda run: _live(run, heads), runs))
     finally:
         heads.close()
+    runs = _with_slurm(runs)
     now = time.time()
     rows = [row(run, now) for run in runs]
     if as_json:

@@ -31,8 +31,8 @@ from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.launch import detached, entry, job
-from cpuaccel.launch.plan import RunPlan, Script
+from cpuaccel.launch import detached, entry, given_id, job
+from cpuaccel.launch.plan import RunPlan, Script, new_run_id
 from cpuaccel.launch.report import JobReport
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ Examples:
   cpuaccel stop last                                       # ends it on every node
   cpuaccel run -i inventory.yaml --max-restarts 3 train.py  # a failure: from its checkpoint
   cpuaccel run -i inv.yaml --nodes 2:3 --max-restarts 1 train.py  # a lost node left out
+  cpuaccel run -i inv.yaml --detach --max-restarts 3 train.py  # the head's supervisor restarts
+  salloc -N 2 cpuaccel run --ppn 2 train.py  # in a Slurm job: its nodes, srun launches
 
 \b
 Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
@@ -70,8 +72,8 @@ now unless --no-sync, master port free). Output of each rank is labelled and log
 runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
 every node.
 With --detach a supervisor on the head node does that instead (the job outlives this
-command and the connection): it writes runs/<id>/status.json there; `cpuaccel stop RUN`
-ends the job.
+command and the connection): it writes runs/<id>/status.json there, restarts the job
+(--max-restarts) on the nodes it started with; `cpuaccel stop RUN` ends the job.
 
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
@@ -232,10 +234,11 @@ def run_command(
         settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
         if detach:
-            _refuse_detached_restarts(settings)
+            _refuse_detached_elastic(settings)
         what = _entry(script, script_args, project, as_module, no_python)
+        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         if dry_run:
-            _print_dry_run(*job.dry_run(settings, what, project, target.connect), as_json)
+            _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
             return
         page = _run_page(target) if dashboard else None
         launch = functools.partial(
@@ -250,6 +253,7 @@ def run_command(
             ranks_to_stderr=as_json,
             detach=detach,
             inventory=_inventory_file(target),
+            run_id=run_id,
         )
         report = page.around(launch, detach) if page is not None else launch()
     except (CpuaccelError, KeyboardInterrupt) as exc:
@@ -298,15 +302,25 @@ def _print_report(report: JobReport, as_json: bool) -> None:
         )
 
 
-def _refuse_detached_restarts(settings: LaunchSettings) -> None:
-    """A restart runs the preflight again, from the controller: a detached run's
-    supervisor on the head cannot (it holds no inventory, no connection to the nodes)."""
-    restarts = settings.max_restarts
-    if restarts.value:
+def _refuse_detached_elastic(settings: LaunchSettings) -> None:
+    """A detached run is restarted by its supervisor on the head, on the nodes it started
+    with: leaving a lost node out (--nodes MIN:MAX) needs a new plan, which only this
+    machine makes (the inventory, a preflight, the files rendered anew). Nor can that
+    supervisor sweep a Slurm allocation's nodes (it reaches them by ssh)."""
+    if settings.chosen[0].slurm_job is not None:
         raise UsageError(
-            f"--detach with max_restarts {restarts.value} ({restarts.where}): a detached run "
-            "is not restarted (a restart's preflight runs from this machine)",
-            hint="leave out --detach to have failures restarted, or set max_restarts to 0",
+            f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
+            "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
+            hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
+        )
+    low, restarts = settings.min_nodes, settings.max_restarts
+    if restarts.value and low.value is not None and low.value < len(settings.chosen):
+        raise UsageError(
+            f"--detach with max_restarts {restarts.value} ({restarts.where}) and --nodes "
+            f"{low.value}:{len(settings.chosen)} ({low.where}): a detached run is restarted "
+            "on the nodes it started with, none left out",
+            hint=f"give --nodes {len(settings.chosen)} (every node), or leave out --detach "
+            "to have lost nodes left out",
         )
 
 

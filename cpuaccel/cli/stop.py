@@ -16,18 +16,24 @@ from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import stop as engine
+from cpuaccel.launch.records import load
 
 EPILOG = """\b
 Examples:
   cpuaccel stop last                        # the newest run in ./runs
   cpuaccel stop 20250101-120000             # an id, or a prefix of one
   cpuaccel stop -i inventory.yaml 2025010   # reach the nodes through this inventory
+  cpuaccel stop 20250101-120000-ab12cd      # a submitted run: scancel, verified
 
 \b
 RUN is looked up in ./runs (run from the project folder). A detached run's head is
 reached through the inventory it was started with (run.json), unless -i is given.
 The job ends as Ctrl-C ends a foreground run: SIGTERM, then SIGKILL, then every node
 swept for its processes; status.json then says stopped.
+
+\b
+A run queued by cpuaccel submit is cancelled with scancel; stop then waits until
+Slurm says the job ended (CANCELLED, every process of it gone on every node).
 
 \b
 Exit codes: 0 stopped (or it had ended already); 1 processes of the job are left on a
@@ -42,6 +48,9 @@ def stop_command(target: Target, run: str) -> None:
     """End the job RUN on every node and verify that nothing of it is left."""
     folder = engine.find_run(Path.cwd() / "runs", run)
     record = engine.read_record(folder)
+    job = load(folder).job_id
+    if job is not None:  # queued by cpuaccel submit: Slurm ends it (scancel)
+        _print_submitted(engine.stop_submitted(folder, record, job), job, record)
     hosts = run_hosts(target, record)
     done = engine.stop(folder, record, hosts, target.connect, target.forks)
     err = ui.stderr()
@@ -60,6 +69,27 @@ def stop_command(target: Target, run: str) -> None:
         sys.exit(EXIT_PROBLEMS)
     ui.stdout().print(
         f"{run_id}: {escape(done.state)}; nothing of it is left on {nodes}", highlight=False
+    )
+    sys.exit(EXIT_OK)
+
+
+def _print_submitted(done: engine.Stopped, job: str, record: dict[str, Any]) -> None:
+    run_id, said = escape(done.run_id), escape(done.slurm.state if done.slurm else "?")
+    if done.already:
+        ui.stdout().print(
+            f"{run_id}: had already ended ({escape(done.state)}; Slurm job {escape(job)} {said})",
+            highlight=False,
+        )
+        sys.exit(EXIT_OK)
+    if done.left:
+        left = escape(", ".join(f"{k} is {v}" for k, v in done.left.items()))
+        ui.stdout().print(f"{run_id}: scancel sent, but {left}", highlight=False)
+        sys.exit(EXIT_PROBLEMS)
+    nodes = escape(", ".join(str(h) for h in record.get("hosts") or []) or "its nodes")
+    ui.stdout().print(
+        f"{run_id}: {escape(done.state)} (Slurm job {escape(job)} {said}); Slurm saw every "
+        f"process of it end on {nodes}",
+        highlight=False,
     )
     sys.exit(EXIT_OK)
 

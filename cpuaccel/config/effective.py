@@ -44,6 +44,7 @@ from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.hostfile import SLOTS_VAR
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.slurm import allocation
 
 __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
@@ -280,6 +281,9 @@ def _choose(
     if nodes.value is None:
         return ordered
     if nodes.value > len(ordered):
+        if ordered[0].slurm_job is not None and nodes.source == FLAG:  # an allocation's nodes
+            job = f"Slurm job {ordered[0].slurm_job}"
+            raise allocation.too_few(job, nodes.value, [h.name for h in ordered])
         names = ", ".join(h.name for h in ordered)
         message = f"{nodes.value} nodes, but {len(ordered)} host(s) are selected ({names})"
         if project is not None and nodes.source == PROJECT:

@@ -1,7 +1,10 @@
 """Which inventory a verb reads, and where that choice came from.
 
--i (a file, or a comma list of hosts as Ansible's ``-i node1,node2,``), else the
-project file's inventory (or Accelerate's hostfile), else
+-i (a file, a comma list of hosts as Ansible's ``-i node1,node2,``, or a Slurm
+partition's nodes, ``-i slurm:PARTITION``), else the Slurm allocation this runs in
+(``$SLURM_JOB_ID``: inside ``salloc`` or ``sbatch`` the allocated nodes are the ones to
+use, whatever the project file names for SSH use), else the project file's inventory
+(or Accelerate's hostfile), else
 $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone. The choice is a
 ``Setting`` so that ``config show`` can say why that file was read.
 """
@@ -15,20 +18,29 @@ from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
+from cpuaccel.inventory import groupvars
 from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory, is_host_list
+from cpuaccel.inventory.slurm_source import is_slurm_source, slurm_builder
+from cpuaccel.slurm import allocation
+from cpuaccel.slurm.allocation import Allocation
 
 
 @dataclass(frozen=True)
 class InventoryChoice:
-    path: str | None  # None: this machine alone
+    path: str | None  # None: this machine alone (or the Slurm allocation)
     setting: Setting[str]
+    slurm: Allocation | None = None  # the allocation's nodes, not a file
 
     def load(self, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
         """The chosen inventory, read (with -e on top)."""
+        if self.slurm is not None:
+            return allocation.inventory(self.slurm, extra_vars)
         if self.path is None:
             return Inventory.implicit(extra_vars)
         if is_host_list(self.path):  # -i node1,node2, (Ansible's host list)
             return Inventory.from_host_list(self.path, self.label, extra_vars)
+        if is_slurm_source(self.path):  # -i slurm:PARTITION
+            return slurm_inventory(self.path, extra_vars)
         return Inventory.load(self.path, extra_vars)
 
     @property
@@ -38,16 +50,23 @@ class InventoryChoice:
 
 
 def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
-    """-i, else the project file's inventory (or Accelerate's hostfile), else
-    $CPUACCEL_INVENTORY, else ./inventory.yaml, else this machine alone."""
+    """-i, else the Slurm allocation, else the project file's inventory (or
+    Accelerate's hostfile), else $CPUACCEL_INVENTORY, else ./inventory.yaml, else this
+    machine alone."""
     if flag:
         return InventoryChoice(flag, Setting("inventory", flag, FLAG, "-i"))
+    found = allocation.detect(os.environ)
+    if found is not None:
+        where = f"${allocation.JOB_ID}"
+        return InventoryChoice(None, Setting("inventory", found.label, ENVIRONMENT, where), found)
     if project is not None:
         if project.get("inventory"):
             if project.inventory_error is not None:
                 raise project.inventory_error
             path = str(project.get("inventory"))
-            if is_host_list(path):  # inventory: node1,node2, (as ansible.cfg's inventory =)
+            if is_host_list(path) or is_slurm_source(
+                path
+            ):  # inventory: node1,node2, (as ansible.cfg's inventory =)
                 return InventoryChoice(
                     path, Setting("inventory", path, PROJECT, project.where("inventory"))
                 )
@@ -71,3 +90,17 @@ def choose_inventory(flag: str | None, project: ProjectConfig | None) -> Invento
     if os.path.lexists(DEFAULT_FILE):  # not a file: Inventory.load says so
         return InventoryChoice(DEFAULT_FILE, Setting("inventory", DEFAULT_FILE, DEFAULT, "./"))
     return InventoryChoice(None, Setting("inventory", "localhost", DEFAULT, "no inventory file"))
+
+
+def slurm_inventory(spec: str, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
+    """``slurm:PARTITION``: the partition's nodes from scontrol, with the group_vars/ and
+    host_vars/ of the current folder (a Slurm partition has no folder of its own; that is
+    where its SSH user and key can be written), and -e on top."""
+    from cpuaccel.slurm.partition import read_partition  # only when Slurm is asked for
+
+    found = read_partition(spec)
+    builder = slurm_builder(found.partition, found.nodes, f"slurm:{found.partition}")
+    warnings = groupvars.attach(builder, ".", 0)
+    inventory = Inventory.built(builder, extra_vars)
+    inventory.warnings += warnings
+    return inventory

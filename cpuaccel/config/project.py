@@ -21,6 +21,8 @@ from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
+from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
+from cpuaccel.slurm import options as slurm_options
 from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
@@ -45,6 +47,7 @@ KEYS: dict[str, str] = {
     "hang_timeout": "seconds without progress of any rank that end the job (like --hang-timeout)",
     "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
     "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
+    "slurm": "cpuaccel submit's defaults: partition, time, account, sbatch_args, templates",
 }
 
 
@@ -179,6 +182,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "hang_timeout": _seconds(1),
     "max_restarts": _int(0, MAX_RESTARTS),
     "restart_delay": _seconds(0, MAX_RESTART_DELAY),
+    "slurm": slurm_options.check_block,
 }
 
 
@@ -197,10 +201,15 @@ def parse_project(text: str, source: str) -> ProjectConfig:
         config.set(key, _checked(key, item, source), item.line)
     inventory = config.get("inventory")
     base = os.path.dirname(source)
-    if inventory and not ("," in inventory and not os.path.exists(os.path.join(base, inventory))):
+    names_no_file = "," in inventory or inventory.startswith(SLURM_PREFIX) if inventory else False
+    if inventory and not (names_no_file and not os.path.exists(os.path.join(base, inventory))):
         # Relative to the file, so that `--config other/cpuaccel.yaml` finds its own (a
-        # comma list of hosts, "node1,node2,", names no file).
+        # comma list of hosts, "node1,node2,", or a Slurm partition, "slurm:batch",
+        # names no file).
         config.values["inventory"] = os.path.join(base, os.path.expanduser(inventory))
+    slurm = config.get("slurm")
+    if slurm and slurm.get("templates"):  # relative to the file, as the inventory is
+        slurm["templates"] = os.path.join(base, os.path.expanduser(slurm["templates"]))
     return config
 
 

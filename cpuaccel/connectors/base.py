@@ -107,6 +107,8 @@ def split_lines(pending: bytes, chunk: bytes) -> tuple[list[str], bytes]:
 class Connector(abc.ABC):
     """A connection to one host. Use as a context manager; commands are argv lists."""
 
+    rsync_ok = True  # rsync's protocol runs over it (not through srun: sync sends a tar)
+
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         self.host = host
         self.options = options
@@ -186,6 +188,10 @@ class Connector(abc.ABC):
 def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:
     """The connector a host's ``ansible_connection`` asks for."""
     options = options or ConnectOptions()
+    if host.vars.get("ansible_connection") == "slurm":  # an allocated node: srun, no ssh
+        from cpuaccel.connectors.srun import SrunConnector
+
+        return SrunConnector(host, options)
     if host.is_local:
         from cpuaccel.connectors.local import LocalConnector
 

@@ -79,6 +79,10 @@ class LocalConnector(Connector):
     def connect(self) -> None:
         pass
 
+    def wrap(self, line: str) -> list[str]:
+        """The argv that runs a rendered shell line (connectors/srun.py puts srun first)."""
+        return ["/bin/sh", "-c", line]
+
     def close(self) -> None:
         pass
 
@@ -106,7 +110,7 @@ class LocalConnector(Connector):
         line = commandline.shell_line(argv, env=env, cwd=cwd)
         ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)} &")
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", line],
+            self.wrap(line),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -130,7 +134,7 @@ class LocalConnector(Connector):
         timeout = self.options.command_timeout if timeout is None else timeout
         started = time.monotonic()
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", line],
+            self.wrap(line),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

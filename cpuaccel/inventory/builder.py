@@ -22,7 +22,7 @@ from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.host import Host, ssh_options
 from cpuaccel.inventory.variables import VARIABLES, BadValue, hint_for, user_name_problem
 
-CONNECTIONS = ("ssh", "local", "paramiko", "smart")
+CONNECTIONS = ("ssh", "local", "paramiko", "smart", "slurm")  # slurm: connectors/srun.py
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
 SSH_ARGS_VARS = ("ansible_ssh_common_args", "ansible_ssh_extra_args")
 EXTRA_VARS_SOURCE = "-e"

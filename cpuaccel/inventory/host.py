@@ -68,6 +68,12 @@ class Host:
         return str(self.vars.get("ansible_connection", "ssh")) == "local"
 
     @property
+    def slurm_job(self) -> str | None:
+        """The Slurm job this node is allocated to (slurm/allocation.py), if any."""
+        value = self.vars.get("cpuaccel_slurm_job")
+        return None if value is None else str(value)
+
+    @property
     def address(self) -> str:
         """What to connect to: ``ansible_host``, else the inventory name."""
         value = self._first("ansible_host")

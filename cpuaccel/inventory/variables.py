@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi")
+LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
 PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
@@ -269,6 +269,12 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_workdir": folder,
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
+    "cpuaccel_slurm_job": whole(1),  # the Slurm job an allocated node is reached in
+    # Slurm's view of a node of -i slurm:PARTITION (inventory/slurm_source.py), which
+    # check shows and by which it leaves a down or drained node alone.
+    "slurm_state": text,
+    "slurm_cpus": whole(0),
+    "slurm_reason": text,
 }
 
 HINTS: dict[str, str] = {

@@ -8,9 +8,11 @@ every node holds one whole, ``CPUACCEL_RESUME`` (launch/resume.py's newest check
 
 A failure that repeats identically (same rank, same exit code, and no checkpoint before
 either) would repeat forever: it is said once, and the run stops. ``decide`` is that
-judgement, pure. ``AttemptLog`` keeps the record: ``attempts.jsonl`` (one line per
-attempt), run.json's ``attempts``, a ``--- attempt k ---`` line in every top-level rank
-log where an attempt starts, and ``attempt-<k>/`` with copies of attempt k's logs.
+judgement, pure, in cpuaccel/node/restarts.py with the record's form (a detached run's
+supervisor follows the same rule and keeps the same record on the head). ``AttemptLog``
+keeps the record: ``attempts.jsonl`` (one line per attempt), run.json's ``attempts``,
+a ``--- attempt k ---`` line in every top-level rank log where an attempt starts, and
+``attempt-<k>/`` with copies of attempt k's logs.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Protocol
+from typing import Protocol
 
 from rich.console import Console
 from rich.markup import escape
@@ -32,38 +34,18 @@ from rich.markup import escape
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
+from cpuaccel.node.restarts import (
+    ATTEMPTS,
+    MARKER,
+    RESTART_ENV,
+    RESUME_ENV,
+    RETRIED,
+    Attempt,
+    Verdict,
+    decide,
+)
 
-RETRIED = frozenset({"failed", "lost", "hang"})  # Outcome.reasons a restart may follow
-RESTART_ENV, RESUME_ENV = "CPUACCEL_RESTART", "CPUACCEL_RESUME"
-ATTEMPTS = "attempts.jsonl"
-MARKER = "--- attempt {} ---"  # where attempt k starts in a top-level rank log
-
-
-@dataclass
-class Attempt:
-    """One line of attempts.jsonl (the FT contract's fields)."""
-
-    attempt: int
-    started: float
-    ended: float
-    reason: str
-    exit_code: int | None
-    rank: int | None
-    host: str | None
-    hosts: list[str]
-    resume: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def why(self) -> str:
-        """The failure in words: "exit code 3, rank 1 on node2"."""
-        words = [f"exit code {self.exit_code}" if self.reason == "failed" else self.reason]
-        if self.rank is not None:
-            words.append(f"rank {self.rank} on {self.host}")
-        elif self.host is not None:
-            words.append(f"node {self.host}")
-        return ", ".join(words)
+__all__ = ["ATTEMPTS", "RESTART_ENV", "RESUME_ENV", "RETRIED", "Attempt", "Verdict", "decide"]
 
 
 def attempt_of(
@@ -84,39 +66,6 @@ def attempt_of(
         hosts=list(hosts),
         resume=resume,
     )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    restart: bool
-    why: str | None = None  # the one line said when it stops for a reason of its own
-
-
-def decide(history: Sequence[Attempt], max_restarts: int, resume: str | None) -> Verdict:
-    """Restart after the last attempt of ``history``? ``resume``: the checkpoint the next
-    attempt would get (None: none complete)."""
-    last = history[-1]
-    if last.reason not in RETRIED:
-        return Verdict(False)
-    if len(history) > max_restarts:
-        if not max_restarts:
-            return Verdict(False)  # restarts were not asked for: nothing to say
-        return Verdict(False, f"attempt {last.attempt} failed ({last.why()}): no restart left")
-    if len(history) >= 2:
-        before = history[-2]
-        same = (before.reason, before.rank, before.host, before.exit_code) == (
-            last.reason,
-            last.rank,
-            last.host,
-            last.exit_code,
-        )
-        if same and last.resume is None and resume is None:
-            return Verdict(
-                False,
-                f"attempt {last.attempt} failed as attempt {before.attempt} did "
-                f"({last.why()}) before any checkpoint: not restarting it again",
-            )
-    return Verdict(True)
 
 
 def plan_for(plan: RunPlan, k: int, resume: str | None) -> RunPlan:

@@ -23,9 +23,12 @@ from cpuaccel.launch.rundir import EXECUTABLE, PLAIN, RunDir
 JobFiles = dict[str, tuple[int, str]]
 
 
-def supervisor_files(plan: RunPlan, timeout: float | None) -> JobFiles:
+def supervisor_files(
+    plan: RunPlan, timeout: float | None, max_restarts: int = 0, restart_delay: float = 0.0
+) -> JobFiles:
     """The supervisor's program and settings, copied with the run's other files (to
-    every node: the others run its ``end`` through ssh.sh when the job ends)."""
+    every node: the others run its ``end`` through ssh.sh when the job ends, and its
+    ``ready`` and ``attempt`` between two attempts)."""
     config = {
         "run_id": plan.run_id,
         "head": plan.head.name,
@@ -37,6 +40,9 @@ def supervisor_files(plan: RunPlan, timeout: float | None) -> JobFiles:
         "hang_timeout": plan.hang_timeout,
         "hosts": [h.name for h in plan.hosts],
         "ppn": plan.ppn,
+        # run --max-restarts: the supervisor runs the attempt loop (node/reattempt.py)
+        "max_restarts": max_restarts,
+        "restart_delay": restart_delay,
     }
     return {
         "supervisor.py": (EXECUTABLE, node.program("supervisor").decode()),

@@ -22,19 +22,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
-from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError, UsageError
-from cpuaccel.executor import ConnectionPool, run_on_hosts
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import attempts, detached, elastic, results
+from cpuaccel.launch import attempts, detached, elastic, fanout, results
 from cpuaccel.launch.elastic import PreflightFailed
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
@@ -62,10 +62,10 @@ def _local_project(settings: LaunchSettings, project: Path) -> str | None:
 
 
 def dry_run(
-    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions
+    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions, run_id: str
 ) -> tuple[RunPlan, JobFiles]:
     """The plan and files of a run, without the facts: no node is contacted."""
-    plan = build_plan(settings, script, None, new_run_id(), _local_project(settings, project))
+    plan = build_plan(settings, script, None, run_id, _local_project(settings, project))
     return plan, render_job_files(plan, connect, ssh_files=False)
 
 
@@ -77,6 +77,9 @@ class _Nodes:
     connect: ConnectOptions
     forks: int
     pool: ConnectionPool
+
+    def fan(self) -> dict[str, Any]:
+        return {"forks": self.forks, "pool": self.pool}
 
 
 def launch(
@@ -91,15 +94,17 @@ def launch(
     ranks_to_stderr: bool = False,
     detach: bool = False,
     inventory: str | None = None,
+    run_id: str | None = None,
 ) -> JobReport:
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
     ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
     leaving stdout to the one JSON object. ``detach`` (run --detach): a supervisor on
     the head watches the job; this returns once it has started (launch/detached.py).
-    ``inventory``: the inventory file (absolute), kept in run.json for later verbs."""
+    ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
+    ``run_id``: given from outside (launch/given_id.py), else a new one."""
     started = time.monotonic()
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     local = _local_project(settings, project)
     with ConnectionPool(connect) as pool:
         nodes = _Nodes(connect, forks, pool)
@@ -120,9 +125,11 @@ def launch(
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
+        plan = attempts.plan_for(plan, 0, None)  # a detached run's restarts: its supervisor's
         if detach:
-            return _detach(plan, project, local is not None, timeout, nodes, inventory, started)
-        job = _Foreground(attempts.plan_for(plan, 0, None), nodes, local is not None, check)
+            limits = (timeout, settings.max_restarts.value, settings.restart_delay.value)
+            return _detach(plan, project, local is not None, limits, nodes, inventory, started)
+        job = _Foreground(plan, nodes, local is not None, check)
         job.min_nodes = settings.min_nodes.value
         job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
         outcome, folder, history = _run(job, project, inventory, settings)
@@ -137,7 +144,7 @@ def _detach(
     plan: RunPlan,
     project: Path,
     local: bool,
-    timeout: float | None,
+    limits: tuple[float | None, int, float],  # --timeout, --max-restarts, --restart-delay
     nodes: _Nodes,
     inventory: str | None,
     started: float,
@@ -146,7 +153,7 @@ def _detach(
     secret.env stays for the ranks to read; the supervisor's sweep removes it from every
     node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
     files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
-    files.update(detached.supervisor_files(plan, timeout))
+    files.update(detached.supervisor_files(plan, *limits))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
         _copy_files(plan, files, nodes)
@@ -293,7 +300,7 @@ def _preflight_and_sync(
             master_port=settings.master_port.value,
             forks=nodes.forks,
             connect=nodes.connect,
-            launcher_flavour=None if launcher == "auto" else launcher,
+            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
             check_project=not local,
             pool=nodes.pool,
             reach=reach,
@@ -347,14 +354,11 @@ def _print_problems(problems: list[Problem]) -> None:
 
 
 def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
-    payload = json.dumps(files).encode()
-
-    def write(conn: Connector) -> dict[str, object]:
-        return programs.call(
-            conn, "jobs", ["write", plan.run_dir], payload, what="writing the run's files"
-        )
-
-    results = run_on_hosts(plan.hosts, write, forks=nodes.forks, pool=nodes.pool)
+    payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
+    words, what = ["write", plan.run_dir], "writing the run's files"
+    results = fanout.call_all(
+        plan.hosts, "jobs", words, payload, what=what, timeout=600.0, **nodes.fan()
+    )
     failed = [r for r in results if not r.ok]
     if failed:
         if "secret.env" in files:  # no job starts: take the secrets back off the others
@@ -366,11 +370,9 @@ def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
 
 
 def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
-    def forget(conn: Connector) -> dict[str, object]:
-        words = ["end", plan.run_id, "0", plan.run_dir]
-        return programs.call(conn, "jobs", words, what="removing the run's secrets")
-
-    run_on_hosts(hosts, forget, forks=nodes.forks, pool=nodes.pool)
+    words = ["end", plan.run_id, "0", plan.run_dir]
+    what = "removing the run's secrets"
+    fanout.call_all(hosts, "jobs", words, what=what, timeout=600.0, **nodes.fan())
 
 
 def _summary(

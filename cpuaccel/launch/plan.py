@@ -122,6 +122,7 @@ class RunPlan:
             exported=tuple(self.env),
             shared_cores=self.shared_cores,
             extra=self.launcher_args,
+            run_id=self.run_id,
         )
 
     def command(self) -> list[str]:
@@ -153,7 +154,7 @@ def build_plan(
     head = chosen[0]
     head_facts = (facts or {}).get(head.name)
     workdir = _workdir(settings, head_facts)
-    launcher = _launcher(settings.launcher.value, head_facts)
+    launcher = _launcher(settings.launcher.value, head_facts, chosen)
     mpirun = settings.mpirun.value or _mpirun_of(launcher, head_facts)
     mpirun = mpirun or launcher.default_mpirun(settings.python.value)
     cpu = head_facts["cpu"] if head_facts else None
@@ -259,9 +260,11 @@ def _rank_env(
     return env
 
 
-def _launcher(name: str, head_facts: Facts | None) -> Launcher:
+def _launcher(name: str, head_facts: Facts | None, hosts: Sequence[Host]) -> Launcher:
     if name != "auto":
         return launchers.get(name)
+    if all(h.slurm_job is not None for h in hosts):  # a Slurm allocation's nodes: srun
+        return launchers.get("slurm")
     if head_facts is None:
         return launchers.get("impi")  # the default; facts refine it when a node is asked
     return launchers.pick([lau["flavour"] for lau in head_facts["mpi"]["launchers"]])

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cpuaccel.connectors import openssh, programs
+from cpuaccel.connectors import openssh, programs, srun
 from cpuaccel.connectors.base import ConnectOptions, Connector
-from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, HostResult, run_on_hosts
+from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts import problems as checks
-from cpuaccel.facts.gather import Facts, gather, names_to_resolve
+from cpuaccel.facts.gather import PROBE_TIMEOUT, Facts, gather, names_to_resolve, settle
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import render_ssh_files
+from cpuaccel.sync import receiver
 from cpuaccel.sync.manifest import SourceManifest
 from cpuaccel.sync.receiver import call_remote
 
@@ -98,9 +101,14 @@ def run_preflight(
         if on_host is not None:
             on_host(result.host.name)
 
-    results = run_on_hosts(
-        hosts, probe, forks=forks, options=connect, pool=pool, on_result=on_result
-    )
+    if fanout.in_one_step(hosts):  # an allocation: one srun step each
+        results = _in_one_step(hosts, project_dest, source, master_port, check_project)
+        for result in results:
+            on_result(result)
+    else:
+        results = run_on_hosts(
+            hosts, probe, forks=forks, options=connect, pool=pool, on_result=on_result
+        )
     found = Preflight(results)
     facts = found.facts
     found.problems += checks.unreachable(results)
@@ -109,6 +117,64 @@ def run_preflight(
     _check_nodes(found, source)
     found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found
+
+
+def _in_one_step(
+    hosts: Sequence[Host],
+    project_dest: str,
+    source: SourceManifest,
+    master_port: int,
+    check_project: bool,
+) -> list[HostResult[NodeState]]:
+    """The same probe and look as over connections, for an allocation's nodes: the
+    fact probe in ONE srun step over every node, the look at the project in another,
+    both at once (connectors/srun.call_everywhere), rather than two steps a node."""
+    head = hosts[0]
+
+    def facts_words(h: Host) -> list[str]:
+        port = str(master_port) if h.name == head.name else ""
+        return [h.workdir, h.setvars or "", port, *names_to_resolve(h, hosts)]
+
+    looked: dict[str, dict[str, Any] | HostError] = {}
+
+    def look_words(h: Host) -> list[str]:
+        return receiver.words("look", project_dest, h.workdir, source.hash)
+
+    def look() -> None:
+        what = f"syncing to {project_dest}"
+        looked.update(
+            srun.call_everywhere(hosts, "tree", look_words, what=what, timeout=PROBE_TIMEOUT)
+        )
+
+    other = threading.Thread(target=look, daemon=True)
+    if check_project:
+        other.start()
+    sent = time.time()
+    probed = srun.call_everywhere(
+        hosts, "facts", facts_words, what="the fact probe", timeout=PROBE_TIMEOUT
+    )
+    received = time.time()
+    if check_project:
+        other.join(PROBE_TIMEOUT)
+    results: list[HostResult[NodeState]] = []
+    for h in hosts:
+        try:
+            facts, project = _answer(probed[h.name]), None
+            if check_project:
+                project = receiver.checked(h.name, _answer(looked.get(h.name)))
+            state = NodeState(settle(facts, sent, received), project)
+            results.append(HostResult(h, Status.OK, state, seconds=received - sent))
+        except CpuaccelError as exc:
+            results.append(fanout.failed(h, exc, received - sent))
+    return results
+
+
+def _answer(value: dict[str, Any] | HostError | None) -> dict[str, Any]:
+    if value is None:
+        raise HostError("-", "no answer in time")
+    if isinstance(value, HostError):
+        raise value
+    return value
 
 
 def _check_nodes(found: Preflight, source: SourceManifest) -> None:
@@ -197,6 +263,8 @@ class LauncherReach:
         self.pool = pool
         local_head = draft.head.is_local  # the controller reaches itself without ssh
         self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
+        if draft.launcher.name == "slurm":  # srun starts the ranks: no ssh between nodes
+            self.targets = []
         self._waiting = {h.name for h in draft.hosts}
         self._keys: dict[str, str] = {}
         self._failed: set[str] = set()

@@ -14,12 +14,14 @@ import json
 import os
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import UsageError
 from cpuaccel.node.supervisor import start_time
+from cpuaccel.slurm import jobs
+from cpuaccel.slurm.jobs import JobState
 
 RUNS = "runs"
 MAX_JSON = 1024 * 1024  # a record larger than this is not one of cpuaccel's
@@ -74,6 +76,15 @@ class RunRecord:
     path: Path
     record: dict[str, Any]  # run.json
     status: dict[str, Any] | None  # status.json, when the run folder has one
+    # A submitted run (run.json's "slurm"): its job as Slurm says now, when asked.
+    slurm: JobState | None = None
+
+    @property
+    def job_id(self) -> str | None:
+        """The Slurm job of a run that `cpuaccel submit` queued."""
+        block = self.record.get("slurm")
+        job = block.get("job_id") if isinstance(block, dict) else None
+        return job if isinstance(job, str) and job.isdigit() else None
 
     @property
     def detached(self) -> bool:
@@ -100,6 +111,22 @@ class RunRecord:
         return where is None or Path(where).resolve() == self.path.resolve()
 
     def state(self) -> str:
+        if self.job_id is not None:
+            return self._submitted_state()
+        return self._own_state()
+
+    def _submitted_state(self) -> str:
+        """The run's own word once it has ended; else Slurm's (the batch job killed
+        before its `cpuaccel run` wrote an end, or not started yet); "submitted" when
+        Slurm was not asked or has forgotten the job."""
+        own = self._own_state() if self.status else None
+        if own in ENDED:
+            return own
+        if self.slurm is not None:
+            return self.slurm.run_state()
+        return own or "submitted"
+
+    def _own_state(self) -> str:
         if self.status and self.status.get("state"):
             state = str(self.status["state"])
             supervisor = self.status.get("supervisor") or {}
@@ -115,6 +142,8 @@ class RunRecord:
 
     def exit_code(self) -> int | None:
         code = (self.status or {}).get("exit_code", self.record.get("exit_code"))
+        if code is None and self.slurm is not None and self.slurm.ended:
+            code = self.slurm.exit_code  # killed before its `cpuaccel run` said
         return code if isinstance(code, int) else None
 
     def rank_host(self, rank: int) -> str:
@@ -126,6 +155,16 @@ class RunRecord:
     @property
     def world(self) -> int:
         return int(self.record.get("world") or 0)
+
+
+def with_slurm(runs: list[RunRecord], states: Any = jobs.states) -> list[RunRecord]:
+    """``runs`` with each submitted run's Slurm state (one squeue, and one sacct for
+    the jobs squeue no longer lists). SlurmError when Slurm does not answer."""
+    asked = [r.job_id for r in runs if r.job_id is not None]
+    if not asked:
+        return runs
+    found: dict[str, JobState] = states([j for j in asked if j is not None])
+    return [replace(r, slurm=found[r.job_id]) if r.job_id in found else r for r in runs]
 
 
 def runs_folder(base: Path | None = None) -> Path:

@@ -108,8 +108,8 @@ class Homecoming:
         return fetched
 
     def _whole_wanted(self, name: str, checkpoints: bool) -> bool:
-        if self.supervised_there and name == "status.json":
-            return True
+        if self.supervised_there and name in ("status.json", "attempts.jsonl"):
+            return True  # attempts.jsonl: a detached run's restarts (node/reattempt.py)
         if self.supervised_there and name.startswith("hang-") and name.endswith(".txt"):
             return True  # run --hang-timeout's stack dumps (cpuaccel/node/progress.py)
         return checkpoints and is_checkpoint(name) and "/" not in name

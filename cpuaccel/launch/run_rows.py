@@ -9,8 +9,11 @@ from cpuaccel.launch.records import ENDED, RunRecord, last_metrics
 
 
 def script_of(record: dict[str, Any]) -> str:
-    """The script (or -m module) a run ran: the words after rank.sh in its command."""
+    """The script (or -m module) a run ran: the words after rank.sh in its command (a
+    submitted run that has not started yet: the script `cpuaccel submit` was given)."""
     words = [str(w) for w in record.get("command") or []]
+    if not words and isinstance(record.get("script"), list) and record["script"]:
+        return str(record["script"][0])
     for i, word in enumerate(words):
         if word.endswith("/rank.sh") or word == "rank.sh":
             rest = words[i + 1 :]
@@ -36,7 +39,7 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
     return {
         "id": run.run_id,
         "script": script_of(record),
-        "nodes": len(hosts),
+        "nodes": len(hosts) or int(number(record.get("nodes")) or 0),  # submitted: asked
         "ppn": record.get("ppn"),
         "hosts": hosts,
         "state": state,
@@ -47,13 +50,28 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
         "seconds": round((ended or now) - started, 1) if started is not None else None,
         "step": step,
         "loss": number(loss),
-        "restarts": restarts(record, state),
+        "restarts": restarts(record, state, run.status),
+        "slurm": slurm_of(run),
     }
 
 
-def restarts(record: dict[str, Any], state: str) -> int:
-    """How many times run --max-restarts restarted it: run.json's attempts are those
-    that ended (a running run is in the one after them)."""
-    ended = record.get("attempts")
+def slurm_of(run: RunRecord) -> dict[str, Any] | None:
+    """A submitted run's Slurm job: its id, and its state when Slurm was asked."""
+    if run.job_id is None:
+        return None
+    known = run.slurm
+    return {
+        "job_id": run.job_id,
+        "state": known.state if known else None,
+        "exit_code": known.exit_code if known else None,
+        "reason": known.reason if known else None,
+    }
+
+
+def restarts(record: dict[str, Any], state: str, status: dict[str, Any] | None = None) -> int:
+    """How many times run --max-restarts restarted it: run.json's attempts (a detached
+    run's: status.json's, its supervisor's record) are those that ended (a running run
+    is in the one after them)."""
+    ended = record.get("attempts", (status or {}).get("attempts"))
     count = len(ended) if isinstance(ended, list) else 0
     return count if state == "running" else max(0, count - 1)

@@ -138,7 +138,7 @@ def render_job_files(
         ("launch.sh", EXECUTABLE),
     ):
         files[name] = (mode, _render(env, name, context))
-    if ssh_files:
+    if ssh_files and plan.launcher.name != "slurm":  # srun reaches the nodes: no ssh
         files.update(render_ssh_files(plan, connect, host_keys))
     if plan.secret_env:
         lines = [f"export {k}={shlex.quote(v)}\n" for k, v in plan.secret_env.items()]
@@ -155,7 +155,10 @@ class RunDir:
     @classmethod
     def create(cls, base: Path, plan: RunPlan, files: dict[str, tuple[int, str]]) -> RunDir:
         path = base / plan.run_id
-        path.mkdir(parents=True, exist_ok=False, mode=FOLDER)
+        # It exists only for an id given from outside (CPUACCEL_RUN_ID: `cpuaccel
+        # submit` wrote its batch script there; launch/given_id.py checked it): a
+        # generated id is new.
+        path.mkdir(parents=True, exist_ok=True, mode=FOLDER)
         path.chmod(FOLDER)  # whatever the umask
         run_dir = cls(path)
         for name, (mode, text) in files.items():

@@ -12,6 +12,7 @@ what stays; a supervisor that is gone (killed) leaves that sweep to end the job 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -28,9 +29,14 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import records
 from cpuaccel.launch.supervise import sweep_hosts
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
+from cpuaccel.slurm import jobs
+from cpuaccel.slurm.jobs import JobState
 
 # The supervisor's own teardown: GRACE twice, the launcher's exit, its sweep through ssh.
 SUPERVISOR_WAIT = 60.0
+# scancel: Slurm's KillWait (30 s by default) between SIGTERM and SIGKILL, the batch
+# run's own teardown within it, then the epilog on every node.
+SLURM_WAIT = 120.0
 
 
 class HeadUnreachable(HostError):
@@ -44,6 +50,7 @@ class Stopped:
     already: bool  # it had ended before: nothing was signalled
     swept: dict[str, Any] = field(default_factory=dict)
     left: dict[str, Any] = field(default_factory=dict)
+    slurm: JobState | None = None  # a submitted run's job, as Slurm last said
 
 
 def find_run(runs: Path, word: str) -> Path:
@@ -173,3 +180,28 @@ def _bring_home(folder: Path, record: dict[str, Any], status: dict[str, Any]) ->
         return
     if os.path.realpath(folder) != os.path.realpath(str(record["head_run_dir"])):
         write_status(str(folder), status)
+
+
+def stop_submitted(folder: Path, record: dict[str, Any], job: str) -> Stopped:
+    """``scancel`` a submitted run's job, then verify: Slurm says it ended (CANCELLED,
+    out of COMPLETING: every process of it ended on every node, the batch run's own
+    sweep included), and its status.json no longer says running."""
+    run_id = str(record.get("run_id"))
+    before = jobs.state(job)
+    own = records.load(folder)
+    if before is not None and before.ended:
+        state = dataclasses.replace(own, slurm=before).state()
+        return Stopped(run_id, state, already=True, slurm=before)
+    if before is None and own.state() in records.ENDED:  # Slurm has forgotten it since
+        return Stopped(run_id, own.state(), already=True)
+    jobs.cancel(job)
+    after = jobs.wait_ended(job, SLURM_WAIT)
+    if after is None or not after.ended:
+        said = after.state if after else "not known to Slurm"
+        return Stopped(run_id, "running", already=False, left={f"Slurm job {job}": said})
+    # The batch run wrote its end within KillWait, or was killed before it could.
+    status = _wait_ended(lambda: read_status(str(folder)), 10.0)
+    if status is not None and status.get("state") == "running":
+        status = mark_ended(str(folder), "stopped", "stop")
+    state = dataclasses.replace(records.load(folder), slurm=after).state()
+    return Stopped(run_id, state, already=False, slurm=after)

@@ -25,15 +25,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Connector, Process
+from cpuaccel.connectors.base import ConnectOptions, Process
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import hang
+from cpuaccel.launch import fanout, hang, launchers
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
+from cpuaccel.slurm import steps
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
@@ -190,6 +191,7 @@ class Job:
                 self._supervise(reader, started, timeout)
                 launcher_exit = self._launcher_exit(proc)
                 proc.close()
+                self._cancel_step(launcher_exit)
                 swept, left = self.sweep()
                 reader.join(GRACE)  # its last lines, before the logs close
         finally:
@@ -271,6 +273,20 @@ class Job:
             # The sweep that follows still ends every process of the job, node by node.
             self.router.err.print(f"[yellow]could not signal the launcher: {escape(str(exc))}[/]")
 
+    def _cancel_step(self, launcher_exit: int | None) -> None:
+        """Under Slurm, the run's srun step, if still there, is scancelled (the sweep
+        follows); a Slurm that does not answer is said, and the sweep still runs. An
+        srun that ended by itself took its step along: nothing to ask Slurm then."""
+        job = self.plan.head.slurm_job
+        if self.plan.launcher.name != "slurm" or job is None:
+            return
+        if self.stop_reason is None and launcher_exit is not None:
+            return
+        try:
+            steps.cancel(job, launchers.step_name(self.plan.run_id))
+        except CpuaccelError as exc:
+            self.router.err.print(f"[yellow]could not end the job step: {escape(str(exc))}[/]")
+
     def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """End what is left of the job on every node; report what was ended and what stays."""
         self._notice_lost()
@@ -321,15 +337,13 @@ def sweep_hosts(
     added to it): (node -> what was ended, node -> what stays or why it was not checked).
     Also `cpuaccel stop`'s sweep (launch/stop.py)."""
 
-    def end(conn: Connector) -> dict[str, Any]:
-        # With the run folder: the node removes secret.env once the job is over.
-        words = ["end", run_id, "2", run_dir]
-        return programs.call(
-            conn, "jobs", words, what="ending the job's processes", timeout=TEARDOWN
-        )
-
+    # With the run folder: the node removes secret.env once the job is over.
+    words = ["end", run_id, "2", run_dir]
     reachable = [h for h in hosts if h.name not in lost]
-    results: list[HostResult[dict[str, Any]]] = run_on_hosts(reachable, end, forks=forks, pool=pool)
+    results: list[HostResult[dict[str, Any]]] = fanout.call_all(
+        reachable, "jobs", words, what="ending the job's processes", timeout=TEARDOWN,
+        forks=forks, pool=pool,
+    )  # fmt: skip
     swept: dict[str, Any] = {}
     left: dict[str, Any] = {name: "not checked: the connection to it was lost" for name in lost}
     for r in results:

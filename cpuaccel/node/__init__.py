@@ -13,6 +13,9 @@ tested and type-checked one by one:
   jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
               (reading a run's files: ``ps``, ``logs``, ``fetch``)
   supervisor  a detached run's supervisor on the head (``run --detach``, ``cpuaccel stop``)
+              with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
+              checkpoint complete on every node) and restarts (the restart rule), the
+              last two shared with the controller's foreground loop
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 

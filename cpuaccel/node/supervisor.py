@@ -27,9 +27,11 @@ controller's connection:
                           (RANKS: JSON {rank: [host, pid]}), also through ssh.sh; the
                           watch ends a job no rank of which progressed for hang_timeout
                           (cpuaccel.node.progress) as "failed", ended_by "hang", 124
+  ready RUN_DIR; attempt RUN_DIR K [RESUME]: run --max-restarts's, node/reattempt.py
 
 status.json (written atomically) is the contract with ``ps``/``logs``/``fetch``:
-run_id, state, exit_code, ended_by, started, ended, detached, supervisor, ranks.
+run_id, state, exit_code, ended_by, started, ended, detached, supervisor, ranks (and
+with run --max-restarts: attempt, attempts, the attempts.jsonl lines so far).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -45,9 +46,11 @@ import sys
 import threading
 import time
 
+from cpuaccel.node.checkpoints import gather_here
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.jobs import end, job_pids, signal_launcher
 from cpuaccel.node.progress import gather, stacks, tracker_of, write_stacks
+from cpuaccel.node.reattempt import Restarts, on_nodes, set_attempt_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -197,6 +200,8 @@ class Supervisor:
         self.stop_reason: str | None = None
         self._logs: dict[str, IO[str]] = {}
         self.progress = tracker_of(config, time.monotonic())  # run --hang-timeout, else None
+        self.config = config
+        self.restarts = Restarts(run_dir, config) if config.get("max_restarts") else None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.stop_reason is None:
@@ -241,6 +246,33 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         write_status(self.run_dir, self.doc)
+        restarts, k = self.restarts, 0
+        while True:  # attempt after attempt, with run --max-restarts (node/reattempt.py)
+            started = time.time()
+            launcher_exit, left = self._attempt(k, forget=restarts is None)
+            ended = self._outcome(launcher_exit)
+            if restarts is None:
+                break
+            rank = self.failures[0][0] if self.failures else None
+            self.doc["attempts"] = restarts.ended(k, started, ended[0], ended[1], rank)
+            write_status(self.run_dir, self.doc)
+            self.stop_reason = None  # a SIGTERM between attempts: "terminated"
+            if not restarts.again(lambda: self.stop_reason is not None):
+                ended = restarts.final(ended, self.stop_reason, self.doc)
+                left = self.sweep(forget=True) or left  # secret.env off every node now
+                break
+            k += 1
+        self._finish(ended, launcher_exit, left)
+
+    def _attempt(self, k: int, forget: bool) -> tuple[int | None, dict[str, Any]]:
+        """Attempt ``k``: launch.sh run, watched, ended, swept (``forget``: secret.env
+        removed too, the job being over). The launcher's exit and what stayed."""
+        if k:  # a fresh watch: no failure seen yet, every rank running (run --max-restarts)
+            self.failures, self.quiet = [], False
+            self.failed.clear()
+            self.progress = tracker_of(self.config, time.monotonic())
+            self.doc.update(ranks={r: None for r in self.doc["ranks"]}, attempt=k)
+            write_status(self.run_dir, self.doc)
         # stdin a pipe held here: launch.sh ends the job when it closes (this process died).
         proc = subprocess.Popen(
             ["setsid", "-w", "/bin/sh", os.path.join(self.run_dir, "launch.sh")],
@@ -258,9 +290,9 @@ class Supervisor:
             launcher_exit = None
         assert proc.stdin is not None
         proc.stdin.close()
-        left = self.sweep()
+        left = self.sweep(forget)
         reader.join(GRACE)
-        self._finish(launcher_exit, left)
+        return launcher_exit, left
 
     def _watch(self, reader: threading.Thread, started: float) -> None:
         while reader.is_alive():
@@ -295,58 +327,41 @@ class Supervisor:
         dumps = gather(self.run_id, self.run_dir, self.progress.pids(), self.nodes, ours)
         write_stacks(self.run_dir, dumps)
 
-    def sweep(self) -> dict[str, Any]:
+    def sweep(self, forget: bool = True) -> dict[str, Any]:
         """End what is left of the job here and on the other nodes (through ssh.sh, as
-        MPI reaches them); node -> what stayed (or why it could not be checked)."""
-        ssh = os.path.join(self.run_dir, "ssh.sh")
-        program = os.path.join(self.run_dir, "supervisor.py")
-        procs = {}
-        for name, python in self.nodes.items():
-            remote = [python, program, "-", "end", self.run_id, "2", self.run_dir]
-            procs[name] = subprocess.Popen(
-                ["/bin/sh", ssh, name, " ".join(shlex.quote(w) for w in remote)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+        MPI reaches them); node -> what stayed (or why it could not be checked).
+        ``forget``: the run's secret.env removed too (not between two attempts)."""
+        words = ["end", self.run_id, "2"] + ([self.run_dir] if forget else [])
+        answers = on_nodes(self.run_dir, self.nodes, words, SWEEP_TIMEOUT)
         left: dict[str, Any] = {}
-        here = end(self.run_id, 2, self.run_dir)
+        here = end(self.run_id, 2, self.run_dir if forget else None)
         if here["left"]:
             left["head"] = here["left"]
-        deadline = time.monotonic() + SWEEP_TIMEOUT
-        for name, p in procs.items():
-            try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-                found = json.loads(out.decode().strip().splitlines()[-1])
-                if found["left"]:
-                    left[name] = found["left"]
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.communicate()
-                left[name] = "could not check: no answer in time"
-            except (ValueError, IndexError, KeyError):
-                left[name] = "could not check: " + err.decode(errors="replace").strip()[-200:]
+        for name, found in answers.items():
+            if not isinstance(found, dict) or "left" not in found:
+                left[name] = "could not check: " + str(found)
+            elif found["left"]:
+                left[name] = found["left"]
         return left
 
-    def _finish(self, launcher_exit: int | None, left: dict[str, Any]) -> None:
+    def _outcome(self, launcher_exit: int | None) -> tuple[str, int, str]:
+        """How the attempt ended: (reason, exit code, ended_by)."""
         reason = self.stop_reason
-        ended_by = reason
         if reason in CODES:
-            code = CODES[reason]
-        elif self.failures:
+            return reason, CODES[reason], "stop" if reason == "terminated" else reason
+        if self.failures:
             rank, code = self.failures[0]
-            reason, ended_by = "failed", f"rank {rank}"
-        elif reason == "failed" or launcher_exit != 0:
-            code = launcher_exit or 1
-            reason, ended_by = "failed", "launcher"
-        else:
-            code, reason, ended_by = 0, "completed", "completed"
-        if reason == "terminated":
-            ended_by = "stop"
+            return "failed", code, f"rank {rank}"
+        if reason == "failed" or launcher_exit != 0:
+            return "failed", launcher_exit or 1, "launcher"
+        return "completed", 0, "completed"
+
+    def _finish(
+        self, ended: tuple[str, int, str], launcher_exit: int | None, left: dict[str, Any]
+    ) -> None:
+        reason, code, ended_by = ended
         self.doc.update(state=STATES[reason], exit_code=code, ended_by=ended_by, ended=time.time())
-        self.doc["launcher_exit"] = launcher_exit
-        self.doc["left"] = left
+        self.doc.update(launcher_exit=launcher_exit, left=left)
         write_status(self.run_dir, self.doc)
         for log in self._logs.values():
             log.close()
@@ -372,7 +387,11 @@ def main() -> None:
     elif mode == "status":
         result = {"status": read_status(args[0])}
     elif mode == "end":
-        result = end(args[0], float(args[1]), args[2])
+        result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "ready":  # run --detach --max-restarts: this node's checkpoints
+        result = gather_here(args[0])
+    elif mode == "attempt":
+        result = set_attempt_env(args[0], int(args[1]), args[2] if len(args) > 2 else None)
     elif mode == "stacks":
         ours = set(job_pids(args[0]))
         result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}

@@ -288,7 +288,8 @@ class Syncer:
             rel in node and node[rel][0] != self.source.entries[rel][0] for rel in changed
         )
         use_rsync = (
-            scanned.get("rsync") is not None
+            conn.rsync_ok
+            and scanned.get("rsync") is not None
             and transfer.have_local_rsync()
             and sent >= transfer.RSYNC_MIN_BYTES
             and not retyped  # rsync will not replace a folder by a file; the tar path does

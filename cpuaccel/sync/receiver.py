@@ -29,14 +29,25 @@ def call_remote(
     node's tree has exactly that hash: an unchanged node answers in a few bytes. Raises
     DestinationRefused when the node will not sync into DEST as it resolves there.
     """
-    words = [mode, dest, *([f"--expect={expect}"] if expect else [])]
-    words.append(f"--workdir={conn.host.workdir}")  # the node resolves it, to protect it
     value = programs.call(
-        conn, "tree", [*words, *PRUNE_NAMES], payload, what=f"syncing to {dest}",
-        timeout=REMOTE_TIMEOUT,
+        conn, "tree", words(mode, dest, conn.host.workdir, expect), payload,
+        what=f"syncing to {dest}", timeout=REMOTE_TIMEOUT,
     )  # fmt: skip
+    return checked(conn.host.name, value)
+
+
+def words(mode: str, dest: str, workdir: str, expect: str | None = None) -> list[str]:
+    """The request words of the ``tree`` program (also sent in one srun step to every
+    node of an allocation: launch/preflight.py)."""
+    found = [mode, dest, *([f"--expect={expect}"] if expect else [])]
+    found.append(f"--workdir={workdir}")  # the node resolves it, to protect it
+    return [*found, *PRUNE_NAMES]
+
+
+def checked(host: str, value: dict[str, Any]) -> dict[str, Any]:
+    """The program's answer, refused destinations raised, entries as tuples."""
     if value.get("refused"):
-        raise DestinationRefused(conn.host.name, str(value["dest"]), str(value["refused"]))
+        raise DestinationRefused(host, str(value["dest"]), str(value["refused"]))
     _tupled(value)
     if "scan" in value:  # apply's answer when the node's tree was not the expected one
         _tupled(value["scan"])

@@ -1,14 +1,12 @@
 """A real multi-node cluster on one machine, for tests and benchmarks.
 
-Each node is a network namespace on a Linux bridge, with its own address, its own sshd,
-its own hostname (UTS namespace), its own ``/etc/hosts`` and a private directory mounted
-over one common path, :data:`NODE_DIR` (mount namespace). The rest of the filesystem
-(the venv, the checkout, /tmp) is shared, like a cluster with an NFS home.
+Each node is a network namespace on a Linux bridge, with its own address, sshd, hostname
+(UTS namespace), ``/etc/hosts`` and a private directory mounted over one common path,
+:data:`NODE_DIR`. The rest (the venv, the checkout, /tmp) is shared, like an NFS home.
 
-The parts live next to this class: :mod:`~cpuaccel.testing.netns` (names, namespaces,
-processes), :mod:`~cpuaccel.testing.sshd` (each node's sshd),
-:mod:`~cpuaccel.testing.inventory_file` (inventory, known_hosts, hosts) and
-:mod:`~cpuaccel.testing.state` (state file, lock and clean-up, found again by id).
+The parts live next to this class: ``netns`` (names, namespaces, processes), ``sshd``,
+``inventory_file`` (inventory, known_hosts, hosts), ``state`` (state file, lock and
+clean-up, found again by id) and ``slurm`` (the optional Slurm daemons, ``slurm=True``).
 
 Everything created is named after the cluster id, so several clusters can coexist::
 
@@ -25,7 +23,7 @@ Needs root. From Python::
 
 From a shell (nodes keep running after ``up`` returns)::
 
-    python -m cpuaccel.testing.cluster up --nodes 3 [--id N]   # prints the inventory path
+    python -m cpuaccel.testing.cluster up --nodes 3 [--id N] [--slurm]  # prints the inventory
     python -m cpuaccel.testing.cluster status [--id N]
     python -m cpuaccel.testing.cluster down [--id N]
 """
@@ -41,6 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from cpuaccel.testing import slurm as slurm_daemons
 from cpuaccel.testing import sshd
 from cpuaccel.testing.inventory_file import hosts_text, inventory_text, known_hosts_text
 from cpuaccel.testing.netns import (
@@ -87,9 +86,12 @@ class Cluster:
         cluster_id: int = 0,
         state_root: Path = Path("/tmp"),
         fresh_bashrc: bool = True,
+        slurm: bool = False,
     ) -> None:
         _check_id(cluster_id)
         self.fresh_bashrc = fresh_bashrc
+        self.slurm_wanted = slurm
+        self.slurm_bed: slurm_daemons.SlurmBed | None = None
         if not 1 <= nodes <= MAX_NODES:
             raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {nodes}")
         self.cluster_id = cluster_id
@@ -183,6 +185,8 @@ class Cluster:
                 self._spawn_sshd(node)
             self._wait_for_sshd(self.nodes, timeout)
             self._save_state()
+            if self.slurm_wanted:
+                self.start_slurm()
         except BaseException:
             with contextlib.suppress(Exception):
                 self.down()
@@ -190,17 +194,20 @@ class Cluster:
         return self
 
     def down(self) -> None:
-        """Kill this cluster's processes; delete its namespaces, links and state dir.
-
-        Idempotent. Kills the sshd listeners it started (verified on /proc) with their process
-        groups, and every process inside the nodes' network namespaces (sessions, strays).
-        """
+        """Kill this cluster's processes (its Slurm, its sshd listeners checked on /proc, all
+        in its namespaces); delete its namespaces, links and state dir. Idempotent."""
         if not self._lock.held:
             self._lock.acquire()
+        if self.slurm_bed is not None:
+            self.slurm_bed.stop()  # its daemons first: slurmd would see its node vanish
+            self.slurm_bed = None
         groups = sshd.our_listeners(self.nodes, self.state_dir)
         pids = set(groups) | namespace_pids(self.nodes)
         _terminate(pids, groups)
-        self._reap()
+        for proc in self._procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+        self._procs.clear()
         for node in self.nodes:
             node.pid = None
         try:
@@ -208,16 +215,17 @@ class Cluster:
         finally:
             self._lock.release(remove=True)
 
-    def _reap(self) -> None:
-        for proc in self._procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=2)
-        self._procs.clear()
-
     def leave_running(self) -> None:
         """Let the nodes outlive this process (the `up` command): release the lock, keep
         the state. A later ``Cluster.attach(...).down()`` or ``down`` command removes them."""
         self._lock.release(remove=False)
+
+    def start_slurm(self, *, cpus: int | None = None) -> slurm_daemons.SlurmBed:
+        """Slurm on the running nodes (:mod:`~cpuaccel.testing.slurm`), started or the one
+        running; `down` stops it. `cpus`: each node's (default this machine's, at least 2)."""
+        if self.slurm_bed is None or not self.slurm_bed.running:
+            self.slurm_bed = slurm_daemons.attach(self) or slurm_daemons.start(self, cpus)
+        return self.slurm_bed
 
     # ---- files
 
@@ -245,11 +253,9 @@ class Cluster:
         **extra_vars: Any,
     ) -> Path:
         """Write an Ansible YAML inventory of this cluster to `path` and return it.
-
-        `host_overrides` adds or replaces host vars per node (e.g. another
-        ``cpuaccel_python`` on one node); `only` limits the hosts listed; `extra_vars` adds
-        or replaces group vars under ``all.vars`` (None leaves one of the defaults out).
-        """
+        `host_overrides` adds or replaces host vars per node (e.g. another ``cpuaccel_python``
+        on one node); `only` limits the hosts listed; `extra_vars` adds or replaces group
+        vars under ``all.vars`` (None leaves one of the defaults out)."""
         text = inventory_text(
             self.nodes,
             key_path=self.key_path,
@@ -337,7 +343,6 @@ class Cluster:
 
     def exec(self, name: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
         """Run argv inside node `name` (its net, mount and UTS namespaces), not via ssh.
-
         Keyword arguments go to subprocess.run. Defaults: capture_output and text, no check,
         timeout 120 s, and the caller's working directory (a shared path).
         """
@@ -353,12 +358,10 @@ class Cluster:
         return subprocess.run(full, **kw)
 
     def pids(self, name: str, *, include_sshd: bool = False) -> list[int]:
-        """Live processes inside node `name`: its network namespace and sshd's descendants.
-
-        Includes processes that left sshd's tree (daemonised, orphaned). Excludes the sshd
-        listener itself unless `include_sshd`.
-        """
-        return node_pids(self.node(name), include_sshd=include_sshd)
+        """Live processes inside node `name` (:func:`node_pids`; its sshd listener only with
+        `include_sshd`), never its slurmd: a test bed's daemon, no process of a test's job."""
+        found = node_pids(self.node(name), include_sshd=include_sshd)
+        return slurm_daemons.without_daemons(self.slurm_bed, found)
 
     def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
         """Wait until node `name` has no process but its sshd; return what is left."""
@@ -386,6 +389,7 @@ class Cluster:
             pid = saved.get("pid")
             ok = pid is not None and _is_our_sshd(pid, cluster.sshd_config_path(node.name))
             node.pid = pid if ok else None
+        cluster.slurm_bed = slurm_daemons.attach(cluster)
         return cluster
 
 

@@ -17,12 +17,14 @@ from cpuaccel.testing.state import Lock, cleanup_stale, leftovers
 
 def _cmd_up(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    cluster = Cluster(args.nodes, args.id, args.state_root)
+    cluster = Cluster(args.nodes, args.id, args.state_root, slurm=args.slurm)
     cluster.up()
     # This process ends here; the nodes keep running and `down` removes them.
     cluster.leave_running()
     elapsed = time.monotonic() - start
     print(f"{len(cluster.nodes)} nodes of cluster {args.id} up in {elapsed:.1f}s", file=sys.stderr)
+    if cluster.slurm_bed is not None:
+        print(f"Slurm: export SLURM_CONF={cluster.slurm_bed.conf_path}", file=sys.stderr)
     print(cluster.inventory_path)
     return 0
 
@@ -56,6 +58,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
         for row in cluster.status():
             state = "up" if row["sshd"] and row["port22"] else "DOWN"
             print(f"  {row['name']:<8} {row['address']:<14} pid {row['pid']!s:<8} {state}")
+        if cluster.slurm_bed is not None:
+            daemons = ", ".join(cluster.slurm_bed.pids)
+            print(f"  slurm    SLURM_CONF={cluster.slurm_bed.conf_path} ({daemons})")
     return 0
 
 
@@ -82,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up = sub.add_parser("up", help="start nodes and print the inventory path")
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--id", type=int, default=0, help="cluster id (default 0)")
+    up.add_argument(
+        "--slurm", action="store_true", help="also start Slurm (munged, slurmctld, slurmd)"
+    )
     up.set_defaults(func=_cmd_up)
     down = sub.add_parser("down", help="remove everything of a cluster id")
     down.add_argument("--id", type=int, default=0, help="cluster id (default 0)")

@@ -35,6 +35,7 @@ from cpuaccel.testing.netns import (
     _terminate,
     state_dir_for,
 )
+from cpuaccel.testing.slurm_files import bed_pids
 
 STATE_FILE = "state.json"
 
@@ -91,6 +92,7 @@ def _stale_processes(cluster_id: int, state_root: Path) -> set[int]:
         if inode is not None:
             found |= _pids_in_netns(inode)
     found |= {pid for pid in _all_pids() if _names_state_dir(pid, state_dir)}
+    found |= bed_pids(state_dir)  # the Slurm daemons of the cluster's test bed
     found.discard(os.getpid())
     return found
 

@@ -1,0 +1,177 @@
+"""``cpuaccel submit``: queue a training run as a Slurm batch job, print its ids, return.
+
+The batch script (slurm/batch.py, templates/sbatch.sh.j2) runs ``cpuaccel run`` inside
+the allocation under the run id printed here, so that ``ps``, ``logs``, ``stop`` and
+``report`` know the run by that id from the moment it is queued.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from cpuaccel import ui
+from cpuaccel.cli.script_kind import check_script_kind
+from cpuaccel.config.project import ProjectConfig, discover_config
+from cpuaccel.errors import UsageError
+from cpuaccel.launch.plan import new_run_id
+from cpuaccel.launch.records import runs_folder
+from cpuaccel.slurm import batch, options
+
+EPILOG = """\b
+Examples:
+  cpuaccel submit --nodes 4 --ppn 2 train.py --epochs 3
+  cpuaccel submit -p cpu --time 2:00:00 --account ml --nodes 2 train.py
+  cpuaccel submit --nodes 2 --sbatch-arg=--mem=8G --sbatch-arg=--exclusive train.py
+  cpuaccel submit --nodes 2 --dry-run train.py     # print the batch script only
+  cpuaccel submit --nodes 2 --json train.py | jq -r .job_id
+
+\b
+Then: cpuaccel ps (Slurm's state and the run's), cpuaccel logs -f RUN, cpuaccel stop RUN
+(scancel, verified), cpuaccel report runs/RUN.
+Defaults for -p, --time, --account and --sbatch-arg come from cpuaccel.yaml:
+  slurm: {partition: cpu, time: "2:00:00", account: ml, sbatch_args: [--mem=8G]}
+Run it from the project folder, on a machine with Slurm's client commands; the nodes
+must see the project folder and this Python at the same paths (a shared filesystem).
+
+\b
+Exit codes: 0 queued (or the script printed); 64 bad input (nothing queued);
+69 sbatch failed or did not answer.
+"""
+
+
+def _flag(check: Any, flag: str, value: Any) -> Any:
+    """A flag's value through its check; a bad one is one line naming the flag."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {value!r}: {exc}", hint="see 'cpuaccel submit --help'") from None
+
+
+def _settings(
+    project: ProjectConfig | None,
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    sbatch_args: tuple[str, ...],
+) -> dict[str, Any]:
+    """Each Slurm setting: the flag, else cpuaccel.yaml's slurm: block (checked with
+    its file:line when it was read), else Slurm's own default (left out)."""
+    block = dict((project.get("slurm") if project else None) or {})
+    got: dict[str, Any] = {
+        "partition": _flag(lambda v: options.check_name(v, "partition"), "-p", partition)
+        if partition is not None
+        else block.get("partition"),
+        "time": _flag(options.check_time, "--time", time_limit)
+        if time_limit is not None
+        else block.get("time"),
+        "account": _flag(lambda v: options.check_name(v, "account"), "--account", account)
+        if account is not None
+        else block.get("account"),
+    }
+    # --sbatch-arg adds to the file's list: the file's are the project's standing ones.
+    flags = [_flag(options.check_sbatch_arg, "--sbatch-arg", a) for a in sbatch_args]
+    got["sbatch_args"] = tuple(block.get("sbatch_args") or ()) + tuple(flags)
+    got["templates"] = block.get("templates")
+    return got
+
+
+def _request(
+    settings: dict[str, Any],
+    nodes: int,
+    ppn: int,
+    config: str | None,
+    script: str,
+    args: tuple[str, ...],
+) -> batch.BatchRequest:
+    run_id = new_run_id()
+    command = [sys.executable, "-m", "cpuaccel", "run", "--nodes", str(nodes), "--ppn", str(ppn)]
+    if config:
+        command += ["--config", os.path.abspath(config)]
+    return batch.BatchRequest(
+        run_id=run_id,
+        nodes=nodes,
+        ppn=ppn,
+        command=[*command, script, *args],
+        project_dir=str(Path.cwd().resolve()),
+        partition=settings["partition"],
+        time_limit=settings["time"],
+        account=settings["account"],
+        sbatch_args=settings["sbatch_args"],
+        templates=settings["templates"],
+        script=[script, *args],
+    )
+
+
+@click.command(
+    epilog=EPILOG,
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("-p", "--partition", metavar="NAME", help="Slurm partition.  [default: Slurm's]")
+@click.option("--time", "time_limit", metavar="TIME", help="Time limit, e.g. 2:00:00 or 1-12.")
+@click.option("--account", "-A", metavar="NAME", help="Account to charge.")
+@click.option("--nodes", "-N", type=click.IntRange(1, 100000), required=True, help="Nodes.")
+@click.option(
+    "--ppn", type=click.IntRange(1, 4096), default=1, show_default=True, help="Ranks per node."
+)
+@click.option(
+    "--sbatch-arg",
+    "sbatch_args",
+    multiple=True,
+    metavar="--OPT=VALUE",
+    help="One more sbatch option, as one word (repeatable), e.g. --sbatch-arg=--mem=8G.",
+)
+@click.option("--config", "config_path", metavar="FILE", help="The project file (./cpuaccel.yaml).")
+@click.option("--dry-run", is_flag=True, help="Print the batch script; queue nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (ids, folder).")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def submit_command(
+    partition: str | None,
+    time_limit: str | None,
+    account: str | None,
+    nodes: int,
+    ppn: int,
+    sbatch_args: tuple[str, ...],
+    config_path: str | None,
+    dry_run: bool,
+    as_json: bool,
+    script: str,
+    script_args: tuple[str, ...],
+) -> None:
+    """Queue SCRIPT as a Slurm batch job that runs `cpuaccel run` on its nodes; print the
+    Slurm job id and the run id, and return."""
+    if script.startswith("-"):
+        raise UsageError(f"{script}: not an option of submit", hint="see 'cpuaccel submit --help'")
+    check_script_kind(script)
+    if not os.path.isfile(script):
+        raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
+    batch.check_project_dir(str(Path.cwd().resolve()))
+    project = discover_config(config_path)
+    settings = _settings(project, partition, time_limit, account, sbatch_args)
+    request = _request(settings, nodes, ppn, config_path, script, script_args)
+    run_dir = runs_folder() / request.run_id
+    text = batch.render(request, run_dir)
+    if dry_run:
+        if as_json:
+            ui.print_json({"run_id": request.run_id, "dry_run": True, "script": text})
+        else:
+            ui.stdout().print(escape(text.rstrip("\n")), highlight=False, soft_wrap=True)
+        return
+    job = batch.submit(batch.create_run_dir(runs_folder(), request.run_id), text, request)
+    if as_json:
+        found = {"run_id": request.run_id, "job_id": job, "run_dir": str(run_dir)}
+        ui.print_json({**found, "partition": request.partition, "dry_run": False})
+        return
+    out = ui.stdout()
+    out.print(f"Slurm job {escape(job)}, run {escape(request.run_id)}", highlight=False)
+    ui.stderr().print(
+        f"queued; cpuaccel logs -f {escape(request.run_id)} follows it, "
+        f"cpuaccel stop {escape(request.run_id)} cancels it",
+        highlight=False,
+    )
