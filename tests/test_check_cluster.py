@@ -174,3 +174,30 @@ def test_remote_stdin_exit_code_and_timeout(cluster: Cluster) -> None:
         with pytest.raises(CommandTimeout):
             conn.run(["sleep", "5"], timeout=0.5)
         assert conn.run(["hostname"]).stdout.strip() == "node3"
+
+
+def test_check_refuses_what_runs_preflight_refuses_on_a_node(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """No cpuaccel for the nodes' Python (alike everywhere: no drift), a cpuaccel_setvars
+    that is not there, a launcher the head lacks (Debian's Python sees no Intel MPI
+    beside it): run's preflight refuses each, and so does check, naming the node."""
+    inv = cluster.write_inventory(
+        tmp_path / "unready.yaml",
+        host_overrides={"node2": {"cpuaccel_setvars": "/nonexistent/setvars.sh"}},
+        only=["node1", "node2"],
+        cpuaccel_python="/usr/bin/python3",  # Debian's: no cpuaccel
+    )
+    code, report = check_json("-i", str(inv), "-e", "cpuaccel_launcher=impi")
+    assert code == 1, report
+    errors = [(p["host"], p["message"]) for p in report["problems"] if p["severity"] == "error"]
+    assert errors[:3] == [
+        ("node1", "cpuaccel is not installed for /usr/bin/python3"),
+        ("node2", "cpuaccel is not installed for /usr/bin/python3"),
+        ("node2", "cpuaccel_setvars /nonexistent/setvars.sh does not exist here"),
+    ], report["problems"]
+    assert len(errors) == 4 and errors[3][0] == "node1", errors  # the head
+    assert errors[3][1].startswith("no impi launcher here (found: "), errors
+    # The launcher a run would take by itself (auto): nothing to say about it.
+    code, report = check_json("-i", str(inv))
+    assert not [p for p in report["problems"] if "launcher" in p["message"]], report

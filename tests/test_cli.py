@@ -69,7 +69,8 @@ def test_limit_matching_nothing_and_bad_arguments(tmp_path: Path) -> None:
 
 def test_inventory_from_environment_variable(tmp_path: Path) -> None:
     inv = tmp_path / "env-inv.yaml"
-    inv.write_text("all:\n  hosts:\n    localhost:\n")
+    # The Python with cpuaccel: check, like run's preflight, refuses a node without it.
+    inv.write_text(f"all:\n  hosts:\n    localhost: {{cpuaccel_python: {sys.executable}}}\n")
     proc = cpuaccel("check", "--json", cwd=tmp_path, env=inherited_env(CPUACCEL_INVENTORY=str(inv)))
     assert proc.returncode == 0, proc.stderr
     assert list(json.loads(proc.stdout)["hosts"]) == ["localhost"]

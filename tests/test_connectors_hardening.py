@@ -1,8 +1,10 @@
-"""Issue 12 (items 6, 10): `--` before every host and path rsync and ssh are given,
-rsync's secluded args, fix hints for non-22 ports, and the system known_hosts."""
+"""Issue 12 (items 4, 6, 10): `--` before every host and path rsync and ssh are given,
+rsync's secluded args, fix hints for non-22 ports, the system known_hosts, and rsync's
+ssh through ProxyJump hops."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -12,11 +14,12 @@ import paramiko
 import pytest
 
 from cpuaccel.connectors import hostkeys, rsync
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.base import ConnectOptions, HostKeyError
 from cpuaccel.connectors.hostkeys import add_key_hint, forget_key_hint, host_key_policy
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.openssh import remote_spec
+from cpuaccel.connectors.openssh import jump_hops, refused_key, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.connectors.transports import hops
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
@@ -148,3 +151,91 @@ def test_known_hosts_paths_with_spaces_stay_one_file(home: Path) -> None:
     argv = SSHConnector(host, CHECKED).ssh_argv()
     value = next(word for word in argv if word.startswith("UserKnownHostsFile="))
     assert value == f'UserKnownHostsFile={home}/.ssh/known_hosts "{home}/my files/kh"'
+
+
+def _expand(command: str, host: str, port: str) -> str:
+    """ssh's expansion of the %-tokens of a ProxyCommand (%%, %h, %p)."""
+    return re.sub(r"%[%hp]", lambda m: {"%%": "%", "%h": host, "%p": port}[m.group()], command)
+
+
+def _proxy_command(argv: list[str]) -> str:
+    return next(w for w in argv if w.startswith("ProxyCommand=")).split("=", 1)[1]
+
+
+def test_rsyncs_ssh_takes_the_proxyjump_hops_with_the_targets_host_key_policy(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
+    """Each hop's ssh gets the target's policy and known_hosts files (a ProxyJump left
+    to ssh_config would check them against ~/.ssh/known_hosts alone), and the hops of
+    the paramiko path: ProxyJump of the target, then of the hop, as Fabric follows them."""
+    (home / ".ssh" / "config").write_text(
+        "Host 10.0.0.2\n    ProxyJump hopper@10.0.0.1:2200\n"
+        "Host 10.0.0.1\n    ProxyJump 10.0.0.5\n    IdentityFile ~/hop key\n"
+    )
+    calls = captured_rsync(monkeypatch)
+    host = Host("n1", {"ansible_host": "10.0.0.2", "cpuaccel_known_hosts": "~/my kh"})
+    SSHConnector(host, CHECKED).rsync(["-a"], "/src/", "/dst/")
+    target = shlex.split(calls[0][calls[0].index("-e") + 1])
+    policy = [
+        "StrictHostKeyChecking=yes",
+        f'UserKnownHostsFile={home}/.ssh/known_hosts "{home}/my kh"',
+    ]
+    assert all(option in target for option in policy)
+    hop = shlex.split(_expand(_proxy_command(target), "10.0.0.2", "22"))
+    assert hop[0] == "ssh" and hop[-4:] == ["-W", "[10.0.0.2]:22", "--", "10.0.0.1"]
+    assert hop[hop.index("-p") + 1] == "2200" and hop[hop.index("-l") + 1] == "hopper"
+    assert hop[hop.index("-i") + 1] == f"{home}/hop key"
+    assert all(option in hop for option in [*policy, "BatchMode=yes"])
+    # The hop's own hop: its %-tokens survived the first expansion, to be the hop's.
+    outer = shlex.split(_expand(_proxy_command(hop), "10.0.0.1", "2200"))
+    assert outer[-4:] == ["-W", "[10.0.0.1]:2200", "--", "10.0.0.5"]
+    assert outer[outer.index("-p") + 1] == "22"
+    assert all(option in outer for option in [*policy, "BatchMode=yes"])
+    assert not any(word.startswith("ProxyCommand=") for word in outer)
+    # No hop: no ProxyCommand (ssh_config's own, if any, is ssh's).
+    calls.clear()
+    SSHConnector(Host("n2", {"ansible_host": "10.0.0.7"}), CHECKED).rsync(["-a"], "/s/", "/d/")
+    assert "ProxyCommand" not in calls[0][calls[0].index("-e") + 1]
+
+
+def test_a_key_refused_by_rsyncs_ssh_is_a_host_key_error_naming_the_hop(
+    monkeypatch: pytest.MonkeyPatch, home: Path
+) -> None:
+    (home / ".ssh" / "config").write_text("Host 10.0.0.2\n    ProxyJump 10.0.0.1:2200\n")
+    said = (
+        "Host key for [10.0.0.1]:2200 has changed and you have requested strict checking.\n"
+        "Host key verification failed.\nrsync: connection unexpectedly closed\n"
+    )
+    monkeypatch.setattr(
+        "cpuaccel.connectors.ssh.run_rsync", lambda *_, **__: rsync.RsyncResult(255, [], "", said)
+    )
+    conn = SSHConnector(Host("n1", {"ansible_host": "10.0.0.2"}), CHECKED)
+    with pytest.raises(HostKeyError) as refused:
+        conn.rsync(["-a"], "/src/", "/dst/")
+    assert refused.value.reason == (
+        "host key of the ProxyJump hop 10.0.0.1 has CHANGED since it was recorded (rsync's ssh)"
+    )
+    assert "ssh-keygen -R '[10.0.0.1]:2200'" in (refused.value.hint or "")
+    unknown = "No ED25519 host key is known for 10.0.0.2 and you have requested strict checking."
+    assert refused_key(unknown, []) == (
+        "host key of 10.0.0.2 is not known (rsync's ssh)",
+        add_key_hint("10.0.0.2", 22),
+    )
+    assert refused_key("rsync error: unexplained error (code 255)", []) is None
+
+
+def test_proxyjump_hops_are_taken_in_openssh_order_by_both_paths(home: Path) -> None:
+    """``ProxyJump a,b``: a first, then b, then the node (OpenSSH's order; Fabric's own
+    reading turns it around), for paramiko's chain and rsync's ssh alike."""
+    (home / ".ssh" / "config").write_text(
+        "Host 10.0.0.9\n    ProxyJump ann@10.0.0.1,10.0.0.2:2200\n"
+        "Host 10.0.0.1\n    ProxyJump 10.0.0.7\n"
+    )
+    host = Host("n9", {"ansible_host": "10.0.0.9"})
+    addresses = [(hop.address, hop.port, hop.user) for hop in jump_hops(host)]
+    assert addresses[:2] == [("10.0.0.2", 2200, addresses[0][2]), ("10.0.0.1", 22, "ann")]
+    assert addresses[2][:2] == ("10.0.0.7", 22)  # the first hop's own, from its config
+    conn = SSHConnector(host, CHECKED)._connection()
+    assert [hop.host for hop in hops(conn)] == ["10.0.0.2", "10.0.0.1", "10.0.0.7"]
+    direct = SSHConnector(Host("n8", {"ansible_host": "10.0.0.8"}), CHECKED)._connection()
+    assert direct.gateway is False

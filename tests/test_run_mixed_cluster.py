@@ -11,21 +11,24 @@ ssh on the head uses node2's own port and user: the head's would be refused.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cpuaccel.errors import EXIT_NODE_FAILED
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.testing import sshd
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.netns import SSHD
-from cpuaccel.testing.runs import cpuaccel_run, make_project
+from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -162,3 +165,43 @@ def test_a_worker_the_head_cannot_reach_fails_preflight_naming_the_pair(
     assert "no job was started" in run.stderr and run.stdout == ""
     assert after == before  # the check left nothing on the nodes
     assert list(Path("/tmp").glob("cpuaccel-reach-*")) == []  # /tmp: shared by the nodes
+
+
+def test_check_names_the_pair_the_head_cannot_reach_as_run_would(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`check` tries the launcher's ssh from the head as run's preflight does: the same
+    worker refused from the head (not from the controller) is a problem naming the pair."""
+    inventory = _inventory(cluster, tmp_path)
+    address = cluster.node("node2").address
+    before = {name: _runs_on(cluster, name) for name in ("node1", "node2")}
+    with second_sshd(cluster, "node2", f"{USER}@{cluster.controller_address}"):
+        table = cpuaccel("check", "-i", str(inventory), env=ENV, timeout=120)
+        as_json = cpuaccel("check", "-i", str(inventory), "--json", env=ENV, timeout=120)
+    assert table.returncode == EXIT_PROBLEMS, table
+    pair = f"node1 -> node2: the MPI launcher on node1 cannot ssh to node2 ({USER}@{address}"
+    assert f"error   {pair}:{PORT})" in table.stdout, table
+    assert "Permission denied" in table.stdout and "AllowUsers" in table.stdout, table
+    assert "Traceback" not in table.stderr + as_json.stderr
+    assert as_json.returncode == EXIT_PROBLEMS, as_json
+    report = json.loads(as_json.stdout)
+    assert [p["host"] for p in report["problems"]] == ["node1 -> node2"], report["problems"]
+    assert all(h["reachable"] for h in report["hosts"].values())  # the controller reaches both
+    assert {name: _runs_on(cluster, name) for name in ("node1", "node2")} == before
+    assert list(Path("/tmp").glob("cpuaccel-reach-*")) == []
+
+
+def test_check_of_a_healthy_mixed_cluster_has_no_pair_problem(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    inventory = _inventory(cluster, tmp_path)
+    with second_sshd(cluster, "node2", USER):
+        proc = cpuaccel("check", "-i", str(inventory), "--json", env=ENV, timeout=120)
+    assert proc.returncode == EXIT_OK, proc
+    assert json.loads(proc.stdout)["problems"] == []
+    # One node, or only this machine: nothing to try, and nothing is said about it.
+    here = ("-i", "localhost,", "-e", f"cpuaccel_python={sys.executable}")
+    for args in (("-i", str(inventory), "--limit", "node1"), here):
+        proc = cpuaccel("check", *args, "--json", env=ENV, timeout=120)
+        assert proc.returncode == EXIT_OK, proc
+        assert json.loads(proc.stdout)["problems"] == [], proc.stdout

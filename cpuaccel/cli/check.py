@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -13,11 +14,16 @@ from cpuaccel import ui
 from cpuaccel.cli.check_slurm import held_back, slurm_json, with_refusal
 from cpuaccel.cli.check_table import print_report
 from cpuaccel.cli.options import Target, host_options
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
-from cpuaccel.executor import HostResult, Status, run_on_hosts
+from cpuaccel.config.effective import resolve
+from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
-from cpuaccel.facts.problems import ERROR, Problem, find_problems, same_account
+from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.launch.preflight import LauncherReach, head_problems, readiness
 
 EPILOG = """\b
 Examples:
@@ -37,21 +43,84 @@ Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
 """
 
 
-def gather_all(target: Target) -> list[HostResult[Facts]]:
-    """Facts from every selected host in parallel, with a progress bar on a terminal;
-    a node Slurm has down or drained is not contacted (its result says why)."""
+def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
+    """Facts from every selected host in parallel, with a progress bar on a terminal
+    (a node Slurm has down or drained is not contacted: its result says why); and, in
+    the same pass, what run's preflight checks from the settings a run would use: the
+    head node's launcher ssh to every other node (launch/preflight.LauncherReach, its
+    problems named head -> node) and the launcher on the head."""
+    view = run_view(target)
+    if isinstance(view, Problem):
+        return _gather(target, None), [view]
+    with ConnectionPool(target.connect) as pool:
+        # One host, or only this machine: no other node to reach, and nothing is tried.
+        reach = LauncherReach(view.draft, target.connect, pool)
+        results = _gather(target, reach, pool)
+        problems = reach.problems()  # bounded: the reach's own timeout
+    facts = {r.host.name: r.value for r in results if r.value is not None}
+    launcher = view.settings.launcher.value
+    head = view.draft.head.name
+    # The master port is not probed: a job holding it now may be gone when the run starts.
+    port = view.settings.master_port.value
+    problems += head_problems(facts, head, port, None if launcher == "auto" else launcher)
+    return results, problems
+
+
+def _gather(
+    target: Target, reach: LauncherReach | None, pool: ConnectionPool | None = None
+) -> list[HostResult[Facts]]:
     hosts = target.hosts
     contact, held = held_back(hosts)
-    with ui.progress("gathering facts", len(contact)) as tracker:
+    for result in held.values():  # never connected: the reach leaves them out
+        if reach is not None:
+            reach.finished(result)
+
+    def probe(conn: Connector) -> Facts:
+        if reach is not None:
+            reach.connected(conn)  # its key goes into the run's known_hosts
+        return gather(conn, names_to_resolve(conn.host, hosts))
+
+    with ui.progress("gathering facts", len(contact)) as bar:
+
+        def on_result(result: HostResult[Facts]) -> None:
+            if reach is not None:
+                reach.finished(result)
+            bar.advance(result.host.name)
+
         gathered = run_on_hosts(
             contact,
-            lambda conn: gather(conn, names_to_resolve(conn.host, hosts)),
+            probe,
             forks=target.forks,
             options=target.connect,
-            on_result=lambda r: tracker.advance(r.host.name),
+            pool=pool,
+            on_result=on_result,
         )
     by_name = {r.host.name: r for r in gathered} | held
     return [by_name[host.name] for host in hosts]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What a run with no flags would use on these hosts: its settings, and its draft
+    plan on every selected host (what the launcher's ssh files are made from)."""
+
+    settings: LaunchSettings
+    draft: RunPlan
+
+
+def run_view(target: Target) -> RunView | Problem:
+    """The run's view of the selected hosts, head first (the project file's head, else
+    the first). When a run would refuse these settings (its own error says why), a
+    warning that its checks were not tried: check's verdict stays about the nodes."""
+    hosts = target.hosts
+    try:
+        # --nodes all of them: check tries every selected host, not the first N.
+        flags = {"nodes": len(hosts)}
+        settings = resolve(flags, target.project, target.inventory, hosts, target.cli_vars)
+        return RunView(settings, build_plan(settings, Script("check"), None, new_run_id()))
+    except CpuaccelError as exc:
+        message = f"a run would refuse these settings, so its checks were not tried: {exc.message}"
+        return Problem(WARNING, None, message, hint=exc.hint)
 
 
 def exit_code(results: Sequence[HostResult[Facts]], problems: Sequence[Problem]) -> int:
@@ -82,10 +151,16 @@ def check_command(
     """Gather facts from every node in parallel and report what differs.
 
     Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
-    cannot resolve, clock skew and missing bf16 hardware, before any job can hang on them.
+    cannot resolve, clock skew and missing bf16 hardware, and a node that the head node's
+    MPI launcher cannot ssh to (the pair, head -> node), as run's preflight does; a node
+    without cpuaccel or its cpuaccel_setvars, and a head without the chosen launcher,
+    before any job can hang on them.
     """
-    results = gather_all(target)
+    results, reach = gather_all(target)
     problems = with_refusal(results, find_problems(results))
+    # What run's preflight refuses on each node, then the pairs the launcher cannot reach.
+    problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
+    problems += reach
     notes = same_account(results)  # said, never counted: exit codes stay the problems'
     if as_json:
         ui.print_json({**to_json(results, problems), "notes": [n.to_json() for n in notes]})

@@ -61,6 +61,16 @@ def _known_hosts_name(address: str, port: int) -> str:
     return address if port == 22 else f"[{address}]:{port}"
 
 
+def address_and_port(name: str) -> tuple[str, int]:
+    """A known_hosts name ("addr", or "[addr]:port" off port 22) as its parts, for the
+    hints that give ssh-keyscan and ssh-keygen the port."""
+    if name.startswith("[") and "]:" in name:
+        address, _, port = name[1:].partition("]:")
+        if port.isdigit():
+            return address, int(port)
+    return name, 22
+
+
 def add_key_hint(address: str, port: int) -> str:
     """How to record a host's key after checking it, for this port."""
     scan = ["ssh-keyscan", *(["-p", str(port)] if port != 22 else []), address]

@@ -2,8 +2,8 @@
 
 rsync (sync, the playbook's synchronize) and MPI's hydra bootstrap (run's ssh.sh) start
 ``ssh`` themselves; they get it from their host's connector (``Connector.ssh_argv``),
-built here with the same user, port, key and host-key policy as cpuaccel's own
-connections.
+built here with the same user, port, key, ProxyJump hops and host-key policy as
+cpuaccel's own connections.
 """
 
 from __future__ import annotations
@@ -11,9 +11,16 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from typing import TYPE_CHECKING
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from cpuaccel.connectors.hostkeys import host_key_policy
+from cpuaccel.connectors.hostkeys import (
+    add_key_hint,
+    address_and_port,
+    forget_key_hint,
+    host_key_policy,
+)
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
@@ -23,14 +30,11 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 22
 
 
-def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
+def ssh_argv(host: Host, options: ConnectOptions, hops: list[Hop] | None = None) -> list[str]:
     """``ssh`` and its options (no host, no command). Whoever appends the host puts
-    ``--`` before it (rsync_argv does), so that no host is ever read as an option."""
-    timeout = max(1, round(options.connect_timeout))
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
-    # The same keepalives as paramiko's (connectors/base.py): a dead node ends ssh.
-    argv += ["-o", f"ServerAliveInterval={options.keepalive_interval}"]
-    argv += ["-o", f"ServerAliveCountMax={options.keepalive_count}"]
+    ``--`` before it (rsync_argv does), so that no host is ever read as an option.
+    ``hops``: the host's ProxyJump hops (``jump_hops``), looked up when not given."""
+    argv = ["ssh", *_session_options(options)]
     # Only a port the inventory sets: otherwise ssh reads its own ~/.ssh/config.
     if host.port is not None:
         argv += ["-p", str(host.port)]
@@ -40,7 +44,115 @@ def ssh_argv(host: Host, options: ConnectOptions) -> list[str]:
     key = key_file(host, options)
     if key:
         argv += ["-i", os.path.expanduser(key)]
-    return argv + host_key_policy(host, options).openssh_options()
+    policy = host_key_policy(host, options).openssh_options()
+    # A ProxyJump from ssh_config would start the hop's ssh with none of these options
+    # (its key checked against ~/.ssh/known_hosts alone): the hops are spelt out instead.
+    command = _jump_command(jump_hops(host) if hops is None else hops, policy, options)
+    return argv + policy + (["-o", f"ProxyCommand={command}"] if command else [])
+
+
+def _session_options(options: ConnectOptions) -> list[str]:
+    timeout = max(1, round(options.connect_timeout))
+    argv = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={timeout}"]
+    # The same keepalives as paramiko's (connectors/base.py): a dead node ends ssh.
+    argv += ["-o", f"ServerAliveInterval={options.keepalive_interval}"]
+    return [*argv, "-o", f"ServerAliveCountMax={options.keepalive_count}"]
+
+
+# ---------------------------------------------------------------- ProxyJump hops
+
+
+@dataclass(frozen=True)
+class Hop:
+    """A ProxyJump hop as the paramiko path reaches it (``gateway_of``)."""
+
+    address: str
+    port: int
+    user: str | None
+    keys: tuple[str, ...]
+
+
+def jump_hops(host: Host) -> list[Hop]:
+    """The ProxyJump hops in front of ``host``, the nearest to it first: the chain the
+    SSH connector takes (``gateway_of``), so that rsync's ssh takes the same way. A
+    ProxyCommand (a string) is left to ssh's own config."""
+    if host.is_local:
+        return []
+    from fabric import Connection  # imported here: as in port_of
+
+    found: list[Hop] = []
+    gateway = gateway_of(host.address)
+    while isinstance(gateway, Connection):
+        keys = gateway.connect_kwargs.get("key_filename") or []
+        keys = [keys] if isinstance(keys, str) else keys
+        found.append(Hop(gateway.host, int(gateway.port), gateway.user, tuple(keys)))
+        gateway = gateway.gateway
+    return found
+
+
+def gateway_of(address: str, depth: int = 0) -> Any:
+    """Fabric's ``gateway`` for ``address``: ssh_config's ``ProxyJump`` read as OpenSSH
+    reads it (``a,b``: a is reached first, b through a, the node through b; a by its own
+    config), else its ``ProxyCommand`` (a string), else False (no gateway). Fabric's own
+    reading turns ``a,b`` around (the node through a, a through b)."""
+    from fabric import Config, Connection
+    from fabric.connection import derive_shorthand
+
+    found = Config().base_ssh_config.lookup(address)
+    jump = found.get("proxyjump")
+    if not jump or jump.lower() == "none" or depth > 8:  # 8: a config whose hops loop
+        return found.get("proxycommand") or False
+    gateway: Any = None
+    for spec in jump.split(","):
+        hop = derive_shorthand(spec)["host"]
+        if hop in (address, found.get("hostname")):
+            return False  # a wildcard Host block that names the host its own hop
+        earlier = gateway_of(hop, depth + 1) if gateway is None else gateway
+        gateway = Connection(spec, gateway=earlier)
+    return gateway
+
+
+def _jump_command(hops: list[Hop], policy: list[str], options: ConnectOptions) -> str | None:
+    """The ProxyCommand that reaches the target through ``hops`` (nearest first): an ssh
+    to the nearest hop with the target's host-key ``policy``, itself reaching that hop
+    through the rest. ssh expands %-tokens in a ProxyCommand, so every literal ``%``
+    is doubled, once more at each level of nesting."""
+    if not hops:
+        return None
+    hop, rest = hops[0], hops[1:]
+    words = [*_session_options(options), "-p", str(hop.port)]
+    words += ["-l", hop.user] if hop.user else []
+    for key in hop.keys:
+        words += ["-i", os.path.expanduser(key)]
+    words += policy
+    inner = _jump_command(rest, policy, options)
+    words += ["-o", f"ProxyCommand={inner}"] if inner else []
+    literal = [word.replace("%", "%%") for word in ["ssh", *words]]
+    return shlex.join([*literal, "-W", "[%h]:%p", "--", hop.address.replace("%", "%%")])
+
+
+# OpenSSH's words when strict checking refuses a key (ssh's sshconnect.c).
+_REFUSED = re.compile(
+    r"^(?:Host key for (?P<changed>\S+) has changed"
+    r"|No (?:\S+ )?host key is known for (?P<unknown>\S+))"
+    r" and you have requested strict checking",
+    re.MULTILINE,
+)
+
+
+def refused_key(stderr: str, hops: list[Hop]) -> tuple[str, str] | None:
+    """(message, hint) when ssh (under rsync) refused a host key, naming the machine
+    whose key it was: the target, or which hop."""
+    found = _REFUSED.search(stderr)
+    if found is None:
+        return None
+    name = found.group("changed") or found.group("unknown")
+    address, port = address_and_port(name)
+    what = "the ProxyJump hop " if address in {hop.address for hop in hops} else ""
+    if found.group("changed"):
+        message = f"host key of {what}{address} has CHANGED since it was recorded (rsync's ssh)"
+        return message, forget_key_hint(address, port)
+    return f"host key of {what}{address} is not known (rsync's ssh)", add_key_hint(address, port)
 
 
 def login_user(host: Host, options: ConnectOptions) -> str | None:

@@ -24,6 +24,7 @@ class RsyncResult:
     exit_code: int
     lines: list[str]  # stdout's lines, unless they went to on_line
     error: str  # the last line of stderr, or "no message"
+    stderr: str = ""  # all of it: what ssh said before rsync's own last words
 
     @property
     def ok(self) -> bool:
@@ -93,8 +94,9 @@ def run_rsync(
         for helper in helpers:
             helper.join()
         code = proc.wait()
-    last = (b"".join(err).decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-    return RsyncResult(code, lines, last)
+    said = b"".join(err).decode(errors="replace")
+    last = (said.strip().splitlines() or ["no message"])[-1]
+    return RsyncResult(code, lines, last, said)
 
 
 def _feed(pipe: IO[bytes] | None, data: bytes) -> None:

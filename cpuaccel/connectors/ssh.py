@@ -37,6 +37,7 @@ from cpuaccel.connectors.base import (
 from cpuaccel.connectors.hostkeys import (
     HostKeyPolicy,
     add_key_hint,
+    address_and_port,
     forget_key_hint,
     host_key_policy,
 )
@@ -44,16 +45,6 @@ from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 from cpuaccel.inventory.host import Host, ssh_options
 
 _READ_CHUNK = 1 << 16
-
-
-def _address_and_port(hostname: str) -> tuple[str, int]:
-    """paramiko's name of a host key ("addr", or "[addr]:port" off port 22) as its parts,
-    for the hints that give ssh-keyscan and ssh-keygen the port."""
-    if hostname.startswith("[") and "]:" in hostname:
-        address, _, port = hostname[1:].partition("]:")
-        if port.isdigit():
-            return address, int(port)
-    return hostname, 22
 
 
 def _refuse_inline_proxy(host: Host) -> None:
@@ -84,7 +75,7 @@ class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
             self.host_name,
             f"host key of {self.what}{hostname} is not known ({key.get_name()} "
             f"{fingerprint}; looked in {files})",
-            hint=add_key_hint(*_address_and_port(hostname)),
+            hint=add_key_hint(*address_and_port(hostname)),
         )
 
 
@@ -184,6 +175,7 @@ class SSHConnector(Connector):
             port=openssh.port_of(host),
             connect_timeout=max(1, round(self.options.connect_timeout)),
             connect_kwargs=connect_kwargs,
+            gateway=openssh.gateway_of(host.address),  # ProxyJump's hops in OpenSSH's order
         )
 
     def connect(self) -> None:
@@ -214,7 +206,7 @@ class SSHConnector(Connector):
                 host.name,
                 f"host key of {what}{name} has CHANGED since it was recorded "
                 f"(got {exc.key.get_name()} {exc.key.fingerprint})",
-                hint=forget_key_hint(*_address_and_port(exc.hostname)),
+                hint=forget_key_hint(*address_and_port(exc.hostname)),
             ) from None
         except paramiko.AuthenticationException as exc:
             raise Unreachable(
@@ -268,10 +260,16 @@ class SSHConnector(Connector):
         on_line: Callable[[str], None] | None = None,
     ) -> RsyncResult:
         # rsync starts its own ssh: it gets this connector's argv, so the same port,
-        # user, key and host-key policy; the paramiko connection is not needed.
-        argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self.ssh_argv())
+        # user, key, hops and host-key policy; the paramiko connection is not needed.
+        hops = openssh.jump_hops(self.host)
+        ssh = openssh.ssh_argv(self.host, self.options, hops)
+        argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), ssh)
         ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)} (on the controller)")
-        return run_rsync(argv, stdin=stdin, on_line=on_line)
+        result = run_rsync(argv, stdin=stdin, on_line=on_line)
+        refused = None if result.ok else openssh.refused_key(result.stderr, hops)
+        if refused is not None:  # ssh's words are lost under rsync's last line otherwise
+            raise HostKeyError(self.host.name, refused[0], hint=refused[1])
+        return result
 
     def host_key(self) -> str | None:
         transport = self._conn.client.get_transport() if self._conn is not None else None

@@ -1,8 +1,9 @@
 """paramiko transports of the SSH connector: ProxyJump hops and keepalives.
 
-Fabric builds a ProxyJump hop (from ssh_config) as a Connection of its own, with a client
-that accepts any host key and no timeouts; these functions give every hop the node's
-host-key policy and timeouts, open, watch and close the chain. A chain is
+A ProxyJump hop (from ssh_config, as ``openssh.gateway_of`` reads it) is a Fabric
+Connection of its own, with a client that accepts any host key and no timeouts; these
+functions give every hop the node's host-key policy and timeouts, open, watch and close
+the chain. A chain is
 ``conn.gateway``, its ``gateway``, and so on (a ProxyCommand gateway is a string: the
 user's own command, left as it is).
 """

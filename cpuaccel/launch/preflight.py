@@ -115,7 +115,7 @@ def run_preflight(
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     found.problems += checks.resolution(facts)
     _check_nodes(found, source)
-    _check_head(found, head.name, master_port, launcher_flavour)
+    found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found
 
 
@@ -178,58 +178,70 @@ def _answer(value: dict[str, Any] | HostError | None) -> dict[str, Any]:
 
 
 def _check_nodes(found: Preflight, source: SourceManifest) -> None:
-    """Every node: cpuaccel installed, its setvars.sh present, its project copy current."""
+    """Every node ready (``readiness``), its project copy current."""
     for r in found.results:
         if r.value is None:
             continue
-        name, f = r.host.name, r.value.facts
-        if f["packages"].get("cpuaccel") is None:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    name,
-                    f"cpuaccel is not installed for {f['python']['executable']}",
-                    hint="every rank runs python -m cpuaccel.worker: run cpuaccel provision",
-                )
-            )
-        if r.host.setvars and not f["setvars"]["exists"]:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    name,
-                    f"cpuaccel_setvars {r.host.setvars} does not exist here",
-                    hint="fix cpuaccel_setvars, or install oneAPI there",
-                )
-            )
+        found.problems += readiness(r.host, r.value.facts)
         if r.value.project is not None and _differs(source, r.value.project):
-            found.stale.append(name)
+            found.stale.append(r.host.name)
 
 
-def _check_head(
-    found: Preflight, head: str, master_port: int, launcher_flavour: str | None
-) -> None:
-    """The head node: the master port free, and the launcher the job will use present."""
-    head_facts = found.facts.get(head)
-    if head_facts is not None:
-        if head_facts.get("port_free") is False:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    head,
-                    f"master port {master_port} is in use on the head node",
-                    hint="pass another --master-port, or end what listens there",
-                )
+def readiness(host: Host, facts: Facts) -> list[Problem]:
+    """What every rank needs on a node: cpuaccel installed for its Python, and its
+    cpuaccel_setvars present. ``check`` reports the same, so that it passes no node
+    that this preflight would refuse."""
+    problems = []
+    if facts["packages"].get("cpuaccel") is None:
+        problems.append(
+            Problem(
+                ERROR,
+                host.name,
+                f"cpuaccel is not installed for {facts['python']['executable']}",
+                hint="every rank runs python -m cpuaccel.worker: run cpuaccel provision",
             )
-        flavours = [lau["flavour"] for lau in head_facts["mpi"]["launchers"]]
-        if launcher_flavour is not None and launcher_flavour not in flavours:
-            found.problems.append(
-                Problem(
-                    ERROR,
-                    head,
-                    f"no {launcher_flavour} launcher here (found: {', '.join(flavours) or 'none'})",
-                    hint="install it, pick another --launcher, or set cpuaccel_mpirun",
-                )
+        )
+    if host.setvars and not facts["setvars"]["exists"]:
+        problems.append(
+            Problem(
+                ERROR,
+                host.name,
+                f"cpuaccel_setvars {host.setvars} does not exist here",
+                hint="fix cpuaccel_setvars, or install oneAPI there",
             )
+        )
+    return problems
+
+
+def head_problems(
+    facts: dict[str, Facts], head: str, master_port: int, launcher_flavour: str | None
+) -> list[Problem]:
+    """The head node: the master port free, and the launcher the job will use present
+    (``check`` reports the same, from the settings a run would use)."""
+    head_facts = facts.get(head)
+    if head_facts is None:
+        return []
+    problems = []
+    if head_facts.get("port_free") is False:
+        problems.append(
+            Problem(
+                ERROR,
+                head,
+                f"master port {master_port} is in use on the head node",
+                hint="pass another --master-port, or end what listens there",
+            )
+        )
+    flavours = [lau["flavour"] for lau in head_facts["mpi"]["launchers"]]
+    if launcher_flavour is not None and launcher_flavour not in flavours:
+        problems.append(
+            Problem(
+                ERROR,
+                head,
+                f"no {launcher_flavour} launcher here (found: {', '.join(flavours) or 'none'})",
+                hint="install it, pick another --launcher, or set cpuaccel_mpirun",
+            )
+        )
+    return problems
 
 
 # ---------------------------------------------------------------- the launcher's ssh
