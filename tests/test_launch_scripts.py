@@ -471,3 +471,49 @@ def test_reach_never_uses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         jobs.reach(str(planted), 1.0, ["good"], {"ssh.sh": (0o700, REACH_SSH)})
     assert [p.name for p in elsewhere.iterdir()] == ["keep"] and planted.is_symlink()
+
+
+def _rank_binding(tmp_path: Path, launcher: str, cpus: str) -> str:
+    """OMP_PROC_BIND as rank.sh leaves it for a rank with one thread whose mask is ``cpus``."""
+    tmp_path.mkdir()
+    fake_python = tmp_path / "python"
+    fake_python.write_text('#!/bin/sh\nprintf "%s" "${OMP_PROC_BIND-unset}"\n')
+    fake_python.chmod(0o755)
+    host = Host("n1", {"cpuaccel_python": str(fake_python), "cpuaccel_workdir": str(tmp_path)})
+    inventory = Inventory(None, {"n1": host}, {})
+    settings = resolve({"ppn": 2, "launcher": launcher}, None, inventory, [host])
+    flavour = "slurm" if launcher == "slurm" else "impi"
+    facts = {
+        "n1": {
+            "cpu": {"sockets": 1, "physical_cores": 2},
+            "mpi": {"launchers": [{"flavour": flavour, "path": "/usr/bin/mpirun"}]},
+            "packages": {},
+            "setvars": {"path": None},
+        }
+    }
+    plan = build_plan(settings, Script("train.py", ()), facts, RUN_ID)
+    files = render_job_files(plan, ConnectOptions())
+    Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    Path(plan.project_dir).mkdir(parents=True, exist_ok=True)
+    for name in ("env.sh", "rank.sh"):
+        (Path(plan.run_dir) / name).write_text(files[name][1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "KMP_"))}
+    done = subprocess.run(
+        ["taskset", "-c", cpus, "sh", f"{plan.run_dir}/rank.sh"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two CPUs to tell masks apart")
+def test_ranks_bind_threads_only_inside_a_mask_of_their_own(tmp_path: Path) -> None:
+    # MPI's launchers pin each rank (I_MPI_PIN, --bind-to): "close" stays in its block.
+    assert _rank_binding(tmp_path / "impi", "impi", "0,1") == "close"
+    # srun under TaskPlugin=task/none hands every rank the whole node: "close" would put
+    # them all on its first core, so rank.sh leaves binding off there...
+    assert _rank_binding(tmp_path / "wide", "slurm", "0,1") == "unset"
+    # ...and on where Slurm gave the task its own core (task/affinity, task/cgroup).
+    assert _rank_binding(tmp_path / "own", "slurm", "1") == "close"

@@ -40,6 +40,10 @@ class Launcher(abc.ABC):
     name: str
     flavour: str  # as the fact probe reports it
     slots_syntax = False  # hostfile lines "host slots=P" instead of "host"
+    # The launcher gives every rank its own block of cores (I_MPI_PIN, -bind-to,
+    # --bind-to): OpenMP's "close" binding then stays inside that block. Where it does
+    # not, rank.sh binds only when the rank's mask is already its own (rundir.py).
+    pins_ranks = True
 
     @abc.abstractmethod
     def argv(self, spec: LaunchSpec) -> list[str]: ...
@@ -149,6 +153,9 @@ class Slurm(Launcher):
     the teardown can scancel exactly it (slurm/steps.py)."""
 
     name = flavour = "slurm"
+    # srun binds a task only where the cluster's TaskPlugin does (task/affinity,
+    # task/cgroup); under task/none every rank sees the whole node.
+    pins_ranks = False
 
     def argv(self, spec: LaunchSpec) -> list[str]:
         placement = [f"--ntasks={spec.world}", f"--ntasks-per-node={spec.ppn}"]

@@ -66,6 +66,7 @@ def _context(plan: RunPlan) -> dict[str, Any]:
         "allocator": plan.allocator,
         "allocator_candidates": allocator_candidates(plan),
         "iomp_candidates": iomp_candidates(plan),
+        "launcher_pins": plan.launcher.pins_ranks,
         # ssh.sh runs on the head node, with the run's own ssh_config: each node as the
         # inventory says (its address, port, user, key), whatever the head's own are.
         "ssh_argv": ["ssh", "-F", plan.path("ssh_config")],
