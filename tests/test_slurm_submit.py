@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from cpuaccel.cli.logs import _check_known
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
-from cpuaccel.launch.records import load, with_slurm
+from cpuaccel.launch.records import find_run, load, with_slurm
 from cpuaccel.launch.run_rows import row
 from cpuaccel.slurm import batch, jobs, options
 from cpuaccel.slurm.commands import SlurmError
@@ -462,3 +466,74 @@ def test_stop_says_when_slurm_does_not_end_the_job(
     monkeypatch.setattr(stop, "SLURM_WAIT", 0.5)
     done = stop.stop_submitted(folder, json.loads((folder / "run.json").read_text()), "5")
     assert done.left == {"Slurm job 5": "COMPLETING"}
+
+
+# --- run's own options, handed to the run inside the job ---------------------------------
+
+
+def test_runs_options_reach_the_inner_run_as_single_words(project: Path, slurm: FakeSlurm) -> None:
+    done = cpuaccel(
+        "submit", "--nodes", "2", "--dry-run", "--max-restarts", "2",
+        "--mixed-precision", "FP32", "--hang-timeout", "60", "--env", "A=x y $(touch M)",
+        "--launcher-args", "-genv X 1", "train.py", "--lr", "0.1",
+        cwd=project, env=slurm.env(),
+    )  # fmt: skip
+    assert done.returncode == EXIT_OK, done.stderr
+    exec_line = next(line for line in done.stdout.splitlines() if line.startswith("exec "))
+    words = shlex.split(exec_line)
+    run_at = words.index("run")
+    assert words[run_at + 1 :] == [
+        "--nodes", "2", "--ppn", "1", "--mixed-precision=fp32", "--max-restarts=2",
+        "--hang-timeout=60.0", "--launcher-args=-genv X 1", "--env=A=x y $(touch M)",
+        "train.py", "--lr", "0.1",
+    ]  # fmt: skip
+    assert slurm.calls() == [] and not (project / "M").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--env", "HF_TOKEN=hunter2"], "a secret's value would be written"),
+        (["--env", "X;touch /tmp/p;Y=1"], "KEY a variable name"),
+        (["--env", "CPUACCEL_NOT_SET_ANYWHERE"], "is not set here"),
+        (["--launcher-args", "'open"], "No closing quotation"),
+        (["--max-restarts", "99999"], "--max-restarts"),
+        (["--mixed-precision", "fp16"], "--mixed-precision"),
+    ],
+)
+def test_a_bad_run_option_is_refused_before_anything_is_queued(
+    project: Path, slurm: FakeSlurm, flags: list[str], said: str
+) -> None:
+    done = cpuaccel("submit", "--nodes", "1", *flags, "train.py", cwd=project, env=slurm.env())
+    assert done.returncode == EXIT_USAGE and said in done.stderr, done.stderr
+    assert "hunter2" not in done.stderr + done.stdout and "Traceback" not in done.stderr
+    assert slurm.calls() == [] and not (project / "runs").exists()
+
+
+def test_a_secret_passed_by_name_stays_out_of_the_batch_script(
+    project: Path, slurm: FakeSlurm
+) -> None:
+    env = {**slurm.env(), "HF_TOKEN": "hunter2"}
+    slurm.answer("sbatch", "5\n")
+    done = cpuaccel("submit", "--nodes", "1", "--env", "HF_TOKEN", "train.py", cwd=project, env=env)
+    assert done.returncode == EXIT_OK, done.stderr
+    texts = [p.read_text() for p in (project / "runs").rglob("*") if p.is_file()]
+    assert any("--env=HF_TOKEN" in t for t in texts)
+    assert not any("hunter2" in t for t in texts) and "hunter2" not in "".join(slurm.calls())
+
+
+def test_following_a_job_slurm_no_longer_lists_ends_with_a_line(
+    project: Path, slurm: FakeSlurm
+) -> None:
+    slurm.answer("sbatch", "4242\n")
+    done = cpuaccel("submit", "--nodes", "1", "train.py", cwd=project, env=slurm.env())
+    assert done.returncode == EXIT_OK, done.stderr
+    run = load(find_run("last", project / "runs"))
+    now = time.monotonic()
+    assert _check_known(run, now - 5) == now - 5  # not listed for 5 s: still waiting
+    with pytest.raises(SlurmError, match="has not listed job 4242 for"):
+        _check_known(run, now - 500)
+    # Listed (queued) again: the clock starts over; a queued job is followed as long as
+    # Slurm queues it.
+    listed = replace(run, slurm=jobs.JobState("4242", "PENDING", reason="Priority"))
+    assert _check_known(listed, now - 500) >= now

@@ -102,14 +102,18 @@ def test_submit_runs_train_to_completed_with_logs_metrics_and_report(
     cluster: Cluster, slurm: SlurmBed, tmp_path: Path
 ) -> None:
     project = _project(tmp_path, {"train.py": (REPO / "examples" / "train.py").read_text()})
-    job, run_id = _submit(slurm, project, "train.py", "--steps", "30", *TINY)
+    # run's own options given to submit reach the run inside the job (fp32 is not
+    # what auto would pick on a CPU with native bf16, and not what train.py defaults to).
+    job, run_id = _submit(
+        slurm, project, "--mixed-precision", "fp32", "train.py", "--steps", "30", *TINY
+    )
     state = _sacct(slurm, job)
     folder = project / "runs" / run_id
     assert state == ("COMPLETED", "0:0"), _batch_output(project, run_id, job)
     for rank in range(3):
         assert (folder / f"rank-{rank}.log").stat().st_size > 0, rank
-    steps = [json.loads(line)["step"] for line in (folder / "metrics.jsonl").open()]
-    assert steps[-1] == 30
+    metrics = [json.loads(line) for line in (folder / "metrics.jsonl").open()]
+    assert metrics[-1]["step"] == 30 and metrics[0]["precision"] == "fp32"
     record = json.loads((folder / "run.json").read_text())
     assert record["slurm"]["job_id"] == job and record["run_id"] == run_id
     assert sorted(record["hosts"]) == ["node1", "node2", "node3"]

@@ -18,6 +18,7 @@ from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.launch import runfiles
 from cpuaccel.launch.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.launch.supervise import COLOURS
+from cpuaccel.slurm.commands import SlurmError
 
 EPILOG = """\b
 Examples:
@@ -31,6 +32,10 @@ read from its head node while it runs (-i, else the inventory it recorded).
 Ctrl-C stops following (exit 0); the job goes on.
 """
 POLL = 1.0  # seconds between two looks at a followed run
+# A submitted run whose job Slurm has not listed (squeue, sacct, scontrol) for this long
+# was purged from a cluster without accounting, or its id is wrong: following it would
+# wait forever. A queued job Slurm lists is followed as long as Slurm queues it.
+UNKNOWN_JOB_LIMIT = 120.0
 CHUNK = 1024 * 1024
 
 
@@ -148,11 +153,13 @@ class Printer:
 
 def _follow(printer: Printer, files: LocalFiles | HeadFiles) -> None:
     waiting = ""
+    known = time.monotonic()  # when Slurm last listed the job (for a submitted run)
     while True:
         state = files.state()
         if isinstance(files, LocalFiles) and files.run.job_id is not None:
             printer.run = files.run  # its hosts, once the batch job's run has started
             waiting = _say_waiting(files.run, state, waiting)
+            known = _check_known(files.run, known)
         printer.poll(files)
         if state in ENDED:
             printer.poll(files)  # what came between the look at the state and its end
@@ -173,6 +180,21 @@ def _say_waiting(run: RunRecord, state: str, said: str) -> str:
         job = escape(run.job_id or "?")
         ui.stderr().print(f"[dim]waiting for Slurm job {job} to start: {escape(now)}[/]")
     return now
+
+
+def _check_known(run: RunRecord, known: float, limit: float | None = None) -> float:
+    """When Slurm last listed a submitted run's job; a SlurmError once it has not for
+    UNKNOWN_JOB_LIMIT while the run itself has written nothing."""
+    now = time.monotonic()
+    if run.slurm is not None or run.status is not None:
+        return now
+    if now - known > (UNKNOWN_JOB_LIMIT if limit is None else limit):
+        raise SlurmError(
+            f"run {run.run_id}: Slurm has not listed job {run.job_id} for "
+            f"{UNKNOWN_JOB_LIMIT:.0f} s (squeue, sacct, scontrol), and the run wrote no status",
+            hint=f"ask Slurm (sacct -j {run.job_id}); cpuaccel ps shows what is recorded",
+        )
+    return known
 
 
 def _batch_output(files: LocalFiles | HeadFiles, printer: Printer) -> None:

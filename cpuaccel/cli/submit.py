@@ -17,6 +17,7 @@ from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.script_kind import check_script_kind
+from cpuaccel.cli.submit_run_flags import pop_run_words, run_flag_options
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import new_run_id
@@ -30,6 +31,13 @@ Examples:
   cpuaccel submit --nodes 2 --sbatch-arg=--mem=8G --sbatch-arg=--exclusive train.py
   cpuaccel submit --nodes 2 --dry-run train.py     # print the batch script only
   cpuaccel submit --nodes 2 --json train.py | jq -r .job_id
+  cpuaccel submit --nodes 2 --max-restarts 3 --mixed-precision fp32 --env HF_TOKEN train.py
+
+\b
+run's options given here reach the run inside the job, checked now: --mixed-precision,
+--max-restarts, --master-port, --launcher, --timeout, --hang-timeout, --restart-delay,
+--launcher-args, -m, --no-python, --env (a secret only by NAME: sbatch hands the job
+this shell's environment, so its value never enters the batch script).
 
 \b
 Then: cpuaccel ps (Slurm's state and the run's), cpuaccel logs -f RUN, cpuaccel stop RUN
@@ -86,6 +94,7 @@ def _request(
     nodes: int,
     ppn: int,
     config: str | None,
+    run_words: list[str],
     script: str,
     args: tuple[str, ...],
 ) -> batch.BatchRequest:
@@ -93,6 +102,7 @@ def _request(
     command = [sys.executable, "-m", "cpuaccel", "run", "--nodes", str(nodes), "--ppn", str(ppn)]
     if config:
         command += ["--config", os.path.abspath(config)]
+    command += run_words  # run's own options, checked when queued (submit_run_flags.py)
     return batch.BatchRequest(
         run_id=run_id,
         nodes=nodes,
@@ -129,6 +139,7 @@ def _request(
 @click.option("--config", "config_path", metavar="FILE", help="The project file (./cpuaccel.yaml).")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; queue nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (ids, folder).")
+@run_flag_options
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def submit_command(
@@ -143,18 +154,24 @@ def submit_command(
     as_json: bool,
     script: str,
     script_args: tuple[str, ...],
+    **run_flags: Any,
 ) -> None:
     """Queue SCRIPT as a Slurm batch job that runs `cpuaccel run` on its nodes; print the
     Slurm job id and the run id, and return."""
     if script.startswith("-"):
         raise UsageError(f"{script}: not an option of submit", hint="see 'cpuaccel submit --help'")
-    check_script_kind(script)
-    if not os.path.isfile(script):
-        raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
+    run_words = pop_run_words(run_flags)
+    # A module (-m) or a program (--no-python) is found by the run on the nodes.
+    if not {"--module", "--no-python"} & set(run_words):
+        check_script_kind(script)
+        if not os.path.isfile(script):
+            raise UsageError(
+                f"{script}: no such script", hint="run submit from the project folder"
+            )
     batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
     settings = _settings(project, partition, time_limit, account, sbatch_args)
-    request = _request(settings, nodes, ppn, config_path, script, script_args)
+    request = _request(settings, nodes, ppn, config_path, run_words, script, script_args)
     run_dir = runs_folder() / request.run_id
     text = batch.render(request, run_dir)
     if dry_run:
