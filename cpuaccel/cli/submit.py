@@ -165,9 +165,7 @@ def submit_command(
     if not {"--module", "--no-python"} & set(run_words):
         check_script_kind(script)
         if not os.path.isfile(script):
-            raise UsageError(
-                f"{script}: no such script", hint="run submit from the project folder"
-            )
+            raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
     batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
     settings = _settings(project, partition, time_limit, account, sbatch_args)
