@@ -3,11 +3,12 @@
 At 1, 16, 32 and 64 namespace nodes (one 64-node test bed, the smaller sizes as
 inventories of its first N nodes), with 0, 2 and 10 ms added per direction. Both tools
 read the same inventory file and reach the same sshd; both get the same --forks. Runs
-alternate (cpuaccel, ping, setup, cpuaccel, ...) after one warm-up of each of
-cpuaccel and ping (which also opens Ansible's ControlPersist sockets, its advantage on
-re-runs); each cell is the median of --repeat runs of the whole command, start-up
-included. The controller's own CPU (user + sys of the cpuaccel process and its
-children, from os.wait4) is reported per host, apart from the rest of the machine's.
+alternate (cpuaccel, ping, setup, cpuaccel, ...) after one warm-up run of ansible ping
+(it opens Ansible's ControlPersist sockets, its advantage on re-runs; -m setup, the
+slowest, runs --setup-repeat times); each cell is the median of --repeat runs of the
+whole command, start-up included. The controller's own CPU (user + sys of the cpuaccel
+process and its children, from os.wait4) is reported per host, apart from the rest of
+the machine's.
 
 Latency: this kernel has no netem qdisc, so cpuaccel/testing/relay.py (one asyncio
 process, one port per node on the bridge's address) holds every chunk it forwards for
@@ -125,10 +126,9 @@ def run_curve(args: argparse.Namespace, cluster: Cluster, env: dict[str, str], t
             invs = inventories(cluster, args.sizes, delay, tmp)
             for n in args.sizes:
                 cmds = commands(invs[n], args.forks, ansible, cpuaccel)
-                for tool in ("cpuaccel", "ping"):
-                    measure(cmds[tool], env, None)  # warm-up, not counted
-                for _ in range(args.repeat):
-                    for tool in TOOLS:
+                measure(cmds["ping"], env, None)  # warm-up: Ansible's ControlPersist sockets
+                for i in range(args.repeat):
+                    for tool in TOOLS if i < args.setup_repeat else TOOLS[:2]:
                         measure(cmds[tool], env, cells.setdefault((delay, n, tool), Cell()))
                 print(f"  done: {delay:g} ms, {n} nodes", file=sys.stderr, flush=True)
         finally:
@@ -148,7 +148,10 @@ def report(args: argparse.Namespace, cells: dict, took: float, loads: tuple[str,
     flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0].split()
     shown = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags] or ["no avx512/amx"]
     print(f"CPU: {cpu} ({os.cpu_count()} cores; {', '.join(shown)})")
-    print(f"median of {args.repeat} alternating runs, wall seconds, --forks {args.forks} for both")
+    print(
+        f"median of {args.repeat} alternating runs ({min(args.setup_repeat, args.repeat)} of "
+        f"ansible -m setup), wall seconds, --forks {args.forks} for both"
+    )
     print(f"load average (1 min) before: {loads[0]}, after: {loads[1]}; bench took {took:.0f}s\n")
     print(
         "| added latency | nodes | cpuaccel check | ansible -m ping | ansible -m setup "
@@ -199,6 +202,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,16,32,64")
     parser.add_argument("--latency", default="0,2,10", help="ms added per direction")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--setup-repeat", type=int, default=1, help="runs of -m setup (slow)")
     parser.add_argument("--forks", type=int, default=32, help="both tools' (cpuaccel's default)")
     args = parser.parse_args()
     args.sizes = sorted(int(s) for s in args.sizes.split(","))
