@@ -4,7 +4,10 @@ intact both ways, holds each chunk for its delay, and ends cleanly by its pid.""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -125,3 +128,29 @@ def test_known_hosts_names_each_key_at_the_relay(tmp_path: Path) -> None:
     lines = out.read_text().splitlines()
     assert "[10.0.0.254]:30001 ssh-ed25519 AAAA1" in lines
     assert not any("AAAA2" in line and "[" in line for line in lines)
+
+
+def test_ends_quietly_with_connections_mid_transfer() -> None:
+    """SIGTERM with open connections: exit 0, no asyncio complaint on stderr."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = _free_port()
+    argv = [sys.executable, "-m", "cpuaccel.testing.relay", "--listen", "127.0.0.1"]
+    argv += ["--delay-ms", "1", f"{port}=127.0.0.1:{server.getsockname()[1]}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(4)]
+    accepted = [server.accept()[0] for _ in clients]
+    for client in clients:
+        client.sendall(b"x")
+    assert all(conn.recv(1) == b"x" for conn in accepted)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=10)
+    assert (proc.returncode, err) == (0, "")
+    for sock in [*clients, *accepted, server]:
+        sock.close()
+
+
+def test_refuses_a_bad_delay_on_its_command_line() -> None:
+    argv = [sys.executable, "-m", "cpuaccel.testing.relay", "--listen", "127.0.0.1"]
+    proc = subprocess.run([*argv, "--delay-ms", "-1", "1=a:2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--delay-ms" in proc.stderr

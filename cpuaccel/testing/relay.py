@@ -190,6 +190,12 @@ async def _main_async(listen: str, routes: list[tuple[int, str, int]], delay: fl
         print(READY, flush=True)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    # Connections still open (Ansible's ControlPersist masters): cancel and await their
+    # tasks here, or asyncio logs each one as destroyed while pending.
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for other in others:
+        other.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
