@@ -8,7 +8,8 @@ direction is a queue drained by one task that sleeps until a chunk is due, so th
 adds latency without cutting bandwidth, as a long link would.
 
 Both tools of a bench connect through it: the inventory names the relay's address and
-port (see :func:`relayed_inventory`). Started and ended by pid::
+port (``ansible_host``/``ansible_port`` per node), and :func:`relayed_known_hosts`
+records each node's key at that address and port. Started and ended by pid::
 
     relay = Relay.start([(listen_port, "10.77.71.1", 22), ...], "10.77.71.254", 0.002)
     ...
