@@ -1,12 +1,22 @@
-"""Fan-out: `cpuaccel check` against `ansible all -m ping` on 1 and 16 real nodes.
+"""Fan-out curve: `cpuaccel check` against `ansible all -m ping` and `-m setup`.
 
-Both tools read the same inventory file (it is Ansible's format) and reach the same
-namespace nodes over real sshd. Each measurement is the median of --repeat runs of the
-whole command, start-up included, as a user would type it.
+At 1, 16, 32 and 64 namespace nodes (one 64-node test bed, the smaller sizes as
+inventories of its first N nodes), with 0, 2 and 10 ms added per direction. Both tools
+read the same inventory file and reach the same sshd; both get the same --forks. Runs
+alternate (cpuaccel, ping, setup, cpuaccel, ...) after one warm-up run of ansible ping
+(it opens Ansible's ControlPersist sockets, its advantage on re-runs; -m setup, the
+slowest, runs --setup-repeat times); each cell is the median of --repeat runs of the
+whole command, start-up included. The controller's own CPU (user + sys of the cpuaccel
+process and its children, from os.wait4) is reported per host, apart from the rest of
+the machine's.
 
-    sudo .venv/bin/python bench/fanout.py [--sizes 1,16] [--repeat 5]
+Latency: this kernel has no netem qdisc, so cpuaccel/testing/relay.py (one asyncio
+process, one port per node on the bridge's address) holds every chunk it forwards for
+D ms in each direction; the inventory names the relay's address and port. 0 ms goes
+direct. Node-to-node traffic (the head's ssh to the others in check's launcher-reach
+pass) also goes through the relay, as the inventory's address is what the run uses.
 
-ansible-core is installed into bench/.venv-ansible for the benchmark only.
+    sudo .venv/bin/python bench/fanout.py [--sizes 1,16,32,64] [--latency 0,2,10] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -19,78 +29,198 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ansible_venv import ensure_ansible
 
 from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testing.relay import Relay, relayed_known_hosts
 
-ROOT = Path(__file__).resolve().parent.parent
-CLUSTER_ID = 9  # apart from the tests' cluster (0), so both can run at once
-TARGET_SCALING = 2.0
-TARGET_VS_ANSIBLE = 0.3
+CLUSTER_ID = int(os.environ.get("CPUACCEL_BENCH_CLUSTER_ID", "71"))
+TARGET_VS_PING = 0.2
+RELAY_PORT_BASE = 30000
+TOOLS = ("cpuaccel", "ping", "setup")
 
 
-def timed(argv: list[str], env: dict[str, str], expect: int = 0) -> float:
-    started = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+@dataclass
+class Cell:
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)  # user + sys of the process and children
+    rss_kb: list[int] = field(default_factory=list)
+    machine_cpu: list[float] = field(default_factory=list)  # every core's busy time, /proc/stat
+
+    def med(self, what: str) -> float:
+        return float(statistics.median(getattr(self, what)))
+
+
+def busy_seconds() -> float:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(argv: list[str], env: dict[str, str], cell: Cell | None) -> None:
+    busy, started = busy_seconds(), time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     elapsed = time.perf_counter() - started
-    if proc.returncode != expect:
-        raise SystemExit(
-            f"{argv[0]} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[:4]} exited {proc.returncode}:\n{out[-3000:].decode()}")
+    if cell is not None:
+        cell.wall.append(elapsed)
+        cell.cpu.append(usage.ru_utime + usage.ru_stime)
+        cell.rss_kb.append(usage.ru_maxrss)
+        cell.machine_cpu.append(busy_seconds() - busy)
+
+
+def inventories(cluster: Cluster, sizes: list[int], delay_ms: float, out: Path) -> dict[int, str]:
+    """One inventory per size: direct at 0 ms, else every node at the relay's port."""
+    overrides: dict[str, dict[str, object]] = {}
+    extra: dict[str, object] = {}
+    if delay_ms:
+        ports = {n.name: RELAY_PORT_BASE + n.index for n in cluster.nodes}
+        known = relayed_known_hosts(
+            cluster.known_hosts_path, ports, cluster.controller_address, out / "known_hosts"
         )
-    return elapsed
+        overrides = {
+            name: {"ansible_host": cluster.controller_address, "ansible_port": port}
+            for name, port in ports.items()
+        }
+        extra["ansible_ssh_common_args"] = (
+            f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
+        )
+    paths = {}
+    for n in sizes:
+        only = cluster.names[:n]
+        path = out / f"inventory-{n}-{delay_ms:g}ms.yaml"
+        cluster.write_inventory(
+            path, {k: overrides[k] for k in only if k in overrides}, only=only, **extra
+        )
+        paths[n] = str(path)
+    return paths
 
 
-def median_of(argv: list[str], env: dict[str, str], repeat: int) -> float:
-    timed(argv, env)  # warm the page cache and Ansible's ssh control sockets alike
-    return statistics.median(timed(argv, env) for _ in range(repeat))
+def commands(inv: str, forks: int, ansible: Path, cpuaccel: str) -> dict[str, list[str]]:
+    f = ["-f", str(forks)]
+    return {
+        "cpuaccel": [cpuaccel, "check", "-i", inv, *f],
+        "ping": [str(ansible), "all", "-i", inv, "-m", "ping", *f],
+        "setup": [str(ansible), "all", "-i", inv, "-m", "setup", *f],
+    }
+
+
+def run_curve(args: argparse.Namespace, cluster: Cluster, env: dict[str, str], tmp: Path) -> dict:
+    ansible = ensure_ansible("ansible")
+    cpuaccel = str(Path(sys.executable).with_name("cpuaccel"))
+    cells: dict[tuple[float, int, str], Cell] = {}
+    for delay in args.latency:
+        relay = None
+        if delay:
+            routes = [(RELAY_PORT_BASE + n.index, n.address, 22) for n in cluster.nodes]
+            relay = Relay.start(routes, cluster.controller_address, delay / 1000)
+        try:
+            invs = inventories(cluster, args.sizes, delay, tmp)
+            for n in args.sizes:
+                cmds = commands(invs[n], args.forks, ansible, cpuaccel)
+                measure(cmds["ping"], env, None)  # warm-up: Ansible's ControlPersist sockets
+                for i in range(args.repeat):
+                    for tool in TOOLS if i < args.setup_repeat else TOOLS[:2]:
+                        measure(cmds[tool], env, cells.setdefault((delay, n, tool), Cell()))
+                print(f"  done: {delay:g} ms, {n} nodes", file=sys.stderr, flush=True)
+        finally:
+            if relay is not None:
+                relay.stop()
+    return cells
+
+
+def report(args: argparse.Namespace, cells: dict, took: float, loads: tuple[str, str]) -> None:
+    cpu = (
+        subprocess.run(
+            ["grep", "-m1", "model name", "/proc/cpuinfo"], capture_output=True, text=True
+        )
+        .stdout.split(":", 1)[-1]
+        .strip()
+    )
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[-1].split("\n", 1)[0].split()
+    shown = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f in flags] or ["no avx512/amx"]
+    print(f"CPU: {cpu} ({os.cpu_count()} cores; {', '.join(shown)})")
+    print(
+        f"median of {args.repeat} alternating runs ({min(args.setup_repeat, args.repeat)} of "
+        f"ansible -m setup), wall seconds, --forks {args.forks} for both"
+    )
+    print(f"load average (1 min) before: {loads[0]}, after: {loads[1]}; bench took {took:.0f}s\n")
+    print(
+        "| added latency | nodes | cpuaccel check | ansible -m ping | ansible -m setup "
+        "| check / ping | check / setup | target |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    verdicts = []
+    for delay in args.latency:
+        for n in args.sizes:
+            ours, ping, setup = (cells[(delay, n, t)].med("wall") for t in TOOLS)
+            ok = ours / ping <= TARGET_VS_PING
+            verdicts.append(ok)
+            print(
+                f"| {delay:g} ms | {n} | {ours:.2f} | {ping:.2f} | {setup:.2f} | "
+                f"{ours / ping:.2f}x | {ours / setup:.2f}x | {'PASS' if ok else 'MISS'} |"
+            )
+    print(
+        f"\ncheck <= {TARGET_VS_PING}x ansible ping at every size and latency: "
+        f"{'PASS' if all(verdicts) else 'MISS'} ({sum(verdicts)}/{len(verdicts)} cells)\n"
+    )
+    print(
+        "| added latency | nodes | controller CPU / host (cpuaccel) | peak RSS (cpuaccel) "
+        "| rest of the machine's CPU / host | ansible ping: its CPU / host |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    for delay in args.latency:
+        for n in args.sizes:
+            c, p = cells[(delay, n, "cpuaccel")], cells[(delay, n, "ping")]
+            rest = c.med("machine_cpu") - c.med("cpu")
+            print(
+                f"| {delay:g} ms | {n} | {1000 * c.med('cpu') / n:.1f} ms | "
+                f"{c.med('rss_kb') / 1024:.0f} MB | {1000 * rest / n:.1f} ms | "
+                f"{1000 * p.med('cpu') / n:.1f} ms |"
+            )
+    small, big = min(args.sizes), max(args.sizes)
+    lo = [n for n in args.sizes if n >= 16] or [small]
+    for delay in args.latency:
+        a, b = (cells[(delay, n, "cpuaccel")].med("cpu") / n for n in (lo[0], big))
+        verdict = "PASS" if b <= a * 1.1 else "MISS"  # 10%: the noise of a shared machine
+        print(
+            f"{delay:g} ms: controller CPU per host {lo[0]} -> {big} nodes: "
+            f"{1000 * a:.1f} -> {1000 * b:.1f} ms ({verdict}: does not grow, 10% noise)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="1,16")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sizes", default="1,16,32,64")
+    parser.add_argument("--latency", default="0,2,10", help="ms added per direction")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--setup-repeat", type=int, default=1, help="runs of -m setup (slow)")
+    parser.add_argument("--forks", type=int, default=32, help="both tools' (cpuaccel's default)")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
-    ansible = ensure_ansible("ansible")
-    cpuaccel = str(Path(sys.executable).with_name("cpuaccel"))
-    home = Path(tempfile.mkdtemp(prefix="cpxl-bench-ansible-"))
+    args.sizes = sorted(int(s) for s in args.sizes.split(","))
+    args.latency = [float(s) for s in args.latency.split(",")]
+    if not (args.sizes[0] >= 1 and args.sizes[-1] <= 253 and args.repeat >= 1):
+        parser.error("--sizes in 1..253, --repeat >= 1")
+    home = Path(tempfile.mkdtemp(prefix="cpxl-bench-fanout-"))
     env = dict(os.environ, ANSIBLE_HOME=str(home), ANSIBLE_LOCAL_TEMP=str(home / "tmp"))
     env["ANSIBLE_PYTHON_INTERPRETER"] = sys.executable  # the same interpreter cpuaccel probes
-    # Nodes with Debian's default root ~/.bashrc (a fresh node), and with this
-    # machine's own (`pyenv init`, ~100 ms of CPU in every SSH command, as a heavy
-    # login script costs on a cluster with a shared home).
-    variants = [("fresh", True), ("heavy", False)]
-    rows = []
+    loads = [Path("/proc/loadavg").read_text().split()[0]]
+    started = time.monotonic()
     try:
-        for label, fresh in variants:
-            for n in sizes:
-                with Cluster(n, cluster_id=CLUSTER_ID, fresh_bashrc=fresh) as cluster:
-                    inv = str(cluster.inventory_path)
-                    ours = median_of([cpuaccel, "check", "-i", inv], env, args.repeat)
-                    ping = [str(ansible), "all", "-i", inv, "-m", "ping", "-f", str(max(n, 5))]
-                    theirs = median_of(ping, env, args.repeat)
-                rows.append((label, n, ours, theirs))
+        with Cluster(args.sizes[-1], cluster_id=CLUSTER_ID) as cluster:
+            cells = run_curve(args, cluster, env, home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    print(f"median of {args.repeat} runs, wall seconds, 2-core machine")
-    print("login script: fresh = Debian's default ~/.bashrc; heavy = one running `pyenv init`\n")
-    print("| login script | nodes | cpuaccel check | ansible all -m ping | cpuaccel / ansible |")
-    print("|---|---:|---:|---:|---:|")
-    for label, n, ours, theirs in rows:
-        print(f"| {label} | {n} | {ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x |")
-    print()
-    for label, _ in variants:
-        mine = [r for r in rows if r[0] == label]
-        if len(mine) < 2:
-            continue
-        (_, n1, ours1, theirs1), (_, nk, oursk, theirsk) = mine[0], mine[-1]
-        print(
-            f"{label}: scaling {n1} -> {nk} nodes: cpuaccel {oursk / ours1:.2f}x "
-            f"(target <= {TARGET_SCALING}x), ansible {theirsk / theirs1:.2f}x; "
-            f"cpuaccel vs ansible at {nk}: {oursk / theirsk:.2f}x (target <= {TARGET_VS_ANSIBLE}x)"
-        )
+    loads.append(Path("/proc/loadavg").read_text().split()[0])
+    report(args, cells, time.monotonic() - started, (loads[0], loads[1]))
 
 
 if __name__ == "__main__":

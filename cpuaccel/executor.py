@@ -77,6 +77,11 @@ class ConnectionPool:
                 raise
         return conn
 
+    def open_hosts(self) -> list[str]:
+        """The names of the hosts with a connection open now."""
+        with self._lock:
+            return list(self._conns)
+
     def lost(self, hosts: Sequence[Host]) -> list[str]:
         """Names of the hosts whose open connection has died, in ``hosts``' order (a
         host not connected yet is not lost: the next ``get`` connects it)."""

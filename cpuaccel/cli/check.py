@@ -55,7 +55,7 @@ def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
     with ConnectionPool(target.connect) as pool:
         # One host, or only this machine: no other node to reach, and nothing is tried.
         reach = LauncherReach(view.draft, target.connect, pool)
-        results = _gather(target, reach, pool)
+        results = _gather(target, reach, pool, keep=view.draft.head.name)
         problems = reach.problems()  # bounded: the reach's own timeout
     facts = {r.host.name: r.value for r in results if r.value is not None}
     launcher = view.settings.launcher.value
@@ -67,8 +67,15 @@ def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
 
 
 def _gather(
-    target: Target, reach: LauncherReach | None, pool: ConnectionPool | None = None
+    target: Target,
+    reach: LauncherReach | None,
+    pool: ConnectionPool | None = None,
+    keep: str | None = None,
 ) -> list[HostResult[Facts]]:
+    """Facts of every host; with ``keep`` (the head, which the launcher-reach pass uses
+    afterwards), every other host's connection is closed as soon as its facts are in, so
+    that open connections (a socket and a paramiko thread each) stay bounded by --forks,
+    not one per node for the whole command."""
     hosts = target.hosts
     contact, held = held_back(hosts)
     for result in held.values():  # never connected: the reach leaves them out
@@ -78,7 +85,10 @@ def _gather(
     def probe(conn: Connector) -> Facts:
         if reach is not None:
             reach.connected(conn)  # its key goes into the run's known_hosts
-        return gather(conn, names_to_resolve(conn.host, hosts))
+        facts = gather(conn, names_to_resolve(conn.host, hosts))
+        if pool is not None and keep is not None and conn.host.name != keep:
+            pool.discard(conn.host)  # done with it: nothing later in check uses it
+        return facts
 
     with ui.progress("gathering facts", len(contact)) as bar:
 

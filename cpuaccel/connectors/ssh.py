@@ -23,7 +23,7 @@ from fabric import Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from cpuaccel import ui
-from cpuaccel.connectors import commandline, openssh, transports
+from cpuaccel.connectors import commandline, known_keys, openssh, transports
 from cpuaccel.connectors.base import (
     CommandResult,
     CommandTimeout,
@@ -232,15 +232,12 @@ class SSHConnector(Connector):
         if not policy.check:
             client.set_missing_host_key_policy(_AcceptAnyKey())
             return
-        known = []
-        for path in policy.optional_known_hosts:  # the user's and the system's, read-only
-            with contextlib.suppress(OSError):  # absent or unreadable: ssh skips it too
-                client.load_system_host_keys(path)
-                known.append(path)
+        # The user's and the system's, read-only; absent or unreadable: ssh skips it too.
+        known = [path for path in policy.optional_known_hosts if known_keys.readable(path)]
         if policy.extra_known_hosts:
             path = policy.extra_known_hosts
             try:
-                client.load_system_host_keys(path)
+                known_keys.must_read(path)  # parsed below, once a command, not once a host
             except OSError as exc:
                 raise Unreachable(
                     self.host.name,
@@ -248,6 +245,7 @@ class SSHConnector(Connector):
                     hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
                 ) from None
             known.append(path)
+        known_keys.use_host_keys(client, known)
         client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, what))
 
     def rsync(
