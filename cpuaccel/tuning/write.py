@@ -40,7 +40,9 @@ def check_target(path: Path) -> None:
             f"{path} is a symbolic link; tune --write replaces only a regular file",
             hint="write to the file it points to with --config FILE, or copy it here",
         )
-    if path.exists() and not os.access(path, os.W_OK):
+    # No write bit at all is the owner's "leave it": refused even to root, whom
+    # os.access lets write anything.
+    if path.exists() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
         raise UsageError(f"{path} is not writable; nothing was written", hint=f"chmod u+w {path}")
     if not os.access(path.parent, os.W_OK):
         raise UsageError(
@@ -66,9 +68,8 @@ Edit = tuple[int, int, str]  # replace text[start:end] with the string
 def _set(text: str, root: MappingNode, name: str, value: Any) -> list[Edit]:
     """Edits that make top-level ``name`` hold ``value`` (a scalar)."""
     found = _key(root, name)
-    if found is None:
-        tail = "" if not text or text.endswith("\n") else "\n"
-        return [(len(text), len(text), f"{tail}{name}: {_scalar(value)}  # {NOTE}\n")]
+    if found is None:  # a new line at the end (edited_text adds them in order)
+        return [(len(text), len(text), f"{name}: {_scalar(value)}  # {NOTE}\n")]
     key, node = found
     if isinstance(node, ScalarNode) and node.start_mark.index == node.end_mark.index:
         at = text.index(":", key.end_mark.index) + 1  # `ppn:` with no value
@@ -107,9 +108,14 @@ def edited_text(text: str, values: dict[str, Any], source: str) -> str:
             edits += _set_env(text, root, value[THREADS_VAR])
         else:
             edits += _set(text, root, name, value)
-    for start, end, new in sorted(edits, key=lambda e: e[0], reverse=True):
-        text = text[:start] + new + text[end:]
-    return text
+    end = len(text)
+    added = "".join(new for start, stop, new in edits if start == stop == end)
+    for start, stop, new in sorted(edits, key=lambda e: e[0], reverse=True):
+        if not start == stop == end:
+            text = text[:start] + new + text[stop:]
+    if added and text and not text.endswith("\n"):
+        added = "\n" + added
+    return text + added
 
 
 def write_best(path: Path, best: Trial, with_allocator: bool) -> Path:
