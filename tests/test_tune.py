@@ -240,7 +240,7 @@ def test_steps_per_s_when_one_trial_logged_no_samples() -> None:
 
 def test_no_best_when_nothing_was_measured() -> None:
     ranking = measure.rank_rows([row(1, "timeout", None, None), row(2, "no metrics", None, None)])
-    assert ranking.best is None
+    assert ranking.best is None and ranking.unit == measure.SAMPLES
 
 
 # ---------------------------------------------------------------- --write

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,8 @@ import yaml
 import cpuaccel
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
-from cpuaccel.testing.runs import ENV, make_project
+from cpuaccel.testing.command import start_cpuaccel
+from cpuaccel.testing.runs import ENV, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -85,3 +89,49 @@ def test_tune_measures_each_setting_and_writes_the_best(
     assert written["ppn"] == best["ppn"]
     assert written["env"] == {"OMP_NUM_THREADS": str(best["threads"]), "FOO": "bar"}
     assert "allocator" not in written  # no node has tcmalloc or jemalloc: not tried
+
+
+SLOW = """\
+import argparse, time
+import cpuaccel
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, required=True)
+parser.parse_args()
+ctx = cpuaccel.init()
+print("training", flush=True)
+for step in range(1, 100000):
+    time.sleep(0.2)
+    ctx.log(step=step, loss=1.0, samples=1)
+"""
+
+
+def test_ctrl_c_ends_the_trial_on_every_node_and_writes_nothing(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    project = make_project(tmp_path, {"slow.py": SLOW, "cpuaccel.yaml": PROJECT_FILE})
+    port = str(random.randrange(30000, 39000))
+    errors = tmp_path / "stderr.txt"
+    with errors.open("w") as err:
+        proc = start_cpuaccel(
+            "tune", "-i", inventory, "--master-port", port, *TREE, "--grid", "ppn=1 threads=1,3",
+            "--write", "slow.py", cwd=project, env=ENV, stdout=subprocess.PIPE, stderr=err,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while errors.read_text().count("training") < 2:  # both nodes' rank 0 and 1
+                assert proc.poll() is None and time.monotonic() < deadline, errors.read_text()
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    stderr = errors.read_text()
+    assert proc.returncode == 130, (out, stderr)
+    assert "Traceback" not in stderr
+    rows = [line for line in out.splitlines() if line.startswith("ppn ")]
+    assert len(rows) == 2 and "interrupted" in rows[0] and "skipped" in rows[1], out
+    (run_dir,) = (project / "runs").iterdir()  # the one trial that started
+    for node in ("node1", "node2"):
+        assert job_processes(cluster, node, run_dir.name) == [], node
+    assert (project / "cpuaccel.yaml").read_text() == PROJECT_FILE  # nothing written

@@ -257,13 +257,17 @@ def _judge(row: Row, ended_by: str, code: int, error: str | None) -> None:
     row.status = OK
 
 
+def _number(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _measured(row: Row) -> str:
     rates = row.rates
     if row.status != OK or rates is None:
         return f"{row.status}: {row.reason}"
     if rates.samples_per_s is not None:
-        return f"{rates.samples_per_s:.4g} samples/s"
-    return f"{rates.steps_per_s or 0:.4g} steps/s"
+        return f"{_number(rates.samples_per_s)} samples/s"
+    return f"{_number(rates.steps_per_s or 0)} steps/s"
 
 
 def _print(
@@ -290,7 +294,7 @@ def _print(
     out = ui.stdout()
     cells = [("setting", ranking.unit, "ratio", "status")]
     for row in ranking.rows:
-        value = f"{row.value:.4g}" if row.value is not None else "-"
+        value = _number(row.value) if row.value is not None else "-"
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
         status = row.status if row.status == OK else f"{row.status}: {row.reason}"
         cells.append((row.trial.label(), value, ratio, status + (" (best)" if row is best else "")))
@@ -298,7 +302,7 @@ def _print(
     for cell in cells:
         line = "  ".join(cell[i].ljust(widths[i]) for i in range(3)) + "  " + cell[3]
         out.print(escape(line.rstrip()), highlight=False)
-    if ranking.unit == measure.STEPS:
+    if ranking.unit == measure.STEPS and best is not None:
         out.print(
             "steps/s: the script logged no samples/s; compare only if a step is the "
             "same work at every ppn (ctx.log(samples=...) says it)"

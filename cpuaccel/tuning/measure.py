@@ -121,7 +121,7 @@ def rank_rows(rows: list[Row]) -> Ranking:
     each row's value and ratio to the best; the best is the first of the fastest."""
     measured = [r for r in rows if r.status == OK and r.rates is not None]
     unit = SAMPLES
-    if not measured or any(r.rates and r.rates.samples_per_s is None for r in measured):
+    if any(r.rates and r.rates.samples_per_s is None for r in measured):
         unit = STEPS
     for row in rows:
         rates = row.rates
