@@ -166,6 +166,11 @@ def tune_command(
         sys.exit(EXIT_PROBLEMS)
 
 
+for _param in tune_command.params:  # run's flags that tune refuses: not in its --help
+    if isinstance(_param, click.Option) and _param.name in REFUSED:
+        _param.hidden = True
+
+
 class _Tuner:
     """The trials, one after the other, each a whole run through launch/job.py."""
 
