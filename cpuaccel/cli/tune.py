@@ -156,10 +156,15 @@ def tune_command(
         found = nodes.survey(settings, what, pool, target.forks)
     tuner = _Tuner(settings, what, project, target, trial_timeout)
     ranking = tuner.run(spec, found)
-    written = None
+    written, failure = None, None
     if path is not None and ranking.best is not None and not tuner.interrupted:
-        written = write.write_best(path, ranking.best.trial, tuner.tried_allocators)
-    _print(ranking, found, written, tuner.interrupted, as_json)
+        try:  # the table is printed whatever the write does: an hour of trials is kept
+            written = write.write_best(path, ranking.best.trial, tuner.tried_allocators)
+        except CpuaccelError as exc:
+            failure = exc
+    _print(ranking, found, written, tuner.interrupted, as_json, failure)
+    if failure is not None:
+        raise failure
     if tuner.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if ranking.best is None:
@@ -281,6 +286,7 @@ def _print(
     written: Path | None,
     interrupted: bool,
     as_json: bool,
+    failure: CpuaccelError | None = None,
 ) -> None:
     best = ranking.best
     if as_json:
@@ -292,6 +298,7 @@ def _print(
                 "best": best.to_json() if best else None,
                 "rows": [row.to_json() for row in ranking.rows],
                 "written": str(written) if written else None,
+                "write_error": str(failure) if failure else None,
                 "interrupted": interrupted,
             }
         )
