@@ -155,10 +155,10 @@ def test_an_axis_twice_across_flags_and_too_many_trials_are_refused() -> None:
         grid.check_size(many, 3)
 
 
-@pytest.mark.parametrize("text", ["ppn=0", "bogus=1", "ppn=1,,2"])
-def test_the_command_refuses_a_hostile_grid_in_one_line(tmp_path: Path, text: str) -> None:
+@pytest.mark.parametrize("words", [["ppn=0"], ["bogus=1"], ["ppn=1,,2"], ["ppn=1", "threads=2"]])
+def test_the_command_refuses_a_hostile_grid_in_one_line(tmp_path: Path, words: list[str]) -> None:
     (tmp_path / "train.py").write_text("print('never run')\n")
-    result = cpuaccel("tune", "--grid", text, "train.py", cwd=tmp_path)
+    result = cpuaccel("tune", "--grid", *words, "train.py", cwd=tmp_path)
     assert result.returncode == EXIT_USAGE, result
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--grid" in errors[0], result.stderr

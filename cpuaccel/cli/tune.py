@@ -83,6 +83,16 @@ def _refuse_grid_flags(launch_flags: dict[str, Any], env: dict[str, str]) -> Non
         )
 
 
+def _refuse_axis_as_script(script: str) -> None:
+    """`--grid ppn=1,2 threads=4` unquoted: the second word would be taken as SCRIPT."""
+    axis = script.partition("=")[0]
+    if "=" in script and axis in grid.AXES:
+        raise UsageError(
+            f"--grid: {script} was read as SCRIPT",
+            hint=f"quote the axes together (--grid 'ppn=1,2 {script}') or repeat --grid",
+        )
+
+
 def _write_path(target: Target) -> Path:
     project = target.project
     if project is None:
@@ -139,6 +149,7 @@ def tune_command(
     script_args: tuple[str, ...],
 ) -> None:
     """Measure SCRIPT at a few ranks per node x threads per rank; keep the fastest."""
+    _refuse_axis_as_script(script)
     check_script_kind(script, no_python=False)
     spec = grid.parse_grid(grid_items)
     env = parse_env(env_items)
