@@ -26,6 +26,7 @@ VERBS = {
     "fetch": "cpuaccel.cli.fetch:fetch_command",
     "submit": "cpuaccel.cli.submit:submit_command",
     "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
+    "tune": "cpuaccel.cli.tune:tune_command",
 }
 
 EPILOG = """\b
@@ -45,6 +46,7 @@ Examples:
   cpuaccel logs last -f --rank 0               # follow a run's output
   cpuaccel fetch last --checkpoints            # a run's results from its head node
   cpuaccel dashboard                           # the live page of ./runs (Ctrl-C ends)
+  cpuaccel tune --write train.py               # measure ranks x threads, keep the best
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
 
 \b

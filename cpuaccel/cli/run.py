@@ -235,7 +235,7 @@ def run_command(
         list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
         if detach:
             _refuse_detached_elastic(settings)
-        what = _entry(script, script_args, project, as_module, no_python)
+        what = script_entry(script, script_args, project, as_module, no_python)
         run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         if dry_run:
             _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
@@ -351,7 +351,7 @@ def _launcher_words(text: str | None) -> tuple[str, ...] | None:
         ) from None
 
 
-def _entry(
+def script_entry(
     script: str, args: tuple[str, ...], project: Path, as_module: bool, no_python: bool
 ) -> Script:
     if as_module and no_python:

@@ -48,6 +48,7 @@ KEYS: dict[str, str] = {
     "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
     "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
     "slurm": "cpuaccel submit's defaults: partition, time, account, sbatch_args, templates",
+    "allocator": "auto, none, tcmalloc or jemalloc: preloaded in every rank (cpuaccel tune)",
 }
 
 
@@ -183,6 +184,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "max_restarts": _int(0, MAX_RESTARTS),
     "restart_delay": _seconds(0, MAX_RESTART_DELAY),
     "slurm": slurm_options.check_block,
+    "allocator": _choice(variables.ALLOCATOR_CHOICES),
 }
 
 
