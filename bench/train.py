@@ -327,8 +327,8 @@ def print_checks(results: dict[str, dict[str, Any]], names: list[str], native: b
     if native:
         ok = None if ratio is None else ratio >= TARGET_VS_DDP
         row("cpuaccel / fp32 DDP samples/s", ratio, f">= {TARGET_VS_DDP}x", ok, ".2f")
-    else:  # both fp32 here: the 1.8x target is for CPUs with native bf16
-        row("cpuaccel / fp32 DDP samples/s", ratio, "(no native bf16: no target)", None, ".2f")
+    else:  # both fp32: the 1.8x target is for CPUs with native bf16
+        row("cpuaccel / fp32 DDP samples/s", ratio, "(fp32 in use: no target)", None, ".2f")
     share = results.get(names[2], {}).get("sync_share")
     value = None if share is None else 100 * float(share)
     ok = None if share is None else float(share) <= TARGET_SYNC_SHARE
@@ -354,13 +354,15 @@ def main() -> None:
         return
     from cpuaccel.runtime.precision import resolve_precision
 
-    chosen = resolve_precision("auto")  # what cpuaccel's default picks on this CPU
+    # What cpuaccel's default picks on this CPU (--precision: the other kind's path).
+    chosen = resolve_precision(args.precision or "auto")
     bf16 = chosen.dtype is not None
+    why = chosen.note or f"precision {chosen.name} (--precision {args.precision})"
     if args.profile:
         profile(args, bf16, EXAMPLES)
         return
     began, load_before = time.perf_counter(), os.getloadavg()[0]
-    log(f"{chosen.note}; measuring the {chosen.name} matmul peak")
+    log(f"{why}; measuring the {chosen.name} matmul peak")
     (peak1, n1), (peak2, n2) = matmul_peak(1, bf16), matmul_peak(2, bf16)
     work = Path(tempfile.mkdtemp(prefix="bench-train-"))
     env = dict(os.environ, NO_COLOR="1", PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
@@ -372,7 +374,7 @@ def main() -> None:
     names = [name for name, _, _ in runs]
     print_table(args, results, seconds, names, (peak1, peak2))
     print(
-        f"\nCPU: {cpu_named()}; {chosen.note}. {chosen.name} matmul peak (sized by time): "
+        f"\nCPU: {cpu_named()}; {why}. {chosen.name} matmul peak (sized by time): "
         f"1 thread {peak1 / 1e12:.3f} TFLOP/s ({n1}^2), 2 threads {peak2 / 1e12:.3f} "
         f"TFLOP/s ({n2}^2)"
     )
