@@ -254,8 +254,12 @@ def measure(
     results: dict[str, dict[str, Any]] = {}
     for name, got in per.items():
         if got:
-            best = sorted(got, key=lambda r: float(r["samples_per_s"]))[len(got) // 2]
-            results[name] = dict(best, rounds=[round(float(r["samples_per_s"]), 1) for r in got])
+            # The median of each figure over the rounds (with 2: their mean, never the best).
+            merged = dict(got[-1], rounds=[round(float(r["samples_per_s"]), 1) for r in got])
+            for key in ("step_time", "samples_per_s", "sync_share"):
+                values = [float(r[key]) for r in got if r[key] is not None]
+                merged[key] = statistics.median(values) if values else None
+            results[name] = merged
     return results, seconds
 
 
