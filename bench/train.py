@@ -1,23 +1,27 @@
-"""Train: fp32 DDP (torchrun), Accelerate bf16 (`accelerate launch`) and `cpuaccel run`.
+"""Train: fp32 DDP (torchrun), Accelerate (`accelerate launch`) and `cpuaccel run`.
 
 One node x 2 ranks, the same model (TinyLM from examples/train.py: width 384, 4 layers,
 about 7.3M parameters), the same data (its corpus), batch 16 x 128 bytes per rank, the
-same optimizer (its `adamw`: fused AdamW when available), clipping and lr schedule:
+same optimizer (its `adamw`: fused AdamW when available), clipping and lr schedule, and
+Accelerate and cpuaccel in the same precision: what `auto` picks on this CPU (bf16 where
+it has AMX or AVX512-BF16, fp32 elsewhere):
 
     fp32 DDP      `torchrun --nproc_per_node 2 bench/train.py --worker ddp`: plain
                   DistributedDataParallel over gloo, fp32
     Accelerate    `accelerate launch --cpu --num_processes 2 --mpirun_hostfile H
-                  --mixed_precision bf16 bench/train.py --worker accelerate`: Accelerate
+                  --mixed_precision P bench/train.py --worker accelerate`: Accelerate
                   1.x's multi-CPU launch (it runs `mpirun -f H -ppn 2 -n 2 python ...`);
                   the script is an ordinary Accelerator(cpu=True) loop with autocast
     cpuaccel      `cpuaccel run --nodes 1 --ppn 2 examples/train.py --log-every 1 ...`;
                   its metrics.jsonl gives step_time, samples_per_s and sync_time per step
 
-Each figure is the median over the steps after --warmup. The model's FLOP/s is
-6 x parameters x tokens/s plus attention (12 x layers x context x width per token),
-against a measured bf16 matmul peak (4096^2, torch.matmul) on 1 and 2 threads.
+Each figure is the median over the steps after --warmup, then over --rounds rounds in
+which the three runs alternate. The model's FLOP/s is 6 x parameters x tokens/s plus
+attention (12 x layers x context x width per token), against the matmul peak of the
+precision in use on 1 and 2 threads, sized by time (bench/train_peak.py: seconds on any
+CPU). `--profile` prints instead one rank's step per op (torch.profiler, top self CPU).
 
-    .venv/bin/python bench/train.py [--steps 80] [--warmup 10]
+    .venv/bin/python bench/train.py [--steps 80] [--warmup 10] [--rounds 2] [--profile]
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from train_peak import cpu_named, matmul_peak, profile  # bench/train_peak.py
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 VENV_BIN = Path(sys.executable).parent
-TARGET_VS_ACCELERATE = 1.15
 AIM_VS_ACCELERATE = 1.3
 TARGET_VS_DDP = 1.8
 TARGET_SYNC_SHARE = 0.05
@@ -53,6 +59,9 @@ def model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--precision", choices=["bf16", "no"], help="default: what auto picks on this CPU"
+    )
 
 
 # ---------------------------------------------------------------------------- workers
@@ -91,7 +100,7 @@ def worker(args: argparse.Namespace) -> None:
     else:
         from accelerate import Accelerator
 
-        accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+        accelerator = Accelerator(cpu=True, mixed_precision=args.precision)
         rank, world = accelerator.process_index, accelerator.num_processes
         loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True)
         optimizer, kind = adamw(model.parameters(), args.lr)
@@ -154,27 +163,6 @@ def log(message: str) -> None:
     print(f"[bench/train {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def matmul_peak(threads: int, n: int = 4096, repeat: int = 8) -> float:
-    """FLOP/s of a bf16 n x n matmul on `threads` threads (best of `repeat`)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a = torch.randn(n, n).to(torch.bfloat16)
-        b = torch.randn(n, n).to(torch.bfloat16)
-        for _ in range(2):
-            torch.matmul(a, b)
-        best = float("inf")
-        for _ in range(repeat):
-            start = time.perf_counter()
-            torch.matmul(a, b)
-            best = min(best, time.perf_counter() - start)
-        return 2 * n**3 / best
-    finally:
-        torch.set_num_threads(before)
-
-
 def run(argv: list[str], env: dict[str, str], timeout: float = 600) -> tuple[str, float]:
     log("$ " + " ".join(argv))
     start = time.perf_counter()
@@ -201,7 +189,9 @@ def from_worker(out: Path, args: argparse.Namespace) -> dict[str, float | str | 
     }
 
 
-def from_cpuaccel(output: str, args: argparse.Namespace) -> dict[str, float | str | None]:
+def from_cpuaccel(
+    output: str, args: argparse.Namespace, precision: str
+) -> dict[str, float | str | None]:
     match = RUN_DIR.search(output)
     if match:
         run_dir = Path(match.group(1))
@@ -216,138 +206,118 @@ def from_cpuaccel(output: str, args: argparse.Namespace) -> dict[str, float | st
         "step_time": step,
         "samples_per_s": statistics.median(r["samples_per_s"] for r in records),
         "sync_share": sync / step,
-        "note": f"bf16, MPI gradient hook, loss ->{losses[-1]:.2f}, {run_dir.name}",
+        "note": f"{precision}, MPI gradient hook, loss ->{losses[-1]:.2f}, {run_dir.name}",
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    model_args(parser)
-    parser.add_argument("--worker", choices=["ddp", "accelerate"], help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-
-    began = time.perf_counter()
-    sys.path.insert(0, str(EXAMPLES))
-    from train import TinyLM  # examples/train.py
-
-    params = sum(
-        p.numel() for p in TinyLM(args.width, args.layers, args.heads, args.context).parameters()
-    )
-    flop_per_token = 6 * params + 12 * args.layers * args.context * args.width
-    log("measuring the bf16 matmul peak")
-    peak1, peak2 = matmul_peak(1), matmul_peak(2)
-
-    shape = [
-        f"--steps={args.steps}",
-        f"--batch={args.batch}",
-        f"--context={args.context}",
-        f"--width={args.width}",
-        f"--layers={args.layers}",
-        f"--heads={args.heads}",
-        f"--lr={args.lr}",
-    ]
-    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    env = dict(os.environ, NO_COLOR="1", PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
-    env["HF_HOME"] = str(work / "hf-home")  # no user Accelerate config
-    env.pop("OMP_NUM_THREADS", None)
-    results: dict[str, dict[str, float | str | None]] = {}
-    seconds: dict[str, float] = {}
+def cases(args: argparse.Namespace, work: Path, precision: str) -> list[tuple[str, list[str], Any]]:
+    """(name, argv, result reader) of the three runs, in the precision in use."""
+    shape = [f"--{k}={getattr(args, k)}" for k in ("steps", "batch", "context", "width")]
+    shape += [f"--layers={args.layers}", f"--heads={args.heads}", f"--lr={args.lr}"]
     me = str(Path(__file__).resolve())
-
-    ddp_out = work / "ddp.json"
-    ddp_argv = [
-        str(VENV_BIN / "torchrun"),
-        "--standalone",
-        "--nproc_per_node=2",
-        me,
-        "--worker=ddp",
-        f"--out={ddp_out}",
-        *shape,
-    ]
+    ddp_out, acc_out = work / "ddp.json", work / "accelerate.json"
+    ddp_argv = [str(VENV_BIN / "torchrun"), "--standalone", "--nproc_per_node=2", me]
+    ddp_argv += ["--worker=ddp", f"--out={ddp_out}", *shape]
     hostfile = work / "hostfile"
     hostfile.write_text("localhost\n")
-    acc_out = work / "accelerate.json"
-    acc_argv = [
-        str(VENV_BIN / "accelerate"),
-        "launch",
-        "--cpu",
-        "--num_processes=2",
-        "--num_machines=1",
-        f"--mpirun_hostfile={hostfile}",
-        "--mixed_precision=bf16",
-        "--num_cpu_threads_per_process=1",
-        "--main_process_port=29611",
-        me,
-        "--worker=accelerate",
-        f"--out={acc_out}",
-        *shape,
-    ]
-    cpuaccel_argv = [
-        str(VENV_BIN / "cpuaccel"),
-        "run",
-        "--nodes=1",
-        "--ppn=2",
-        "--master-port=29622",
-        "examples/train.py",
-        *shape,
-        "--log-every=1",
-        "--precision=bf16",
-        f"--checkpoint={work / 'checkpoint.pt'}",
-    ]
-    cases = [
+    acc_argv = [str(VENV_BIN / "accelerate"), "launch", "--cpu", "--num_processes=2"]
+    acc_argv += ["--num_machines=1", f"--mpirun_hostfile={hostfile}"]
+    acc_argv += [f"--mixed_precision={precision}", "--num_cpu_threads_per_process=1"]
+    acc_argv += ["--main_process_port=29611", me, "--worker=accelerate", f"--out={acc_out}"]
+    acc_argv += [f"--precision={precision}", *shape]
+    ours = [str(VENV_BIN / "cpuaccel"), "run", "--nodes=1", "--ppn=2", "--master-port=29622"]
+    ours += ["examples/train.py", *shape, "--log-every=1"]
+    ours += [f"--precision={'bf16' if precision == 'bf16' else 'fp32'}"]
+    ours += [f"--checkpoint={work / 'checkpoint.pt'}"]
+    shown = "bf16" if precision == "bf16" else "fp32"
+    return [
         ("fp32 DDP (torchrun)", ddp_argv, lambda out: from_worker(ddp_out, args)),
-        ("Accelerate bf16", acc_argv, lambda out: from_worker(acc_out, args)),
-        ("cpuaccel run", cpuaccel_argv, lambda out: from_cpuaccel(out, args)),
+        (f"Accelerate {shown}", acc_argv, lambda out: from_worker(acc_out, args)),
+        ("cpuaccel run", ours, lambda out: from_cpuaccel(out, args, shown)),
     ]
-    for name, argv, parse in cases:
-        try:
-            output, seconds[name] = run(argv, env)
-            results[name] = parse(output)
-            log(f"{name}: {results[name]} ({seconds[name]:.0f} s)")
-        except Exception as exc:  # reported in the table, the others go on
-            log(f"{name} FAILED: {exc}")
-    shutil.rmtree(work, ignore_errors=True)
 
+
+def measure(
+    args: argparse.Namespace, runs: list[tuple[str, list[str], Any]], env: dict[str, str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, float]]:
+    """--rounds rounds, the runs alternating in each; per run the median over rounds."""
+    per: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in runs}
+    seconds: dict[str, float] = {}
+    for round_ in range(args.rounds):
+        for name, argv, parse in runs:
+            try:
+                output, seconds[name] = run(argv, env)
+                per[name].append(parse(output))
+                log(f"round {round_ + 1} {name}: {per[name][-1]} ({seconds[name]:.0f} s)")
+            except Exception as exc:  # reported in the table, the others go on
+                log(f"{name} FAILED: {exc}")
+    results: dict[str, dict[str, Any]] = {}
+    for name, got in per.items():
+        if got:
+            # The median of each figure over the rounds (with 2: their mean, never the best).
+            merged = dict(got[-1], rounds=[round(float(r["samples_per_s"]), 1) for r in got])
+            for key in ("step_time", "samples_per_s", "sync_share"):
+                values = [float(r[key]) for r in got if r[key] is not None]
+                merged[key] = statistics.median(values) if values else None
+            results[name] = merged
+    return results, seconds
+
+
+def print_table(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, Any]],
+    seconds: dict[str, float],
+    names: list[str],
+    peaks: tuple[float, float],
+) -> None:
+    params = TinyLM_params(args)
+    flop_per_token = 6 * params + 12 * args.layers * args.context * args.width
     print(
         f"\n## bench/train: 1 node x 2 ranks, TinyLM {params / 1e6:.2f}M parameters "
         f"({args.layers} layers, width {args.width}), batch {args.batch} x {args.context} "
-        f"per rank, median of steps {args.warmup + 1}-{args.steps}\n"
-    )
-    print(
-        f"bf16 matmul peak (4096^2): 1 thread {peak1 / 1e12:.2f} TFLOP/s, "
-        f"2 threads {peak2 / 1e12:.2f} TFLOP/s\n"
+        f"per rank, median of steps {args.warmup + 1}-{args.steps}, median of "
+        f"{args.rounds} alternating round(s)\n"
     )
     print("| run | samples/s | step time | grad sync share | model TFLOP/s | of 2-thread peak |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, _, _ in cases:
+    for name in names:
         r = results.get(name)
         if r is None:
             print(f"| {name} | failed | | | | |")
             continue
-        sps = float(r["samples_per_s"])  # type: ignore[arg-type]
+        sps = float(r["samples_per_s"])
         flops = sps * args.context * flop_per_token
         share = "n/a (overlapped)" if r["sync_share"] is None else f"{100 * r['sync_share']:.1f}%"
         print(
-            f"| {name} | {sps:.1f} | {1000 * float(r['step_time']):.0f} ms "  # type: ignore[arg-type]
-            f"| {share} | {flops / 1e12:.3f} | {100 * flops / peak2:.1f}% |"
+            f"| {name} | {sps:.1f} | {1000 * float(r['step_time']):.0f} ms "
+            f"| {share} | {flops / 1e12:.3f} | {100 * flops / peaks[1]:.1f}% |"
         )
     print()
-    for name, _, _ in cases:
+    for name in names:
         if name in results:
-            print(f"- {name}: {results[name]['note']}; wall {seconds[name]:.0f} s")
+            print(
+                f"- {name}: {results[name]['note']}; samples/s by round {results[name]['rounds']}"
+                f"; wall of the last {seconds[name]:.0f} s"
+            )
 
+
+def TinyLM_params(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(EXAMPLES))
+    from train import TinyLM  # examples/train.py
+
+    model = TinyLM(args.width, args.layers, args.heads, args.context)
+    return sum(p.numel() for p in model.parameters())
+
+
+def print_checks(results: dict[str, dict[str, Any]], names: list[str], native: bool) -> None:
     print("\n| check | measured | target | result |")
     print("|---|---:|---:|---|")
 
     def sps(name: str) -> float | None:
         r = results.get(name)
-        return None if r is None else float(r["samples_per_s"])  # type: ignore[arg-type]
+        return None if r is None else float(r["samples_per_s"])
 
-    ours, acc, ddp = sps("cpuaccel run"), sps("Accelerate bf16"), sps("fp32 DDP (torchrun)")
+    ddp, acc, ours = (sps(name) for name in names)
 
     def row(label: str, value: float | None, target: str, ok: bool | None, fmt: str) -> None:
         shown = "n/a" if value is None else format(value, fmt)
@@ -355,30 +325,68 @@ def main() -> None:
         print(f"| {label} | {shown} | {target} | {verdict} |")
 
     ratio = ours / acc if ours and acc else None
-    row(
-        "cpuaccel / Accelerate samples/s",
-        ratio,
-        f">= {TARGET_VS_ACCELERATE}x (aim {AIM_VS_ACCELERATE}x)",
-        None if ratio is None else ratio >= TARGET_VS_ACCELERATE,
-        ".2f",
-    )
+    ok = None if ratio is None else ratio >= AIM_VS_ACCELERATE
+    row("cpuaccel / Accelerate samples/s", ratio, f">= {AIM_VS_ACCELERATE}x", ok, ".2f")
     ratio = ours / ddp if ours and ddp else None
-    row(
-        "cpuaccel / fp32 DDP samples/s",
-        ratio,
-        f">= {TARGET_VS_DDP}x",
-        None if ratio is None else ratio >= TARGET_VS_DDP,
-        ".2f",
-    )
-    share = results.get("cpuaccel run", {}).get("sync_share")
+    if native:
+        ok = None if ratio is None else ratio >= TARGET_VS_DDP
+        row("cpuaccel / fp32 DDP samples/s", ratio, f">= {TARGET_VS_DDP}x", ok, ".2f")
+    else:  # both fp32: the 1.8x target is for CPUs with native bf16
+        row("cpuaccel / fp32 DDP samples/s", ratio, "(fp32 in use: no target)", None, ".2f")
+    share = results.get(names[2], {}).get("sync_share")
+    value = None if share is None else 100 * float(share)
+    ok = None if share is None else float(share) <= TARGET_SYNC_SHARE
     row(
         "cpuaccel gradient sync share of step",
-        None if share is None else 100 * float(share),
+        value,
         f"<= {100 * TARGET_SYNC_SHARE:.0f}%",
-        None if share is None else float(share) <= TARGET_SYNC_SHARE,
+        ok,
         ".1f",
     )
-    print(f"\nbench/train wall time: {time.perf_counter() - began:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_args(parser)
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the 3 runs")
+    parser.add_argument("--profile", action="store_true", help="only one rank's per-op profile")
+    parser.add_argument("--worker", choices=["ddp", "accelerate"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    from cpuaccel.runtime.precision import resolve_precision
+
+    # What cpuaccel's default picks on this CPU (--precision: the other kind's path).
+    chosen = resolve_precision(args.precision or "auto")
+    bf16 = chosen.dtype is not None
+    why = chosen.note or f"precision {chosen.name} (--precision {args.precision})"
+    if args.profile:
+        profile(args, bf16, EXAMPLES)
+        return
+    began, load_before = time.perf_counter(), os.getloadavg()[0]
+    log(f"{why}; measuring the {chosen.name} matmul peak")
+    (peak1, n1), (peak2, n2) = matmul_peak(1, bf16), matmul_peak(2, bf16)
+    work = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    env = dict(os.environ, NO_COLOR="1", PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    env["HF_HOME"] = str(work / "hf-home")  # no user Accelerate config
+    env.pop("OMP_NUM_THREADS", None)
+    runs = cases(args, work, "bf16" if bf16 else "no")
+    results, seconds = measure(args, runs, env)
+    shutil.rmtree(work, ignore_errors=True)
+    names = [name for name, _, _ in runs]
+    print_table(args, results, seconds, names, (peak1, peak2))
+    print(
+        f"\nCPU: {cpu_named()}; {why}. {chosen.name} matmul peak (sized by time): "
+        f"1 thread {peak1 / 1e12:.3f} TFLOP/s ({n1}^2), 2 threads {peak2 / 1e12:.3f} "
+        f"TFLOP/s ({n2}^2)"
+    )
+    print_checks(results, names, bf16)
+    print(
+        f"\nload average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}; "
+        f"bench/train wall time: {time.perf_counter() - began:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -40,4 +40,8 @@ def test_a_dry_run_without_facts_shows_a_placeholder() -> None:
 )
 def test_explicit_values_are_kept_whatever_the_cpu(value: str | None, exported: str | None) -> None:
     choice = choose_precision(value, HOSTS, {h.name: cpu() for h in HOSTS})
-    assert (choice.accelerate, choice.cpuaccel, choice.note) == (exported, exported, None)
+    assert (choice.accelerate, choice.cpuaccel) == (exported, exported)
+    if value == "bf16":  # honoured, and said to be emulated on these nodes
+        assert choice.note is not None and "without native bf16 on n1, n2, n3 " in choice.note
+    else:
+        assert choice.note is None

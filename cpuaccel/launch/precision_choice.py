@@ -38,21 +38,32 @@ def choose_precision(
         return PrecisionChoice(None, None)
     if value in ("no", "fp32"):
         return PrecisionChoice("no", "no")
-    if value != "auto":
-        return PrecisionChoice(value, value)
     known = {h.name: facts[h.name] for h in hosts if facts and h.name in facts}
+    lacking = [name for name, f in known.items() if native_bf16(f) is None]
+    if value != "auto":  # an explicit bf16 is honoured, with a warning where it is emulated
+        note = None
+        if lacking:
+            note = (
+                f"warning: mixed precision bf16 without native bf16 on {_shown(lacking)} "
+                "(emulated, may be slower than fp32; --mixed-precision auto would pick fp32)"
+            )
+        return PrecisionChoice(value, value, note)
     if len(known) < len(hosts):
         return PrecisionChoice(PLACEHOLDER, "auto")
-    lacking = [name for name, f in known.items() if native_bf16(f) is None]
     if not lacking:
         flags = sorted({native_bf16(f) or "" for f in known.values()})
         return PrecisionChoice(
             "bf16", "bf16", f"precision auto -> bf16: every node has {' or '.join(flags)}"
         )
-    shown = ", ".join(lacking[:3]) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
     return PrecisionChoice(
         "no",
         "no",
-        f"precision auto -> fp32: no AMX-BF16 or AVX512-BF16 on {shown} "
+        f"precision auto -> fp32: no AMX-BF16 or AVX512-BF16 on {_shown(lacking)} "
         "(bf16 would be emulated; pass --mixed-precision bf16 to use it anyway)",
     )
+
+
+def _shown(names: Sequence[str]) -> str:
+    """The first three names, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more

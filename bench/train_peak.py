@@ -1,0 +1,121 @@
+"""bench/train.py's parts that are not runs: the CPU named, the matmul peak of the
+precision in use (sized by time), and one rank's per-op profile.
+
+The peak once took 15 minutes: a fixed 4096^2 bf16 matmul on a CPU without native bf16
+(emulated, ~100x slower than fp32). Now the matrix grows from 256 until one call takes
+PEAK_CALL_S, so the measure takes seconds on any CPU, and its dtype is the one the runs
+train in (fp32 where auto picks fp32), so "of peak" compares like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PEAK_CALL_S = 0.2  # one call at least this long: well above timer and thread start noise
+PEAK_MAX_N = 4096
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_named() -> str:
+    """The CPU's model and the flags that decide precision, e.g. 'AMD EPYC (avx512f ...)'."""
+    model, flags = "unknown CPU", set()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    have = [f for f in FLAGS if f in flags]
+    return (
+        f"{model} ({', '.join(have) or 'none of ' + ', '.join(FLAGS)}; no amx)"
+        if ("amx_tile" not in flags)
+        else f"{model} ({', '.join(have)})"
+    )
+
+
+def matmul_peak(threads: int, bf16: bool, repeat: int = 5) -> tuple[float, int]:
+    """(FLOP/s, n): the best of `repeat` n x n matmuls in the precision in use on
+    `threads` threads, n doubled from 256 until one call takes PEAK_CALL_S."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    try:
+        n = 256
+        while True:
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            torch.matmul(a, b)  # warm-up: the kernel chosen, pages touched
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            once = time.perf_counter() - start
+            if once >= PEAK_CALL_S or n >= PEAK_MAX_N:
+                break
+            n *= 2
+        best = once
+        for _ in range(repeat - 1):
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - start)
+        return 2 * n**3 / best, n
+    finally:
+        torch.set_num_threads(before)
+
+
+def profile_table(prof: Any, step_s: float, top: int = 12) -> str:
+    """The profile's top ops by self CPU time as a Markdown table (op, self CPU %, calls)."""
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    lines = ["| op | self CPU % | calls |", "|---|---:|---:|"]
+    for e in events[:top]:
+        lines.append(f"| {e.key} | {100 * e.self_cpu_time_total / total:.1f}% | {e.count} |")
+    return "\n".join(lines) + f"\n\n(median step {1000 * step_s:.0f} ms over the profiled steps)"
+
+
+def profile(args: argparse.Namespace, bf16: bool, examples: Path) -> None:
+    """One rank (world of one) of examples/train.py's step under cpuaccel, per op."""
+    sys.path.insert(0, str(examples))
+    import torch
+    from torch import nn
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    from train import TinyLM, Windows, adamw, corpus  # examples/train.py
+
+    import cpuaccel
+
+    ctx = cpuaccel.init(mixed_precision="bf16" if bf16 else "no", seed=0)
+    loader = torch.utils.data.DataLoader(
+        Windows(corpus(2_000_000), args.context), batch_size=args.batch, shuffle=True
+    )
+    model = TinyLM(args.width, args.layers, args.heads, args.context)
+    optimizer, _ = adamw(model.parameters(), args.lr)
+    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+    times: list[float] = []
+
+    def steps(count: int) -> None:
+        for _, (inputs, targets) in zip(range(count), loader, strict=False):
+            start = time.perf_counter()
+            with ctx.autocast():
+                logits = model(inputs)
+            loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
+            ctx.backward(loss)
+            ctx.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - start)
+
+    steps(5)
+    times.clear()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        steps(10)
+    print(f"\n## one rank's step, per op ({torch.get_num_threads()} threads, {cpu_named()})\n")
+    print(profile_table(prof, statistics.median(times)))
