@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +18,9 @@ from test_launch_scripts import plan_of
 
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
+from cpuaccel.launch import preflight
 from cpuaccel.launch.rundir import render_job_files
 from cpuaccel.node import jobs
 
@@ -74,3 +78,21 @@ def test_the_sweep_removes_the_masters_folder(run_id: str) -> None:
     assert not mux.exists()
     jobs.end_masters("../etc")  # never a path outside its prefix
     assert Path("/etc").is_dir()
+
+
+def test_a_failed_preflight_ends_the_masters(run_id: str) -> None:
+    mux = Path(openssh.mux_dir(run_id))
+    mux.mkdir(mode=0o700)
+    python = {"cpuaccel_python": sys.executable}
+    head = Host("head", {"ansible_connection": "local", **python})
+    plan = replace(
+        plan_of([head, Host("n2", {"ansible_host": "10.0.0.2", **python})]), run_id=run_id
+    )
+    with ConnectionPool(ConnectOptions()) as pool:
+        reach = preflight.LauncherReach(plan, ConnectOptions(), pool)
+        reach.end_masters()  # the check never started: nothing to end
+        assert mux.exists()
+        reach._thread = threading.Thread(target=lambda: None)
+        reach._thread.start()
+        reach.end_masters()
+    assert not mux.exists()

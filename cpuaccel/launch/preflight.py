@@ -311,6 +311,18 @@ class LauncherReach:
         self._thread = threading.Thread(target=work, name="launcher-reach", daemon=True)
         self._thread.start()
 
+    def end_masters(self) -> None:
+        """No job starts (preflight failed): end the ssh masters the check left."""
+        if self._thread is None:
+            return
+        self._thread.join(REACH_TIMEOUT + 60)
+        what = "ending the launcher check's ssh masters"
+        try:
+            conn = self.pool.get(self.plan.head)
+            programs.call(conn, "jobs", ["unmux", self.plan.run_id], what=what, timeout=30.0)
+        except CpuaccelError:
+            pass  # they end by themselves ControlPersist seconds after the check
+
     def problems(self) -> list[Problem]:
         """What the check found, once it ended (bounded: the node program's timeout)."""
         if self._thread is not None:

@@ -20,6 +20,7 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      With --mux, DIR is made first (0700, exclusively) for the ssh
                      masters the check leaves for the launch (ControlPersist); ``end``
                      ends them and removes DIR
+  unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
   stacks RUN_ID TIMEOUT
@@ -353,6 +354,9 @@ def main() -> None:
         result = signal_launcher(args[0], args[1], int(args[2]))
     elif mode == "end":
         result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "unmux":  # a preflight that failed: no job will use the masters
+        end_masters(args[0])
+        result = {}
     elif mode == "reach":
         files = json.loads(sys.stdin.buffer.read())
         hosts, mux = args[2:], None
