@@ -293,28 +293,41 @@ def forget_secrets(run_dir: str) -> bool:
 
 def end_masters(run_id: str) -> None:
     """End the run's ssh masters (reach's --mux) and remove their folder, if this node
-    has it and it is ours: the job is over, nothing is left to reuse them."""
+    has it and it is ours: the job is over, nothing is left to reuse them. The folder
+    is first renamed to one of this process: on a /tmp that nodes share, one node ends
+    the masters, not every node each one."""
     import subprocess
 
     name = MUX_PREFIX.rsplit("/", 1)[1] + run_id
     if "/" in run_id or run_id in ("", ".", ".."):
         return
+    taken = f"{name}.ending-{os.getpid()}"
     parent = os.open("/tmp", _FOLLOW)
     try:
         st = lstat_at(parent, name)
         if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return
-        for sock in os.listdir(MUX_PREFIX + run_id):
-            path = os.path.join(MUX_PREFIX + run_id, sock)
-            argv = ["ssh", "-o", f"ControlPath={path}", "-O", "exit", "cpuaccel-mux"]
-            try:  # the master exits and removes its socket; a stale one is removed below
-                subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
         try:
-            remove_at(parent, name)
+            os.rename(name, taken, src_dir_fd=parent, dst_dir_fd=parent)
         except OSError:  # another node of a shared /tmp got there first
-            pass
+            return
+        folder = f"/tmp/{taken}"
+        procs = [  # all at once; each master exits and its socket goes with the folder
+            subprocess.Popen(
+                ["ssh", "-o", f"ControlPath={folder}/{sock}", "-O", "exit", "cpuaccel-mux"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for sock in os.listdir(folder)
+        ]
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        remove_at(parent, taken)
     finally:
         os.close(parent)
 
