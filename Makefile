@@ -13,7 +13,7 @@ TORCH_INDEX_URL ?=
 PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 TORCH_INDEX_VARS := $(if $(TORCH_INDEX_URL),-e cpuaccel_torch_index_url=$(TORCH_INDEX_URL))
 
-.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -69,6 +69,10 @@ bench-sync: $(STAMP)
 
 bench-launch: $(STAMP)
 	$(BIN)/python bench/launch.py
+
+# The same at 16 nodes x 2 (issue 17): a trivial rank script, and where cpuaccel's time goes.
+bench-launch16: $(STAMP)
+	$(BIN)/python bench/launch.py --scale
 
 # Its Slurm column: cpuaccel run inside salloc against plain srun, on the Slurm test bed.
 bench-launch-slurm: $(STAMP)

@@ -421,8 +421,11 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
 ) -> None:
     calls: list[tuple[str, list[str], str]] = []
 
-    def record(conn: Any, plan: RunPlan, files: Any, targets: list[Host]) -> list[Any]:
+    def record(
+        conn: Any, plan: RunPlan, files: Any, targets: list[Host], *, mux: bool = False
+    ) -> list[Any]:
         calls.append((plan.run_dir, [t.name for t in targets], files["known_hosts"][1]))
+        assert mux and "ControlMaster yes" in files["ssh_config"][1]  # masters for the launch
         return []
 
     monkeypatch.setattr(preflight, "check_launcher_reach", record)

@@ -312,6 +312,31 @@ def ssh_config_default(known_hosts: str) -> str:
     )
 
 
+MUX_PREFIX = "/tmp/cpuaccel-mux-"  # + the run id: the head's ssh masters of one run
+MUX_PERSIST = 30  # seconds a master stays after its last session (then it exits itself)
+
+
+def mux_dir(run_id: str) -> str:
+    """Where the head keeps the run's ssh master connections (node/jobs.py makes it,
+    0700 and exclusively, in the preflight's launcher check, and the sweep removes it).
+    Short on purpose: a socket path has 107 bytes, and ssh adds 17 to it while binding."""
+    return MUX_PREFIX + run_id
+
+
+def ssh_config_mux(run_id: str) -> str:
+    """The block that lets MPI's ssh reuse the connections the preflight's launcher
+    check opened (``ssh.sh -M NODE true``, which stays ControlPersist seconds): the
+    launch then costs no second SSH handshake a node. ``ControlMaster`` stays no for
+    every other ssh, so a missing master means a plain connection, never a new master."""
+    return f"Host *\n    ControlPath {mux_dir(run_id)}/%C\n    ControlPersist {MUX_PERSIST}\n"
+
+
+def ssh_config_master() -> str:
+    """Appended to the preflight's own copy of the ssh_config only: its ``ssh.sh NODE
+    true`` opens the masters (kept ControlPersist seconds) that the launch reuses."""
+    return "Host *\n    ControlMaster yes\n"
+
+
 def known_hosts_line(host: Host, key: str) -> str:
     """A known_hosts line giving ``key`` ("TYPE BASE64", as the controller verified it)
     to the names ssh looks the host up by: the inventory name and the address, as

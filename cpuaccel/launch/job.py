@@ -286,12 +286,11 @@ def _preflight_and_sync(
     local: bool,
     nodes: _Nodes,
 ) -> dict[str, Facts]:
-    """Check every node; sync a stale project (or refuse with --no-sync). Returns facts."""
-    # The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest.
+    """Check every node; sync a stale project (or refuse with --no-sync). Returns facts.
+    The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
     source = build([str(Path.cwd())], excludes=settings.exclude.value)
     launcher = settings.launcher.value
-    # The head's ssh to the others runs within the same pass (see LauncherReach).
-    reach = LauncherReach(draft, nodes.connect, nodes.pool)
+    reach = LauncherReach(draft, nodes.connect, nodes.pool)  # the head's ssh, same pass
     with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
         found = run_preflight(
             draft.hosts,
@@ -319,6 +318,7 @@ def _preflight_and_sync(
             for name in found.stale
         ]
     if problems:
+        reach.end_masters()
         _print_problems(problems)
         raise PreflightFailed(
             f"{len(problems)} problem(s) found before launch; no job was started", problems

@@ -300,13 +300,28 @@ class LauncherReach:
         def work() -> None:
             try:
                 files = render_ssh_files(self.plan, self.connect, self._keys)
+                # The check's connections stay as masters that the launch reuses.
+                mode, config = files["ssh_config"]
+                files["ssh_config"] = (mode, config + openssh.ssh_config_master())
                 conn = self.pool.get(head)
-                self._problems = check_launcher_reach(conn, self.plan, files, targets)
+                self._problems = check_launcher_reach(conn, self.plan, files, targets, mux=True)
             except CpuaccelError as exc:
                 self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
 
         self._thread = threading.Thread(target=work, name="launcher-reach", daemon=True)
         self._thread.start()
+
+    def end_masters(self) -> None:
+        """No job starts (preflight failed): end the ssh masters the check left."""
+        if self._thread is None:
+            return
+        self._thread.join(REACH_TIMEOUT + 60)
+        what = "ending the launcher check's ssh masters"
+        try:
+            conn = self.pool.get(self.plan.head)
+            programs.call(conn, "jobs", ["unmux", self.plan.run_id], what=what, timeout=30.0)
+        except CpuaccelError:
+            pass  # they end by themselves ControlPersist seconds after the check
 
     def problems(self) -> list[Problem]:
         """What the check found, once it ended (bounded: the node program's timeout)."""
@@ -316,14 +331,22 @@ class LauncherReach:
 
 
 def check_launcher_reach(
-    head: Connector, plan: RunPlan, files: dict[str, tuple[int, str]], targets: Sequence[Host]
+    head: Connector,
+    plan: RunPlan,
+    files: dict[str, tuple[int, str]],
+    targets: Sequence[Host],
+    *,
+    mux: bool = False,
 ) -> list[Problem]:
     """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
     with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
-    proxies. A pair that fails is one problem naming head -> node and the fix."""
+    proxies. A pair that fails is one problem naming head -> node and the fix.
+    ``mux``: the head first makes the folder of the masters ``files`` keep open."""
     if not targets:
         return []
     names = [h.name for h in targets]
+    if mux:
+        names.insert(0, f"--mux={openssh.mux_dir(plan.run_id)}")
     words = ["reach", plan.run_dir, f"{REACH_TIMEOUT:g}", *names]
     payload = json.dumps(files).encode()
     what = "trying the launcher's ssh from the head node"

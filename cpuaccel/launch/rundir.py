@@ -97,7 +97,7 @@ def render_ssh_files(
     keys the controller verified, none in a dry run): how the launcher reaches nodes."""
     known_hosts = plan.path("known_hosts")
     config = "".join(openssh.ssh_config_stanza(h, connect, known_hosts) for h in plan.hosts)
-    config += openssh.ssh_config_default(known_hosts)
+    config += openssh.ssh_config_default(known_hosts) + openssh.ssh_config_mux(plan.run_id)
     keys = host_keys or {}
     lines = [openssh.known_hosts_line(h, keys[h.name]) for h in plan.hosts if keys.get(h.name)]
     return {

@@ -13,10 +13,14 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
   end RUN_ID GRACE [RUN_DIR]
                      SIGTERM this job's processes, SIGKILL what is left after GRACE s;
                      then remove RUN_DIR/secret.env (the job is over)
-  reach RUN_DIR TIMEOUT HOST...
+  reach RUN_DIR TIMEOUT [--mux=DIR] HOST...
                      payload: JSON {name: [mode, text]} (ssh.sh and its files): run
                      ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
-                     will, within TIMEOUT s; the files and RUN_DIR are removed after
+                     will, within TIMEOUT s; the files and RUN_DIR are removed after.
+                     With --mux, DIR is made first (0700, exclusively) for the ssh
+                     masters the check leaves for the launch (ControlPersist); ``end``
+                     ends them and removes DIR
+  unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
   stacks RUN_ID TIMEOUT
@@ -34,11 +38,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import sys
 import time
 
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
+from cpuaccel.node.nofollow import (
+    FOLDER,
+    LinkRefused,
+    folder_at,
+    lstat_at,
+    own_folder_at,
+    remove_at,
+)
 from cpuaccel.node.progress import stacks
 from cpuaccel.node.runfiles import operation as run_files
 
@@ -152,11 +164,31 @@ def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
     return {"written": sorted(files)}
 
 
-def reach(run_dir: str, timeout: float, hosts: list[str], files: Any) -> dict[str, Any]:
+MUX_PREFIX = "/tmp/cpuaccel-mux-"  # + the run id (connectors/openssh.mux_dir)
+
+
+def reach(
+    run_dir: str, timeout: float, hosts: list[str], files: Any, mux: str | None = None
+) -> dict[str, Any]:
     """Can the launcher's ssh.sh reach every host from here? {host: [code, last line]},
-    code None when it did not answer within ``timeout``."""
+    code None when it did not answer within ``timeout``. ``mux``: the folder for the
+    masters that the files' ssh_config keeps (made here: never one someone else made,
+    whose sockets would carry the job's commands to another user's connection)."""
     import subprocess
 
+    if mux is not None:
+        if not mux.startswith(MUX_PREFIX) or "/" in mux[len(MUX_PREFIX) :]:
+            raise SystemExit(f"refused: {mux} is not a folder of cpuaccel's ssh masters")
+        try:
+            os.mkdir(mux, 0o700)
+        except FileExistsError:  # this run's own, from an earlier pass (--nodes MIN:MAX)
+            st = os.lstat(mux)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                raise SystemExit(
+                    f"refused: {mux} exists and is not a private folder of this user"
+                ) from None
+        except OSError as exc:
+            raise SystemExit(f"cannot make {mux} for the launcher's ssh: {exc.strerror}") from None
     created = []  # the folders made here, removed again: preflight leaves nothing
     above, name = os.path.split(run_dir.rstrip("/"))
     folder = above
@@ -259,7 +291,49 @@ def forget_secrets(run_dir: str) -> bool:
     return True
 
 
+def end_masters(run_id: str) -> None:
+    """End the run's ssh masters (reach's --mux) and remove their folder, if this node
+    has it and it is ours: the job is over, nothing is left to reuse them. The folder
+    is first renamed to one of this process: on a /tmp that nodes share, one node ends
+    the masters, not every node each one."""
+    import subprocess
+
+    name = MUX_PREFIX.rsplit("/", 1)[1] + run_id
+    if "/" in run_id or run_id in ("", ".", ".."):
+        return
+    taken = f"{name}.ending-{os.getpid()}"
+    parent = os.open("/tmp", _FOLLOW)
+    try:
+        st = lstat_at(parent, name)
+        if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return
+        try:
+            os.rename(name, taken, src_dir_fd=parent, dst_dir_fd=parent)
+        except OSError:  # another node of a shared /tmp got there first
+            return
+        folder = f"/tmp/{taken}"
+        procs = [  # all at once; each master exits and its socket goes with the folder
+            subprocess.Popen(
+                ["ssh", "-o", f"ControlPath={folder}/{sock}", "-O", "exit", "cpuaccel-mux"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for sock in os.listdir(folder)
+        ]
+        for proc in procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        remove_at(parent, taken)
+    finally:
+        os.close(parent)
+
+
 def end(run_id: str, grace: float, run_dir: str | None = None) -> dict[str, Any]:
+    end_masters(run_id)
     pids = job_pids(run_id)
     terminated = _describe(pids)
     _kill(pids, signal.SIGTERM)
@@ -293,9 +367,15 @@ def main() -> None:
         result = signal_launcher(args[0], args[1], int(args[2]))
     elif mode == "end":
         result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "unmux":  # a preflight that failed: no job will use the masters
+        end_masters(args[0])
+        result = {}
     elif mode == "reach":
         files = json.loads(sys.stdin.buffer.read())
-        result = reach(args[0], float(args[1]), args[2:], files)
+        hosts, mux = args[2:], None
+        if hosts and hosts[0].startswith("--mux="):  # no inventory name holds a "="
+            mux, hosts = hosts[0][len("--mux=") :], hosts[1:]
+        result = reach(args[0], float(args[1]), hosts, files, mux)
     elif mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
         result = run_files(mode, args)
     elif mode == "stacks":

@@ -1,0 +1,98 @@
+"""The launch reuses the preflight's ssh: the head's ``ssh.sh NODE true`` (the launcher
+check) leaves ssh masters in a private folder, MPI's ssh reaches the nodes through them,
+and the sweep ends them and removes the folder."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_launch_scripts import plan_of
+
+from cpuaccel.connectors import openssh
+from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch import preflight
+from cpuaccel.launch.rundir import render_job_files
+from cpuaccel.node import jobs
+
+FAKE_SSH = "#!/bin/sh\nexit 0\n"
+
+
+@pytest.fixture
+def run_id() -> Iterator[str]:
+    """A run id of its own (the masters' folder is in the real /tmp), removed after."""
+    value = f"20260101-000000-{secrets.token_hex(3)}"
+    yield value
+    shutil.rmtree(openssh.mux_dir(value), ignore_errors=True)
+
+
+def test_the_run_ssh_config_reuses_masters_and_never_makes_one(run_id: str) -> None:
+    chosen = [
+        Host(n, {"ansible_host": f"10.0.0.{i}", "ansible_port": 22})
+        for i, n in ((1, "a"), (2, "b"))
+    ]
+    plan = replace(plan_of(chosen), run_id=run_id)
+    config = render_job_files(plan, ConnectOptions())["ssh_config"][1]
+    assert f"ControlPath /tmp/cpuaccel-mux-{run_id}/%C" in config
+    assert "ControlPersist 30" in config
+    assert "ControlMaster" not in config  # only the preflight's copy opens masters
+    # A socket path has 107 bytes; ssh binds at PATH + 17 bytes first.
+    assert len(f"{openssh.mux_dir(run_id)}/{'0' * 40}") + 17 <= 107
+
+
+def test_reach_makes_the_masters_folder_private(tmp_path: Path, run_id: str) -> None:
+    mux = openssh.mux_dir(run_id)
+    files = {"ssh.sh": (0o700, FAKE_SSH)}
+    found = jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, mux)["reach"]
+    assert found == {"n2": [0, ""]}
+    st = os.lstat(mux)
+    assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+    # Again for the same run (a second preflight pass): its own folder is taken as is.
+    assert jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, mux)["reach"] == found
+
+
+def test_reach_refuses_a_masters_folder_others_can_enter(tmp_path: Path, run_id: str) -> None:
+    mux = openssh.mux_dir(run_id)
+    os.mkdir(mux, 0o755)
+    os.chmod(mux, 0o777)  # as another user could have left it
+    with pytest.raises(SystemExit, match="not a private folder"):
+        jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], {"ssh.sh": (0o700, FAKE_SSH)}, mux)
+    with pytest.raises(SystemExit, match="not a folder of cpuaccel"):
+        jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], {}, "/etc/cpuaccel-mux-x")
+
+
+def test_the_sweep_removes_the_masters_folder(run_id: str) -> None:
+    mux = Path(openssh.mux_dir(run_id))
+    mux.mkdir(mode=0o700)
+    (mux / ("0" * 40)).write_text("")  # a stale socket's name: no master answers there
+    jobs.end(run_id, 0.0)
+    assert not mux.exists()
+    jobs.end_masters("../etc")  # never a path outside its prefix
+    assert Path("/etc").is_dir()
+
+
+def test_a_failed_preflight_ends_the_masters(run_id: str) -> None:
+    mux = Path(openssh.mux_dir(run_id))
+    mux.mkdir(mode=0o700)
+    python = {"cpuaccel_python": sys.executable}
+    head = Host("head", {"ansible_connection": "local", **python})
+    plan = replace(
+        plan_of([head, Host("n2", {"ansible_host": "10.0.0.2", **python})]), run_id=run_id
+    )
+    with ConnectionPool(ConnectOptions()) as pool:
+        reach = preflight.LauncherReach(plan, ConnectOptions(), pool)
+        reach.end_masters()  # the check never started: nothing to end
+        assert mux.exists()
+        reach._thread = threading.Thread(target=lambda: None)
+        reach._thread.start()
+        reach.end_masters()
+    assert not mux.exists()
