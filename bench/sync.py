@@ -1,6 +1,6 @@
-"""Sync: `cpuaccel sync` against `rsync -a` to 4 real nodes in parallel.
+"""Sync: `cpuaccel sync` against `rsync -a` to 4 and 16 real nodes in parallel.
 
-A generated 2,000-file, ~50 MB tree goes to the same 4 namespace nodes (each with its
+A generated 2,000-file, ~50 MB tree goes to the same namespace nodes (4, then 16) (each with its
 own sshd and private /srv/cpuaccel-node) by both tools, in three phases:
 
     first       destinations wiped on every node before each run (not timed)
@@ -15,7 +15,8 @@ one for both: cpuaccel's controller-side hash cache is emptied before it as well
 A cpuaccel run that fails is printed with the results, and its phase redone for both.
 Afterwards both copies on every node are compared with the source, file by file.
 
-    sudo .venv/bin/python bench/sync.py [--repeat 5] [--files 2000] [--megabytes 50]
+    sudo .venv/bin/python bench/sync.py [--repeat 5] [--nodes 4,16] [--cluster-id 10]
+                                        [--files 2000] [--megabytes 50]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 
 CLUSTER_ID = 10  # apart from the tests' (0) and the fan-out bench's (9)
-NODES = 4
+NODES = "4,16"
 SEED = 20240603
 DEST_ROOT = NODE_DIR / "bench"  # per node: the only private path on a namespace node
 CPUACCEL_DEST = DEST_ROOT / "cpuaccel"
@@ -280,14 +281,31 @@ def interleaved(
     return times, failures
 
 
-def main() -> None:
+def node_counts(text: str) -> list[int]:
+    """--nodes: a comma-separated list of node counts, each 1-64."""
+    try:
+        counts = [int(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nodes {text!r}: give counts like 4,16") from None
+    if not counts or any(not 1 <= n <= 64 for n in counts):
+        raise argparse.ArgumentTypeError(f"--nodes {text!r}: each count must be 1-64")
+    return counts
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--nodes", type=node_counts, default=node_counts(NODES))
+    parser.add_argument("--cluster-id", type=int, default=CLUSTER_ID)
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--megabytes", type=float, default=50)
     parser.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is not installed: apt-get install rsync")
 
@@ -298,53 +316,81 @@ def main() -> None:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="cpxl-bench-sync-"))
+    results: list[tuple[int, dict[tuple[str, str], list[float]], list[str], Tools]] = []
     try:
         src = work / "project"
         paths, total = make_tree(src, args.files, int(args.megabytes * 1e6))
         log(f"tree: {len(paths)} files, {total / 1e6:.1f} MB in {src}")
-        with Cluster(NODES, cluster_id=CLUSTER_ID) as cluster:
-            tools = Tools(cluster, src, work / "cache")
-            times, failures = interleaved(tools, args.repeat, args.warmup, paths, log)
-            verify(cluster, src, len(paths))
-            log(f"verified: both trees match the source on all {NODES} nodes")
+        for nodes in args.nodes:
+            with Cluster(nodes, cluster_id=args.cluster_id) as cluster:
+                tools = Tools(cluster, src, work / f"cache{nodes}")
+                times, failures = interleaved(tools, args.repeat, args.warmup, paths, log)
+                verify(cluster, src, len(paths))
+                log(f"verified: both trees match the source on all {nodes} nodes")
+            results.append((nodes, times, failures, tools))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     print(
-        f"median of {args.repeat} runs, wall seconds, {NODES} nodes, "
+        f"median of {args.repeat} runs (after {args.warmup} warm-up), wall seconds, "
         f"{os.cpu_count()}-core machine, {len(paths):,} files, {total / 1e6:.1f} MB"
     )
+    print(f"CPU: {cpu_name()}")
     print(f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
     print()
-    print("| phase | cpuaccel sync | rsync -a (4 in parallel) | cpuaccel / rsync | target |")
-    print("|---|---:|---:|---:|---:|")
-    verdicts = []
-    for phase in PHASES:
-        ours = statistics.median(times["cpuaccel", phase])
-        theirs = statistics.median(times["rsync", phase])
-        ratio = ours / theirs
-        verdicts.append((phase, ratio, ratio <= TARGETS[phase]))
-        print(f"| {phase} | {ours:.2f} | {theirs:.2f} | {ratio:.2f}x | <= {TARGETS[phase]}x |")
+    print("| nodes | phase | cpuaccel sync | rsync -a (all nodes in parallel) | ratio | target |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for nodes, times, _, _ in results:
+        for phase in PHASES:
+            ours = statistics.median(times["cpuaccel", phase])
+            theirs = statistics.median(times["rsync", phase])
+            cells = f"{ours:.2f} | {theirs:.2f} | {ours / theirs:.2f}x | <= {TARGETS[phase]}x"
+            print(f"| {nodes} | {phase} | {cells} |")
     print()
-    for phase, ratio, ok in verdicts:
-        print(f"{'PASS' if ok else 'MISS'} {phase}: {ratio:.2f}x (target <= {TARGETS[phase]}x)")
+    for nodes, times, failures, tools in results:
+        report(nodes, times, failures, tools, args.repeat + args.warmup)
+    print(f"bench took {time.perf_counter() - started:.0f}s")
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the flags that matter here."""
+    text = Path("/proc/cpuinfo").read_text()
+    names = [ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln]
+    name = names[0] if names else "?"
+    flags = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f" {f}" in text]
+    return f"{name} ({', '.join(flags) or 'no avx512f/avx512_bf16/amx'})"
+
+
+def report(
+    nodes: int,
+    times: dict[tuple[str, str], list[float]],
+    failures: list[str],
+    tools: Tools,
+    rounds: int,
+) -> None:
+    """PASS/MISS per phase, the spread of paired ratios, the nodes' own seconds."""
+    for phase in PHASES:
+        ratio = statistics.median(times["cpuaccel", phase]) / statistics.median(
+            times["rsync", phase]
+        )
+        verdict = "PASS" if ratio <= TARGETS[phase] else "MISS"
+        print(f"{verdict} {nodes} nodes, {phase}: {ratio:.2f}x (target <= {TARGETS[phase]}x)")
     spread = []
     for phase in PHASES:
         pairs = zip(times["cpuaccel", phase], times["rsync", phase], strict=True)
         ratios = [ours / theirs for ours, theirs in pairs]
         spread.append(f"{phase} {min(ratios):.2f}-{max(ratios):.2f}x")
-    print("per-repeat cpuaccel / rsync (paired runs), min-max: " + ", ".join(spread))
-    slowest = {p: statistics.median(tools.node_seconds[p][args.warmup :]) for p in PHASES}
+    print(f"{nodes} nodes, per-repeat cpuaccel / rsync (paired), min-max: " + ", ".join(spread))
+    warmup = rounds - len(times["cpuaccel", PHASES[0]])
+    slowest = {p: statistics.median(tools.node_seconds[p][warmup:]) for p in PHASES}
     print(
-        "cpuaccel's slowest node, median (its --json seconds): "
+        f"{nodes} nodes, cpuaccel's slowest node, median (its --json seconds): "
         + ", ".join(f"{p} {s:.2f}s" for p, s in slowest.items())
     )
-    runs = (args.repeat + args.warmup) * len(PHASES) + len(failures)
     for failure in failures:
         print(f"cpuaccel sync FAILED (phase redone for both tools): {failure}")
     if failures:
-        print(f"cpuaccel sync failed {len(failures)} of {runs} runs")
-    print(f"bench took {time.perf_counter() - started:.0f}s")
+        print(f"cpuaccel sync failed {len(failures)} of {rounds * len(PHASES) + len(failures)}")
 
 
 if __name__ == "__main__":

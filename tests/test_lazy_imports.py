@@ -1,0 +1,79 @@
+"""Start-up guard: the SSH stack loads only when an SSH connection is really opened.
+
+paramiko, cryptography, Fabric and invoke cost 0.1-0.3 s of every command's start-up
+(issue 17: sync at rsync's speed). Each check runs in a fresh interpreter, as a user's
+command does, and lists what sys.modules holds at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = ("paramiko", "cryptography", "fabric", "invoke", "nacl", "torch")
+
+# Runs the CLI as `python -m cpuaccel ...` does, then prints the heavy modules loaded.
+PROBE = """
+import json, sys
+heavy = {heavy!r}
+code = 0
+try:
+    from cpuaccel.cli.main import main
+    sys.argv = ["cpuaccel", *{argv!r}]
+    main()
+except SystemExit as exc:
+    code = exc.code
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in heavy)
+sys.stderr.write("PROBE " + json.dumps({{"code": code, "loaded": loaded}}) + "\\n")
+"""
+
+
+def _probe(argv: list[str], cwd: Path) -> dict[str, object]:
+    script = PROBE.format(heavy=HEAVY, argv=argv)
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("PROBE ")]
+    assert lines, proc.stderr[-2000:]
+    result: dict[str, object] = json.loads(lines[-1][len("PROBE ") :])
+    return result
+
+
+def test_importing_the_cli_loads_no_ssh_stack() -> None:
+    script = (
+        "import sys, cpuaccel.cli.main\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    )
+    argv = [sys.executable, "-c", script]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_sync_help_loads_no_ssh_stack(tmp_path: Path) -> None:
+    result = _probe(["sync", "--help"], tmp_path)
+    assert result == {"code": 0, "loaded": []}
+
+
+def test_a_local_sync_loads_no_ssh_stack(tmp_path: Path) -> None:
+    """A whole sync to a local host: inventory, manifest, node program, verify; no SSH."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
+        f"      cpuaccel_python: {sys.executable}\n"
+    )
+    dest = tmp_path / "dest"
+    argv = ["sync", "-i", str(inventory), str(project), "--dest", str(dest), "--json"]
+    result = _probe(argv, project)
+    assert result["code"] == 0, result
+    assert (dest / "train.py").read_text() == "print('hi')\n"
+    assert result["loaded"] == []
