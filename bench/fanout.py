@@ -35,7 +35,7 @@ from pathlib import Path
 from ansible_venv import ensure_ansible
 
 from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.relay import Relay, relayed_known_hosts
+from cpuaccel.testing.relay import Relay, relayed_hosts
 
 CLUSTER_ID = int(os.environ.get("CPUACCEL_BENCH_CLUSTER_ID", "71"))
 TARGET_VS_PING = 0.2
@@ -82,17 +82,7 @@ def inventories(cluster: Cluster, sizes: list[int], delay_ms: float, out: Path) 
     overrides: dict[str, dict[str, object]] = {}
     extra: dict[str, object] = {}
     if delay_ms:
-        ports = {n.name: RELAY_PORT_BASE + n.index for n in cluster.nodes}
-        known = relayed_known_hosts(
-            cluster.known_hosts_path, ports, cluster.controller_address, out / "known_hosts"
-        )
-        overrides = {
-            name: {"ansible_host": cluster.controller_address, "ansible_port": port}
-            for name, port in ports.items()
-        }
-        extra["ansible_ssh_common_args"] = (
-            f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
-        )
+        overrides, extra["ansible_ssh_common_args"] = relayed_hosts(cluster, RELAY_PORT_BASE, out)
     paths = {}
     for n in sizes:
         only = cluster.names[:n]

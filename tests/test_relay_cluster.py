@@ -11,22 +11,14 @@ import pytest
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.relay import Relay, relayed_known_hosts
+from cpuaccel.testing.relay import Relay, relayed_hosts
 
 pytestmark = pytest.mark.cluster
 PORT_BASE = 31000
 
 
 def _relayed_inventory(cluster: Cluster, tmp_path: Path) -> Path:
-    ports = {node.name: PORT_BASE + node.index for node in cluster.nodes}
-    known = relayed_known_hosts(
-        cluster.known_hosts_path, ports, cluster.controller_address, tmp_path / "known_hosts"
-    )
-    overrides = {
-        name: {"ansible_host": cluster.controller_address, "ansible_port": port}
-        for name, port in ports.items()
-    }
-    args = f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
+    overrides, args = relayed_hosts(cluster, PORT_BASE, tmp_path)
     return cluster.write_inventory(
         tmp_path / "inventory.yaml", overrides, ansible_ssh_common_args=args
     )

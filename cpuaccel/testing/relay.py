@@ -30,6 +30,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cpuaccel.testing.cluster import Cluster
 
 CHUNK = 65536
 READY = "ready"
@@ -177,6 +181,23 @@ def relayed_known_hosts(known_hosts: Path, ports: dict[str, int], listen: str, o
                 extra.append(f"[{listen}]:{ports[name]} {key}")
     out.write_text("\n".join([*lines, *extra]) + "\n")
     return out
+
+
+def relayed_hosts(
+    cluster: Cluster, port_base: int, folder: Path
+) -> tuple[dict[str, dict[str, object]], str]:
+    """Inventory overrides that send every node of ``cluster`` through the relay's port
+    ``port_base + index``, and the ssh options (a known_hosts with the keys under those
+    ports, checked strictly) both cpuaccel and Ansible take from the inventory."""
+    ports = {node.name: port_base + node.index for node in cluster.nodes}
+    known = relayed_known_hosts(
+        cluster.known_hosts_path, ports, cluster.controller_address, folder / "known_hosts"
+    )
+    overrides: dict[str, dict[str, object]] = {
+        name: {"ansible_host": cluster.controller_address, "ansible_port": port}
+        for name, port in ports.items()
+    }
+    return overrides, f"-o UserKnownHostsFile={known} -o StrictHostKeyChecking=yes"
 
 
 async def _main_async(listen: str, routes: list[tuple[int, str, int]], delay: float) -> None:
