@@ -89,10 +89,14 @@ def test_a_failed_preflight_ends_the_masters(run_id: str) -> None:
         plan_of([head, Host("n2", {"ansible_host": "10.0.0.2", **python})]), run_id=run_id
     )
     with ConnectionPool(ConnectOptions()) as pool:
-        reach = preflight.LauncherReach(plan, ConnectOptions(), pool)
+        reach = preflight.LauncherReach(plan, ConnectOptions(), pool, keep_masters=True)
         reach.end_masters()  # the check never started: nothing to end
         assert mux.exists()
         reach._thread = threading.Thread(target=lambda: None)
         reach._thread.start()
+        check = preflight.LauncherReach(plan, ConnectOptions(), pool)  # `check`'s: no masters
+        check._thread = reach._thread
+        check.end_masters()
+        assert mux.exists()
         reach.end_masters()
     assert not mux.exists()

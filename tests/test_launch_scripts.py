@@ -416,8 +416,9 @@ class _Connected:
         return self.key
 
 
+@pytest.mark.parametrize("keep_masters", [True, False])
 def test_the_head_check_starts_once_every_node_is_connected_or_failed(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, keep_masters: bool
 ) -> None:
     calls: list[tuple[str, list[str], str]] = []
 
@@ -425,7 +426,10 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
         conn: Any, plan: RunPlan, files: Any, targets: list[Host], *, mux: bool = False
     ) -> list[Any]:
         calls.append((plan.run_dir, [t.name for t in targets], files["known_hosts"][1]))
-        assert mux and "ControlMaster yes" in files["ssh_config"][1]  # masters for the launch
+        # A run keeps the connections as masters for its launch (its sweep ends them);
+        # `check` starts no job and no sweep, so it must leave none behind.
+        assert mux is keep_masters
+        assert ("ControlMaster yes" in files["ssh_config"][1]) is keep_masters
         return []
 
     monkeypatch.setattr(preflight, "check_launcher_reach", record)
@@ -435,7 +439,10 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     ]
     plan = plan_of(chosen)
     reach = preflight.LauncherReach(
-        plan, ConnectOptions(), cast(ConnectionPool, SimpleNamespace(get=lambda h: None))
+        plan,
+        ConnectOptions(),
+        cast(ConnectionPool, SimpleNamespace(get=lambda h: None)),
+        keep_masters=keep_masters,
     )
     reach.connected(cast(Connector, _Connected(chosen[0], "ssh-ed25519 K1")))
     reach.connected(cast(Connector, _Connected(chosen[1], "ssh-ed25519 K2")))

@@ -290,7 +290,7 @@ def _preflight_and_sync(
     The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
     source = build([str(Path.cwd())], excludes=settings.exclude.value)
     launcher = settings.launcher.value
-    reach = LauncherReach(draft, nodes.connect, nodes.pool)  # the head's ssh, same pass
+    reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
     with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
         found = run_preflight(
             draft.hosts,

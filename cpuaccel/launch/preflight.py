@@ -257,10 +257,20 @@ class LauncherReach:
     The files are the draft plan's ssh files, placed in a folder of their own on the
     head (``/tmp/cpuaccel-reach-<run id>``, made exclusively and removed after)."""
 
-    def __init__(self, draft: RunPlan, connect: ConnectOptions, pool: ConnectionPool) -> None:
+    def __init__(
+        self,
+        draft: RunPlan,
+        connect: ConnectOptions,
+        pool: ConnectionPool,
+        *,
+        keep_masters: bool = False,
+    ) -> None:
         self.plan = replace(draft, run_dir=f"/tmp/cpuaccel-reach-{draft.run_id}")
         self.connect = connect
         self.pool = pool
+        # Only a run keeps the check's connections as ssh masters for its launch, and
+        # only a run's sweep ends them: `check` starts no job, so its would be left.
+        self.keep_masters = keep_masters
         local_head = draft.head.is_local  # the controller reaches itself without ssh
         self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
         if draft.launcher.name == "slurm":  # srun starts the ranks: no ssh between nodes
@@ -300,11 +310,13 @@ class LauncherReach:
         def work() -> None:
             try:
                 files = render_ssh_files(self.plan, self.connect, self._keys)
-                # The check's connections stay as masters that the launch reuses.
-                mode, config = files["ssh_config"]
-                files["ssh_config"] = (mode, config + openssh.ssh_config_master())
+                if self.keep_masters:  # the check's connections stay for the launch
+                    mode, config = files["ssh_config"]
+                    files["ssh_config"] = (mode, config + openssh.ssh_config_master())
                 conn = self.pool.get(head)
-                self._problems = check_launcher_reach(conn, self.plan, files, targets, mux=True)
+                self._problems = check_launcher_reach(
+                    conn, self.plan, files, targets, mux=self.keep_masters
+                )
             except CpuaccelError as exc:
                 self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
 
@@ -313,7 +325,7 @@ class LauncherReach:
 
     def end_masters(self) -> None:
         """No job starts (preflight failed): end the ssh masters the check left."""
-        if self._thread is None:
+        if self._thread is None or not self.keep_masters:
             return
         self._thread.join(REACH_TIMEOUT + 60)
         what = "ending the launcher check's ssh masters"

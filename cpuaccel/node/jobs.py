@@ -312,9 +312,13 @@ def end_masters(run_id: str) -> None:
         except OSError:  # another node of a shared /tmp got there first
             return
         folder = f"/tmp/{taken}"
-        procs = [  # all at once; each master exits and its socket goes with the folder
+        # All at once. `-O stop`, not `exit`: a master may still carry a session (a
+        # detached supervisor's sweep of another node goes through ssh.sh, i.e. through
+        # it, while this node sweeps); stopped, it takes no new session and ends with
+        # its last one.
+        procs = [
             subprocess.Popen(
-                ["ssh", "-o", f"ControlPath={folder}/{sock}", "-O", "exit", "cpuaccel-mux"],
+                ["ssh", "-o", f"ControlPath={folder}/{sock}", "-O", "stop", "cpuaccel-mux"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
