@@ -182,13 +182,13 @@ def _say_waiting(run: RunRecord, state: str, said: str) -> str:
     return now
 
 
-def _check_known(run: RunRecord, known: float, limit: float | None = None) -> float:
+def _check_known(run: RunRecord, known: float) -> float:
     """When Slurm last listed a submitted run's job; a SlurmError once it has not for
     UNKNOWN_JOB_LIMIT while the run itself has written nothing."""
     now = time.monotonic()
     if run.slurm is not None or run.status is not None:
         return now
-    if now - known > (UNKNOWN_JOB_LIMIT if limit is None else limit):
+    if now - known > UNKNOWN_JOB_LIMIT:
         raise SlurmError(
             f"run {run.run_id}: Slurm has not listed job {run.job_id} for "
             f"{UNKNOWN_JOB_LIMIT:.0f} s (squeue, sacct, scontrol), and the run wrote no status",
