@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import preflight
 from cpuaccel.launch.rundir import render_job_files
-from cpuaccel.node import jobs
+from cpuaccel.node import jobs, mux
 
 FAKE_SSH = "#!/bin/sh\nexit 0\n"
 
@@ -100,3 +101,58 @@ def test_a_failed_preflight_ends_the_masters(run_id: str) -> None:
         assert mux.exists()
         reach.end_masters()
     assert not mux.exists()
+
+
+def _dead_socket(path: Path) -> None:
+    """A socket file no one listens on: what a master that exited may leave."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()
+
+
+def test_a_later_preflight_removes_only_ended_masters_folders(run_id: str) -> None:
+    old = 10 * mux.STALE_AFTER
+    ended, fresh, live, shared = (Path(openssh.mux_dir(f"{run_id}{s}")) for s in "abcd")
+    left = Path(f"/tmp/cpuaccel-mux-{run_id}-e.ending-123")  # killed within its sweep
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        for folder in (ended, fresh, live, shared, left):
+            folder.mkdir(mode=0o700)
+        _dead_socket(ended / ("0" * 40))
+        _dead_socket(fresh / ("1" * 40))
+        listener.bind(str(live / ("2" * 40)))
+        listener.listen()  # a master still running: its run may still launch through it
+        shared.chmod(0o755)  # not a private folder: not provably cpuaccel's
+        for folder in (ended, live, shared, left):
+            os.utime(folder, (os.stat(folder).st_atime, os.stat(folder).st_mtime - old))
+        removed = mux.sweep_stale()
+        assert ended.name in removed and left.name in removed
+        assert not ended.exists() and not left.exists()
+        assert fresh.is_dir() and live.is_dir() and shared.is_dir()
+        # The sweep runs where the check makes this run's own folder.
+        mine = openssh.mux_dir(run_id)
+        jobs.reach("/tmp/cpxl-r-" + run_id, 5.0, ["n2"], {"ssh.sh": (0o700, FAKE_SSH)}, mine)
+        assert Path(mine).is_dir() and live.is_dir()
+    finally:
+        listener.close()
+        for folder in (ended, fresh, live, shared, left):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_check_leaves_out_sntrup_only_where_ssh_has_it(tmp_path: Path) -> None:
+    ssh = tmp_path / "ssh"
+    ssh.write_text("#!/bin/sh\necho curve25519-sha256\necho sntrup761x25519-sha512@openssh.com\n")
+    ssh.chmod(0o755)
+    assert "KexAlgorithms -sntrup761x25519-sha512*" in mux.fast_kex(str(ssh))
+    ssh.write_text("#!/bin/sh\necho curve25519-sha256\n")  # OpenSSH before 8.5
+    assert mux.fast_kex(str(ssh)) == ""
+    assert mux.fast_kex(str(tmp_path / "none")) == ""  # no ssh: the check itself says so
+
+
+def test_the_check_writes_its_ssh_config_with_the_kex_block(tmp_path: Path, run_id: str) -> None:
+    seen = tmp_path / "seen"
+    dump = f'#!/bin/sh\ncat "$(dirname "$0")/ssh_config" > {seen}\n'
+    files = {"ssh.sh": (0o700, dump), "ssh_config": (0o600, "Host a\n    Port 22\n")}
+    jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, openssh.mux_dir(run_id))
+    text = seen.read_text()
+    assert text.startswith("Host a\n") and text.endswith(mux.fast_kex())

@@ -11,7 +11,8 @@ tested and type-checked one by one:
               with destination (the node's verdict on where a sync may write) and
               nofollow (paths reached by descriptors, never through a link)
   jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
-              (reading a run's files: ``ps``, ``logs``, ``fetch``)
+              (reading a run's files: ``ps``, ``logs``, ``fetch``) and mux (the head's
+              ssh masters of a run: made, ended, stale ones removed)
   supervisor  a detached run's supervisor on the head (``run --detach``, ``cpuaccel stop``)
               with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
               checkpoint complete on every node) and restarts (the restart rule), the

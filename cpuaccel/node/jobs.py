@@ -18,8 +18,9 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
                      will, within TIMEOUT s; the files and RUN_DIR are removed after.
                      With --mux, DIR is made first (0700, exclusively) for the ssh
-                     masters the check leaves for the launch (ControlPersist); ``end``
-                     ends them and removes DIR
+                     masters the check leaves for the launch (ControlPersist; their
+                     key exchange without sntrup761) and ended runs' folders are
+                     removed (cpuaccel.node.mux); ``end`` ends them and removes DIR
   unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
@@ -38,19 +39,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import sys
 import time
 
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.nofollow import (
-    FOLDER,
-    LinkRefused,
-    folder_at,
-    lstat_at,
-    own_folder_at,
-    remove_at,
-)
+from cpuaccel.node.mux import end_masters, fast_kex, make_folder
+from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
 from cpuaccel.node.progress import stacks
 from cpuaccel.node.runfiles import operation as run_files
 
@@ -164,9 +158,6 @@ def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
     return {"written": sorted(files)}
 
 
-MUX_PREFIX = "/tmp/cpuaccel-mux-"  # + the run id (connectors/openssh.mux_dir)
-
-
 def reach(
     run_dir: str, timeout: float, hosts: list[str], files: Any, mux: str | None = None
 ) -> dict[str, Any]:
@@ -177,18 +168,10 @@ def reach(
     import subprocess
 
     if mux is not None:
-        if not mux.startswith(MUX_PREFIX) or "/" in mux[len(MUX_PREFIX) :]:
-            raise SystemExit(f"refused: {mux} is not a folder of cpuaccel's ssh masters")
-        try:
-            os.mkdir(mux, 0o700)
-        except FileExistsError:  # this run's own, from an earlier pass (--nodes MIN:MAX)
-            st = os.lstat(mux)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-                raise SystemExit(
-                    f"refused: {mux} exists and is not a private folder of this user"
-                ) from None
-        except OSError as exc:
-            raise SystemExit(f"cannot make {mux} for the launcher's ssh: {exc.strerror}") from None
+        make_folder(mux)  # and the folders of killed runs removed
+        if "ssh_config" in files:
+            mode, config = files["ssh_config"]
+            files = {**files, "ssh_config": (mode, config + fast_kex())}
     created = []  # the folders made here, removed again: preflight leaves nothing
     above, name = os.path.split(run_dir.rstrip("/"))
     folder = above
@@ -289,51 +272,6 @@ def forget_secrets(run_dir: str) -> bool:
     finally:
         os.close(folder)
     return True
-
-
-def end_masters(run_id: str) -> None:
-    """End the run's ssh masters (reach's --mux) and remove their folder, if this node
-    has it and it is ours: the job is over, nothing is left to reuse them. The folder
-    is first renamed to one of this process: on a /tmp that nodes share, one node ends
-    the masters, not every node each one."""
-    import subprocess
-
-    name = MUX_PREFIX.rsplit("/", 1)[1] + run_id
-    if "/" in run_id or run_id in ("", ".", ".."):
-        return
-    taken = f"{name}.ending-{os.getpid()}"
-    parent = os.open("/tmp", _FOLLOW)
-    try:
-        st = lstat_at(parent, name)
-        if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            return
-        try:
-            os.rename(name, taken, src_dir_fd=parent, dst_dir_fd=parent)
-        except OSError:  # another node of a shared /tmp got there first
-            return
-        folder = f"/tmp/{taken}"
-        # All at once. `-O stop`, not `exit`: a master may still carry a session (a
-        # detached supervisor's sweep of another node goes through ssh.sh, i.e. through
-        # it, while this node sweeps); stopped, it takes no new session and ends with
-        # its last one.
-        procs = [
-            subprocess.Popen(
-                ["ssh", "-o", f"ControlPath={folder}/{sock}", "-O", "stop", "cpuaccel-mux"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for sock in os.listdir(folder)
-        ]
-        for proc in procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        remove_at(parent, taken)
-    finally:
-        os.close(parent)
 
 
 def end(run_id: str, grace: float, run_dir: str | None = None) -> dict[str, Any]:
