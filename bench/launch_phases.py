@@ -12,7 +12,7 @@ Phases (name: the function timed; each span is [first start, last end] over host
     launch     job.launch: everything after start-up (settings are resolved before it)
     preflight  job._preflight_and_sync: connect + probe + look + the launcher's ssh
     connect    SSHConnector.connect, per host (inside preflight)
-    facts      the fact probe, per host; look: the project's manifest look, per host
+    facts      the fact probe (with the project's manifest look, one call), per host
     reach      the head's ssh.sh to every other node (LauncherReach)
     render     _Foreground.files: the run's files rendered
     copy       job._copy_files: the run's files written on every node
@@ -74,7 +74,7 @@ def main() -> None:
     _timed(job, "_preflight_and_sync", "preflight")
     _timed(ssh.SSHConnector, "connect", "connect")
     _timed(preflight, "gather", "facts")
-    _timed(preflight, "call_remote", "look")
+    _timed(preflight, "gather_and_look", "facts")
     _timed(preflight, "check_launcher_reach", "reach")
     _timed(job._Foreground, "files", "render")
     _timed(job, "_copy_files", "copy")

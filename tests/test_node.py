@@ -18,8 +18,8 @@ from cpuaccel.node import common
 def test_each_program_carries_only_the_parts_it_imports() -> None:
     assert node.parts("facts") == ["common", "facts"]
     assert node.parts("tree") == ["common", "destination", "nofollow", "tree"]
-    # runfiles: ps, logs; progress: run --hang-timeout's stacks
-    assert node.parts("jobs") == ["common", "nofollow", "progress", "runfiles", "jobs"]
+    # runfiles: ps, logs; progress: run --hang-timeout's stacks; mux: the head's masters
+    assert node.parts("jobs") == ["common", "nofollow", "mux", "progress", "runfiles", "jobs"]
     agent = node.parts("agent")
     assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)
     assert agent.index("pep440") < agent.index("pip")  # what a part imports runs first

@@ -53,3 +53,16 @@ def settle(facts: Facts, sent: float, received: float) -> Facts:
     facts["clock_skew"] = facts["time"] - (sent + received) / 2
     facts["probe_seconds"] = received - sent
     return facts
+
+
+def gather_and_look(
+    conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str]
+) -> tuple[Facts, dict[str, Any]]:
+    """The fact probe and the ``tree`` program's request ``look`` (its words after the
+    mode) in one round trip and one interpreter (the ``preflight`` node program):
+    (facts, the look's answer)."""
+    host = conn.host
+    words = [host.workdir, host.setvars or "", str(port or ""), *resolve, "--look", *look]
+    sent = time.time()
+    found = programs.call(conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT)
+    return settle(found["facts"], sent, time.time()), found["look"]

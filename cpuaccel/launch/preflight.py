@@ -22,7 +22,14 @@ from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts import problems as checks
-from cpuaccel.facts.gather import PROBE_TIMEOUT, Facts, gather, names_to_resolve, settle
+from cpuaccel.facts.gather import (
+    PROBE_TIMEOUT,
+    Facts,
+    gather,
+    gather_and_look,
+    names_to_resolve,
+    settle,
+)
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import fanout
@@ -30,7 +37,6 @@ from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import render_ssh_files
 from cpuaccel.sync import receiver
 from cpuaccel.sync.manifest import SourceManifest
-from cpuaccel.sync.receiver import call_remote
 
 
 @dataclass
@@ -89,11 +95,13 @@ def run_preflight(
         if reach is not None:
             reach.connected(conn)
         port = master_port if conn.host.name == head.name else None
-        facts = gather(conn, names_to_resolve(conn.host, hosts), port)
-        project = (
-            call_remote(conn, "look", project_dest, expect=source.hash) if check_project else None
-        )
-        return NodeState(facts, project)
+        names = names_to_resolve(conn.host, hosts)
+        if not check_project:
+            return NodeState(gather(conn, names, port), None)
+        # One call, not two: every node's interpreter start counts at scale.
+        look = receiver.words("look", project_dest, conn.host.workdir, source.hash)[1:]
+        facts, project = gather_and_look(conn, names, port, look)
+        return NodeState(facts, receiver.checked(conn.host.name, project))
 
     def on_result(result: HostResult[Any]) -> None:
         if reach is not None:

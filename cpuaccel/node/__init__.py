@@ -17,14 +17,15 @@ tested and type-checked one by one:
               with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
               checkpoint complete on every node) and restarts (the restart rule), the
               last two shared with the controller's foreground loop
+  preflight   run's fact probe and look at the project's copy in one interpreter
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
-``jobs``, ``supervisor`` (one request each) and ``agent`` (resident). ``program(name)``
-bundles that part with the parts it imports, and no other: the fact probe, for one,
-carries ``common`` and nothing of the agent. On the node each part becomes the module it is
-here, so the parts import each other as usual.
+``jobs``, ``supervisor``, ``preflight`` (one request each) and ``agent`` (resident).
+``program(name)`` bundles that part with the parts it imports, and no other: the fact
+probe, for one, carries ``common`` and nothing of the agent. On the node each part becomes
+the module it is here, so the parts import each other as usual.
 
 A new node-side operation is a function in the part of the program that needs it,
 reached by a new operation word in that part's ``main()``, and called from the
@@ -38,7 +39,7 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "jobs", "agent", "supervisor")
+PROGRAMS = ("facts", "tree", "jobs", "agent", "supervisor", "preflight")
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.

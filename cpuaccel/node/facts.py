@@ -312,14 +312,19 @@ def to_json(value: Any) -> str:
     return to_json(str(value))
 
 
-def main() -> None:
-    words = sys.argv[2:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
+def request_of(words: list[str]) -> dict[str, Any]:
+    """WORKDIR SETVARS PORT NAME...: the probe's request (also the ``preflight``
+    program's first words)."""
     args = [*words, "", "", ""]
-    request = {
+    return {
         "workdir": args[0],
         "setvars": args[1] or None,
         "port": int(args[2]) if args[2] else None,
         "resolve": words[3:],
     }
-    sys.stdout.write(to_json(collect(request)))
+
+
+def main() -> None:
+    words = sys.argv[2:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
+    sys.stdout.write(to_json(collect(request_of(words))))
     sys.stdout.write("\n")

@@ -374,20 +374,23 @@ def _apply_to_known_tree(
     }
 
 
-def main() -> None:
-    import json
-
-    # After BOOT's LENGTH (cpuaccel.connectors.programs):
-    # MODE DEST [--expect=H] [--workdir=W] [PRUNE...]
-    mode, options = sys.argv[2], sys.argv[4:]
+def answer(mode: str, raw: str, options: list[str], stdin: BinaryIO) -> dict[str, Any]:
+    """MODE DEST [--expect=H] [--workdir=W] [PRUNE...]: the request's answer (``look``
+    also from the ``preflight`` program)."""
     expect = next((a[9:] for a in options if a.startswith("--expect=")), None)
     workdir = next((a[10:] for a in options if a.startswith("--workdir=")), None)
     prune = {a for a in options if not a.startswith("--")}
-    dest, refused = resolve(sys.argv[3], workdir)
+    dest, refused = resolve(raw, workdir)
     if refused is not None:  # before anything is created, written or deleted
-        result: dict[str, Any] = {"dest": dest, "refused": refused}
-    elif mode == "apply":
-        result = apply(dest, prune, sys.stdin.buffer)
-    else:
-        result = scan(dest, prune, create=(mode == "scan"), expect=expect)
+        return {"dest": dest, "refused": refused}
+    if mode == "apply":
+        return apply(dest, prune, stdin)
+    return scan(dest, prune, create=(mode == "scan"), expect=expect)
+
+
+def main() -> None:
+    import json
+
+    # After BOOT's LENGTH (cpuaccel.connectors.programs)
+    result = answer(sys.argv[2], sys.argv[3], sys.argv[4:], sys.stdin.buffer)
     sys.stdout.write(json.dumps(result) + "\n")
