@@ -9,7 +9,6 @@ ending, and the removal of the folders that a killed controller left (``sweep_st
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 
@@ -20,7 +19,7 @@ _NAME = MUX_PREFIX.rsplit("/", 1)[1]
 _FOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # A run id (launch/plan.new_run_id, launch/given_id's check), then what end_masters
 # renames a folder to while it ends its masters.
-_STALE = re.compile(re.escape(_NAME) + r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}")
+_STALE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}"
 # A folder is taken for stale only this long after its last change (a socket made or
 # removed): a run's check makes the folder, then its masters' sockets within the check's
 # bound (REACH_TIMEOUT, 15 s), and a master removes its socket when it exits.
@@ -106,12 +105,15 @@ def sweep_stale() -> list[str]:
     """Remove the masters' folders left by runs whose controller was killed between
     preflight and sweep (their masters end themselves after ControlPersist, their
     folder stays): what was removed."""
+    import re  # only here: the sweep's `end` on every node does without it
+
+    pattern = re.compile(re.escape(_NAME) + _STALE)
     parent = os.open("/tmp", _FOLLOW)
     removed = []
     try:
         now = time.time()
         for name in os.listdir(parent):
-            if _STALE.fullmatch(name) and _stale(parent, name, now):
+            if pattern.fullmatch(name) and _stale(parent, name, now):
                 try:
                     remove_at(parent, name)
                 except OSError:
@@ -127,8 +129,6 @@ def end_masters(run_id: str) -> None:
     has it and it is ours: the job is over, nothing is left to reuse them. The folder
     is first renamed to one of this process: on a /tmp that nodes share, one node ends
     the masters, not every node each one."""
-    import subprocess
-
     name = _NAME + run_id
     if "/" in run_id or run_id in ("", ".", ".."):
         return
@@ -143,6 +143,8 @@ def end_masters(run_id: str) -> None:
         except OSError:  # another node of a shared /tmp got there first
             return
         folder = f"/tmp/{taken}"
+        import subprocess  # only here: most nodes have no masters, and pay no import
+
         # All at once. `-O stop`, not `exit`: a master may still carry a session (a
         # detached supervisor's sweep of another node goes through ssh.sh, i.e. through
         # it, while this node sweeps); stopped, it takes no new session and ends with
