@@ -34,6 +34,7 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.reach_hints import unreached
 from cpuaccel.launch.rundir import render_ssh_files
 from cpuaccel.sync import receiver
 from cpuaccel.sync.manifest import SourceManifest
@@ -378,41 +379,5 @@ def check_launcher_reach(
     for host in targets:
         code, said = answer["reach"].get(host.name) or [None, ""]
         if code != 0:
-            problems.append(_unreached(plan.head, host, code, said))
+            problems.append(unreached(plan.head, host, code, said, REACH_TIMEOUT))
     return problems
-
-
-def _unreached(head: Host, node: Host, code: int | None, said: str) -> Problem:
-    port = openssh.port_of(node)
-    user = f"{node.user}@" if node.user else ""
-    where = f"{user}{node.address}:{port}"
-    if code is None:
-        outcome = f"no answer within {REACH_TIMEOUT:g} s"
-    else:
-        outcome = f"exit code {code}" + (f": {said}" if said else "")
-    message = f"the MPI launcher on {head.name} cannot ssh to {node.name} ({where}): {outcome}"
-    low = said.lower()
-    if code == 127:
-        hint = f"install the OpenSSH client (ssh) on {head.name}: MPI's launcher runs it there"
-    elif "host key" in low or "identification has changed" in low:
-        hint = (
-            f"from {head.name}, {node.address}:{port} answers with another host key than the "
-            f"controller verified: make ansible_host of {node.name} an address that means "
-            "the same machine from every node"
-        )
-    elif "permission denied" in low or "too many authentication" in low:
-        key = node.key_file or "the head's default keys"
-        hint = (
-            f"{node.name} must let {node.user or 'the same user'} log in from {head.name} with "
-            f"{key} (a key path is read on {head.name}, ~ is the home there): copy the key "
-            f"there or authorize the head's, and check AllowUsers/Match in {node.name}'s sshd"
-        )
-    elif "resolve" in low:
-        hint = f"{node.address} does not resolve on {head.name}: use an ansible_host all resolve"
-    else:
-        hint = (
-            f"{head.name} cannot open {node.address}:{port}: let {node.name}'s sshd accept "
-            "connections from the other nodes (firewall, ListenAddress), or set "
-            "ansible_host/ansible_port to what the nodes' network reaches"
-        )
-    return Problem(ERROR, f"{head.name} -> {node.name}", message, hint=hint)
