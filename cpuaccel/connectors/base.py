@@ -207,7 +207,8 @@ def keeps_connection(host: Host, options: ConnectOptions) -> bool:
     streams a job's output for hours; provision keeps one agent channel a host for the
     whole play, over one handshake already. ``ansible_connection: paramiko`` asks for
     paramiko, and ``cpuaccel_ssh_persist: false`` opts a host out; without an ``ssh``
-    binary on PATH paramiko is the only way.
+    binary on PATH, or with a home too long for a socket's path below it, paramiko
+    is the only way.
     """
     if not options.keep or host.is_local:
         return False
@@ -217,7 +218,9 @@ def keeps_connection(host: Host, options: ConnectOptions) -> bool:
         return False  # checked at load (inventory/variables.py): a typo keeps the default
     import shutil
 
-    return shutil.which("ssh") is not None
+    from cpuaccel.connectors.controlpath import folder_fits
+
+    return folder_fits() and shutil.which("ssh") is not None
 
 
 def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:

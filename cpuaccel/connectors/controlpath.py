@@ -21,7 +21,9 @@ from collections.abc import Sequence
 
 from cpuaccel.errors import CpuaccelError
 
-CONTROL_DIR = "~/.cpuaccel/cp"  # as Ansible's ~/.ansible/cp
+# As Ansible's ~/.ansible/cp; not below ~/.cpuaccel, which is the name of sync's state
+# folder in a destination (a sync refused at the home must leave no such name there).
+CONTROL_DIR = "~/.cpuaccel-cp"
 PERSIST_SECONDS = 60  # a master ends on its own after this long without a session
 # A unix socket's path holds 107 bytes; ssh binds a temporary name first, the path and
 # 17 more characters (".XXXXXXXXXXXXXXXX"), then renames it.
@@ -107,6 +109,13 @@ def control_path(
             hint="set cpuaccel_ssh_persist: false in the inventory, or use a shorter home",
         )
     return path
+
+
+def folder_fits(path: str = CONTROL_DIR) -> bool:
+    """Whether a socket in the folder fits a unix socket's path (a home of about 50
+    characters at most); connectors/base.keeps_connection uses paramiko otherwise."""
+    longest = _SOCKET_MAX - _SSH_TEMP_SUFFIX - _HASH_CHARS - 1
+    return len(os.path.expanduser(path).encode()) <= longest
 
 
 def mux_options(path: str, persist: int = PERSIST_SECONDS) -> list[str]:

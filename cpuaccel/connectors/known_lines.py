@@ -11,9 +11,9 @@ HashKnownHosts), patterns (``*``, ``?``, ``!negated``), ``@revoked`` and
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import hmac
+import re
 from collections.abc import Sequence
 
 # ssh's own preference among host key types (the first one a node has is verified).
@@ -33,6 +33,13 @@ def _hashed_match(field: str, name: str) -> bool:
     return hmac.compare_digest(mine, digest)
 
 
+def _pattern_match(pattern: str, name: str) -> bool:
+    """ssh's match_pattern: ``*`` and ``?`` are the only wildcards (``[`` is literal:
+    ``[address]:port`` is a name), case-insensitive."""
+    regex = re.escape(pattern.lower()).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, name.lower()) is not None
+
+
 def names_match(field: str, name: str) -> bool:
     """Whether a known_hosts line's names (``field``) cover ``name``: a hashed entry,
     or a comma list of patterns where a matching ``!pattern`` excludes the line."""
@@ -41,9 +48,9 @@ def names_match(field: str, name: str) -> bool:
     matched = False
     for pattern in field.split(","):
         if pattern.startswith("!"):
-            if fnmatch.fnmatchcase(name.lower(), pattern[1:].lower()):
+            if _pattern_match(pattern[1:], name):
                 return False
-        elif fnmatch.fnmatchcase(name.lower(), pattern.lower()):
+        elif _pattern_match(pattern, name):
             matched = True
     return matched
 

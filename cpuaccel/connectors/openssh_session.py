@@ -38,7 +38,7 @@ SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of it
 # sshconnect.c, clientloop.c, mux.c): a 255 without them is the remote command's own.
 _SSH_WORDS = re.compile(
     r"^(?:ssh: |kex_exchange_identification: |Connection (?:closed|reset|timed out)"
-    r"|Permission denied \(|Host key verification failed|Timeout, server "
+    r"|(?:\S+: )?Permission denied \(|Host key verification failed|Timeout, server "
     r"|client_loop: |mux_client_|Control socket |banner exchange: )",
     re.MULTILINE,
 )
@@ -94,11 +94,20 @@ class OpenSSHConnector(LocalConnector):
         refused = openssh.refused_key(stderr, self._hops or [])
         if refused is not None:
             return HostKeyError(self.host.name, refused[0].replace("rsync's ", ""), hint=refused[1])
+        if not stderr.strip():
+            # A master that ended under a session (ended by hand, or its node gone)
+            # leaves its clients exit 255 and no word at LogLevel=ERROR.
+            return Unreachable(
+                self.host.name,
+                f"the ssh connection to {self.host.address} ended (exit 255, no message)",
+                hint="run the command again (a new connection is opened); if it "
+                "persists, check that the node is up",
+            )
         found = _SSH_WORDS.search(stderr)
         if found is None:
             return None
         said = stderr[found.start() :].splitlines()[0].strip()
-        if said.startswith("Permission denied"):
+        if "Permission denied (" in said:
             return Unreachable(
                 self.host.name,
                 f"authentication failed at {self.host.address}: {said}",
