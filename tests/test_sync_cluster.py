@@ -7,7 +7,6 @@ always read on the node itself (``cluster.exec``), never through the code under 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -117,22 +116,6 @@ def source_tree(root: Path) -> Tree:
     tree = listing(str(root))
     assert tree is not None
     return tree
-
-
-def _wait_commands_ended(cluster: Cluster, name: str, timeout: float = 30) -> list[str]:
-    """Wait until node ``name`` runs nothing but sshd processes (the sessions of the
-    controller's kept ssh masters stay, by design); return what else is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = []
-        for pid in cluster.pids(name):
-            with contextlib.suppress(OSError):
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                if not cmdline.startswith(b"sshd:"):
-                    left.append(f"{pid} {cmdline.decode(errors='replace')}")
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- running the CLI
@@ -426,11 +409,8 @@ def test_killed_sync_leaves_no_partial_file_and_the_next_run_converges(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL, "the sync ended before it could be killed"
-    # What the controller started on the node ends with its channel. The sshd sessions
-    # of the controller's kept ssh masters (this sync's and earlier tests') stay until
-    # their idle timeout, by design: they run no command.
-    for name in NODES:
-        assert _wait_commands_ended(env.cluster, name) == [], name
+    for name in NODES:  # what the controller started on the node ends with its connection
+        assert env.cluster.wait_idle(name, timeout=30) == [], name
     for name in NODES:
         tree = env.node(name) or {}
         for rel, entry in real_paths(tree).items():

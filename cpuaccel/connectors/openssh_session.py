@@ -33,6 +33,7 @@ from cpuaccel.connectors.hostkeys import SYSTEM_KNOWN_HOSTS, host_key_policy, re
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
+PERSIST = controlpath.PERSIST_SECONDS
 SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of its words
 # ssh's words when it could not connect, log in, or lost its connection (ssh.c,
 # sshconnect.c, clientloop.c, mux.c): a 255 without them is the remote command's own.
@@ -44,10 +45,14 @@ _SSH_WORDS = re.compile(
 )
 
 
+_CONNECT = re.compile(r"^ssh: connect to host \S+ port \d+: ")
+
+
 class OpenSSHConnector(LocalConnector):
     """A host reached with ``ssh`` over a kept master connection."""
 
     opens_lazily = True
+    _reached = False  # a command went through: the connection is up
     _ssh: list[str] | None = None
     _hops: list[openssh.Hop] | None = None
 
@@ -107,17 +112,29 @@ class OpenSSHConnector(LocalConnector):
         if found is None:
             return None
         said = stderr[found.start() :].splitlines()[0].strip()
+        where = f"{self.host.address}:{openssh.port_of(self.host)}"
         if "Permission denied (" in said:
             return Unreachable(
                 self.host.name,
-                f"authentication failed at {self.host.address}: {said}",
+                f"authentication failed as {self._user()}@{where}: {said}",
                 hint="check ansible_user and ansible_ssh_private_key_file (or -u, --private-key)",
             )
+        # "ssh: connect to host A port P: Connection refused": the OS's words, as the
+        # paramiko connector gives them.
+        reason = _CONNECT.sub("", said)
+        via = f" via ProxyJump {', '.join(hop.address for hop in self._hops)}" if self._hops else ""
         return Unreachable(
             self.host.name,
-            f"cannot reach {self.host.address} with ssh: {said}",
+            f"cannot connect to {where}{via}: {reason}",
             hint="is the host up and sshd running? check ansible_host/ansible_port",
         )
+
+    def _user(self) -> str:
+        """Who ssh logs in as: the inventory's (or -u's), else the local user (ssh's
+        own default, unless ssh_config names another)."""
+        import getpass
+
+        return openssh.login_user(self.host, self.options) or getpass.getuser()
 
     def run(
         self,
@@ -133,6 +150,11 @@ class OpenSSHConnector(LocalConnector):
             failure = self._failure(result.stderr)
             if failure is not None:
                 raise failure
+        if not self._reached:  # -v's line, as the paramiko connector's at connect
+            self._reached = True
+            where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
+            took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
+            ui.detail(1, self.host.name, f"connected as {where} {took}")
         return result
 
     def start(
