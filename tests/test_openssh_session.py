@@ -192,7 +192,7 @@ def test_ssh_refusals_are_the_same_errors_as_paramikos() -> None:
     denied = conn._failure("root@10.0.0.1: Permission denied (publickey).\n")
     assert type(denied) is Unreachable and "authentication failed" in denied.reason
     ended = conn._failure("")  # a master ended under the session: ssh says nothing
-    assert type(ended) is Unreachable and "ended" in ended.reason
+    assert type(ended) is Unreachable and "ended" in ended.reason  # (no master here)
     # The remote command's own exit 255, with its own words: a result, not an error.
     assert conn._failure("my program failed\n") is None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.base import ConnectOptions, Unreachable, connector_for
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.inventory.inventory import Inventory
@@ -165,3 +165,20 @@ def test_a_node_rekeyed_while_a_master_lives_gets_a_new_checked_one(
         shutil.copy2(saved, key)
         shutil.copy2(str(saved) + ".pub", str(key) + ".pub")
         cluster.start_sshd("node1")
+
+
+def test_a_commands_own_exit_255_is_its_result_a_master_gone_is_unreachable(
+    cluster: Cluster,
+) -> None:
+    conn = _conn(cluster.inventory_path, "node1")
+    conn.connect()
+    assert conn.run(["true"]).ok  # a master now
+    assert conn.run(["sh", "-c", "exit 255"]).exit_code == 255
+    path = conn.control_path()
+    ended = subprocess.Popen(["sh", "-c", f"sleep 1; ssh -o ControlPath={path} -O exit x"])
+    try:
+        with pytest.raises(Unreachable, match="ended"):
+            conn.run(["sleep", "20"], timeout=60)
+    finally:
+        ended.wait(timeout=30)
+    assert conn.run(["echo", "back"]).stdout == "back\n"  # a new master

@@ -18,6 +18,7 @@ Unreachable for a node that cannot be reached or logged into.
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
@@ -101,7 +102,10 @@ class OpenSSHConnector(LocalConnector):
             return HostKeyError(self.host.name, refused[0].replace("rsync's ", ""), hint=refused[1])
         if not stderr.strip():
             # A master that ended under a session (ended by hand, or its node gone)
-            # leaves its clients exit 255 and no word at LogLevel=ERROR.
+            # leaves its clients exit 255 and no word at LogLevel=ERROR; a master still
+            # there means the command itself exited 255.
+            if self._master_alive():
+                return None
             return Unreachable(
                 self.host.name,
                 f"the ssh connection to {self.host.address} ended (exit 255, no message)",
@@ -128,6 +132,14 @@ class OpenSSHConnector(LocalConnector):
             f"cannot connect to {where}{via}: {reason}",
             hint="is the host up and sshd running? check ansible_host/ansible_port",
         )
+
+    def _master_alive(self) -> bool:
+        """Whether this host's master answers (``ssh -O check``: its socket only)."""
+        argv = [*self._argv(), "-O", "check", "--", self.host.address]
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
 
     def _user(self) -> str:
         """Who ssh logs in as: the inventory's (or -u's), else the local user (ssh's
