@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpuaccel.connectors import openssh, programs, srun
 from cpuaccel.connectors.base import ConnectOptions, Connector
@@ -27,10 +27,12 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.rundir import render_ssh_files
-from cpuaccel.sync import receiver
-from cpuaccel.sync.manifest import SourceManifest
-from cpuaccel.sync.receiver import call_remote
+
+if TYPE_CHECKING:
+    from cpuaccel.sync.manifest import SourceManifest
+# The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
+# run's preflight uses them: `check`, which shares this module, needs neither on one
+# node, and its whole cost there is start-up (issue 17).
 
 
 @dataclass
@@ -88,6 +90,8 @@ def run_preflight(
     def probe(conn: Connector) -> NodeState:
         if reach is not None:
             reach.connected(conn)
+        from cpuaccel.sync.receiver import call_remote
+
         port = master_port if conn.host.name == head.name else None
         facts = gather(conn, names_to_resolve(conn.host, hosts), port)
         project = (
@@ -129,6 +133,8 @@ def _in_one_step(
     """The same probe and look as over connections, for an allocation's nodes: the
     fact probe in ONE srun step over every node, the look at the project in another,
     both at once (connectors/srun.call_everywhere), rather than two steps a node."""
+    from cpuaccel.sync import receiver
+
     head = hosts[0]
 
     def facts_words(h: Host) -> list[str]:
@@ -309,6 +315,8 @@ class LauncherReach:
 
         def work() -> None:
             try:
+                from cpuaccel.launch.rundir import render_ssh_files
+
                 files = render_ssh_files(self.plan, self.connect, self._keys)
                 if self.keep_masters:  # the check's connections stay for the launch
                     mode, config = files["ssh_config"]
