@@ -4,7 +4,8 @@ At 1, 16, 32 and 64 namespace nodes (one 64-node test bed, the smaller sizes as
 inventories of its first N nodes), with 0, 2 and 10 ms added per direction. Both tools
 read the same inventory file and reach the same sshd; both get the same --forks. Runs
 alternate (cpuaccel, ping, setup, cpuaccel, ...) after one warm-up run of ansible ping
-(it opens Ansible's ControlPersist sockets, its advantage on re-runs; -m setup, the
+(it opens Ansible's ControlPersist sockets, its advantage on re-runs) and one of
+cpuaccel check (which keeps ssh masters the same way: ControlPersist 60 s; -m setup, the
 slowest, runs --setup-repeat times); each cell is the median of --repeat runs of the
 whole command, start-up included. The controller's own CPU (user + sys of the cpuaccel
 process and its children, from os.wait4) is reported per host, apart from the rest of
@@ -117,6 +118,7 @@ def run_curve(args: argparse.Namespace, cluster: Cluster, env: dict[str, str], t
             for n in args.sizes:
                 cmds = commands(invs[n], args.forks, ansible, cpuaccel)
                 measure(cmds["ping"], env, None)  # warm-up: Ansible's ControlPersist sockets
+                measure(cmds["cpuaccel"], env, None)  # and check's (connectors/openssh_session)
                 for i in range(args.repeat):
                     for tool in TOOLS if i < args.setup_repeat else TOOLS[:2]:
                         measure(cmds[tool], env, cells.setdefault((delay, n, tool), Cell()))

@@ -9,11 +9,13 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 def _color_allowed(stream: Any) -> bool:
@@ -101,6 +103,15 @@ def progress(description: str, total: int) -> Iterator[Tracker]:
     if not console.is_terminal or verbosity > 0:  # -v's lines instead of a bar
         yield Tracker(None, None)
         return
+    # Imported only to draw a bar (~30 ms): scripts, benches and -v never need it.
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     # markup=False: the description ("TASK [name]") and the detail (a host name) are
     # user text, which rich would otherwise read as markup and eat.
     bar = Progress(

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HEAVY = ("paramiko", "cryptography", "fabric", "invoke", "nacl", "torch")
@@ -77,3 +79,28 @@ def test_a_local_sync_loads_no_ssh_stack(tmp_path: Path) -> None:
     assert result["code"] == 0, result
     assert (dest / "train.py").read_text() == "print('hi')\n"
     assert result["loaded"] == []
+
+
+def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
+    """check's and sync's connector to an SSH host (a kept OpenSSH master): choosing it,
+    its argv (ssh_config read for Port/ProxyJump), its port and the key it trusts load
+    no paramiko. A real command over it: tests/test_openssh_session_cluster.py."""
+    script = (
+        "import sys\n"
+        "from cpuaccel.connectors.base import ConnectOptions, connector_for\n"
+        "from cpuaccel.connectors.openssh import port_of\n"
+        "from cpuaccel.inventory.host import Host\n"
+        "host = Host('n1', {'ansible_host': '10.0.0.1'})\n"
+        "conn = connector_for(host, ConnectOptions(keep=True))\n"
+        "conn.connect(); conn.wrap('true'); conn.host_key(); port_of(host)\n"
+        "print(type(conn).__name__, sorted(m for m in sys.modules"
+        f" if m.split('.')[0] in {HEAVY!r}))"
+    )
+    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))  # short: a socket's path
+    try:
+        env = dict(os.environ, HOME=str(home))
+        argv = [sys.executable, "-c", script]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert proc.stdout.strip() == "OpenSSHConnector []"

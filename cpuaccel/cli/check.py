@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
@@ -52,7 +52,7 @@ def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
     view = run_view(target)
     if isinstance(view, Problem):
         return _gather(target, None), [view]
-    with ConnectionPool(target.connect) as pool:
+    with ConnectionPool(replace(target.connect, keep=True)) as pool:
         # One host, or only this machine: no other node to reach, and nothing is tried.
         reach = LauncherReach(view.draft, target.connect, pool)
         results = _gather(target, reach, pool, keep=view.draft.head.name)
@@ -83,9 +83,13 @@ def _gather(
             reach.finished(result)
 
     def probe(conn: Connector) -> Facts:
-        if reach is not None:
-            reach.connected(conn)  # its key goes into the run's known_hosts
+        # Its key goes into the run's known_hosts once ssh verified it: at connect,
+        # or with the first command where connect opens nothing (an OpenSSH master).
+        if reach is not None and not conn.opens_lazily:
+            reach.connected(conn)
         facts = gather(conn, names_to_resolve(conn.host, hosts))
+        if reach is not None and conn.opens_lazily:
+            reach.connected(conn)
         if pool is not None and keep is not None and conn.host.name != keep:
             pool.discard(conn.host)  # done with it: nothing later in check uses it
         return facts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import click
 from rich.markup import escape
@@ -131,7 +132,7 @@ def sync_command(
             source,
             options,
             forks=target.forks,
-            connect=target.connect,
+            connect=replace(target.connect, keep=True),
             on_result=lambda r: tracker.advance(r.host.name),
         )
     if as_json:

@@ -17,6 +17,7 @@ from cpuaccel.connectors import openssh
 from cpuaccel.connectors.rsync import RsyncResult
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.variables import parse_bool
 
 DEFAULT_CONNECT_TIMEOUT = 10.0  # seconds, as Ansible's and pdsh's defaults
 DEFAULT_COMMAND_TIMEOUT = 120.0
@@ -53,6 +54,9 @@ class ConnectOptions:
     # (inventory or -e) wins, and these fill in where none is set (openssh.login_user).
     user: str | None = None
     private_key: str | None = None
+    # Set by the verbs whose connections may be OpenSSH masters kept across commands
+    # (check, sync): connector_for decides which hosts get one.
+    keep: bool = False
 
     @property
     def keepalive_window(self) -> int:
@@ -108,6 +112,9 @@ class Connector(abc.ABC):
     """A connection to one host. Use as a context manager; commands are argv lists."""
 
     rsync_ok = True  # rsync's protocol runs over it (not through srun: sync sends a tar)
+    # True when connect() opens nothing and the first command is what reaches the host
+    # and verifies its key (an OpenSSH master, connectors/openssh_session.py).
+    opens_lazily = False
 
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         self.host = host
@@ -185,6 +192,37 @@ class Connector(abc.ABC):
         self.close()
 
 
+# ansible_connection values reached over ssh (Ansible's spellings; "smart" is ssh).
+_SSH_CONNECTIONS = (None, "ssh", "smart")
+
+
+def keeps_connection(host: Host, options: ConnectOptions) -> bool:
+    """Whether ``host`` is reached through the OpenSSH binary on a master kept across
+    commands (connectors/openssh_session.py), as Ansible's default ``ssh`` connection.
+
+    Only for the verbs that ask (``options.keep``: check and sync, whose whole cost is
+    start-up and handshakes, and which need nothing but commands and rsync). run and
+    provision stay on paramiko: run records the key each connection verified for the
+    run's own known_hosts (``host_key``), watches its connections die (``lost``) and
+    streams a job's output for hours; provision keeps one agent channel a host for the
+    whole play, over one handshake already. ``ansible_connection: paramiko`` asks for
+    paramiko, and ``cpuaccel_ssh_persist: false`` opts a host out; without an ``ssh``
+    binary on PATH, or with a home too long for a socket's path below it, paramiko
+    is the only way.
+    """
+    if not options.keep or host.is_local:
+        return False
+    if host.vars.get("ansible_connection") not in _SSH_CONNECTIONS:
+        return False
+    if parse_bool(host.vars.get("cpuaccel_ssh_persist", True)) is False:
+        return False  # checked at load (inventory/variables.py): a typo keeps the default
+    import shutil
+
+    from cpuaccel.connectors.controlpath import folder_fits
+
+    return folder_fits() and shutil.which("ssh") is not None
+
+
 def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:
     """The connector a host's ``ansible_connection`` asks for."""
     options = options or ConnectOptions()
@@ -196,6 +234,10 @@ def connector_for(host: Host, options: ConnectOptions | None = None) -> Connecto
         from cpuaccel.connectors.local import LocalConnector
 
         return LocalConnector(host, options)
+    if keeps_connection(host, options):
+        from cpuaccel.connectors.openssh_session import OpenSSHConnector
+
+        return OpenSSHConnector(host, options)
     from cpuaccel.connectors.ssh import SSHConnector
 
     return SSHConnector(host, options)

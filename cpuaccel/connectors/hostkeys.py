@@ -140,3 +140,19 @@ def _some(names: list[str], shown: int = 4) -> str:
     if len(names) <= shown + 1:
         return ", ".join(names)
     return f"{', '.join(names[:shown])} and {len(names) - shown} more"
+
+
+def refuse_inline_proxy(host: Host) -> None:
+    """A hop in ansible_ssh_common_args would be connected to unchecked (or ignored):
+    hops are honoured from ~/.ssh/config, where every path reads them alike (the
+    paramiko and the OpenSSH connector)."""
+    from cpuaccel.connectors.base import Unreachable  # base imports this module
+
+    for option in ("proxyjump", "proxycommand"):
+        if option in ssh_options(host.vars):
+            raise Unreachable(
+                host.name,
+                f"{option} in ansible_ssh_common_args is not supported",
+                hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
+                "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
+            )

@@ -23,6 +23,23 @@ from cpuaccel.connectors.base import (
 )
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
+_CHUNK = 1 << 18
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes | BinaryIO | None) -> None:
+    """Write ``data`` (bytes, or a binary file streamed in chunks) to ``pipe``, then
+    close it: the command sees EOF. A command that ended early breaks the pipe; its exit
+    status and stderr say why."""
+    assert pipe is not None
+    with contextlib.suppress(OSError, ValueError):
+        if isinstance(data, bytes):
+            pipe.write(data)
+        elif data is not None:
+            while chunk := data.read(_CHUNK):
+                pipe.write(chunk)
+    with contextlib.suppress(OSError):
+        pipe.close()
+
 
 class LocalProcess(Process):
     def __init__(self, proc: subprocess.Popen[bytes], host_name: str) -> None:
@@ -140,9 +157,13 @@ class LocalConnector(Connector):
             stderr=subprocess.PIPE,
             start_new_session=True,  # its own process group, so a timeout ends all of it
         )
+        # stdin from a thread of its own, in large writes: communicate() feeds it one
+        # PIPE_BUF (4 kB) a turn of its select loop, and reads a file's stream whole first.
+        writer = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+        proc.stdin = None  # the writer's alone: communicate() only reads
+        writer.start()
         try:
-            data = stdin if stdin is None or isinstance(stdin, bytes) else stdin.read()
-            out, err = proc.communicate(data or b"", timeout=timeout)
+            out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -154,6 +175,7 @@ class LocalConnector(Connector):
                 f"command timed out after {timeout:g} s: "
                 f"{commandline.shown_line(argv, env=env, cwd=cwd)}",
             ) from None
+        writer.join(5)  # its pipe is closed or broken once the command ended
         seconds = time.monotonic() - started
         ui.detail(2, self.host.name, f"exit {proc.returncode} in {seconds:.2f} s")
         return CommandResult(

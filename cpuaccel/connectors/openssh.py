@@ -8,6 +8,7 @@ cpuaccel's own connections.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -76,7 +77,7 @@ def jump_hops(host: Host) -> list[Hop]:
     """The ProxyJump hops in front of ``host``, the nearest to it first: the chain the
     SSH connector takes (``gateway_of``), so that rsync's ssh takes the same way. A
     ProxyCommand (a string) is left to ssh's own config."""
-    if host.is_local:
+    if host.is_local or not config_may_set("proxyjump"):
         return []
     from fabric import Connection  # imported here: as in port_of
 
@@ -88,6 +89,38 @@ def jump_hops(host: Host) -> list[Hop]:
         found.append(Hop(gateway.host, int(gateway.port), gateway.user, tuple(keys)))
         gateway = gateway.gateway
     return found
+
+
+# The files ssh_config's lookups read (Fabric's and OpenSSH's), and the one Include
+# Debian's /etc/ssh/ssh_config holds; any other Include could bring in any keyword.
+_CONFIG_FILES = ("~/.ssh/config", "/etc/ssh/ssh_config")
+_CONFIG_DIR = "/etc/ssh/ssh_config.d"
+_KNOWN_INCLUDE = re.compile(r"^\s*include\s+/etc/ssh/ssh_config\.d/\*\.conf\s*$", re.I | re.M)
+_INCLUDE = re.compile(r"^\s*include\b", re.I | re.M)
+
+
+def config_may_set(keyword: str) -> bool:
+    """False only when no ssh_config file the lookups read sets ``keyword``: Fabric,
+    paramiko and cryptography (0.1-0.3 s to import) are then not needed to learn that
+    it is unset. Conservative: an unreadable file or an unknown
+    Include says True, and the full lookup decides."""
+    files = [os.path.expanduser(path) for path in _CONFIG_FILES]
+    with contextlib.suppress(OSError):
+        files += sorted(os.path.join(_CONFIG_DIR, n) for n in os.listdir(_CONFIG_DIR))
+    for path in files:
+        try:
+            if not os.path.exists(path):
+                continue
+            if not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+                return True
+            with open(path, encoding="utf-8", errors="replace") as stream:
+                text = stream.read()
+        except OSError:
+            return True
+        said = re.compile(rf"^\s*{keyword}(?:\s|=)", re.I | re.M)  # not in a comment
+        if said.search(text) or _INCLUDE.search(_KNOWN_INCLUDE.sub("", text)):
+            return True
+    return False
 
 
 def gateway_of(address: str, depth: int = 0) -> Any:
@@ -176,8 +209,8 @@ def port_of(host: Host) -> int:
     """
     if host.port is not None:
         return host.port
-    if host.is_local:
-        return DEFAULT_PORT  # no ssh involved: spare the config files
+    if host.is_local or not config_may_set("port"):
+        return DEFAULT_PORT  # no ssh involved, or no config file says Port: spare Fabric
     from fabric import Config  # imported here: connecting imports it anyway
 
     config = Config()

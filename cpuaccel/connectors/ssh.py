@@ -40,24 +40,11 @@ from cpuaccel.connectors.hostkeys import (
     address_and_port,
     forget_key_hint,
     host_key_policy,
+    refuse_inline_proxy,
 )
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
-from cpuaccel.inventory.host import Host, ssh_options
 
 _READ_CHUNK = 1 << 16
-
-
-def _refuse_inline_proxy(host: Host) -> None:
-    """A hop in ansible_ssh_common_args would be connected to unchecked (or ignored):
-    hops are honoured from ~/.ssh/config, where every path reads them alike."""
-    for option in ("proxyjump", "proxycommand"):
-        if option in ssh_options(host.vars):
-            raise Unreachable(
-                host.name,
-                f"{option} in ansible_ssh_common_args is not supported",
-                hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
-                "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
-            )
 
 
 class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
@@ -180,7 +167,7 @@ class SSHConnector(Connector):
 
     def connect(self) -> None:
         host = self.host
-        _refuse_inline_proxy(host)
+        refuse_inline_proxy(host)
         conn = self._connection()
         policy = host_key_policy(host, self.options)
         client = paramiko.SSHClient()  # a fresh client: Fabric's auto-adds unknown keys

@@ -269,6 +269,9 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_workdir": folder,
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
+    # false: check and sync reach the host with paramiko, not a kept OpenSSH master
+    # (connectors/base.keeps_connection).
+    "cpuaccel_ssh_persist": boolean,
     "cpuaccel_slurm_job": whole(1),  # the Slurm job an allocated node is reached in
     # Slurm's view of a node of -i slurm:PARTITION (inventory/slurm_source.py), which
     # check shows and by which it leaves a down or drained node alone.

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpuaccel.connectors import openssh, programs, srun
 from cpuaccel.connectors.base import ConnectOptions, Connector
@@ -35,9 +35,12 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import fanout
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.reach_hints import unreached
-from cpuaccel.launch.rundir import render_ssh_files
-from cpuaccel.sync import receiver
-from cpuaccel.sync.manifest import SourceManifest
+
+if TYPE_CHECKING:
+    from cpuaccel.sync.manifest import SourceManifest
+# The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
+# run's preflight uses them: `check`, which shares this module, needs neither on one
+# node, and its whole cost there is start-up (issue 17).
 
 
 @dataclass
@@ -100,6 +103,8 @@ def run_preflight(
         if not check_project:
             return NodeState(gather(conn, names, port), None)
         # One call, not two: every node's interpreter start counts at scale.
+        from cpuaccel.sync import receiver
+
         look = receiver.words("look", project_dest, conn.host.workdir, source.hash)[1:]
         facts, project = gather_and_look(conn, names, port, look)
         return NodeState(facts, receiver.checked(conn.host.name, project))
@@ -138,6 +143,8 @@ def _in_one_step(
     """The same probe and look as over connections, for an allocation's nodes: the
     fact probe in ONE srun step over every node, the look at the project in another,
     both at once (connectors/srun.call_everywhere), rather than two steps a node."""
+    from cpuaccel.sync import receiver
+
     head = hosts[0]
 
     def facts_words(h: Host) -> list[str]:
@@ -318,6 +325,8 @@ class LauncherReach:
 
         def work() -> None:
             try:
+                from cpuaccel.launch.rundir import render_ssh_files
+
                 files = render_ssh_files(self.plan, self.connect, self._keys)
                 if self.keep_masters:  # the check's connections stay for the launch
                     mode, config = files["ssh_config"]

@@ -364,10 +364,14 @@ class Cluster:
         return slurm_daemons.without_daemons(self.slurm_bed, found)
 
     def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
-        """Wait until node `name` has no process but its sshd; return what is left."""
+        """Wait until node `name` runs no process but sshd's own; return what is left.
+
+        An sshd session running no command stays idle: the controller's kept ssh
+        masters (check's and sync's, connectors/openssh_session.py) hold one each for
+        their idle time, as Ansible's ControlPersist masters do. Any command counts."""
         deadline = time.monotonic() + timeout
         while True:
-            left = self.pids(name)
+            left = [pid for pid in self.pids(name) if not _is_sshd(pid)]
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.05)
@@ -398,3 +402,11 @@ if __name__ == "__main__":
     from cpuaccel.testing.cluster_cli import main
 
     sys.exit(main())
+
+
+def _is_sshd(pid: int) -> bool:
+    """An sshd process (a session's, "sshd: user@notty" or "sshd: user [priv]")."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:")
+    except OSError:
+        return True  # gone: nothing left to wait for
