@@ -19,7 +19,7 @@ Each figure is the median over the steps after --warmup, then over --rounds roun
 which the three runs alternate. The model's FLOP/s is 6 x parameters x tokens/s plus
 attention (12 x layers x context x width per token), against the matmul peak of the
 precision in use on 1 and 2 threads, sized by time (bench/train_peak.py: seconds on any
-CPU). `--profile` prints instead one rank's step per op (torch.profiler, top self CPU).
+CPU). `--profile`: one rank's step per op instead, cpuaccel's and Accelerate's (world of 1).
 
     .venv/bin/python bench/train.py [--steps 80] [--warmup 10] [--rounds 2] [--profile]
 """
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train_peak import cpu_named, matmul_peak, profile  # bench/train_peak.py
+from train_peak import cpu_named, matmul_peak, profile, profile_both  # bench/train_peak.py
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -47,6 +47,7 @@ VENV_BIN = Path(sys.executable).parent
 AIM_VS_ACCELERATE = 1.3
 TARGET_VS_DDP = 1.8
 TARGET_SYNC_SHARE = 0.05
+TOOLS = ["cpuaccel", "accelerate"]  # --profile's
 RUN_DIR = re.compile(r"run directory: (\S+)")
 
 
@@ -349,7 +350,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_args(parser)
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of the 3 runs")
-    parser.add_argument("--profile", action="store_true", help="only one rank's per-op profile")
+    parser.add_argument("--profile", action="store_true", help="per-op: cpuaccel's, Accelerate's")
+    parser.add_argument(
+        "--profile-tool", choices=["cpuaccel", "accelerate"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--worker", choices=["ddp", "accelerate"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -362,8 +366,11 @@ def main() -> None:
     chosen = resolve_precision(args.precision or "auto")
     bf16 = chosen.dtype is not None
     why = chosen.note or f"precision {chosen.name} (--precision {args.precision})"
+    if args.profile_tool:
+        profile(args, bf16, EXAMPLES, args.profile_tool)
+        return
     if args.profile:
-        profile(args, bf16, EXAMPLES)
+        profile_both(args, bf16, Path(__file__))
         return
     began, load_before = time.perf_counter(), os.getloadavg()[0]
     log(f"{why}; measuring the {chosen.name} matmul peak")

@@ -10,8 +10,11 @@ train in (fp32 where auto picks fp32), so "of peak" compares like with like.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -81,8 +84,20 @@ def profile_table(prof: Any, step_s: float, top: int = 12) -> str:
     return "\n".join(lines) + f"\n\n(median step {1000 * step_s:.0f} ms over the profiled steps)"
 
 
-def profile(args: argparse.Namespace, bf16: bool, examples: Path) -> None:
-    """One rank (world of one) of examples/train.py's step under cpuaccel, per op."""
+def profile_both(args: argparse.Namespace, bf16: bool, script: Path) -> None:
+    """`script --profile-tool` for cpuaccel then Accelerate, each in its own process (no
+    process group or Accelerate state shared), in turn for --rounds rounds."""
+    flags = [f"--{k}={getattr(args, k)}" for k in ("batch", "context", "width", "layers")]
+    flags += [f"--heads={args.heads}", f"--lr={args.lr}", f"--precision={'bf16' if bf16 else 'no'}"]
+    for _ in range(args.rounds):
+        for tool in ("cpuaccel", "accelerate"):
+            argv = [sys.executable, str(script), *flags, f"--profile-tool={tool}"]
+            subprocess.run(argv, check=True, env=dict(os.environ, HF_HOME=tempfile.mkdtemp()))
+
+
+def profile(args: argparse.Namespace, bf16: bool, examples: Path, tool: str) -> None:
+    """One rank (world of one) of examples/train.py's step under `tool` (cpuaccel or
+    accelerate), per op, on the threads one of the bench's 2 ranks gets (cores / 2)."""
     sys.path.insert(0, str(examples))
     import torch
     from torch import nn
@@ -90,32 +105,64 @@ def profile(args: argparse.Namespace, bf16: bool, examples: Path) -> None:
     from torch.profiler import profile as torch_profile
     from train import TinyLM, Windows, adamw, corpus  # examples/train.py
 
-    import cpuaccel
-
-    ctx = cpuaccel.init(mixed_precision="bf16" if bf16 else "no", seed=0)
-    loader = torch.utils.data.DataLoader(
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    torch.manual_seed(0)
+    loader: Any = torch.utils.data.DataLoader(
         Windows(corpus(2_000_000), args.context), batch_size=args.batch, shuffle=True
     )
-    model = TinyLM(args.width, args.layers, args.heads, args.context)
+    model: Any = TinyLM(args.width, args.layers, args.heads, args.context)
     optimizer, _ = adamw(model.parameters(), args.lr)
-    model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+    if tool == "accelerate":
+        from accelerate import Accelerator
+
+        acc = Accelerator(cpu=True, mixed_precision="bf16" if bf16 else "no")
+        model, optimizer, loader = acc.prepare(model, optimizer, loader)
+        autocast, backward, clip = acc.autocast, acc.backward, acc.clip_grad_norm_
+    else:
+        import cpuaccel
+
+        ctx = cpuaccel.init(mixed_precision="bf16" if bf16 else "no", seed=0, verbose=False)
+        model, optimizer, loader = ctx.prepare(model, optimizer, loader)
+        autocast, backward, clip = ctx.autocast, ctx.backward, ctx.clip_grad_norm_
     times: list[float] = []
 
     def steps(count: int) -> None:
         for _, (inputs, targets) in zip(range(count), loader, strict=False):
             start = time.perf_counter()
-            with ctx.autocast():
+            with autocast():
                 logits = model(inputs)
             loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
-            ctx.backward(loss)
-            ctx.clip_grad_norm_(model.parameters(), 1.0)
+            backward(loss)
+            clip(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
 
     steps(5)
     times.clear()
-    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         steps(10)
-    print(f"\n## one rank's step, per op ({torch.get_num_threads()} threads, {cpu_named()})\n")
+    shapes = {tuple(p.shape) for p in model.parameters()}
+    print(
+        f"\n## {tool}: one rank's step, per op ({torch.get_num_threads()} thread(s), "
+        f"{'bf16' if bf16 else 'fp32'}, {cpu_named()}, load {os.getloadavg()[0]:.2f})\n"
+    )
     print(profile_table(prof, statistics.median(times)))
+    print(weight_casts(prof, shapes), flush=True)
+
+
+def weight_casts(prof: Any, shapes: set[tuple[int, ...]]) -> str:
+    """The share of the step in copies of parameter-shaped tensors: autocast's casts of
+    the weights and their gradients' casts back, what keeping bf16 weight copies across
+    steps (IPEX's master-weight split) could save at most."""
+    events = prof.key_averages(group_by_input_shape=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    copies = [e for e in events if e.key == "aten::copy_"]
+    weights = [e for e in copies if e.input_shapes and tuple(e.input_shapes[0]) in shapes]
+    every = sum(e.self_cpu_time_total for e in copies)
+    ours = sum(e.self_cpu_time_total for e in weights)
+    return (
+        f"copy_ of parameter-shaped tensors (weight casts and their gradients): "
+        f"{100 * ours / total:.2f}% of the step, {sum(e.count for e in weights)} calls "
+        f"(all copy_: {100 * every / total:.1f}%)"
+    )

@@ -26,7 +26,7 @@ from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, fin
 from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
 from cpuaccel.runtime.metrics import MetricsLog, default_path
-from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair
+from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair, wrap_ddp
 from cpuaccel.runtime.trackers import start_trackers
 
 LOADERS_KEY = "cpuaccel_loaders"  # the prepared loaders' positions, in a checkpoint
@@ -57,6 +57,7 @@ class Context:
         ipex: bool | None = None,
         metrics_path: str | os.PathLike[str] | None = None,
         find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = True,
         verbose: bool = True,
         owns_group: bool = False,
         trackers: Sequence[str] = (),
@@ -81,6 +82,7 @@ class Context:
         self.seed = seed
         self.ipex = ipex
         self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.verbose = verbose
         self.sync_gradients = True
         self.samples_per_step: float | None = None
@@ -178,12 +180,15 @@ class Context:
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1 or not needs_ddp(model):
             return model
-        wrapped = DistributedDataParallel(model, find_unused_parameters=self.find_unused_parameters)
-        if self._mpi is not None:
-            wrapped.register_comm_hook(self._mpi, gradsync.mpi_hook)
-        else:
-            wrapped.register_comm_hook(self._pg, gradsync.pg_hook)
-        return wrapped
+        state: Any = self._mpi if self._mpi is not None else self._pg
+        hook: Any = gradsync.mpi_hook if self._mpi is not None else gradsync.pg_hook
+        return wrap_ddp(
+            model,
+            state,
+            hook,
+            find_unused=self.find_unused_parameters,
+            bucket_view=self.gradient_as_bucket_view,
+        )
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The module inside DDP (what to inspect, or to save on its own)."""

@@ -67,6 +67,24 @@ def apply_ipex(
     return done, skipped
 
 
+def wrap_ddp(
+    model: nn.Module, state: Any, hook: Any, *, find_unused: bool, bucket_view: bool
+) -> nn.parallel.DistributedDataParallel:
+    """``model`` in DDP, its buckets averaged by ``hook``.
+
+    ``bucket_view``: each parameter's ``.grad`` is a view into DDP's gradient bucket, so
+    the averaged bucket *is* the gradients: DDP skips copying every bucket back into the
+    ``.grad`` tensors after each sync: one pass over all gradients a step (29 MB for the
+    training bench's 7.3M parameters, ~1-2% of its step). The values are the same bit
+    for bit; only ``grad.detach_()`` on such a view is refused by torch.
+    """
+    wrapped = nn.parallel.DistributedDataParallel(
+        model, find_unused_parameters=find_unused, gradient_as_bucket_view=bucket_view
+    )
+    wrapped.register_comm_hook(state, hook)
+    return wrapped
+
+
 def needs_ddp(model: nn.Module) -> bool:
     return not isinstance(model, nn.parallel.DistributedDataParallel) and any(
         p.requires_grad for p in model.parameters()

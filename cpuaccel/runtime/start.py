@@ -44,6 +44,7 @@ def init(
     ipex: bool | None = None,
     metrics_path: str | os.PathLike[str] | None = None,
     find_unused_parameters: bool = False,
+    gradient_as_bucket_view: bool = True,
     verbose: bool = True,
     trackers: str | Sequence[str] | None = None,
 ) -> Context:
@@ -59,6 +60,10 @@ def init(
       the job was started by an MPI launcher and mpi4py works, else the process group;
     - ``ipex``: None uses IPEX when it imports and matches torch; False never; True
       requires it;
+    - ``gradient_as_bucket_view``: True (default) makes each ``.grad`` a view into DDP's
+      gradient bucket, which saves copying every gradient out of the bucket after each
+      sync (same values; False restores DDP's own default, e.g. for code that calls
+      ``grad.detach_()``);
     - ``seed``: seeds torch on every rank (and the data loaders' shuffles);
     - ``trackers``: where ``ctx.log`` also writes, as Accelerate's ``log_with``:
       ``["tensorboard"]`` writes TensorBoard event files into ``<run dir>/tensorboard/``
@@ -90,6 +95,7 @@ def init(
         ipex=ipex,
         metrics_path=metrics_path,
         find_unused_parameters=find_unused_parameters,
+        gradient_as_bucket_view=gradient_as_bucket_view,
         verbose=verbose,
         owns_group=owns,
         trackers=tracker_names,
