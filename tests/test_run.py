@@ -29,6 +29,7 @@ from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import launchers
+from cpuaccel.launch.launchers import srun_task_exits
 from cpuaccel.launch.plan import RunPlan, Script, build_plan
 from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
 from cpuaccel.launch.supervise import (
@@ -38,6 +39,7 @@ from cpuaccel.launch.supervise import (
     Job,
     Outcome,
     OutputRouter,
+    cause,
 )
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
@@ -701,6 +703,26 @@ def test_router_reads_the_exit_marker(tmp_path: Path) -> None:
     assert [(f.rank, f.host, f.code) for f in r.failures] == [(3, "node2", 3), (5, "node3", 7)]
     assert term.err.getvalue() == ""  # the summary reports it, not the stream
     assert (run_dir.path / "rank-3.log").read_text() == f"{EXIT_MARKER} 3\n"
+
+
+def test_router_takes_srun_task_exit_when_the_rank_marker_was_lost(tmp_path: Path) -> None:
+    # srun ends the step at the first bad exit and may drop that task's last lines (its
+    # exit marker): seen in CI, where the SIGTERM'd victims' reports came first and the
+    # job was blamed on rank 0's 143. srun's own line names the rank and its code.
+    r, _, _ = router(tmp_path)
+    r.feed("err", "[rank 0 node1] [cpuaccel] killed by SIGTERM")
+    r.feed("err", f"[rank 0 node1] {EXIT_MARKER} 143")
+    r.feed("err", "srun: error: node2: task 1: Exited with exit code 3")
+    r.feed("err", "srun: error: node1: task 0: Exited with exit code 143")
+    r.feed("err", "srun: error: node3: tasks 4-5: Exited with exit code 9")
+    r.close()
+    found = cause(r.failures)
+    assert found is not None and (found.rank, found.host, found.code) == (1, "node2", 3)
+    assert r.codes == {0: 143, 1: 3, 4: 9, 5: 9}  # rank 0's own marker kept
+    assert [f.rank for f in r.failures] == [0, 1, 4, 5]
+    # Words that only look alike are not srun's report.
+    assert srun_task_exits("srun: error: node2: task x: Exited with exit code 3") == []
+    assert srun_task_exits("[rank 1 n] srun: error: n: task 1: Exited with exit code 3") == []
 
 
 def test_router_bad_termination_and_quiet_ending(tmp_path: Path) -> None:

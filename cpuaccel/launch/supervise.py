@@ -94,6 +94,11 @@ class OutputRouter:
             if match is None:  # the launcher's own words
                 if "BAD TERMINATION" in line:  # a rank died without reporting (a signal)
                     self.failed.set()
+                for task in launchers.srun_task_exits(line):  # a lost marker (srun's race)
+                    if task[0] not in self.codes and not self.quiet:
+                        self.failures.append(Failure(*task))
+                        self.failed.set()
+                    self.codes.setdefault(task[0], task[2])
                 self._log("launcher.log").write(line + "\n")
                 if not self.quiet:
                     self.err.print(f"[dim]\\[mpirun][/] {escape(line)}")
