@@ -5,12 +5,14 @@ the keys as after paramiko's own load."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from cpuaccel.connectors import known_keys
+from cpuaccel.connectors import known_keys, known_lines
 
 
 def _key_line(name: str) -> str:
@@ -65,3 +67,22 @@ def test_an_unreadable_file_raises_and_readable_says_so(tmp_path: Path) -> None:
         known_keys.must_read(missing)
     with pytest.raises(OSError):
         known_keys.shared_host_keys([missing])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_known_hosts_that_is_no_file_is_refused_without_waiting(
+    tmp_path: Path, kind: str
+) -> None:
+    # A FIFO named as known_hosts once hung paramiko's open (and would hang ssh's read)
+    # until someone wrote to it: it is refused before anything reads it.
+    path = tmp_path / "known_hosts"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    said = "a FIFO (named pipe)" if kind == "fifo" else "a directory"
+    signal.alarm(10)  # a regression would block here: fail, do not hang the suite
+    try:
+        with pytest.raises(OSError, match=rf"it is {re.escape(said)}, not a regular file"):
+            known_keys.must_read(str(path))
+        assert not known_keys.readable(str(path))
+        assert known_lines.trusted_keys("node1", [str(path)]) == []
+    finally:
+        signal.alarm(0)

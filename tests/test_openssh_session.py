@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -228,3 +229,23 @@ def test_the_key_ssh_verifies_is_found_as_ssh_finds_it(tmp_path: Path) -> None:
     assert known_lines.preferred_key("[10.0.0.1]:2222", files) == "ssh-ed25519 PORTKEY"
     assert known_lines.preferred_key("10.0.0.3", files) is None  # negated
     assert known_lines.preferred_key("10.1.0.1", files) is None
+
+
+@pytest.mark.parametrize("connector", [OpenSSHConnector, SSHConnector])
+def test_an_inventory_known_hosts_that_is_no_file_is_refused_by_both(
+    tmp_path: Path, connector: type[OpenSSHConnector | SSHConnector]
+) -> None:
+    # Judged before ssh or paramiko opens it: a FIFO would make either wait for good,
+    # a missing file would make every key an unknown one.
+    fifo = tmp_path / "kh"
+    os.mkfifo(fifo)
+    for path, reason in ((fifo, "FIFO"), (tmp_path / "absent", "No such file")):
+        host = Host("n1", {"ansible_host": "127.0.0.1", "cpuaccel_known_hosts": str(path)})
+        signal.alarm(20)  # a regression would block: fail, do not hang the suite
+        try:
+            with pytest.raises(
+                Unreachable, match=f"cannot read known_hosts file {path}: .*{reason}"
+            ):
+                connector(host, KEEP).connect()
+        finally:
+            signal.alarm(0)

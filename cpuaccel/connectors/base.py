@@ -8,6 +8,7 @@ launcher), with the host-key policy of connectors/hostkeys.py throughout.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -35,6 +36,24 @@ class Unreachable(HostError):
 
 class HostKeyError(Unreachable):
     """The host's key is unknown or changed: connecting could hand secrets to an impostor."""
+
+
+def refuse_unreadable_known_hosts(host_name: str, path: str | None) -> None:
+    """The inventory's own known_hosts file (cpuaccel_known_hosts, UserKnownHostsFile)
+    must be a readable regular file, for paramiko and ssh alike: a missing one would
+    turn every key into an unknown one, and a FIFO would hang whoever opens it."""
+    if not path:
+        return
+    from cpuaccel.connectors.known_lines import open_regular
+
+    try:
+        os.close(open_regular(path))
+    except OSError as exc:
+        raise Unreachable(
+            host_name,
+            f"cannot read known_hosts file {path}: {exc.strerror}",
+            hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
+        ) from None
 
 
 class CommandTimeout(HostError):

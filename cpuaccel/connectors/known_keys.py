@@ -15,6 +15,8 @@ import threading
 
 import paramiko
 
+from cpuaccel.connectors.known_lines import open_regular
+
 _lock = threading.Lock()
 _cache: dict[tuple[tuple[str, int, int, int], ...], paramiko.HostKeys] = {}
 
@@ -42,9 +44,9 @@ def shared_host_keys(paths: list[str]) -> paramiko.HostKeys:
 
 
 def must_read(path: str) -> None:
-    """Raise OSError if ``path`` cannot be opened for reading."""
-    with open(path, "rb"):
-        pass
+    """Raise OSError if ``path`` cannot be opened for reading, or is no regular file
+    (paramiko's own open of a FIFO would wait for a writer for good)."""
+    os.close(open_regular(path))
 
 
 def readable(path: str) -> bool:

@@ -11,10 +11,15 @@ HashKnownHosts), patterns (``*``, ``?``, ``!negated``), ``@revoked`` and
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import hmac
+import os
 import re
+import stat
 from collections.abc import Sequence
+
+from cpuaccel.sourcefile import kind_of
 
 # ssh's own preference among host key types (the first one a node has is verified).
 _PREFERRED = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521")
@@ -55,12 +60,34 @@ def names_match(field: str, name: str) -> bool:
     return matched
 
 
+def open_regular(path: str) -> int:
+    """A descriptor of the known_hosts file at ``path``; OSError unless it is a regular
+    file. Opened without blocking and judged first by its path, then by the descriptor
+    read: a FIFO named as known_hosts would otherwise hang paramiko's open, and ours, for
+    good, and a device might never end."""
+    _require_regular(os.stat(path).st_mode)  # a device is not even opened
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _require_regular(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _require_regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else kind_of(mode)
+        said = "" if kind == "not a regular file" else f"{kind}, "
+        raise OSError(errno.EINVAL, f"it is {said}not a regular file")
+
+
 def _read(path: str) -> list[str]:
     try:
-        with open(path, "rb") as stream:
+        with os.fdopen(open_regular(path), "rb") as stream:
             return stream.read(_MAX_BYTES).decode(errors="replace").splitlines()
     except OSError:
-        return []  # absent or unreadable: ssh skips it too
+        return []  # absent, unreadable or no file: ssh skips it too
 
 
 def trusted_keys(name: str, files: Sequence[str]) -> list[str]:

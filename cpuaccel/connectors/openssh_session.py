@@ -29,6 +29,7 @@ from cpuaccel.connectors.base import (
     HostKeyError,
     Process,
     Unreachable,
+    refuse_unreadable_known_hosts,
 )
 from cpuaccel.connectors.hostkeys import SYSTEM_KNOWN_HOSTS, host_key_policy, refuse_inline_proxy
 from cpuaccel.connectors.local import LocalConnector
@@ -71,7 +72,10 @@ class OpenSSHConnector(LocalConnector):
             # LogLevel=ERROR: no "Permanently added" line when checking is off; the
             # refusals (error level) still reach refused_key.
             base += ["-o", "LogLevel=ERROR"]
-            known = host_key_policy(self.host, self.options).known_hosts
+            policy = host_key_policy(self.host, self.options)
+            if policy.check:  # as the paramiko connector: judged before ssh reads it
+                refuse_unreadable_known_hosts(self.host.name, policy.extra_known_hosts)
+            known = policy.known_hosts
             path = controlpath.control_path(
                 controlpath.ensure_dir(), base, self.host.address, known
             )

@@ -32,6 +32,7 @@ from cpuaccel.connectors.base import (
     HostKeyError,
     Process,
     Unreachable,
+    refuse_unreadable_known_hosts,
     split_lines,
 )
 from cpuaccel.connectors.hostkeys import (
@@ -221,17 +222,9 @@ class SSHConnector(Connector):
             return
         # The user's and the system's, read-only; absent or unreadable: ssh skips it too.
         known = [path for path in policy.optional_known_hosts if known_keys.readable(path)]
-        if policy.extra_known_hosts:
-            path = policy.extra_known_hosts
-            try:
-                known_keys.must_read(path)  # parsed below, once a command, not once a host
-            except OSError as exc:
-                raise Unreachable(
-                    self.host.name,
-                    f"cannot read known_hosts file {path}: {exc.strerror}",
-                    hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
-                ) from None
-            known.append(path)
+        if policy.extra_known_hosts:  # parsed below, once a command, not once a host
+            refuse_unreadable_known_hosts(self.host.name, policy.extra_known_hosts)
+            known.append(policy.extra_known_hosts)
         known_keys.use_host_keys(client, known)
         client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, what))
 
