@@ -39,7 +39,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from train_peak import cpu_named, matmul_peak, profile, profile_both  # bench/train_peak.py
+from train_peak import (  # bench/train_peak.py
+    cpu_named,
+    matmul_peak,
+    profile,
+    profile_both,
+    train_step,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -129,14 +135,8 @@ def worker(args: argparse.Namespace) -> None:
         elif hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         for inputs, targets in loader:
-            with autocast():
-                logits = model(inputs)
-            loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
-            backward(loss)
-            clip(model.parameters(), 1.0)
-            optimizer.step()
+            loss = train_step(model, optimizer, inputs, targets, (autocast, backward, clip))
             scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
             now = time.perf_counter()
             times.append(now - last)

@@ -100,7 +100,6 @@ def profile(args: argparse.Namespace, bf16: bool, examples: Path, tool: str) -> 
     accelerate), per op, on the threads one of the bench's 2 ranks gets (cores / 2)."""
     sys.path.insert(0, str(examples))
     import torch
-    from torch import nn
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
     from train import TinyLM, Windows, adamw, corpus  # examples/train.py
@@ -129,13 +128,7 @@ def profile(args: argparse.Namespace, bf16: bool, examples: Path, tool: str) -> 
     def steps(count: int) -> None:
         for _, (inputs, targets) in zip(range(count), loader, strict=False):
             start = time.perf_counter()
-            with autocast():
-                logits = model(inputs)
-            loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
-            backward(loss)
-            clip(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            train_step(model, optimizer, inputs, targets, (autocast, backward, clip))
             times.append(time.perf_counter() - start)
 
     steps(5)
@@ -149,6 +142,23 @@ def profile(args: argparse.Namespace, bf16: bool, examples: Path, tool: str) -> 
     )
     print(profile_table(prof, statistics.median(times)))
     print(weight_casts(prof, shapes), flush=True)
+
+
+def train_step(model: Any, optimizer: Any, inputs: Any, targets: Any, hooks: Any) -> Any:
+    """One optimizer step, as every run of the training bench takes it (the DDP and
+    Accelerate workers, and --profile): ``hooks`` are the tool's (autocast, backward,
+    clip_grad_norm_). Returns the loss."""
+    from torch import nn
+
+    autocast, backward, clip = hooks
+    with autocast():
+        logits = model(inputs)
+    loss = nn.functional.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
+    backward(loss)
+    clip(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
 
 
 def weight_casts(prof: Any, shapes: set[tuple[int, ...]]) -> str:
