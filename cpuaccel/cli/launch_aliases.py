@@ -123,42 +123,46 @@ def _alias_type(setting: str) -> Any:
     return str
 
 
+# cpuaccel's own world-size options, by setting name; ``submit`` declares some of them
+# from here too (cli/submit_run_flags.py), so each has one declaration.
+OWN_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "nodes": click.option(
+        "--nodes",
+        metavar="N|MIN:MAX",
+        help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
+        "without lost nodes while MIN remain.",
+    ),
+    "ppn": click.option(
+        "--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1)."
+    ),
+    "master_port": click.option(
+        "--master-port",
+        type=click.IntRange(1, 65535),
+        help="Rendezvous port.  [default: 29500]",
+    ),
+    "mixed_precision": click.option(
+        "--mixed-precision",
+        type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
+        help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
+        "CPUACCEL_MIXED_PRECISION.",
+    ),
+    "max_restarts": click.option(
+        "--max-restarts",
+        type=click.IntRange(0, MAX_RESTARTS),
+        metavar="N",
+        help="Restart a failed job up to N times, from its newest checkpoint.  [default: 0]",
+    ),
+}
+
+
 def _declarations() -> list[Callable[[Any], Any]]:
     """cpuaccel's own options (shown), then every alias (hidden: the epilog lists them)."""
-    own = [
-        click.option(
-            "--nodes",
-            metavar="N|MIN:MAX",
-            help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
-            "without lost nodes while MIN remain.",
-        ),
-        click.option(
-            "--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1)."
-        ),
-        click.option(
-            "--master-port",
-            type=click.IntRange(1, 65535),
-            help="Rendezvous port.  [default: 29500]",
-        ),
-        click.option(
-            "--mixed-precision",
-            type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
-            help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
-            "CPUACCEL_MIXED_PRECISION.",
-        ),
-        click.option(
-            "--max-restarts",
-            type=click.IntRange(0, MAX_RESTARTS),
-            metavar="N",
-            help="Restart a failed job up to N times, from its newest checkpoint.  [default: 0]",
-        ),
-    ]
     aliases = [
         click.option(spelling, _dest(spelling), type=_alias_type(setting), hidden=True)
         for setting, (_, spellings, _) in ALIASES.items()
         for spelling in spellings
     ]
-    return own + aliases
+    return [*OWN_OPTIONS.values(), *aliases]
 
 
 def launch_options(func: F) -> F:

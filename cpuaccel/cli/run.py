@@ -19,12 +19,12 @@ from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
 from cpuaccel.cli.options import (
     EnvFlags,
-    Seconds,
     Target,
     host_options,
     list_hosts_and_exit,
     parse_env,
 )
+from cpuaccel.cli.run_options import job_options
 from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
@@ -139,45 +139,7 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     help="Sync a stale project first.",
 )
 @click.option("--dry-run", is_flag=True, help="Print hostfile, env and command; contact no node.")
-@click.option(
-    "--timeout",
-    "job_timeout",
-    type=Seconds(0.1),
-    metavar="SECONDS",
-    help="End the job after this long.",
-)
-@click.option(
-    "--hang-timeout",
-    "hang_timeout",
-    type=Seconds(1),
-    metavar="SECONDS",
-    help="End the job as hung (exit 124) when no rank made progress (a step, an output "
-    "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  [default: off]",
-)
-@click.option(
-    "--restart-delay",
-    type=Seconds(0, 3600),
-    metavar="SECONDS",
-    help="Wait this long before a restart (--max-restarts).  [default: 3]",
-)
-@click.option(
-    "-m",
-    "--module",
-    "as_module",
-    is_flag=True,
-    help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
-)
-@click.option(
-    "--no-python",
-    is_flag=True,
-    help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each rank, "
-    "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
-)
-@click.option(
-    "--launcher-args",
-    metavar="'WORDS'",
-    help="Extra mpirun options, split as a shell would, placed before the program.",
-)
+@job_options
 @click.option(
     "--json",
     "as_json",

@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 import click
 
-from cpuaccel.cli.launch_aliases import MAX_RESTARTS, PRECISION_CHOICES
-from cpuaccel.cli.options import SECRET_NAME, Seconds, parse_env
+from cpuaccel.cli.launch_aliases import OWN_OPTIONS
+from cpuaccel.cli.options import SECRET_NAME, parse_env
+from cpuaccel.cli.run_options import JOB_OPTIONS
 from cpuaccel.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,28 +42,19 @@ SWITCHES = ("as_module", "no_python")
 
 
 def run_flag_options(func: F) -> F:
-    """Declare the forwarded options on ``submit`` (help as run says it, shorter)."""
+    """Declare the forwarded options on ``submit``: run's own declarations
+    (launch_aliases.OWN_OPTIONS, run_options.JOB_OPTIONS), and submit's --launcher
+    (inside the job: auto is srun) and --env (a secret only by NAME)."""
     declarations = [
-        click.option(
-            "--mixed-precision",
-            type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
-            help="As run: auto, bf16 or fp32.",
-        ),
-        click.option(
-            "--max-restarts", type=click.IntRange(0, MAX_RESTARTS), metavar="N", help="As run."
-        ),
-        click.option("--master-port", type=click.IntRange(1, 65535), help="As run."),
+        OWN_OPTIONS["mixed_precision"],
+        OWN_OPTIONS["max_restarts"],
+        OWN_OPTIONS["master_port"],
         click.option(
             "--launcher",
             type=click.Choice(["auto", "impi", "slurm"]),
             help="As run (inside the job: auto is srun).",
         ),
-        click.option("--timeout", "job_timeout", type=Seconds(0.1), metavar="SECONDS"),
-        click.option("--hang-timeout", type=Seconds(1), metavar="SECONDS", help="As run."),
-        click.option("--restart-delay", type=Seconds(0, 3600), metavar="SECONDS"),
-        click.option("--launcher-args", metavar="'WORDS'", help="As run."),
-        click.option("-m", "--module", "as_module", is_flag=True, help="As run."),
-        click.option("--no-python", is_flag=True, help="As run."),
+        *JOB_OPTIONS.values(),
         click.option(
             "--env",
             "env_items",

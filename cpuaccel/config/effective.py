@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from cpuaccel.config.chosen_hosts import choose, head_setting, order_hosts
 from cpuaccel.config.project import LAUNCHERS, ProjectConfig
 from cpuaccel.config.settings import (
     ALLOCATOR_CHOICES,
@@ -44,7 +45,6 @@ from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.hostfile import SLOTS_VAR
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.slurm import allocation
 
 __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
@@ -193,7 +193,7 @@ def resolve(
     hosts (-i, --limit); ``extra_vars`` what -e set."""
     if not hosts:
         raise UsageError("no hosts selected", hint="check -i and --limit")
-    head = _head(flags, project)
+    head = head_setting(flags, project)
     ordered = order_hosts(hosts, head)
     src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
     got = {name: src.pick(name, *spec) for name, spec in SPECS.items()}
@@ -201,7 +201,7 @@ def resolve(
         low, high = got["nodes"].value.split(":")
         got["min_nodes"] = dataclasses.replace(got["nodes"], name="min_nodes", value=int(low))
         got["nodes"] = dataclasses.replace(got["nodes"], value=int(high))
-    chosen = _choose(ordered, got["nodes"], project)
+    chosen = choose(ordered, got["nodes"], project)
     got["ppn"] = _per_node(src, got["ppn"], len(chosen))
     if got["launcher"].value == "auto":
         # An explicit "auto" (flag or project file) still lets the inventory name one.
@@ -235,67 +235,6 @@ def resolve(
         restart_delay=got["restart_delay"],
         chosen=tuple(chosen),
     )
-
-
-def order_hosts(hosts: Sequence[Host], head: Setting[str | None]) -> list[Host]:
-    """The head node first: mpirun runs there and rank 0 with it."""
-    if head.value is None:
-        return list(hosts)
-    wanted = str(head.value)
-    found = next((h for h in hosts if wanted in (h.name, h.address)), None)
-    if found is None and head.source == FLAG:
-        raise UsageError(
-            f"{head.where} {wanted}: not among the selected hosts "
-            f"({', '.join(h.name for h in hosts)})",
-            hint="name a host of the inventory (its name or ansible_host), or widen --limit",
-        )
-    if found is None:
-        raise InventoryError(
-            f"head {wanted!r} is not among the selected hosts ({', '.join(h.name for h in hosts)})",
-            source=(head.where or "").rsplit(":", 1)[0] or None,
-            line=_line(head.where),
-            hint="name a host of the inventory (its name or ansible_host), or widen --limit",
-        )
-    return [found, *(h for h in hosts if h is not found)]
-
-
-def _line(where: str | None) -> int | None:
-    tail = (where or "").rsplit(":", 1)[-1]
-    return int(tail) if tail.isdigit() else None
-
-
-def _head(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[str | None]:
-    if flags.get("head") is not None:  # --master_addr and its spellings
-        where = str((flags.get("flag_names") or {}).get("head", "--master_addr"))
-        return Setting("head", str(flags["head"]), FLAG, where)
-    if project is not None and project.get("head"):
-        return Setting("head", project.get("head"), PROJECT, project.where("head"))
-    return Setting("head", None, DEFAULT, "the first selected host")
-
-
-def _choose(
-    ordered: list[Host], nodes: Setting[int | None], project: ProjectConfig | None
-) -> list[Host]:
-    """The first ``nodes`` of the hosts, head first; more than there are is an error
-    naming where the number was written."""
-    if nodes.value is None:
-        return ordered
-    if nodes.value > len(ordered):
-        if ordered[0].slurm_job is not None and nodes.source == FLAG:  # an allocation's nodes
-            job = f"Slurm job {ordered[0].slurm_job}"
-            raise allocation.too_few(job, nodes.value, [h.name for h in ordered])
-        names = ", ".join(h.name for h in ordered)
-        message = f"{nodes.value} nodes, but {len(ordered)} host(s) are selected ({names})"
-        if project is not None and nodes.source == PROJECT:
-            raise project.error(
-                "nodes", message, "add hosts to the inventory (or hostfile), or lower it"
-            )
-        raise UsageError(
-            f"{nodes.where or '--nodes'} {nodes.value}, but {len(ordered)} host(s) are "
-            f"selected ({names})",
-            hint="lower --nodes, or add hosts to the inventory / widen --limit",
-        )
-    return ordered[: nodes.value]
 
 
 def _per_node(src: _Sources, ppn: Setting[int | None], nodes: int) -> Setting[int | None]:

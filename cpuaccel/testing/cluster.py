@@ -56,14 +56,13 @@ from cpuaccel.testing.netns import (
     bridge_name,
     controller_address,
     create_network,
-    cwd_or_root,
     enter_new_node_argv,
-    exec_argv,
     lock_path_for,
     make_nodes,
     namespace_name,
     namespace_pids,
     node_pids,
+    run_in_node,
     state_dir_for,
     unavailable_reason,
     veth_name,
@@ -342,20 +341,10 @@ class Cluster:
     # ---- inspection
 
     def exec(self, name: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
-        """Run argv inside node `name` (its net, mount and UTS namespaces), not via ssh.
-        Keyword arguments go to subprocess.run. Defaults: capture_output and text, no check,
-        timeout 120 s, and the caller's working directory (a shared path).
-        """
-        node = self.node(name)
-        cwd = str(kw.pop("cwd", None) or cwd_or_root())
-        if not any(key in kw for key in ("stdout", "stderr", "capture_output")):
-            kw["capture_output"] = True
-        if not any(key in kw for key in ("text", "universal_newlines", "encoding", "errors")):
-            kw["text"] = True
-        kw.setdefault("check", False)
-        kw.setdefault("timeout", 120)
-        full = exec_argv(node, argv, cwd, self.hosts_path, self.fresh_bashrc)
-        return subprocess.run(full, **kw)
+        """Run argv inside node `name` (its net, mount and UTS namespaces), not via ssh
+        (:func:`netns.run_in_node`: captured text output, no check, 120 s, the caller's
+        working directory unless ``cwd`` is given)."""
+        return run_in_node(self.node(name), argv, self.hosts_path, self.fresh_bashrc, **kw)
 
     def pids(self, name: str, *, include_sshd: bool = False) -> list[int]:
         """Live processes inside node `name` (:func:`node_pids`; its sshd listener only with
@@ -371,7 +360,7 @@ class Cluster:
         their idle time, as Ansible's ControlPersist masters do. Any command counts."""
         deadline = time.monotonic() + timeout
         while True:
-            left = [pid for pid in self.pids(name) if not _is_sshd(pid)]
+            left = [pid for pid in self.pids(name) if not sshd.is_session(pid)]
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.05)
@@ -402,11 +391,3 @@ if __name__ == "__main__":
     from cpuaccel.testing.cluster_cli import main
 
     sys.exit(main())
-
-
-def _is_sshd(pid: int) -> bool:
-    """An sshd process (a session's, "sshd: user@notty" or "sshd: user [priv]")."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:")
-    except OSError:
-        return True  # gone: nothing left to wait for

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SSHD = "/usr/sbin/sshd"
 NODE_DIR = Path("/srv/cpuaccel-node")
@@ -179,6 +180,22 @@ def exec_argv(
         ]  # fmt: skip
     script = f'cd {shlex.quote(cwd)} && exec "$@"'
     return [*enter_new_node_argv(node, hosts_path, fresh_bashrc, script), "sh", *argv]
+
+
+def run_in_node(
+    node: Node, argv: Sequence[str], hosts_path: Path, fresh_bashrc: bool, **kw: Any
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` of argv inside the node (:func:`exec_argv`). Defaults:
+    capture_output and text, no check, timeout 120 s, the caller's working directory (a
+    path the nodes share)."""
+    cwd = str(kw.pop("cwd", None) or cwd_or_root())
+    if not any(key in kw for key in ("stdout", "stderr", "capture_output")):
+        kw["capture_output"] = True
+    if not any(key in kw for key in ("text", "universal_newlines", "encoding", "errors")):
+        kw["text"] = True
+    kw.setdefault("check", False)
+    kw.setdefault("timeout", 120)
+    return subprocess.run(exec_argv(node, argv, cwd, hosts_path, fresh_bashrc), **kw)
 
 
 def cwd_or_root() -> str:

@@ -188,3 +188,11 @@ def ssh_banner(address: str, timeout: float) -> bool:
             return ok
     except OSError:
         return False
+
+
+def is_session(pid: int) -> bool:
+    """An sshd process (a session's, "sshd: user@notty" or "sshd: user [priv]")."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:")
+    except OSError:
+        return True  # gone: nothing left to wait for
