@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Sequence
 
+from cpuaccel.connectors.openssh import MUX_PREFIX
 from cpuaccel.errors import CpuaccelError
 
 # As Ansible's ~/.ansible/cp; not below ~/.cpuaccel, which is the name of sync's state
@@ -135,3 +136,35 @@ def mux_options(path: str, persist: int = PERSIST_SECONDS) -> list[str]:
         "-o",
         f"ControlPersist={persist}",
     ]
+
+
+# ---------------------------------------------------------------- check's head masters
+
+HEAD_PERSIST = 60  # as the controller's: a repeat check within a minute logs in through them
+
+
+def head_folder(config: str, known_hosts: str, run_id: str) -> str:
+    """The folder on the head of ``check``'s launcher-reach masters (node/jobs.py's
+    ``reach --keep``), kept across checks. Named, as the controller's sockets, by a hash
+    of what they were opened with: the ssh_config's every node block (address, port,
+    user, key file, host-key policy, keepalives, timeouts) and the host keys the
+    controller verified (the run's known_hosts); the run id, the only part that differs
+    from one check to the next, left out. A node re-keyed, re-addressed or given another
+    key file gets a new folder, so its first check opens and verifies a new connection;
+    a master only ever speaks to the key it verified. Within its folder, ssh's %C names
+    a socket by head, node address, port and user."""
+    identity = [config.replace(run_id, ""), known_hosts]
+    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
+    # c + 24: never a run id (those start with a digit); the sweep of ended masters'
+    # folders (node/mux.sweep_stale) removes it once its masters have ended.
+    return f"{MUX_PREFIX}c{digest}"
+
+
+def head_config(folder: str) -> str:
+    """The block put FIRST in check's copy of the ssh_config (ssh takes a keyword's
+    first value, so it stands before the run's own ControlPath): reuse a live master
+    in ``folder``, else become one, kept HEAD_PERSIST seconds after its last session."""
+    return (
+        f"Host *\n    ControlMaster auto\n    ControlPath {folder}/%C\n"
+        f"    ControlPersist {HEAD_PERSIST}\n"
+    )
