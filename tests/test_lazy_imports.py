@@ -104,3 +104,36 @@ def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert proc.stdout.strip() == "OpenSSHConnector []"
+
+
+def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path) -> None:
+    """check at one node is its start-up (issue 17): its modules, a run id, the kept
+    OpenSSH connector and the key known_hosts trusts load neither hashlib (OpenSSL's
+    libcrypto, through secrets or hmac) nor shutil (bz2, lzma)."""
+    light = ("hashlib", "_hashlib", "hmac", "secrets", "shutil", "bz2", "lzma")
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "10.0.0.1 ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
+    script = (
+        "import sys\n"
+        "import cpuaccel.cli.check, cpuaccel.cli.main\n"
+        "from cpuaccel.connectors.base import ConnectOptions, connector_for\n"
+        "from cpuaccel.inventory.host import Host\n"
+        "from cpuaccel.launch.plan import new_run_id\n"
+        f"host = Host('n1', {{'ansible_host': '10.0.0.1', 'ansible_ssh_common_args':"
+        f" '-o UserKnownHostsFile={known}'}})\n"
+        "conn = connector_for(host, ConnectOptions(keep=True))\n"
+        "conn.connect(); conn.wrap('true'); key = conn.host_key(); new_run_id()\n"
+        "print(type(conn).__name__, key.split()[0], sorted(m for m in sys.modules"
+        f" if m in {light!r}))"
+    )
+    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))  # short: a socket's path
+    try:
+        env = dict(os.environ, HOME=str(home))
+        argv = [sys.executable, "-c", script]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert proc.stdout.strip() == "OpenSSHConnector ssh-ed25519 []"

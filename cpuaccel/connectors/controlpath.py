@@ -13,13 +13,21 @@ only ever speaks to the host key it verified when it was opened.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
 from collections.abc import Sequence
 
 from cpuaccel.connectors.openssh import MUX_PREFIX
+
+try:  # CPython's own SHA-256, as random.py takes its sha512: hashlib's import loads
+    # OpenSSL's libcrypto, ~3 ms of every check's and sync's start-up (issue 17).
+    from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]  # 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
+    except ImportError:
+        from hashlib import sha256  # type: ignore[assignment,no-redef,unused-ignore]
 from cpuaccel.errors import CpuaccelError
 
 # As Ansible's ~/.ansible/cp; not below ~/.cpuaccel, which is the name of sync's state
@@ -100,7 +108,7 @@ def control_path(
 ) -> str:
     """The socket of the master for this exact connection (see the module's doc)."""
     identity = [list(ssh_argv), address, [(f, file_identity(f)) for f in known_hosts]]
-    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
+    digest = sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
     path = os.path.join(folder, digest)
     if len(path.encode()) + _SSH_TEMP_SUFFIX > _SOCKET_MAX:
         raise ControlDirError(
@@ -154,7 +162,7 @@ def head_folder(config: str, known_hosts: str, run_id: str) -> str:
     a master only ever speaks to the key it verified. Within its folder, ssh's %C names
     a socket by head, node address, port and user."""
     identity = [config.replace(run_id, ""), known_hosts]
-    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
+    digest = sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
     # c + 24: never a run id (those start with a digit); the sweep of ended masters'
     # folders (node/mux.sweep_stale) removes it once its masters have ended.
     return f"{MUX_PREFIX}c{digest}"
