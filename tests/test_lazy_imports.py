@@ -137,3 +137,25 @@ def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert proc.stdout.strip() == "OpenSSHConnector ssh-ed25519 []"
+
+
+def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
+    """rich (~30 ms) is not on the way to the first probe: `check --json` never loads
+    it, and the table's check loads it beside the gathering (cli/check.py)."""
+    script = (
+        "import sys\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
+        f" 'cpuaccel_python={sys.executable}', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "sys.stderr.write(f'PROBE {code} ' + str(sorted(m for m in sys.modules"
+        " if m.split('.')[0] == 'rich')) + '\\n')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert "PROBE 0 []" in proc.stderr, proc.stderr[-2000:]
+    assert '"problems": []' in proc.stdout
