@@ -5,8 +5,9 @@ inventories of its first N nodes), with 0, 2 and 10 ms added per direction. Both
 read the same inventory file and reach the same sshd; both get the same --forks. Runs
 alternate (cpuaccel, ping, setup, cpuaccel, ...) after one warm-up run of ansible ping
 (it opens Ansible's ControlPersist sockets, its advantage on re-runs) and one of
-cpuaccel check (which keeps ssh masters the same way: ControlPersist 60 s; -m setup, the
-slowest, runs --setup-repeat times); each cell is the median of --repeat runs of the
+cpuaccel check (which keeps ssh masters the same way: ControlPersist 60 s, the
+controller's to every node and the head's to the others for the launcher-reach pass;
+-m setup, the slowest, runs --setup-repeat times); each cell is the median of --repeat runs of the
 whole command, start-up included. The controller's own CPU (user + sys of the cpuaccel
 process and its children, from os.wait4) is reported per host, apart from the rest of
 the machine's.

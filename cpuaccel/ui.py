@@ -11,11 +11,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
+
+# rich is imported where it is first used, not with this module: its ~30 ms are most of
+# a one-node `check`'s start-up, which check spends while its probes are out (issue 17).
+
+
+def escape(markup: str) -> str:
+    """rich's ``escape``: user text (a host name, a path, a message) printed as given,
+    never read as markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(markup)
+
+
+def _maybe_terminal(stream: Any) -> bool:
+    """False only where rich's Console.is_terminal is False for sure (no TTY, and
+    neither TTY_COMPATIBLE=1 nor FORCE_COLOR set): decided without importing rich."""
+    if os.environ.get("TTY_COMPATIBLE") == "1" or "FORCE_COLOR" in os.environ:
+        return True
+    try:
+        return bool(getattr(stream, "isatty", lambda: False)())
+    except ValueError:  # a closed stream
+        return False
 
 
 def _color_allowed(stream: Any) -> bool:
@@ -25,6 +45,8 @@ def _color_allowed(stream: Any) -> bool:
 
 
 def _console(stream: Any) -> Console:
+    from rich.console import Console
+
     colour = _color_allowed(stream)
     return Console(
         file=stream,
@@ -99,10 +121,11 @@ class Tracker:
 
 @contextmanager
 def progress(description: str, total: int) -> Iterator[Tracker]:
-    console = stderr()
-    if not console.is_terminal or verbosity > 0:  # -v's lines instead of a bar
+    # -v's lines instead of a bar; and no bar, nor rich, off a terminal.
+    if verbosity > 0 or not _maybe_terminal(sys.stderr) or not stderr().is_terminal:
         yield Tracker(None, None)
         return
+    console = stderr()
     # Imported only to draw a bar (~30 ms): scripts, benches and -v never need it.
     from rich.progress import (
         BarColumn,

@@ -13,7 +13,7 @@ import pytest
 
 from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_NODE_FAILED
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
@@ -82,6 +82,23 @@ def test_stopped_sshd_is_unreachable_and_others_still_reported(cluster: Cluster)
     error = next(i for i, line in enumerate(lines) if line.startswith("error   node2: "))
     assert "refused" in lines[error].lower() and error > lines.index(row)
     assert "Traceback" not in table.stderr
+
+
+def test_the_next_check_reaches_the_nodes_through_the_heads_kept_masters(
+    cluster: Cluster,
+) -> None:
+    """The head's launcher-reach connections stay as ssh masters (ControlPersist), as
+    the controller's own do: a check within a minute logs in through them, no handshake.
+    node2's listener stopped alone (its sessions kept, as a stopped ssh service) shows
+    it: a new connection from the head would be refused, and a run's preflight, whose
+    masters are its own, still makes one. With the sessions killed, see above."""
+    inventory = str(cluster.inventory_path)
+    code, report = check_json("-i", inventory)  # the masters, opened (or kept from before)
+    assert (code, report["problems"]) == (EXIT_OK, []), report["problems"]
+    with cluster.sshd_stopped("node2"):
+        code, report = check_json("-i", inventory)
+    assert (code, report["problems"]) == (EXIT_OK, []), report["problems"]
+    assert report["hosts"]["node2"]["facts"]["hostname"] == "node2"
 
 
 def test_version_drift_on_one_node_is_an_error_naming_it(cluster: Cluster, tmp_path: Path) -> None:

@@ -78,3 +78,28 @@ def test_names_to_resolve_skips_self_local_hosts_and_addresses() -> None:
     ]
     assert names_to_resolve(peers[0], peers) == ["node2"]
     assert names_to_resolve(peers[3], peers) == []
+
+
+@pytest.mark.skipif(os.path.exists("/opt/intel/oneapi/setvars.sh"), reason="oneAPI installed")
+def test_oneccls_own_setvars_is_found_beside_its_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on sys.path as the import system finds a package (no importlib.util on the
+    node): the first entry holding it, before the usual places."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root in (first, second):
+        (root / "oneccl_bindings_for_pytorch" / "env").mkdir(parents=True)
+        (root / "oneccl_bindings_for_pytorch" / "env" / "setvars.sh").write_text("true\n")
+    (first / "oneccl_bindings_for_pytorch" / "env" / "setvars.sh").unlink()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "none"), str(second), str(first)])
+    assert probe.find_setvars(None)["path"] is None  # no __init__.py: not a package
+    for root in (first, second):
+        (root / "oneccl_bindings_for_pytorch" / "__init__.py").write_text("")
+    found = probe.find_setvars(None)
+    assert found == {
+        "path": str(second / "oneccl_bindings_for_pytorch" / "env" / "setvars.sh"),
+        "configured": False,
+        "exists": True,
+    }
+    monkeypatch.setattr(sys, "path", [str(first), str(second)])  # the one imported: none
+    assert probe.find_setvars(None)["path"] is None

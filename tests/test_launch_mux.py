@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from test_launch_scripts import plan_of
 
-from cpuaccel.connectors import openssh
+from cpuaccel.connectors import controlpath, openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
@@ -156,3 +156,69 @@ def test_the_check_writes_its_ssh_config_with_the_kex_block(tmp_path: Path, run_
     jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, openssh.mux_dir(run_id))
     text = seen.read_text()
     assert text.startswith("Host a\n") and text.endswith(mux.fast_kex())
+
+
+# ---------------------------------------------------------------- check's kept masters
+
+
+def test_checks_head_masters_folder_is_named_by_what_they_were_opened_with(
+    run_id: str,
+) -> None:
+    chosen = [
+        Host(n, {"ansible_host": f"10.0.0.{i}", "ansible_port": 22})
+        for i, n in ((1, "a"), (2, "b"))
+    ]
+    known = "a,10.0.0.1 ssh-ed25519 K1\nb,10.0.0.2 ssh-ed25519 K2\n"
+
+    def folder(hosts: list[Host], rid: str, keys: str = known) -> str:
+        plan = replace(plan_of(hosts), run_id=rid)
+        config = render_job_files(plan, ConnectOptions())["ssh_config"][1]
+        assert rid in config  # the run's known_hosts path and ControlPath: left out
+        return controlpath.head_folder(config, keys, rid)
+
+    first = folder(chosen, run_id)
+    assert first.startswith("/tmp/cpuaccel-mux-c") and mux.MUX_PREFIX == openssh.MUX_PREFIX
+    assert folder(chosen, "20260101-000001-abcdef") == first  # the next check: the same
+    assert folder(chosen, run_id, known.replace("K2", "K3")) != first  # node b re-keyed
+    moved = [chosen[0], Host("b", {"ansible_host": "10.0.0.2", "ansible_port": 2222})]
+    assert folder(moved, run_id) != first  # another port (or user, key, policy...)
+    assert len(f"{first}/{'0' * 40}") + 17 <= 107  # ssh binds at PATH + 17 bytes first
+    assert controlpath.head_config(first).startswith(
+        f"Host *\n    ControlMaster auto\n    ControlPath {first}/%C\n"
+    )
+
+
+@pytest.fixture
+def kept() -> Iterator[str]:
+    value = f"{openssh.MUX_PREFIX}c{secrets.token_hex(12)}"
+    yield value
+    shutil.rmtree(value, ignore_errors=True)
+
+
+def test_check_keeps_its_masters_folder_private_and_reuses_it(tmp_path: Path, kept: str) -> None:
+    seen = tmp_path / "seen"
+    dump = f'#!/bin/sh\ncat "$(dirname "$0")/ssh_config" > {seen}\n'
+    files = {"ssh.sh": (0o700, dump), "ssh_config": (0o600, "Host a\n    Port 22\n")}
+    for _ in range(2):  # made, then taken as it is (the next check's)
+        found = jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, kept, kept=True)
+        assert found["reach"] == {"n2": [0, ""]}
+        st = os.lstat(kept)
+        assert st.st_uid == os.getuid() and st.st_mode & 0o777 == 0o700
+        assert seen.read_text().startswith("Host a\n")  # masters used as the config says
+    assert not (tmp_path / "r").exists()  # the run folder of the check: removed
+    with pytest.raises(SystemExit, match="not a folder of cpuaccel"):
+        jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, "/etc/cpuaccel-mux-x", kept=True)
+
+
+def test_check_uses_no_master_in_a_folder_others_can_enter(tmp_path: Path, kept: str) -> None:
+    """A socket there could be another user's in place of a master: the check connects
+    on its own (its answer still counts) and leaves the folder as it found it."""
+    seen = tmp_path / "seen"
+    dump = f'#!/bin/sh\ncat "$(dirname "$0")/ssh_config" > {seen}\n'
+    files = {"ssh.sh": (0o700, dump), "ssh_config": (0o600, "Host a\n    Port 22\n")}
+    os.mkdir(kept, 0o700)
+    os.chmod(kept, 0o777)
+    found = jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, kept, kept=True)
+    assert found["reach"] == {"n2": [0, ""]}
+    assert seen.read_text().startswith(mux.NO_MASTERS + "Host a\n")
+    assert os.lstat(kept).st_mode & 0o777 == 0o777

@@ -423,13 +423,21 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     calls: list[tuple[str, list[str], str]] = []
 
     def record(
-        conn: Any, plan: RunPlan, files: Any, targets: list[Host], *, mux: bool = False
+        conn: Any, plan: RunPlan, files: Any, targets: list[Host], folder: str | None = None
     ) -> list[Any]:
         calls.append((plan.run_dir, [t.name for t in targets], files["known_hosts"][1]))
         # A run keeps the connections as masters for its launch (its sweep ends them);
-        # `check` starts no job and no sweep, so it must leave none behind.
-        assert mux is keep_masters
-        assert ("ControlMaster yes" in files["ssh_config"][1]) is keep_masters
+        # `check` starts no job: its masters go to the folder kept across checks.
+        config = files["ssh_config"][1]
+        if keep_masters:
+            assert folder == f"--mux=/tmp/cpuaccel-mux-{RUN_ID}"
+            assert "ControlMaster yes" in config and "ControlMaster auto" not in config
+        else:
+            assert folder is not None and folder.startswith("--keep=/tmp/cpuaccel-mux-c")
+            kept = folder.split("=", 1)[1]
+            # First: ssh takes a keyword's first value, over the run's own ControlPath.
+            assert config.startswith(f"Host *\n    ControlMaster auto\n    ControlPath {kept}/%C")
+            assert "ControlMaster yes" not in config
         return []
 
     monkeypatch.setattr(preflight, "check_launcher_reach", record)

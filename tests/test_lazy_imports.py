@@ -104,3 +104,58 @@ def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert proc.stdout.strip() == "OpenSSHConnector []"
+
+
+def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path) -> None:
+    """check at one node is its start-up (issue 17): its modules, a run id, the kept
+    OpenSSH connector and the key known_hosts trusts load neither hashlib (OpenSSL's
+    libcrypto, through secrets or hmac) nor shutil (bz2, lzma)."""
+    light = ("hashlib", "_hashlib", "hmac", "secrets", "shutil", "bz2", "lzma")
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "10.0.0.1 ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"
+    )
+    script = (
+        "import sys\n"
+        "import cpuaccel.cli.check, cpuaccel.cli.main\n"
+        "from cpuaccel.connectors.base import ConnectOptions, connector_for\n"
+        "from cpuaccel.inventory.host import Host\n"
+        "from cpuaccel.launch.plan import new_run_id\n"
+        f"host = Host('n1', {{'ansible_host': '10.0.0.1', 'ansible_ssh_common_args':"
+        f" '-o UserKnownHostsFile={known}'}})\n"
+        "conn = connector_for(host, ConnectOptions(keep=True))\n"
+        "conn.connect(); conn.wrap('true'); key = conn.host_key(); new_run_id()\n"
+        "print(type(conn).__name__, key.split()[0], sorted(m for m in sys.modules"
+        f" if m in {light!r}))"
+    )
+    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))  # short: a socket's path
+    try:
+        env = dict(os.environ, HOME=str(home))
+        argv = [sys.executable, "-c", script]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert proc.stdout.strip() == "OpenSSHConnector ssh-ed25519 []"
+
+
+def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
+    """rich (~30 ms) is not on the way to the first probe: `check --json` never loads
+    it, and the table's check loads it beside the gathering (cli/check.py)."""
+    script = (
+        "import sys\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
+        f" 'cpuaccel_python={sys.executable}', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "sys.stderr.write(f'PROBE {code} ' + str(sorted(m for m in sys.modules"
+        " if m.split('.')[0] == 'rich')) + '\\n')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert "PROBE 0 []" in proc.stderr, proc.stderr[-2000:]
+    assert '"problems": []' in proc.stdout

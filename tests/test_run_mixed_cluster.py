@@ -27,7 +27,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.testing import sshd
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.netns import SSHD
+from cpuaccel.testing.netns import SSHD, _descendants
 from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
@@ -82,7 +82,13 @@ def second_sshd(cluster: Cluster, name: str, allow: str) -> Iterator[None]:
         yield
     finally:
         with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            listener = int(pid_file.read_text())
+            # Its sessions too: a master kept from a check (the controller's, or the
+            # head's for the launcher reach) would outlive the listener, and a later
+            # test's sshd that refuses the head would still be reached through it.
+            for pid in [listener, *_descendants(listener)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
         if node.pid is not None:  # the node's own namespace (sshd_stopped replaces it)
             cluster.exec(name, ["umount", "/etc/passwd"])
 

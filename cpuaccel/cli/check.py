@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.check_slurm import held_back, slurm_json, with_refusal
-from cpuaccel.cli.check_table import print_report
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings
@@ -24,6 +24,7 @@ from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, head_problems, readiness
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:
@@ -170,6 +171,11 @@ def check_command(
     without cpuaccel or its cpuaccel_setvars, and a head without the chosen launcher,
     before any job can hang on them.
     """
+    # The table's modules (rich, ~30 ms) load while the probes are out: at one node,
+    # where check is mostly its own start-up, this thread overlaps them with the wait.
+    table = threading.Thread(target=_import_table, name="import-table", daemon=True)
+    if not as_json:
+        table.start()
     results, reach = gather_all(target)
     problems = with_refusal(results, find_problems(results))
     # What run's preflight refuses on each node, then the pairs the launcher cannot reach.
@@ -179,11 +185,20 @@ def check_command(
     if as_json:
         ui.print_json({**to_json(results, problems), "notes": [n.to_json() for n in notes]})
     else:
+        from cpuaccel.cli.check_table import print_report  # loaded by now, or here
+
         print_report(results, problems, ui.stdout())
         for note in notes:
             ui.stdout().print(f"[cyan]note[/]    {escape(note.message)}")
             ui.stdout().print(f"         [dim]{escape(note.hint or '')}[/]")
     sys.exit(exit_code(results, problems))
+
+
+def _import_table() -> None:
+    """Imports the table's modules; any failure (a concurrent import's lock cycle) is
+    left to the import where the table is printed, which raises it as usual."""
+    with contextlib.suppress(Exception):
+        import cpuaccel.cli.check_table  # noqa: F401
 
 
 def to_json(results: Sequence[HostResult[Facts]], problems: Sequence[Problem]) -> dict[str, Any]:

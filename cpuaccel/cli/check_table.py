@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -22,6 +21,7 @@ from cpuaccel.cli.check_slurm import was_held
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem, mpi_flavour
+from cpuaccel.ui import escape
 
 COLUMNS: tuple[str, ...] = ("HOST", "STATUS", "HOSTNAME", "PYTHON", "TORCH", "CPUACCEL")
 COLUMNS += ("MPI", "CORES", "SOCK/NUMA", "BF16", "MEM")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
@@ -22,6 +21,7 @@ from cpuaccel.config.writer import default_paths, inventory_text, project_text, 
 from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.hostfile import looks_like_hostfile
 from cpuaccel.sourcefile import read_source
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import records
 from cpuaccel.launch import stop as stop_engine
+from cpuaccel.ui import escape
 
 if TYPE_CHECKING:
     from cpuaccel.dashboard.remote import Watcher

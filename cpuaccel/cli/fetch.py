@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options, node_failed
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.launch.records import find_run, load
 from cpuaccel.launch.results import Homecoming
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

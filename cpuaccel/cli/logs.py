@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options, node_failed
@@ -19,6 +18,7 @@ from cpuaccel.launch import runfiles
 from cpuaccel.launch.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.launch.supervise import COLOURS
 from cpuaccel.slurm.commands import SlurmError
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.config.inventory_choice import choose_inventory
@@ -26,6 +25,7 @@ from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import env_name_problem, user_name_problem
+from cpuaccel.ui import escape
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -359,6 +359,8 @@ def beside_playbook(target: Target, folder: Path) -> Target:
 
 
 def warn(messages: list[str]) -> None:
+    if not messages:
+        return  # no console made, so rich is not loaded for nothing (cpuaccel/ui.py)
     err = ui.stderr()
     for message in messages:
         err.print(f"[yellow]warning:[/] {escape(message)}")

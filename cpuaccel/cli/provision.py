@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.become_options import BecomeFlags, become_options
@@ -21,6 +20,7 @@ from cpuaccel.playbook.model import Playbook
 from cpuaccel.playbook.modules import MODULES
 from cpuaccel.playbook.stats import HostStats
 from cpuaccel.playbook.strategy import LinearStrategy, Listener, default_playbook
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import click
-from rich.markup import escape
 from rich.table import Table
 
 from cpuaccel import ui
@@ -16,6 +15,7 @@ from cpuaccel.errors import CpuaccelError
 from cpuaccel.launch import runfiles
 from cpuaccel.launch.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm
 from cpuaccel.launch.run_rows import row
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

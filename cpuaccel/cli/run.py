@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli import run_json
@@ -34,6 +33,7 @@ from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.launch import detached, entry, given_id, job
 from cpuaccel.launch.plan import RunPlan, Script, new_run_id
 from cpuaccel.launch.report import JobReport
+from cpuaccel.ui import escape
 
 if TYPE_CHECKING:
     from cpuaccel.cli.run_dashboard import RunPage

@@ -15,8 +15,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from rich.markup import escape
-
 from cpuaccel import ui
 from cpuaccel.cli.dashboard import (
     DEFAULT_PORT,
@@ -29,6 +27,7 @@ from cpuaccel.cli.options import Target
 from cpuaccel.errors import UsageError
 from cpuaccel.launch import detached, records
 from cpuaccel.launch.report import JobReport
+from cpuaccel.ui import escape
 
 LINGER = 3.0  # seconds served after a foreground run ends: the page's last polls
 WAIT = 0.2  # seconds between two looks for the run's folder

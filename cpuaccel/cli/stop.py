@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
@@ -17,6 +16,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import stop as engine
 from cpuaccel.launch.records import load
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.script_kind import check_script_kind
@@ -23,6 +22,7 @@ from cpuaccel.errors import UsageError
 from cpuaccel.launch.plan import new_run_id
 from cpuaccel.launch.records import runs_folder
 from cpuaccel.slurm import batch, options
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

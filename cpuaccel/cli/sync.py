@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
@@ -16,6 +15,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
 from cpuaccel.sync.manifest import build
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

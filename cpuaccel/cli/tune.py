@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
@@ -28,6 +27,7 @@ from cpuaccel.launch.plan import Script, new_run_id
 from cpuaccel.launch.supervise import EXIT_INTERRUPTED
 from cpuaccel.tuning import grid, measure, nodes, write
 from cpuaccel.tuning.measure import OK, Ranking, Row
+from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:

@@ -235,11 +235,11 @@ def keeps_connection(host: Host, options: ConnectOptions) -> bool:
         return False
     if parse_bool(host.vars.get("cpuaccel_ssh_persist", True)) is False:
         return False  # checked at load (inventory/variables.py): a typo keeps the default
-    import shutil
-
     from cpuaccel.connectors.controlpath import folder_fits
+    from cpuaccel.node.common import which  # not shutil's: its import, with bz2 and lzma,
+    # cost check's start-up ~5 ms (issue 17)
 
-    return folder_fits() and shutil.which("ssh") is not None
+    return folder_fits() and which("ssh") is not None
 
 
 def connector_for(host: Host, options: ConnectOptions | None = None) -> Connector:

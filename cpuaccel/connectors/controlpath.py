@@ -13,12 +13,21 @@ only ever speaks to the host key it verified when it was opened.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
 from collections.abc import Sequence
 
+from cpuaccel.connectors.openssh import MUX_PREFIX
+
+try:  # CPython's own SHA-256, as random.py takes its sha512: hashlib's import loads
+    # OpenSSL's libcrypto, ~3 ms of every check's and sync's start-up (issue 17).
+    from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]  # 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
+    except ImportError:
+        from hashlib import sha256  # type: ignore[assignment,no-redef,unused-ignore]
 from cpuaccel.errors import CpuaccelError
 
 # As Ansible's ~/.ansible/cp; not below ~/.cpuaccel, which is the name of sync's state
@@ -99,7 +108,7 @@ def control_path(
 ) -> str:
     """The socket of the master for this exact connection (see the module's doc)."""
     identity = [list(ssh_argv), address, [(f, file_identity(f)) for f in known_hosts]]
-    digest = hashlib.sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
+    digest = sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
     path = os.path.join(folder, digest)
     if len(path.encode()) + _SSH_TEMP_SUFFIX > _SOCKET_MAX:
         raise ControlDirError(
@@ -135,3 +144,35 @@ def mux_options(path: str, persist: int = PERSIST_SECONDS) -> list[str]:
         "-o",
         f"ControlPersist={persist}",
     ]
+
+
+# ---------------------------------------------------------------- check's head masters
+
+HEAD_PERSIST = 60  # as the controller's: a repeat check within a minute logs in through them
+
+
+def head_folder(config: str, known_hosts: str, run_id: str) -> str:
+    """The folder on the head of ``check``'s launcher-reach masters (node/jobs.py's
+    ``reach --keep``), kept across checks. Named, as the controller's sockets, by a hash
+    of what they were opened with: the ssh_config's every node block (address, port,
+    user, key file, host-key policy, keepalives, timeouts) and the host keys the
+    controller verified (the run's known_hosts); the run id, the only part that differs
+    from one check to the next, left out. A node re-keyed, re-addressed or given another
+    key file gets a new folder, so its first check opens and verifies a new connection;
+    a master only ever speaks to the key it verified. Within its folder, ssh's %C names
+    a socket by head, node address, port and user."""
+    identity = [config.replace(run_id, ""), known_hosts]
+    digest = sha256(json.dumps(identity).encode()).hexdigest()[:_HASH_CHARS]
+    # c + 24: never a run id (those start with a digit); the sweep of ended masters'
+    # folders (node/mux.sweep_stale) removes it once its masters have ended.
+    return f"{MUX_PREFIX}c{digest}"
+
+
+def head_config(folder: str) -> str:
+    """The block put FIRST in check's copy of the ssh_config (ssh takes a keyword's
+    first value, so it stands before the run's own ControlPath): reuse a live master
+    in ``folder``, else become one, kept HEAD_PERSIST seconds after its last session."""
+    return (
+        f"Host *\n    ControlMaster auto\n    ControlPath {folder}/%C\n"
+        f"    ControlPersist {HEAD_PERSIST}\n"
+    )

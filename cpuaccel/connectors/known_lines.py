@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
-import hmac
 import os
 import re
 import stat
@@ -34,6 +32,11 @@ def _hashed_match(field: str, name: str) -> bool:
         salt, digest = base64.b64decode(parts[2]), base64.b64decode(parts[3])
     except ValueError:
         return False
+    # Here, not at the top: hmac loads OpenSSL's libcrypto (~3 ms of every check's
+    # start-up), and only a hashed known_hosts line (HashKnownHosts) needs it.
+    import hashlib
+    import hmac
+
     mine = hmac.new(salt, name.encode(), hashlib.sha1).digest()
     return hmac.compare_digest(mine, digest)
 

@@ -29,7 +29,6 @@ from types import FrameType
 from typing import Protocol
 
 from rich.console import Console
-from rich.markup import escape
 
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
@@ -44,6 +43,7 @@ from cpuaccel.node.restarts import (
     Verdict,
     decide,
 )
+from cpuaccel.ui import escape
 
 __all__ = ["ATTEMPTS", "RESTART_ENV", "RESUME_ENV", "RETRIED", "Attempt", "Verdict", "decide"]
 

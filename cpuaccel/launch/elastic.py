@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from rich.console import Console
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings, Setting
@@ -24,6 +23,7 @@ from cpuaccel.errors import CpuaccelError
 from cpuaccel.facts.problems import Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch.plan import RunPlan
+from cpuaccel.ui import escape
 
 T = TypeVar("T")
 Check = Callable[[RunPlan], object]  # a preflight (and sync) of a plan's nodes

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.node import progress
+from cpuaccel.ui import escape
 
 # A node's answer: py-spy's own bound, and the program's start and reply, with room.
 STACKS_TIMEOUT = progress.DUMP_TIMEOUT + 10

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import ConnectOptions
@@ -52,6 +50,7 @@ from cpuaccel.launch.supervise import (
 from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.ui import escape
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
 

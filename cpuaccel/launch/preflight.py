@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from cpuaccel.connectors import openssh, programs, srun
+from cpuaccel.connectors import controlpath, openssh, programs, srun
 from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
@@ -284,8 +284,10 @@ class LauncherReach:
         self.plan = replace(draft, run_dir=f"/tmp/cpuaccel-reach-{draft.run_id}")
         self.connect = connect
         self.pool = pool
-        # Only a run keeps the check's connections as ssh masters for its launch, and
-        # only a run's sweep ends them: `check` starts no job, so its would be left.
+        # A run keeps the check's connections as ssh masters for its launch, in a
+        # folder of its own that its sweep ends. `check` starts no job: its masters go
+        # to a folder named by what they were opened with (connectors/controlpath.
+        # head_folder), where the next check within HEAD_PERSIST s logs in through them.
         self.keep_masters = keep_masters
         local_head = draft.head.is_local  # the controller reaches itself without ssh
         self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
@@ -328,13 +330,17 @@ class LauncherReach:
                 from cpuaccel.launch.rundir import render_ssh_files
 
                 files = render_ssh_files(self.plan, self.connect, self._keys)
+                mode, config = files["ssh_config"]
                 if self.keep_masters:  # the check's connections stay for the launch
-                    mode, config = files["ssh_config"]
                     files["ssh_config"] = (mode, config + openssh.ssh_config_master())
+                    folder = f"--mux={openssh.mux_dir(self.plan.run_id)}"
+                else:  # `check`: the head's masters kept across checks, as the controller's
+                    known = files["known_hosts"][1]
+                    kept = controlpath.head_folder(config, known, self.plan.run_id)
+                    files["ssh_config"] = (mode, controlpath.head_config(kept) + config)
+                    folder = f"--keep={kept}"
                 conn = self.pool.get(head)
-                self._problems = check_launcher_reach(
-                    conn, self.plan, files, targets, mux=self.keep_masters
-                )
+                self._problems = check_launcher_reach(conn, self.plan, files, targets, folder)
             except CpuaccelError as exc:
                 self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
 
@@ -365,18 +371,18 @@ def check_launcher_reach(
     plan: RunPlan,
     files: dict[str, tuple[int, str]],
     targets: Sequence[Host],
-    *,
-    mux: bool = False,
+    folder: str | None = None,
 ) -> list[Problem]:
     """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
     with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
     proxies. A pair that fails is one problem naming head -> node and the fix.
-    ``mux``: the head first makes the folder of the masters ``files`` keep open."""
+    ``folder``: the head first makes the folder of the masters ``files`` keep open
+    (``--mux=DIR``: a run's, for its launch; ``--keep=DIR``: check's, across checks)."""
     if not targets:
         return []
     names = [h.name for h in targets]
-    if mux:
-        names.insert(0, f"--mux={openssh.mux_dir(plan.run_id)}")
+    if folder is not None:
+        names.insert(0, folder)
     words = ["reach", plan.run_dir, f"{REACH_TIMEOUT:g}", *names]
     payload = json.dumps(files).encode()
     what = "trying the launcher's ssh from the head node"

@@ -21,8 +21,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.markup import escape
-
 from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
@@ -31,6 +29,7 @@ from cpuaccel.launch import runfiles
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
 from cpuaccel.launch.runfiles import RemoteFile
+from cpuaccel.ui import escape
 
 INTERVAL = 5.0  # seconds between two copies while a run runs
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")

@@ -22,7 +22,6 @@ from types import FrameType
 from typing import IO, Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Process
@@ -35,6 +34,7 @@ from cpuaccel.launch.rundir import RunDir
 from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
 from cpuaccel.slurm import steps
+from cpuaccel.ui import escape
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")

@@ -13,7 +13,7 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
   end RUN_ID GRACE [RUN_DIR]
                      SIGTERM this job's processes, SIGKILL what is left after GRACE s;
                      then remove RUN_DIR/secret.env (the job is over)
-  reach RUN_DIR TIMEOUT [--mux=DIR] HOST...
+  reach RUN_DIR TIMEOUT [--mux=DIR|--keep=DIR] HOST...
                      payload: JSON {name: [mode, text]} (ssh.sh and its files): run
                      ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
                      will, within TIMEOUT s; the files and RUN_DIR are removed after.
@@ -21,6 +21,10 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      masters the check leaves for the launch (ControlPersist; their
                      key exchange without sntrup761) and ended runs' folders are
                      removed (cpuaccel.node.mux); ``end`` ends them and removes DIR
+                     With --keep (``check``), DIR is made, or taken when it is this
+                     user's and private, and the masters the ssh_config keeps there
+                     (ControlMaster auto) outlive the check: the next one logs in
+                     through them; a DIR not ours is left alone and no master is used
   unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
@@ -43,7 +47,7 @@ import sys
 import time
 
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.mux import end_masters, fast_kex, make_folder
+from cpuaccel.node.mux import NO_MASTERS, end_masters, fast_kex, keep_folder, make_folder
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
 from cpuaccel.node.progress import stacks
 from cpuaccel.node.runfiles import operation as run_files
@@ -159,19 +163,29 @@ def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
 
 
 def reach(
-    run_dir: str, timeout: float, hosts: list[str], files: Any, mux: str | None = None
+    run_dir: str,
+    timeout: float,
+    hosts: list[str],
+    files: Any,
+    mux: str | None = None,
+    *,
+    kept: bool = False,
 ) -> dict[str, Any]:
     """Can the launcher's ssh.sh reach every host from here? {host: [code, last line]},
     code None when it did not answer within ``timeout``. ``mux``: the folder for the
     masters that the files' ssh_config keeps (made here: never one someone else made,
-    whose sockets would carry the job's commands to another user's connection)."""
+    whose sockets would carry the job's commands to another user's connection);
+    ``kept``: check's folder, kept across checks (``keep_folder``)."""
     import subprocess
 
-    if mux is not None:
+    if "ssh_config" in files:
+        mode, config = files["ssh_config"]
+        if kept and mux is not None and not keep_folder(mux):
+            config = NO_MASTERS + config  # ssh takes a keyword's first value
+        # Every handshake without sntrup761 (node/mux.fast_kex): a check's or a run's.
+        files = {**files, "ssh_config": (mode, config + fast_kex())}
+    if mux is not None and not kept:
         make_folder(mux)  # and the folders of killed runs removed
-        if "ssh_config" in files:
-            mode, config = files["ssh_config"]
-            files = {**files, "ssh_config": (mode, config + fast_kex())}
     created = []  # the folders made here, removed again: preflight leaves nothing
     above, name = os.path.split(run_dir.rstrip("/"))
     folder = above
@@ -314,10 +328,11 @@ def main() -> None:
         result = {}
     elif mode == "reach":
         files = json.loads(sys.stdin.buffer.read())
-        hosts, mux = args[2:], None
-        if hosts and hosts[0].startswith("--mux="):  # no inventory name holds a "="
-            mux, hosts = hosts[0][len("--mux=") :], hosts[1:]
-        result = reach(args[0], float(args[1]), hosts, files, mux)
+        hosts, mux, kept = args[2:], None, False
+        if hosts and hosts[0].startswith(("--mux=", "--keep=")):  # no inventory name has "="
+            flag, mux = hosts[0].split("=", 1)
+            hosts, kept = hosts[1:], flag == "--keep"
+        result = reach(args[0], float(args[1]), hosts, files, mux, kept=kept)
     elif mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
         result = run_files(mode, args)
     elif mode == "stacks":

@@ -2,8 +2,11 @@
 
 The preflight's launcher check (``jobs reach --mux``) leaves its ssh connections open as
 masters in ``/tmp/cpuaccel-mux-<run id>``, which MPI's ssh then reuses; the sweep ends
-them (``end_masters``). Here: making that folder, the check's cheaper key exchange, the
-ending, and the removal of the folders that a killed controller left (``sweep_stale``).
+them (``end_masters``). ``cpuaccel check``'s (``jobs reach --keep``) stay in a folder
+named by what they were opened with (connectors/controlpath.head_folder), for the next
+check, and end by themselves (ControlPersist). Here: making those folders, the check's
+cheaper key exchange, the ending, and the removal of the folders whose masters ended
+(``sweep_stale``: a killed controller's, or a check's).
 """
 
 from __future__ import annotations
@@ -43,6 +46,34 @@ def make_folder(mux: str) -> None:
             ) from None
     except OSError as exc:
         raise SystemExit(f"cannot make {mux} for the launcher's ssh: {exc.strerror}") from None
+
+
+# Put first in an ssh_config: no master made or used (ssh takes a keyword's first value).
+NO_MASTERS = "Host *\n    ControlMaster no\n    ControlPath none\n"
+
+
+def keep_folder(mux: str) -> bool:
+    """Whether check's kept masters' folder may be used: made here (0700), or already
+    a private folder of this user (an earlier check's). One someone else made, or that
+    others may enter, is left alone (False: the check connects without masters, as a
+    socket there could be another user's in place of a master); ended runs' and checks'
+    folders are removed first."""
+    if not mux.startswith(MUX_PREFIX) or "/" in mux[len(MUX_PREFIX) :]:
+        raise SystemExit(f"refused: {mux} is not a folder of cpuaccel's ssh masters")
+    sweep_stale()
+    try:
+        os.mkdir(mux, 0o700)
+        return True
+    except FileExistsError:
+        st = os.lstat(mux)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return False
+        # Changed now: another check's sweep takes it for an ended one's no sooner than
+        # STALE_AFTER s from here (its masters' sockets are made within REACH_TIMEOUT).
+        os.utime(mux, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
 
 
 def fast_kex(ssh: str = "ssh") -> str:

@@ -17,13 +17,13 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 
 from rich.console import Console
-from rich.markup import escape
 
 from cpuaccel import ui
 from cpuaccel.playbook.actions import Result
 from cpuaccel.playbook.model import Play, Task
 from cpuaccel.playbook.stats import HostStats
 from cpuaccel.playbook.strategy import Listener, status_of
+from cpuaccel.ui import escape
 
 _STYLE = {
     "ok": "green",
