@@ -123,6 +123,7 @@ class Kept:
         self._process = conn.start(argv)
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._stderr: deque[str] = deque(maxlen=20)
+        self._asking = threading.Lock()  # one request at a time (the results, the sweep)
         self.alive = True
         threading.Thread(target=self._read, name=f"kept-{self.host}", daemon=True).start()
 
@@ -186,13 +187,40 @@ class Kept:
         """The answer to ``words`` (with ``payload``), as ``call`` on the ``jobs``
         program would give it (cpuaccel.node.preflight.serve)."""
         message = {"words": list(words), "payload": payload.decode()}
-        self.send(json.dumps(message).encode() + b"\n")
-        return self.answer(what, timeout)
+        if not self._asking.acquire(timeout=timeout):
+            raise HostError(self.host, f"{what}: the node program stayed busy {timeout:g} s")
+        try:
+            if not self.alive:
+                raise KeptGone(self.host, "the node program was closed")
+            self.send(json.dumps(message).encode() + b"\n")
+            return self.answer(what, timeout)
+        finally:
+            self._asking.release()
 
     def close(self) -> None:
         """EOF to the program (it ends, changing nothing more) and its channel closed."""
         self.alive = False
         self._process.close()
+
+
+def call_kept(
+    kept: Kept | None,
+    conn: Connector,
+    words: Sequence[str],
+    payload: bytes = b"",
+    *,
+    what: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """``call`` of the ``jobs`` program with ``words``, through ``kept`` (a kept
+    preflight program on the same node) while it lives: a gone one gives way to a fresh
+    call; a timeout or a refusal is the answer."""
+    if kept is not None and kept.alive:
+        try:
+            return kept.request(words, payload, what=what, timeout=timeout)
+        except KeptGone:
+            pass
+    return call(conn, "jobs", words, payload, what=what, timeout=timeout)
 
 
 def start(

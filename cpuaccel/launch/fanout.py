@@ -52,12 +52,9 @@ def call_all(
     if not in_one_step(hosts):
 
         def one(conn: Connector) -> Answer:
-            open_ = kept.get(conn.host.name) if kept is not None and program == "jobs" else None
-            if open_ is not None:
-                try:
-                    return open_.request(words, payload, what=what, timeout=timeout)
-                except programs.KeptGone:
-                    pass  # a timeout or a refusal is the answer; a gone program is not
+            if kept is not None and program == "jobs":
+                open_ = kept.get(conn.host.name)
+                return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
             return programs.call(conn, program, words, payload, what=what, timeout=timeout)
 
         return run_on_hosts(list(hosts), one, forks=forks, pool=pool)

@@ -17,6 +17,7 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -195,7 +196,8 @@ class _Foreground:
         router = OutputRouter(self.run_dir, self.out, ui.stderr())
         job = Job(plan, self.nodes.connect, self.run_dir, router, self.nodes.forks, self.nodes.pool)
         job.kept = self.nodes.kept  # the sweep's requests on the preflight's channels
-        with results.brought_home(plan, self.run_dir, self.nodes.pool):  # metrics.jsonl ...
+        head = functools.partial(self.nodes.kept.get, plan.head.name)  # its kept program
+        with results.brought_home(plan, self.run_dir, self.nodes.pool, head):  # metrics.jsonl ...
             return job.run(self.timeout)
 
     def preflight(self) -> bool:
