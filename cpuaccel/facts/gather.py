@@ -9,6 +9,7 @@ from typing import Any
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
 Facts = dict[str, Any]
@@ -77,7 +78,11 @@ def gather_look_and_keep(
     found, kept = programs.start(
         conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT
     )
-    return settle(found["facts"], sent, time.time()), found["look"], kept
+    try:
+        return settle(found["facts"], sent, time.time()), found["look"], kept
+    except (KeyError, TypeError):  # an answer of another form: no program kept for it
+        kept.close()
+        raise HostError(conn.host.name, "the fact probe's answer was not understood") from None
 
 
 def _preflight_words(
