@@ -15,10 +15,10 @@ Phases (name: the function timed; each span is [first start, last end] over host
     facts      the fact probe (with the project's manifest look, one call), per host
     reach      the head's ssh.sh to every other node (LauncherReach)
     render     _Foreground.files: the run's files rendered
-    copy       job._copy_files: the run's files written on every node
+    copy       nodes.copy_files: the run's files written on every node
     job        supervise.Job.run: launch.sh started on the head to the end of the sweep
     waitexit   Job._launcher_exit: the launcher's exit status, after its output ended
-    sweep      supervise.sweep_hosts: every node swept for the job's processes
+    sweep      fanout.sweep_hosts: every node swept for the job's processes
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
-    from cpuaccel.launch import job, preflight, supervise
+    from cpuaccel.launch import fanout, job, nodes, preflight, supervise
 
     SPANS["imports"] = [(imported, time.time())]  # the launch modules, as run would load them
     _timed(job, "launch", "launch")
@@ -75,12 +75,13 @@ def main() -> None:
     _timed(ssh.SSHConnector, "connect", "connect")
     _timed(preflight, "gather", "facts")
     _timed(preflight, "gather_and_look", "facts")
+    _timed(preflight, "gather_look_and_keep", "facts")
     _timed(preflight, "check_launcher_reach", "reach")
     _timed(job._Foreground, "files", "render")
-    _timed(job, "_copy_files", "copy")
+    _timed(nodes, "copy_files", "copy")
     _timed(supervise.Job, "run", "job")
     _timed(supervise.Job, "_launcher_exit", "waitexit")
-    _timed(supervise, "sweep_hosts", "sweep")
+    _timed(fanout, "sweep_hosts", "sweep")
     atexit.register(_write)
     from cpuaccel.cli.main import main as cpuaccel_main
 

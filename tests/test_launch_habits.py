@@ -30,6 +30,7 @@ from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.launch import job
+from cpuaccel.launch.nodes import Nodes
 from cpuaccel.launch.plan import Script, build_plan
 from cpuaccel.launch.precision_choice import PLACEHOLDER
 from cpuaccel.testing.command import cpuaccel, inherited_env
@@ -486,7 +487,7 @@ def test_preflight_progress_bar_counts_the_hosts(
     monkeypatch.setattr(job.ui, "progress", progress)
     monkeypatch.setattr(job, "run_preflight", preflight)
     monkeypatch.chdir(tmp_path)
-    nodes = job._Nodes(ConnectOptions(), 4, ConnectionPool(ConnectOptions()))
+    nodes = Nodes(ConnectOptions(), 4, ConnectionPool(ConnectOptions()))
     with pytest.raises(Stop):
         job._preflight_and_sync(settings, draft, True, False, nodes)
     assert bars == [("preflight", 3, ["n0", "n1", "n2"])]

@@ -23,7 +23,7 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import job
+from cpuaccel.launch.nodes import Nodes, copy_files
 
 RUN_ID = "20260101-000000-abcd"
 FILES = {"secret.env": [0o600, "export T=s3cret\n"], "env.sh": [0o600, "export A=1\n"]}
@@ -158,9 +158,9 @@ def test_run_refuses_with_one_line_naming_the_node_and_path(tree: tuple[Path, Pa
     (work / "runs").symlink_to(elsewhere)
     host = Host("node1", {"ansible_connection": "local", "cpuaccel_python": sys.executable})
     plan = SimpleNamespace(hosts=[host], run_dir=str(work / "runs" / RUN_ID), run_id=RUN_ID)
-    nodes = job._Nodes(ConnectOptions(), 1, ConnectionPool(ConnectOptions()))
+    nodes = Nodes(ConnectOptions(), 1, ConnectionPool(ConnectOptions()))
     with pytest.raises(UsageError) as caught:
-        job._copy_files(cast(Any, plan), cast(Any, FILES), nodes)
+        copy_files(cast(Any, plan), cast(Any, FILES), nodes)
     message = caught.value.message  # one line; the hint is printed under it
     assert caught.value.exit_code == EXIT_USAGE
     assert message.startswith("node1: writing the run's files failed on the node")

@@ -3,15 +3,20 @@ in one call, answering as the two programs would apart."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from cpuaccel import node
+from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.facts.gather import gather, gather_and_look
+from cpuaccel.errors import HostError
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.facts.gather import gather, gather_and_look, gather_look_and_keep
 from cpuaccel.inventory.host import Host
 from cpuaccel.sync import receiver
 from cpuaccel.sync.location import DestinationRefused
@@ -51,7 +56,84 @@ def test_a_refused_destination_is_refused_as_by_the_tree_program(tmp_path: Path)
         receiver.checked("box", found)
 
 
-def test_the_program_carries_the_probe_and_the_receiver_only() -> None:
+def test_the_program_carries_the_probe_the_receiver_and_the_jobs_part() -> None:
     assert node.parts("preflight") == [
-        "common", "facts", "destination", "nofollow", "tree", "preflight",
+        "common", "facts", "nofollow", "mux", "progress", "runfiles", "jobs", "destination",
+        "tree", "preflight",
     ]  # fmt: skip
+
+
+RUN_ID = "20261201-000000-abcdef"
+FILES = {"launch.sh": [0o700, "echo hi\n"], "secret.env": [0o600, "TOKEN=x\n"]}
+
+
+def _kept(tmp_path: Path, idle: int = 30) -> tuple[LocalConnector, programs.Kept]:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    conn = _conn(tmp_path / "work")
+    look = receiver.words("look", str(project), conn.host.workdir, "0" * 64)[1:]
+    facts, found, kept = gather_look_and_keep(conn, [], None, look, idle)
+    assert facts["python"]["executable"] and "clock_skew" in facts and "entries" in found
+    return conn, kept
+
+
+def _ended(kept: programs.Kept, within: float) -> bool:
+    process = kept._process  # the node program itself
+    try:
+        process.wait(within)
+    except Exception:  # no status in time
+        return False
+    return True
+
+
+def test_a_kept_program_answers_the_jobs_requests_on_its_channel(tmp_path: Path) -> None:
+    """After its answer the program stays: the run's files and the sweep are requests
+    on the same channel, answered as the jobs program answers them; EOF ends it."""
+    _, kept = _kept(tmp_path)
+    run_dir = tmp_path / "work" / "runs" / RUN_ID
+    assert not run_dir.exists()  # the preflight itself writes nothing
+    payload = json.dumps(FILES).encode()
+    done = kept.request(["write", str(run_dir)], payload, what="writing", timeout=30)
+    assert done == {"written": ["launch.sh", "secret.env"]}
+    assert (run_dir / "secret.env").stat().st_mode & 0o777 == 0o600
+    swept = kept.request(["end", RUN_ID, "0", str(run_dir)], b"", what="sweeping", timeout=30)
+    assert swept["forgot"] is True and swept["left"] == [] and not (run_dir / "secret.env").exists()
+    (tmp_path / "work" / "runs" / "link").symlink_to(tmp_path)
+    with pytest.raises(HostError, match=r"writing failed on the node: refused: .*symbolic link"):
+        kept.request(["write", str(tmp_path / "work" / "runs" / "link")], payload, what="writing",
+                     timeout=30)  # fmt: skip
+    assert not kept.alive  # a refusal ends what the controller keeps
+    assert _ended(kept, 10)
+
+
+def test_a_kept_program_leaves_after_its_idle_time_having_written_nothing(
+    tmp_path: Path,
+) -> None:
+    _, kept = _kept(tmp_path, idle=1)
+    started = time.monotonic()
+    assert _ended(kept, 10) and time.monotonic() - started < 5
+    assert not (tmp_path / "work" / "runs").exists()
+    with pytest.raises(programs.KeptGone):
+        kept.request(["procs", RUN_ID], b"", what="listing", timeout=5)
+
+
+def test_the_run_files_go_to_the_kept_program_else_to_a_fresh_call(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from cpuaccel.launch.nodes import Nodes, copy_files
+
+    conn, kept = _kept(tmp_path)
+    run_dir = tmp_path / "work" / "runs" / RUN_ID
+    plan = SimpleNamespace(hosts=[conn.host], run_dir=str(run_dir), run_id=RUN_ID)
+    with Nodes(ConnectOptions(), 1, ConnectionPool(ConnectOptions())) as nodes:
+        nodes.kept.add("box", kept)
+        copy_files(cast(Any, plan), cast(Any, FILES), nodes)
+        assert sorted(p.name for p in run_dir.iterdir()) == ["launch.sh", "secret.env"]
+        assert nodes.kept.get("box") is kept  # still open, for the sweep
+        kept._process.close()  # gone (EOF): a fresh call writes
+        assert _ended(kept, 10)
+        (run_dir / "launch.sh").unlink()
+        copy_files(cast(Any, plan), cast(Any, FILES), nodes)
+        assert (run_dir / "launch.sh").exists() and nodes.kept.get("box") is None
+    assert not kept.alive

@@ -262,6 +262,7 @@ def test_stale_script_on_one_node_is_synced_or_reported(
     assert changed.returncode == 0, changed.stderr
     assert cluster.exec("node1", ["cat", remote]).stdout == f"print('version {version}')\n"
     runs_before = sorted((proj / "runs").iterdir())
+    node_runs = {n: cluster.exec(n, ["ls", "-A", f"{WORKDIR}/runs"]).stdout for n in NODES}
 
     refused = cpuaccel_run(proj, "--no-sync", *common)
     assert refused.code == EXIT_NODE_FAILED, refused
@@ -272,6 +273,11 @@ def test_stale_script_on_one_node_is_synced_or_reported(
     assert refused.stdout == ""
     assert sorted((proj / "runs").iterdir()) == runs_before  # no run dir, no rank logs
     assert cluster.exec("node2", ["cat", remote]).stdout == "print('STALE')\n"
+    # node1 and node3 passed, their preflight programs kept open for the run's files:
+    # a failure on node2 ends them all by EOF, no run folder written on any node.
+    for node in NODES:
+        assert cluster.exec(node, ["ls", "-A", f"{WORKDIR}/runs"]).stdout == node_runs[node]
+        assert cluster.wait_idle(node, timeout=10) == [], node
 
     synced = cpuaccel_run(proj, *common)
     assert synced.code == 0, synced

@@ -12,12 +12,16 @@ per request (cpuaccel.playbook.session).
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from cpuaccel import node
 from cpuaccel.connectors.base import CommandResult, Connector
-from cpuaccel.errors import HostError
+from cpuaccel.errors import CpuaccelError, HostError
 
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel','exec'))"
 PYTHON_HINT = "set cpuaccel_python to the node's interpreter, or run cpuaccel provision"
@@ -100,3 +104,137 @@ def interpreter_error(host: str, python: str, detail: str, hint: str = PYTHON_HI
     return HostError(
         host, f"the interpreter {python!r} cannot be run on the node: {detail}", hint=hint
     )
+
+
+class KeptGone(HostError):
+    """A kept program that is no more (its input closed, or it ended): a fresh ``call``
+    may still reach the node, unlike after a refusal or a timeout."""
+
+
+class Kept:
+    """A node program that stays after its first answer (``start``) for more requests on
+    its channel, one JSON line each way (the ``preflight`` program's ``--keep``): a
+    request costs a message, not an sshd session and an interpreter start. Every wait
+    for an answer is bounded; one that fails leaves the program closed (``alive``)."""
+
+    def __init__(self, conn: Connector, python: str, argv: Sequence[str]) -> None:
+        self.host = conn.host.name
+        self.python = python
+        self._process = conn.start(argv)
+        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._asking = threading.Lock()  # one request at a time (the results, the sweep)
+        self.alive = True
+        threading.Thread(target=self._read, name=f"kept-{self.host}", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for item in self._process.lines():
+                self._queue.put(item)
+        except Exception:  # a dead channel is an ended program
+            pass
+        self._queue.put(None)
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._process.send(data)
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise KeptGone(self.host, f"the node program's input is closed: {exc}") from None
+
+    def answer(self, what: str, timeout: float) -> dict[str, Any]:
+        """The next answer line, within ``timeout`` s; else the HostError that says why."""
+        try:
+            return self._next(what, time.monotonic() + timeout, timeout)
+        except HostError:
+            self.close()
+            raise
+
+    def _next(self, what: str, deadline: float, timeout: float) -> dict[str, Any]:
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise HostError(self.host, f"{what}: no answer within {timeout:g} s") from None
+            if item is None:  # ended before it answered: its status and stderr say why
+                code = self._status()
+                ended = CommandResult(self.host, "", code, "", "\n".join(self._stderr), 0.0)
+                try:
+                    answer(self.host, self.python, ended, what)  # raises for a failed status
+                except HostError as exc:
+                    raise KeptGone(self.host, exc.reason, hint=exc.hint) from None
+                raise KeptGone(self.host, f"{what}: the node program ended without an answer")
+            stream, line = item
+            if stream == "err":
+                self._stderr.append(line)
+                continue
+            value = answer(
+                self.host, self.python, CommandResult(self.host, "", 0, line, "", 0), what
+            )
+            if "error" in value and len(value) == 1:  # a later request's refusal
+                raise HostError(self.host, f"{what} failed on the node: {value['error']}")
+            return value
+
+    def _status(self) -> int:
+        try:
+            return self._process.wait(5.0)
+        except CpuaccelError:
+            return -1
+
+    def request(
+        self, words: Sequence[str], payload: bytes, *, what: str, timeout: float
+    ) -> dict[str, Any]:
+        """The answer to ``words`` (with ``payload``), as ``call`` on the ``jobs``
+        program would give it (cpuaccel.node.preflight.serve)."""
+        message = {"words": list(words), "payload": payload.decode()}
+        if not self._asking.acquire(timeout=timeout):
+            raise HostError(self.host, f"{what}: the node program stayed busy {timeout:g} s")
+        try:
+            if not self.alive:
+                raise KeptGone(self.host, "the node program was closed")
+            self.send(json.dumps(message).encode() + b"\n")
+            return self.answer(what, timeout)
+        finally:
+            self._asking.release()
+
+    def close(self) -> None:
+        """EOF to the program (it ends, changing nothing more) and its channel closed."""
+        self.alive = False
+        self._process.close()
+
+
+def call_kept(
+    kept: Kept | None,
+    conn: Connector,
+    words: Sequence[str],
+    payload: bytes = b"",
+    *,
+    what: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """``call`` of the ``jobs`` program with ``words``, through ``kept`` (a kept
+    preflight program on the same node) while it lives: a gone one gives way to a fresh
+    call; a timeout or a refusal is the answer."""
+    if kept is not None and kept.alive:
+        try:
+            return kept.request(words, payload, what=what, timeout=timeout)
+        except KeptGone:
+            pass
+    return call(conn, "jobs", words, payload, what=what, timeout=timeout)
+
+
+def start(
+    conn: Connector,
+    program: str,
+    words: Sequence[str],
+    payload: bytes = b"",
+    *,
+    what: str,
+    timeout: float,
+) -> tuple[dict[str, Any], Kept]:
+    """``program`` started with ``words`` as ``call`` would, kept open after its first
+    answer (within ``timeout`` s): (that answer, the program for later requests)."""
+    python = conn.host.python
+    kept = Kept(conn, python, argv(python, program, words))
+    kept.send(node.program(program) + payload)
+    return kept.answer(what, timeout), kept

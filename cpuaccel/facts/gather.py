@@ -9,6 +9,7 @@ from typing import Any
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
 Facts = dict[str, Any]
@@ -61,8 +62,32 @@ def gather_and_look(
     """The fact probe and the ``tree`` program's request ``look`` (its words after the
     mode) in one round trip and one interpreter (the ``preflight`` node program):
     (facts, the look's answer)."""
-    host = conn.host
-    words = [host.workdir, host.setvars or "", str(port or ""), *resolve, "--look", *look]
+    words = _preflight_words(conn, resolve, port, look, 0)
     sent = time.time()
     found = programs.call(conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT)
     return settle(found["facts"], sent, time.time()), found["look"]
+
+
+def gather_look_and_keep(
+    conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str], idle: int
+) -> tuple[Facts, dict[str, Any], programs.Kept]:
+    """``gather_and_look``, its program kept open after the answer for the run's later
+    requests to the node (node/preflight.serve), waiting at most ``idle`` s for each."""
+    words = _preflight_words(conn, resolve, port, look, idle)
+    sent = time.time()
+    found, kept = programs.start(
+        conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT
+    )
+    try:
+        return settle(found["facts"], sent, time.time()), found["look"], kept
+    except (KeyError, TypeError):  # an answer of another form: no program kept for it
+        kept.close()
+        raise HostError(conn.host.name, "the fact probe's answer was not understood") from None
+
+
+def _preflight_words(
+    conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str], idle: int
+) -> list[str]:
+    host = conn.host
+    fact_words = [host.workdir, host.setvars or "", str(port or ""), *resolve]
+    return [f"--keep={idle}", *fact_words, "--look", *look]

@@ -1,11 +1,13 @@
 """A node program with the same request on every node of a job: over each node's
 connection (in parallel, bounded by --forks), or, for the nodes of one Slurm allocation,
 in ONE srun step over them all (connectors/srun.call_everywhere), which spares Slurm a
-step a node and the job a round of srun start-ups. The run's files and the sweep go so.
+step a node and the job a round of srun start-ups. The run's files and the sweep go so:
+to the preflight's programs, where they were kept open (``Kept``), on their channels.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -42,12 +44,17 @@ def call_all(
     timeout: float,
     forks: int,
     pool: ConnectionPool,
+    kept: Kept | None = None,
 ) -> list[HostResult[Answer]]:
     """``program`` with ``words`` (and ``payload`` on stdin) on every host; one result
-    a host, in the order given."""
+    a host, in the order given. A ``jobs`` request goes to a host's program in ``kept``
+    while it lives; one that is gone gives way to a fresh call."""
     if not in_one_step(hosts):
 
         def one(conn: Connector) -> Answer:
+            if kept is not None and program == "jobs":
+                open_ = kept.get(conn.host.name)
+                return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
             return programs.call(conn, program, words, payload, what=what, timeout=timeout)
 
         return run_on_hosts(list(hosts), one, forks=forks, pool=pool)
@@ -64,3 +71,69 @@ def call_all(
         else:
             results.append(HostResult(host, Status.OK, answer, seconds=seconds))
     return results
+
+
+class Kept:
+    """The preflight's programs kept open on the nodes (connectors/programs.Kept), by
+    host name, for the job's later requests (its files, its sweep): closed (EOF, which
+    ends them having written nothing) when no job is to start and when the run ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, programs.Kept] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, program: programs.Kept) -> None:
+        with self._lock:
+            old, self._open[name] = self._open.get(name), program
+        if old is not None:
+            old.close()
+
+    def get(self, name: str) -> programs.Kept | None:
+        with self._lock:
+            program = self._open.get(name)
+        return program if program is not None and program.alive else None
+
+    def close(self) -> None:
+        with self._lock:
+            gone, self._open = list(self._open.values()), {}
+        for program in gone:
+            program.close()
+
+
+def sweep_hosts(
+    hosts: list[Host],
+    run_id: str,
+    run_dir: str,
+    pool: ConnectionPool,
+    forks: int,
+    lost: list[str],
+    *,
+    timeout: float,
+    kept: Kept | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """End the job's processes on every host not ``lost`` (a host found unreachable is
+    added to it): (node -> what was ended, node -> what stays or why it was not checked),
+    each node's answer awaited ``timeout`` s at most. Also `cpuaccel stop`'s sweep
+    (launch/stop.py), which has no ``kept`` programs."""
+
+    # With the run folder: the node removes secret.env once the job is over.
+    words = ["end", run_id, "2", run_dir]
+    reachable = [h for h in hosts if h.name not in lost]
+    results: list[HostResult[dict[str, Any]]] = call_all(
+        reachable, "jobs", words, what="ending the job's processes", timeout=timeout,
+        forks=forks, pool=pool, kept=kept,
+    )  # fmt: skip
+    swept: dict[str, Any] = {}
+    left: dict[str, Any] = {name: "not checked: the connection to it was lost" for name in lost}
+    for r in results:
+        if r.value is None:
+            if r.status is Status.UNREACHABLE and r.host.name not in lost:
+                lost.append(r.host.name)
+            left[r.host.name] = f"could not check: {r.error}"
+            continue
+        ended = r.value["terminated"] + r.value["killed"]
+        if ended:
+            swept[r.host.name] = ended
+        if r.value["left"]:
+            left[r.host.name] = r.value["left"]
+    return swept, left

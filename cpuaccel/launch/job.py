@@ -17,23 +17,23 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
-import json
+import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import ConnectOptions
-from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError, UsageError
+from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import attempts, detached, elastic, fanout, results
+from cpuaccel.launch import attempts, detached, elastic, results
+from cpuaccel.launch import nodes as nodes_
 from cpuaccel.launch.elastic import PreflightFailed
+from cpuaccel.launch.nodes import JobFiles, Nodes
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.launch.preflight import LauncherReach, run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
@@ -52,8 +52,6 @@ from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
 
-JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
-
 
 def _local_project(settings: LaunchSettings, project: Path) -> str | None:
     """The project folder, when every chosen host is this machine: used where it is."""
@@ -66,19 +64,6 @@ def dry_run(
     """The plan and files of a run, without the facts: no node is contacted."""
     plan = build_plan(settings, script, None, run_id, _local_project(settings, project))
     return plan, render_job_files(plan, connect, ssh_files=False)
-
-
-@dataclass(frozen=True)
-class _Nodes:
-    """How this job reaches its nodes: one connection per node for every phase
-    (preflight, sync, copy, launch, sweep)."""
-
-    connect: ConnectOptions
-    forks: int
-    pool: ConnectionPool
-
-    def fan(self) -> dict[str, Any]:
-        return {"forks": self.forks, "pool": self.pool}
 
 
 def launch(
@@ -105,8 +90,7 @@ def launch(
     started = time.monotonic()
     run_id = run_id or new_run_id()
     local = _local_project(settings, project)
-    with ConnectionPool(connect) as pool:
-        nodes = _Nodes(connect, forks, pool)
+    with ConnectionPool(connect) as pool, Nodes(connect, forks, pool) as nodes:
         draft = build_plan(settings, script, None, run_id, local_project=local)
 
         def check(draft: RunPlan) -> dict[str, Facts]:
@@ -144,7 +128,7 @@ def _detach(
     project: Path,
     local: bool,
     limits: tuple[float | None, int, float],  # --timeout, --max-restarts, --restart-delay
-    nodes: _Nodes,
+    nodes: Nodes,
     inventory: str | None,
     started: float,
 ) -> JobReport:
@@ -155,12 +139,12 @@ def _detach(
     files.update(detached.supervisor_files(plan, *limits))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
-        _copy_files(plan, files, nodes)
+        nodes_.copy_files(plan, files, nodes)
     try:
         supervisor = detached.start(plan, nodes.pool.get(plan.head), run_dir, inventory)
     except CpuaccelError:
         if "secret.env" in files:  # no job started: take the secrets back off the nodes
-            _forget_secrets(plan, plan.hosts, nodes)
+            nodes_.forget_secrets(plan, plan.hosts, nodes)
         raise
     report = JobReport.of_plan(plan, 0, "detached", time.monotonic() - started)
     report.folder = str(run_dir.path)
@@ -183,7 +167,7 @@ def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
 class _Foreground:
     """The job's attempts, run from here (launch/attempts.py decides when to restart)."""
 
-    def __init__(self, plan: RunPlan, nodes: _Nodes, local: bool, again: elastic.Check):
+    def __init__(self, plan: RunPlan, nodes: Nodes, local: bool, again: elastic.Check):
         self.plan, self.nodes, self.local = plan, nodes, local  # plan: attempt 0's
         self.again = again  # the preflight (and sync), as before attempt 0
         self.min_nodes: int | None = None  # --nodes MIN:MAX: lost nodes may be left out
@@ -197,7 +181,7 @@ class _Foreground:
 
     def copy(self, plan: RunPlan, files: JobFiles) -> None:
         if not self.local or "secret.env" in files:  # the sweep took secret.env away
-            _copy_files(plan, files, self.nodes)
+            nodes_.copy_files(plan, files, self.nodes)
 
     def run(self, k: int, resume: str | None) -> Outcome:
         plan = self.plan
@@ -210,7 +194,9 @@ class _Foreground:
             self.copy(plan, files)
         router = OutputRouter(self.run_dir, self.out, ui.stderr())
         job = Job(plan, self.nodes.connect, self.run_dir, router, self.nodes.forks, self.nodes.pool)
-        with results.brought_home(plan, self.run_dir, self.nodes.pool):  # metrics.jsonl ...
+        job.kept = self.nodes.kept  # the sweep's requests on the preflight's channels
+        head = functools.partial(self.nodes.kept.get, plan.head.name)  # its kept program
+        with results.brought_home(plan, self.run_dir, self.nodes.pool, head):  # metrics.jsonl ...
             return job.run(self.timeout)
 
     def preflight(self) -> bool:
@@ -283,11 +269,27 @@ def _preflight_and_sync(
     draft: RunPlan,
     allow_sync: bool,
     local: bool,
-    nodes: _Nodes,
+    nodes: Nodes,
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts.
     The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
     source = build([str(Path.cwd())], excludes=settings.exclude.value)
+    nodes.kept.close()  # an earlier pass's (a restart's, --nodes MIN:MAX's): new ones come
+    try:
+        return _checked(settings, draft, allow_sync, local, nodes, source)
+    except BaseException:  # no job starts: EOF ends every kept program, nothing written
+        nodes.kept.close()
+        raise
+
+
+def _checked(
+    settings: LaunchSettings,
+    draft: RunPlan,
+    allow_sync: bool,
+    local: bool,
+    nodes: Nodes,
+    source: SourceManifest,
+) -> dict[str, Facts]:
     launcher = settings.launcher.value
     reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
     with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
@@ -303,6 +305,7 @@ def _preflight_and_sync(
             pool=nodes.pool,
             reach=reach,
             on_host=bar.advance,
+            kept=nodes.kept,
         )
         reached = reach.problems()
     problems = list(found.errors) + reached
@@ -328,7 +331,7 @@ def _preflight_and_sync(
     return found.facts
 
 
-def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: _Nodes) -> None:
+def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: Nodes) -> None:
     names = escape(", ".join(h.name for h in stale))
     ui.stderr().print(f"project differs on {names}: syncing it first")
     results = sync(
@@ -350,28 +353,6 @@ def _print_problems(problems: list[Problem]) -> None:
         err.print(f"[red]preflight[/] {escape(p.host or '-')}: {escape(p.message)}")
         if p.hint:
             err.print(f"          [dim]fix: {escape(p.hint)}[/]")
-
-
-def _copy_files(plan: RunPlan, files: JobFiles, nodes: _Nodes) -> None:
-    payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
-    words, what = ["write", plan.run_dir], "writing the run's files"
-    results = fanout.call_all(
-        plan.hosts, "jobs", words, payload, what=what, timeout=600.0, **nodes.fan()
-    )
-    failed = [r for r in results if not r.ok]
-    if failed:
-        if "secret.env" in files:  # no job starts: take the secrets back off the others
-            _forget_secrets(plan, [r.host for r in results if r.ok], nodes)
-        raise UsageError(
-            "; ".join(f"{r.host.name}: {r.error}" for r in failed),
-            hint="check free disk and permissions at cpuaccel_workdir",
-        )
-
-
-def _forget_secrets(plan: RunPlan, hosts: list[Host], nodes: _Nodes) -> None:
-    words = ["end", plan.run_id, "0", plan.run_dir]
-    what = "removing the run's secrets"
-    fanout.call_all(hosts, "jobs", words, what=what, timeout=600.0, **nodes.fan())
 
 
 def _summary(

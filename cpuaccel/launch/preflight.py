@@ -27,6 +27,7 @@ from cpuaccel.facts.gather import (
     Facts,
     gather,
     gather_and_look,
+    gather_look_and_keep,
     names_to_resolve,
     settle,
 )
@@ -41,6 +42,12 @@ if TYPE_CHECKING:
 # The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
 # run's preflight uses them: `check`, which shares this module, needs neither on one
 # node, and its whole cost there is start-up (issue 17).
+
+
+# Seconds a node's kept preflight program waits for each next request (the files, then
+# the sweep at the job's end) before it leaves by itself; a request after that is a
+# fresh call (fanout.call_all), so this bounds an orphan, not a job.
+KEEP_IDLE = 3600
 
 
 @dataclass
@@ -89,10 +96,13 @@ def run_preflight(
     pool: ConnectionPool | None = None,
     reach: LauncherReach | None = None,
     on_host: Callable[[str], None] | None = None,
+    kept: fanout.Kept | None = None,
 ) -> Preflight:
     """Probe every node at once; ``reach`` (which needs the pool) is told of each
     connection as it opens and each host as it ends; ``on_host`` (the progress bar)
-    is given each host's name as it ends."""
+    is given each host's name as it ends. ``kept``: each node's program stays open
+    there for the job's later requests (its files, its sweep), which the caller
+    closes when no job is to start."""
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
@@ -106,7 +116,11 @@ def run_preflight(
         from cpuaccel.sync import receiver
 
         look = receiver.words("look", project_dest, conn.host.workdir, source.hash)[1:]
-        facts, project = gather_and_look(conn, names, port, look)
+        if kept is None:
+            facts, project = gather_and_look(conn, names, port, look)
+        else:
+            facts, project, program = gather_look_and_keep(conn, names, port, look, KEEP_IDLE)
+            kept.add(conn.host.name, program)
         return NodeState(facts, receiver.checked(conn.host.name, project))
 
     def on_result(result: HostResult[Any]) -> None:

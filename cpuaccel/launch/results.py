@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cpuaccel import ui
+from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
@@ -77,8 +78,10 @@ class Homecoming:
         *,
         supervised_there: bool,
         timeout: float = runfiles.CALL_TIMEOUT,
+        kept: Callable[[], programs.Kept | None] = lambda: None,
     ) -> None:
         self.conn = conn
+        self.kept = kept  # a foreground run's: the head's kept preflight program
         self.head_run_dir = head_run_dir
         self.home = home
         # The head writes the logs and status.json only when it supervises the job;
@@ -94,7 +97,7 @@ class Homecoming:
             return self._pass(checkpoints)
 
     def _pass(self, checkpoints: bool) -> Fetched | None:
-        listing = runfiles.list_files(self.conn(), self.head_run_dir, self.timeout)
+        listing = runfiles.list_files(self.conn(), self.head_run_dir, self.timeout, self.kept())
         if listing is None:
             return None
         fetched = Fetched()
@@ -125,7 +128,7 @@ class Homecoming:
         try:
             while have < item.size:
                 data, have = runfiles.read_new(
-                    self.conn(), self.head_run_dir, item.name, have, self.timeout
+                    self.conn(), self.head_run_dir, item.name, have, self.timeout, self.kept()
                 )
                 if not data:
                     break
@@ -148,8 +151,9 @@ class Homecoming:
         try:
             while True:
                 data, got, size = runfiles.read(
-                    self.conn(), self.head_run_dir, item.name, got, timeout=self.timeout
-                )
+                    self.conn(), self.head_run_dir, item.name, got, timeout=self.timeout,
+                    kept=self.kept(),
+                )  # fmt: skip
                 if not data:
                     break
                 os.write(fd, data)
@@ -185,15 +189,22 @@ def is_local(plan: RunPlan, run_dir: RunDir) -> bool:
 
 
 @contextmanager
-def brought_home(plan: RunPlan, run_dir: RunDir, pool: ConnectionPool) -> Iterator[None]:
+def brought_home(
+    plan: RunPlan,
+    run_dir: RunDir,
+    pool: ConnectionPool,
+    kept: Callable[[], programs.Kept | None] = lambda: None,
+) -> Iterator[None]:
     """Around a foreground job's supervision: copy what changed on the head every
-    INTERVAL s while it runs, and everything at its end."""
+    INTERVAL s while it runs, and everything at its end; each call through ``kept``
+    (the head's kept preflight program) while it lives."""
     if is_local(plan, run_dir):
         yield
         return
     home = Homecoming(
-        lambda: pool.get(plan.head), plan.run_dir, run_dir.path, supervised_there=False
-    )
+        lambda: pool.get(plan.head), plan.run_dir, run_dir.path, supervised_there=False,
+        kept=kept,
+    )  # fmt: skip
     stop = threading.Event()
 
     def periodically() -> None:

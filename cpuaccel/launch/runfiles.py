@@ -21,12 +21,15 @@ class RemoteFile:
 
 
 def list_files(
-    conn: Connector, run_dir: str, timeout: float = CALL_TIMEOUT
+    conn: Connector,
+    run_dir: str,
+    timeout: float = CALL_TIMEOUT,
+    kept: programs.Kept | None = None,
 ) -> list[RemoteFile] | None:
-    """The files of the run folder on the node; None when it has no such folder."""
-    found = programs.call(
-        conn, "jobs", ["list", run_dir], what="listing the run's files", timeout=timeout
-    )
+    """The files of the run folder on the node; None when it has no such folder.
+    ``kept``: the node's kept preflight program, asked first (a run's own passes)."""
+    what = "listing the run's files"
+    found = programs.call_kept(kept, conn, ["list", run_dir], what=what, timeout=timeout)
     files = found.get("files")
     if files is None:
         return None
@@ -40,22 +43,28 @@ def read(
     offset: int = 0,
     limit: int = CHUNK,
     timeout: float = CALL_TIMEOUT,
+    kept: programs.Kept | None = None,
 ) -> tuple[bytes | None, int, int | None]:
     """(bytes from ``offset``, the offset after them, the file's size); (None, offset,
     None) when the file is not there. A file now shorter than ``offset`` (rewritten) is
     read from its start: the new offset then is no more than the bytes returned."""
     words = ["read", run_dir, name, str(offset), str(limit)]
-    found = programs.call(conn, "jobs", words, what=f"reading {name}", timeout=timeout)
+    found = programs.call_kept(kept, conn, words, what=f"reading {name}", timeout=timeout)
     if found.get("data") is None:
         return None, offset, None
     return base64.b64decode(found["data"]), int(found["offset"]), int(found["size"])
 
 
 def read_new(
-    conn: Connector, run_dir: str, name: str, offset: int, timeout: float = CALL_TIMEOUT
+    conn: Connector,
+    run_dir: str,
+    name: str,
+    offset: int,
+    timeout: float = CALL_TIMEOUT,
+    kept: programs.Kept | None = None,
 ) -> tuple[bytes, int]:
     """What was appended to ``name`` since ``offset`` (one call: at most CHUNK bytes)."""
-    data, new, _ = read(conn, run_dir, name, offset, CHUNK, timeout)
+    data, new, _ = read(conn, run_dir, name, offset, CHUNK, timeout, kept)
     if data is None:
         return b"", offset
     return data, new

@@ -6,7 +6,7 @@ supervisor (its environment names the run; never a pattern); it does the teardow
 writes status.json. A foreground run is ended by SIGTERM to the ``cpuaccel run`` that
 supervises it (the pid and start time in the controller's status.json), which then
 does its own teardown, exactly as when its terminal sends it. Either way, this then
-sweeps every node by CPUACCEL_RUN_ID itself (launch/supervise.sweep_hosts) and reports
+sweeps every node by CPUACCEL_RUN_ID itself (launch/fanout.sweep_hosts) and reports
 what stays; a supervisor that is gone (killed) leaves that sweep to end the job alone.
 """
 
@@ -27,7 +27,8 @@ from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.launch import records
-from cpuaccel.launch.supervise import sweep_hosts
+from cpuaccel.launch.fanout import sweep_hosts
+from cpuaccel.launch.supervise import TEARDOWN
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
 from cpuaccel.slurm import jobs
 from cpuaccel.slurm.jobs import JobState
@@ -160,7 +161,7 @@ def stop(
             _bring_home(folder, record, status)
             return done
         lost: list[str] = []
-        swept, left = sweep_hosts(hosts, run_id, run_dir, pool, forks, lost)
+        swept, left = sweep_hosts(hosts, run_id, run_dir, pool, forks, lost, timeout=TEARDOWN)
         if done is None:  # the supervisor was gone: the sweep ended the job; say so
             if record.get("detached"):
                 status = head.call(["ended", run_dir, "stopped", "stop"]).get("status") or {}

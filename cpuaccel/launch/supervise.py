@@ -26,8 +26,7 @@ from rich.console import Console
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Process
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, HostResult, Status
-from cpuaccel.inventory.host import Host
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.launch import fanout, hang, launchers
 from cpuaccel.launch.plan import RunPlan
 from cpuaccel.launch.rundir import RunDir
@@ -184,6 +183,7 @@ class Job:
         self.stop_reason: str | None = None
         self.lost: list[str] = []  # nodes whose connection died, in the order noticed
         self.hung: list[dict[str, Any]] = []  # run --hang-timeout: the ranks, once hung
+        self.kept: fanout.Kept | None = None  # the preflight's programs, for the sweep
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_reason is None:
@@ -303,8 +303,11 @@ class Job:
     def sweep(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """End what is left of the job on every node; report what was ended and what stays."""
         self._notice_lost()
-        plan = self.plan
-        return sweep_hosts(plan.hosts, plan.run_id, plan.run_dir, self.pool, self.forks, self.lost)
+        plan, pool = self.plan, self.pool
+        return fanout.sweep_hosts(
+            plan.hosts, plan.run_id, plan.run_dir, pool, self.forks, self.lost,
+            timeout=TEARDOWN, kept=self.kept,
+        )  # fmt: skip
 
     def _outcome(
         self,
@@ -336,41 +339,6 @@ class Job:
             code, reason, seconds, launcher_exit, first, swept, left, lost, self.router.codes,
             self.hung,
         )  # fmt: skip
-
-
-def sweep_hosts(
-    hosts: list[Host],
-    run_id: str,
-    run_dir: str,
-    pool: ConnectionPool,
-    forks: int,
-    lost: list[str],
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """End the job's processes on every host not ``lost`` (a host found unreachable is
-    added to it): (node -> what was ended, node -> what stays or why it was not checked).
-    Also `cpuaccel stop`'s sweep (launch/stop.py)."""
-
-    # With the run folder: the node removes secret.env once the job is over.
-    words = ["end", run_id, "2", run_dir]
-    reachable = [h for h in hosts if h.name not in lost]
-    results: list[HostResult[dict[str, Any]]] = fanout.call_all(
-        reachable, "jobs", words, what="ending the job's processes", timeout=TEARDOWN,
-        forks=forks, pool=pool,
-    )  # fmt: skip
-    swept: dict[str, Any] = {}
-    left: dict[str, Any] = {name: "not checked: the connection to it was lost" for name in lost}
-    for r in results:
-        if r.value is None:
-            if r.status is Status.UNREACHABLE and r.host.name not in lost:
-                lost.append(r.host.name)
-            left[r.host.name] = f"could not check: {r.error}"
-            continue
-        ended = r.value["terminated"] + r.value["killed"]
-        if ended:
-            swept[r.host.name] = ended
-        if r.value["left"]:
-            left[r.host.name] = r.value["left"]
-    return swept, left
 
 
 # ---------------------------------------------------------------- status.json

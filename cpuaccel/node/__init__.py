@@ -17,7 +17,8 @@ tested and type-checked one by one:
               with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
               checkpoint complete on every node) and restarts (the restart rule), the
               last two shared with the controller's foreground loop
-  preflight   run's fact probe and look at the project's copy in one interpreter
+  preflight   run's fact probe and look at the project's copy in one interpreter; with
+              ``--keep``, then the run's ``jobs`` requests on the same channel (with jobs)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 

@@ -54,7 +54,7 @@ from cpuaccel.node.runfiles import operation as run_files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, BinaryIO
 
 
 def _environ_has(pid: int, marker: bytes) -> bool:
@@ -307,37 +307,47 @@ def end(run_id: str, grace: float, run_dir: str | None = None) -> dict[str, Any]
     return {"terminated": terminated, "killed": killed, "left": _describe(pids), "forgot": forgot}
 
 
-def main() -> None:
-    mode, args = sys.argv[2], sys.argv[3:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
+def refused(exc: LinkRefused) -> str:
+    """A write refused at a link: one line, the controller's error (no traceback)."""
+    return (
+        f"refused: {exc.filename} is a symbolic link or a file, where cpuaccel keeps "
+        "a folder of its own; remove it (cpuaccel makes the folder)"
+    )
+
+
+def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
+    """The answer to one request (MODE ARG...; its payload on ``stdin``): ``main``'s,
+    and the kept preflight program's (cpuaccel.node.preflight) for its later requests."""
     if mode == "write":
         try:
-            result = write(args[0], json.loads(sys.stdin.buffer.read()))
-        except LinkRefused as exc:  # one line, the controller's error: no traceback
-            raise SystemExit(
-                f"refused: {exc.filename} is a symbolic link or a file, where cpuaccel keeps "
-                "a folder of its own; remove it (cpuaccel makes the folder)"
-            ) from None
-    elif mode == "procs":
-        result = {"pids": _describe(job_pids(args[0]))}
-    elif mode == "signal":
-        result = signal_launcher(args[0], args[1], int(args[2]))
-    elif mode == "end":
-        result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
-    elif mode == "unmux":  # a preflight that failed: no job will use the masters
+            return write(args[0], json.loads(stdin.read()))
+        except LinkRefused as exc:
+            raise SystemExit(refused(exc)) from None
+    if mode == "procs":
+        return {"pids": _describe(job_pids(args[0]))}
+    if mode == "signal":
+        return signal_launcher(args[0], args[1], int(args[2]))
+    if mode == "end":
+        return end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    if mode == "unmux":  # a preflight that failed: no job will use the masters
         end_masters(args[0])
-        result = {}
-    elif mode == "reach":
-        files = json.loads(sys.stdin.buffer.read())
+        return {}
+    if mode == "reach":
+        files = json.loads(stdin.read())
         hosts, mux, kept = args[2:], None, False
         if hosts and hosts[0].startswith(("--mux=", "--keep=")):  # no inventory name has "="
             flag, mux = hosts[0].split("=", 1)
             hosts, kept = hosts[1:], flag == "--keep"
-        result = reach(args[0], float(args[1]), hosts, files, mux, kept=kept)
-    elif mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
-        result = run_files(mode, args)
-    elif mode == "stacks":
-        ranks = json.loads(sys.stdin.buffer.read())
-        result = {"stacks": stacks(ranks, set(job_pids(args[0])), float(args[1]))}
-    else:
-        raise SystemExit(f"unknown mode {mode}")
+        return reach(args[0], float(args[1]), hosts, files, mux, kept=kept)
+    if mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
+        return run_files(mode, args)
+    if mode == "stacks":
+        ranks = json.loads(stdin.read())
+        return {"stacks": stacks(ranks, set(job_pids(args[0])), float(args[1]))}
+    raise SystemExit(f"unknown mode {mode}")
+
+
+def main() -> None:
+    # After BOOT's LENGTH (cpuaccel.connectors.programs)
+    result = request(sys.argv[2], sys.argv[3:], sys.stdin.buffer)
     sys.stdout.write(json.dumps(result) + "\n")

@@ -4,10 +4,16 @@ and its look at the node's copy of the project in ONE interpreter, rather than t
 each call is an sshd session and an interpreter start on every node, all on the same
 cores as the launcher check's handshakes.
 
-Run as ``python -c BOOT LENGTH WORKDIR SETVARS PORT [NAME...] --look DEST [OPTION...]``:
-the words before ``--look`` are the fact probe's (``facts.request_of``; no name to
-resolve starts with ``-``), those after it the ``tree`` program's look (``tree.answer``).
-The answer is ``{"facts": ..., "look": ...}``.
+Run as ``python -c BOOT LENGTH --keep=IDLE WORKDIR SETVARS PORT [NAME...] --look DEST
+[OPTION...]``: the words before ``--look`` are the fact probe's (``facts.request_of``; no
+name to resolve starts with ``-``), those after it the ``tree`` program's look
+(``tree.answer``). The answer is ``{"facts": ..., "look": ...}``.
+
+With ``--keep=IDLE`` above 0 the program stays after its answer (``serve``): the run's later
+requests to this node (its files written, its sweep) come on the same channel as the
+``jobs`` program's requests, one JSON line each way, rather than as a new sshd session
+and interpreter each. Nothing is written before such a request: a preflight that fails
+on any node ends every kept program by EOF, having changed no node.
 """
 
 from __future__ import annotations
@@ -15,16 +21,49 @@ from __future__ import annotations
 import sys
 
 from cpuaccel.node.facts import collect, request_of, to_json
+from cpuaccel.node.jobs import request
 from cpuaccel.node.tree import answer
 
 LOOK = "--look"
+KEEP = "--keep="
 
 
 def main() -> None:
     words = sys.argv[2:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
+    idle, words = int(words[0][len(KEEP) :]), words[1:]  # always given: never a workdir
     cut = words.index(LOOK)
     facts = to_json(collect(request_of(words[:cut])))
     import json  # the look's answer: the tree program's JSON, as it would give it
 
     look = json.dumps(answer("look", words[cut + 1], words[cut + 2 :], sys.stdin.buffer))
     sys.stdout.write('{"facts":' + facts + ',"look":' + look + "}\n")
+    if idle > 0:
+        sys.stdout.flush()
+        serve(idle)
+
+
+def serve(idle: int) -> None:
+    """Answer ``{"words": [MODE, ARG...], "payload": TEXT}`` lines as the ``jobs`` program
+    would answer MODE ARG... (its payload on stdin), until EOF (the controller is done
+    with this node, or no job starts) or ``idle`` seconds without a request: SIGALRM's
+    default action then ends the program, which never waits on a controller for good."""
+    import io
+    import json
+    import signal
+
+    while True:
+        signal.alarm(max(1, idle))
+        line = sys.stdin.buffer.readline()  # the buffer BOOT read the source from
+        signal.alarm(0)
+        if not line:
+            return
+        try:
+            asked = json.loads(line)
+            payload = io.BytesIO(str(asked.get("payload", "")).encode())
+            result = request(str(asked["words"][0]), [str(w) for w in asked["words"][1:]], payload)
+        except SystemExit as exc:  # the jobs program's one-line refusals
+            result = {"error": str(exc.code)}
+        except Exception as exc:  # said to the controller, which decides
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
