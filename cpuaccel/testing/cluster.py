@@ -353,7 +353,7 @@ class Cluster:
         return slurm_daemons.without_daemons(self.slurm_bed, found)
 
     def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
-        """Wait until node `name` runs no process but sshd's own; return what is left.
+        """Wait until node `name` runs no process but idle connections (sshd.is_session).
 
         An sshd session running no command stays idle: the controller's kept ssh
         masters (check's and sync's, connectors/openssh_session.py) hold one each for

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.connectors.openssh import MUX_PREFIX
 from cpuaccel.testing.netns import SSHD, ClusterError, Node, _cmdline, _is_our_sshd
 
 # --------------------------------------------------------------------------- files
@@ -191,8 +192,15 @@ def ssh_banner(address: str, timeout: float) -> bool:
 
 
 def is_session(pid: int) -> bool:
-    """An sshd process (a session's, "sshd: user@notty" or "sshd: user [priv]")."""
+    """An idle connection's process: an sshd session ("sshd: user@notty", "sshd: user
+    [priv]"), or on a head node the ssh master ``cpuaccel check`` keeps there for the
+    next check's launcher reach ("ssh: /tmp/cpuaccel-mux-c<hash>/<socket> [mux]",
+    node/mux.keep_folder), which ends by itself after ControlPersist."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sshd:")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # gone: nothing left to wait for
+    kept = f"ssh: {MUX_PREFIX}c".encode()
+    return cmdline.startswith(b"sshd:") or (
+        cmdline.startswith(kept) and cmdline.rstrip(b"\0").endswith(b" [mux]")
+    )
