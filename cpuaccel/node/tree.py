@@ -336,7 +336,13 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
     tree = None
     if not mismatches:
         write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
-        tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
+        # Every source entry was just verified: when a walk finds nothing else, the tree
+        # is the manifest's, and its hash the digest (no entry taken twice).
+        found, leftovers = _walk(dest, prune)
+        if not leftovers and found.keys() == expected.keys():
+            tree = {"hash": digest, "fsid": _fsid(state, create=True)}
+        else:
+            tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
     return {
         "hash": digest,
         "mismatches": sorted(mismatches)[:50],
