@@ -168,6 +168,7 @@ class Syncer:
             raise
         finally:
             self.shared.done(fsid)
+            self._session(conn).close()  # its end overlaps the other nodes' work
 
     def _one_trip(
         self, conn: Connector, looked: dict[str, Any]

@@ -53,8 +53,10 @@ class NodeSession:
         self.conn = conn
         self.dest = dest
         self._process: Process | None = None
+        self._closed = False
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._stderr: list[str] = []
+        self._ended_output = threading.Event()  # both streams closed: it is exiting
 
     def request(
         self, mode: str, payload: bytes | BinaryIO = b"", expect: str | None = None
@@ -107,6 +109,7 @@ class NodeSession:
             elif len(self._stderr) < 200:
                 self._stderr.append(line)
         self._answers.put(None)
+        self._ended_output.set()
 
     def _ended(self) -> Exception:
         assert self._process is not None
@@ -127,11 +130,15 @@ class NodeSession:
 
     def close(self) -> None:
         """End the program (EOF on its stdin); ``wait`` for it afterwards."""
-        if self._process is not None:
+        if self._process is not None and not self._closed:
+            self._closed = True
             self._process.close()
 
     def wait(self, deadline: float) -> None:
+        """Wait for the program's end: first for its output to close (an event, where
+        the process's own wait with a timeout polls and sleeps up to 50 ms a node)."""
         if self._process is not None:
+            self._ended_output.wait(max(0.1, deadline - time.monotonic()))
             # its answers are in: an unclean end changes nothing
             with contextlib.suppress(HostError):
                 self._process.wait(timeout=max(0.1, deadline - time.monotonic()))
