@@ -173,3 +173,5 @@ def test_a_receiver_that_dies_is_one_host_error(tmp_path: Path) -> None:
     session.request("look")
     with pytest.raises(HostError, match=r"syncing to .*failed on the node"):
         session.request("bogus")  # the node program refuses a request it does not know
+    with pytest.raises(HostError):  # and a request to the ended program says so too
+        session.request("look", b"x" * (1 << 20))

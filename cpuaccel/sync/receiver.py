@@ -68,13 +68,10 @@ class NodeSession:
         assert self._process is not None
         length = len(payload) if isinstance(payload, bytes) else payload.seek(0, 2)
         line = {"mode": mode, "expect": expect, "length": length}
-        self._process.send(json.dumps(line).encode() + b"\n")
-        if isinstance(payload, bytes):
-            self._process.send(payload)
-        else:
-            payload.seek(0)
-            while chunk := payload.read(1 << 20):
-                self._process.send(chunk)
+        try:
+            self._send(json.dumps(line).encode() + b"\n", payload)
+        except OSError:  # the program (or the connection) is gone: say why
+            raise self._ended() from None
         try:
             answer = self._answers.get(timeout=REMOTE_TIMEOUT)
         except queue.Empty:
@@ -86,6 +83,16 @@ class NodeSession:
         result = CommandResult(self.conn.host.name, "treesession", 0, answer, "", 0.0)
         value = programs.answer(self.conn.host.name, self._python, result, self._what)
         return checked(self.conn.host.name, value)
+
+    def _send(self, head: bytes, payload: bytes | BinaryIO) -> None:
+        assert self._process is not None
+        self._process.send(head)
+        if isinstance(payload, bytes):
+            self._process.send(payload)
+            return
+        payload.seek(0)
+        while chunk := payload.read(1 << 20):
+            self._process.send(chunk)
 
     @property
     def _python(self) -> str:
