@@ -445,13 +445,17 @@ def test_shared_filesystem_is_written_once(env: Env) -> None:
 
 
 LATE_PYTHON = """#!{python}
-# A node that answers late: its first scan starts only once another node of the shared
-# filesystem is writing (temporary files in flight), then runs the real interpreter.
-import os, sys, time
-args = sys.argv[1:]
-if "scan" in args:
-    dest = args[args.index("scan") + 1]
-    deadline = time.monotonic() + 30
+# A node that answers late: its receiver (cpuaccel.node.treesession) gets its scan
+# request only once another node of the shared filesystem is writing (temporary files
+# in flight). The real interpreter runs behind it; requests pass through line by line.
+import os, subprocess, sys, time
+args = sys.argv[1:]  # -c BOOT LENGTH DEST ...
+child = subprocess.Popen([{python!r}, *args], stdin=subprocess.PIPE)
+child.stdin.write(sys.stdin.buffer.read(int(args[2])))  # the program
+child.stdin.flush()
+dest = args[3]
+for line in iter(sys.stdin.buffer.readline, b""):
+    deadline = time.monotonic() + 30 if b'"mode": "scan"' in line else 0
     while time.monotonic() < deadline:
         tmp = os.path.join(dest, ".cpuaccel", "tmp")
         busy = os.path.isdir(tmp) and os.listdir(tmp)
@@ -461,7 +465,10 @@ if "scan" in args:
                 f.write(repr(busy))
             break
         time.sleep(0.003)
-os.execv({python!r}, [{python!r}, *args])
+    child.stdin.write(line)
+    child.stdin.flush()
+child.stdin.close()
+sys.exit(child.wait())
 """
 
 

@@ -186,6 +186,11 @@ class Connector(abc.ABC):
         ssh.sh): this host's user, port, key and host-key policy."""
         return openssh.ssh_argv(self.host, self.options)
 
+    def failure(self, exit_code: int, stderr: str) -> HostError | None:
+        """The connection's own error behind a started command's end (``start`` has no
+        result to translate, as ``run`` does); None when the command itself failed."""
+        return None
+
     def host_key(self) -> str | None:
         """The host key this connection verified ("TYPE BASE64"), for the run's own
         known_hosts; None when no ssh is involved."""

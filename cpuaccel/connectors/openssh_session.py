@@ -99,6 +99,9 @@ class OpenSSHConnector(LocalConnector):
         # exec_command does.
         return [*self._argv(), "-T", "--", self.host.address, line]
 
+    def failure(self, exit_code: int, stderr: str) -> Unreachable | None:
+        return self._failure(stderr) if exit_code == SSH_FAILED else None
+
     def _failure(self, stderr: str) -> Unreachable | None:
         """The error ssh's own words on stderr describe, if they are ssh's."""
         refused = openssh.refused_key(stderr, self._hops or [])

@@ -186,9 +186,12 @@ def _member(tar: Any, member: Any, parent: int, name: str) -> int:
     return int(member.size) if member.isfile() else 0
 
 
-def unpack(dest: str, stream: BinaryIO, rel_of: Callable[[str], str]) -> int:
+def unpack(
+    dest: str, stream: BinaryIO, rel_of: Callable[[str], str], names: list[str] | None = None
+) -> int:
     """Write a tar stream's entries below DEST (each name checked by ``rel_of``), each
-    through a new temporary file renamed into place; the bytes written."""
+    through a new temporary file renamed into place; the bytes written. ``names``
+    receives each entry's checked path."""
     import tarfile
 
     written = 0
@@ -196,7 +199,10 @@ def unpack(dest: str, stream: BinaryIO, rel_of: Callable[[str], str]) -> int:
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
-                way = parent_of(root, rel_of(member.name), create=True)
+                rel = rel_of(member.name)
+                if names is not None:
+                    names.append(rel)
+                way = parent_of(root, rel, create=True)
                 assert way is not None
                 try:
                     written += _member(tar, member, *way)

@@ -16,14 +16,15 @@ Modes:
           are counted, not removed: on a shared filesystem they may be another node's
           writes in flight; only the elected writer removes them, in apply.
   look    the same, changing nothing (--check, and run's preflight)
-  apply   payload: one JSON header line, then a tar stream of changed entries.
+  apply   payload: one JSON header line (the manifest), then a tar stream of changed
+          entries (a change to a known tree, ``base``: cpuaccel.node.treesession).
           Leftovers of an interrupted sync are cleared first. Every file is written to
           a temporary name and renamed, so a node never holds a half-written file at a
           real path; then deletions, then verification of every source entry, and the
           manifest hash is recorded.
 
-The controller imports the entry and hash helpers from here too, so both sides
-describe files the same way.
+The controller imports the entry and hash helpers from here too (both sides describe
+files the same way); ``treesession`` serves these modes on one channel.
 """
 
 from __future__ import annotations
@@ -215,8 +216,11 @@ def _entries(
     return entries, kept
 
 
-def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) -> dict[str, Any]:
-    """DEST's entries and hash; the entries are left out when the hash is ``expect``."""
+def scan(
+    dest: str, prune: set[str], create: bool, expect: str | None = None, keep: Any = None
+) -> dict[str, Any]:
+    """DEST's entries and hash; the entries are left out when the hash is ``expect``.
+    ``keep`` (a dict) receives the walk's stats and the entries (cpuaccel.node.treesession)."""
     state = os.path.join(dest, STATE)
     if create:
         _prepare(dest)
@@ -226,6 +230,8 @@ def scan(dest: str, prune: set[str], create: bool, expect: str | None = None) ->
     except OSError:
         pass
     entries, cache = _entries(dest, found, _load_cache(state))
+    if keep is not None:
+        keep.update(found=found, entries=entries)
     if create and cache.dirty:
         _save_cache(state, cache)
     digest = manifest_hash(entries)
@@ -290,18 +296,11 @@ def _entry_here(root: int, dest: str, rel: str, cache: dict[str, Any]) -> Entry 
     return None if st is None else entry_of(os.path.join(dest, rel), st, cache)
 
 
-def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
+def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> dict[str, Any]:
+    """The apply request (its header read from the stream unless given)."""
     import json
 
-    header = json.loads(stream.readline())
-    if header.get("base") is not None:
-        # The controller's guess of this node's tree (what it last confirmed here): apply
-        # only if the tree is exactly that, on the filesystem it was then; else report
-        # what is here, changing nothing, and the controller plans from that.
-        now = scan(dest, prune, create=True, expect=header["base"])
-        if now["hash"] != header["base"] or now["leftovers"] or now["fsid"] != header["fsid"]:
-            return {"base_mismatch": True, "scan": now}
-        return _apply_to_known_tree(dest, prune, header, stream, now)
+    header = json.loads(stream.readline()) if header is None else header
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
     _prepare(dest)
     _clean(dest, prune)  # only the elected writer applies, so nothing else is in flight
@@ -337,7 +336,13 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
     tree = None
     if not mismatches:
         write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
-        tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
+        # Every source entry was just verified: when a walk finds nothing else, the tree
+        # is the manifest's, and its hash the digest (no entry taken twice).
+        found, leftovers = _walk(dest, prune)
+        if not leftovers and found.keys() == expected.keys():
+            tree = {"hash": digest, "fsid": _fsid(state, create=True)}
+        else:
+            tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
     return {
         "hash": digest,
         "mismatches": sorted(mismatches)[:50],
@@ -349,34 +354,11 @@ def apply(dest: str, prune: set[str], stream: BinaryIO) -> dict[str, Any]:
     }
 
 
-def _apply_to_known_tree(
-    dest: str, prune: set[str], header: dict[str, Any], stream: BinaryIO, now: dict[str, Any]
+def answer(
+    mode: str, raw: str, options: list[str], stdin: BinaryIO, keep: Any = None, by: Any = apply
 ) -> dict[str, Any]:
-    """Apply a change to a tree whose hash was just checked; verify by the new hash.
-
-    The whole tree (unchanged files from the hash cache, changed ones read again) must
-    hash to the target: the same check as entry by entry, without sending the manifest.
-    """
-    if not header.get("tar") and not header.get("delete"):
-        after, written = now, 0  # nothing to change: the tree just checked is the result
-    else:
-        written = unpack(dest, stream, functools.partial(_rel, dest)) if header.get("tar") else 0
-        delete(dest, header.get("delete", []), functools.partial(_rel, dest))
-        after = scan(dest, prune, create=True)
-    ok = after["hash"] == header["target"]
-    if ok and after.get("recorded") != header["target"]:  # unchanged trees stay untouched
-        write_atomic(os.path.join(dest, STATE, RECORD), header["target"].encode() + b"\n")
-    return {
-        "hash": after["hash"],
-        "mismatches": [] if ok else ["(the tree's hash differs from the source's)"],
-        "written": written,
-        "fsid": after["fsid"],
-    }
-
-
-def answer(mode: str, raw: str, options: list[str], stdin: BinaryIO) -> dict[str, Any]:
     """MODE DEST [--expect=H] [--workdir=W] [PRUNE...]: the request's answer (``look``
-    also from the ``preflight`` program)."""
+    also from the ``preflight`` program); ``keep`` goes to scan, ``by`` applies."""
     expect = next((a[9:] for a in options if a.startswith("--expect=")), None)
     workdir = next((a[10:] for a in options if a.startswith("--workdir=")), None)
     prune = {a for a in options if not a.startswith("--")}
@@ -384,8 +366,8 @@ def answer(mode: str, raw: str, options: list[str], stdin: BinaryIO) -> dict[str
     if refused is not None:  # before anything is created, written or deleted
         return {"dest": dest, "refused": refused}
     if mode == "apply":
-        return apply(dest, prune, stdin)
-    return scan(dest, prune, create=(mode == "scan"), expect=expect)
+        return by(dest, prune, stdin)  # type: ignore[no-any-return]
+    return scan(dest, prune, create=(mode == "scan"), expect=expect, keep=keep)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,8 @@ from cpuaccel.sync import transfer
 from cpuaccel.sync.location import DestinationRefused, raise_refusals, render_dest
 from cpuaccel.sync.manifest import SourceChanging, SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
-from cpuaccel.sync.receiver import call_remote, request
+from cpuaccel.sync.receiver import NodeSession, request
+from cpuaccel.sync.shared import SharedDestinations
 
 
 @dataclass
@@ -60,32 +62,6 @@ class NodeReport:
         }
 
 
-# ---- one node
-
-
-class _SharedDestinations:
-    """Elects one writer per filesystem id; the others wait for it and then verify."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._writers: dict[str, tuple[str, threading.Event]] = {}
-
-    def claim(self, fsid: str, host: str) -> tuple[str, threading.Event] | None:
-        """None when host is the writer, else (writer, event set when it is done)."""
-        with self._lock:
-            if fsid not in self._writers:
-                self._writers[fsid] = (host, threading.Event())
-                return None
-            return self._writers[fsid]
-
-    def done(self, fsid: str | None) -> None:
-        if fsid is not None:
-            with self._lock:
-                writer = self._writers.get(fsid)
-            if writer is not None:
-                writer[1].set()
-
-
 @dataclass(frozen=True)
 class SyncOptions:
     dest_template: str
@@ -108,7 +84,7 @@ class Syncer:
         self.options = options
         self.dests = dests
         self.on_bytes = on_bytes
-        self.shared = _SharedDestinations()
+        self.shared = SharedDestinations()
         self.memory = memory
         self._memory_lock = threading.Lock()
         # Filesystem ids remembered for more than one chosen node: those nodes share a
@@ -117,14 +93,31 @@ class Syncer:
         fsids = [last[1] for last in remembered if last is not None]
         self._shared_fsids = {f for f in fsids if fsids.count(f) > 1}
         self.looked: dict[str, dict[str, Any]] = {}  # each node's answer to ``look``
+        # One receiver a node for the whole sync: the look's, which then writes.
+        self.sessions: dict[str, NodeSession] = {}
+        self._sessions_lock = threading.Lock()
+
+    def _session(self, conn: Connector) -> NodeSession:
+        with self._sessions_lock:
+            if conn.host.name not in self.sessions:
+                self.sessions[conn.host.name] = NodeSession(conn, self._dest(conn))
+            return self.sessions[conn.host.name]
+
+    def close(self) -> None:
+        """End every node's receiver, then wait (bounded) for them all."""
+        for session in self.sessions.values():
+            session.close()
+        deadline = time.monotonic() + 10
+        for session in self.sessions.values():
+            session.wait(deadline)
 
     def look(self, conn: Connector) -> dict[str, Any] | DestinationRefused:
         """The first phase, on every node before any is changed: the node's verdict on
         its destination and, when it accepts it, its tree (changing nothing)."""
         last = self._remembered(conn.host)
         try:  # a tree as remembered, or as the source's, answers in a few bytes
-            found = call_remote(
-                conn, "look", self._dest(conn), expect=last[0] if last else self.source.hash
+            found = self._session(conn).request(
+                "look", expect=last[0] if last else self.source.hash
             )
         except DestinationRefused as refused:
             return refused
@@ -159,7 +152,7 @@ class Syncer:
                 if quick is not None:
                     scanned = quick
                 elif scanned.get("fsid") is None:  # a new destination: make it, and its id
-                    scanned = call_remote(conn, "scan", self._dest(conn), expect=self.source.hash)
+                    scanned = self._session(conn).request("scan", expect=self.source.hash)
             if scanned["entries"] is None:  # exactly the source's tree
                 scanned["entries"] = self.source.entries
             fsid = scanned.get("fsid")
@@ -175,6 +168,7 @@ class Syncer:
             raise
         finally:
             self.shared.done(fsid)
+            self._session(conn).close()  # its end overlaps the other nodes' work
 
     def _one_trip(
         self, conn: Connector, looked: dict[str, Any]
@@ -209,7 +203,7 @@ class Syncer:
         payload = json.dumps(header).encode() + b"\n"
         stream = transfer.tar_stream(self.source, changed, payload)
         with stream:
-            result = call_remote(conn, "apply", self._dest(conn), stream)
+            result = self._session(conn).request("apply", stream)
         if result.get("base_mismatch"):
             scanned: dict[str, Any] = result["scan"]
             return scanned
@@ -235,7 +229,7 @@ class Syncer:
         self, conn: Connector, dest: str, writer: str, finished: threading.Event
     ) -> NodeReport:
         finished.wait()
-        after = call_remote(conn, "look", dest, expect=self.source.hash)
+        after = self._session(conn).request("look", expect=self.source.hash)
         entries = after["entries"] if after["entries"] is not None else self.source.entries
         mismatches = [
             rel for rel, entry in self.source.entries.items() if entries.get(rel) != entry
@@ -304,12 +298,12 @@ class Syncer:
                 self.on_bytes,
             )
             header = request(self.source, deleted, tar=False, trusted=changed)
-            result = call_remote(conn, "apply", scanned["dest"], header)
+            result = self._session(conn).request("apply", header)
             result["method"] = "rsync"
             return result
         stream = transfer.tar_stream(self.source, changed, request(self.source, deleted, tar=True))
         with stream:
-            result = call_remote(conn, "apply", scanned["dest"], stream)
+            result = self._session(conn).request("apply", stream)
         if self.on_bytes is not None:
             self.on_bytes(sent)
         result["method"] = "tar"
@@ -373,6 +367,7 @@ def _sync_once(
     with contextlib.ExitStack() as stack:
         if pool is None:  # one connection a host for both phases
             pool = stack.enter_context(ConnectionPool(connect))
+        stack.callback(syncer.close)  # before the pool closes the connections
         looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
         raise_refusals([r.value for r in looked])
         source.save_cache()  # the destinations are accepted: from here on, state is kept

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.host import Host
-from cpuaccel.playbook import templar
 
 FIX = "sync into a folder of its own, e.g. --dest '{{ cpuaccel_workdir }}/project'"
 
@@ -53,16 +52,24 @@ def _normpath(path: str) -> str:
     return "/" + path.lstrip("/") if path.startswith("//") else path
 
 
-def render_dest(host: Host, template: str) -> str:
-    """The destination on one host, templated with its variables and checked."""
+def _rendered(host: Host, template: str) -> str:
+    """``template`` rendered with the host's variables (Jinja2 is imported only here: a
+    plain path, with none of Jinja's delimiters, which all open with "{", is itself)."""
+    from cpuaccel.playbook import templar
+
     context = {**host.vars, "cpuaccel_workdir": host.workdir, "inventory_hostname": host.name}
     try:  # sandboxed, as playbooks are: an expression must not reach Python's internals
-        dest = templar.render_text(template, context)
+        return templar.render_text(template, context)
     except templar.TemplateError as exc:
         raise UsageError(
             f"--dest {template!r} on {host.name}: {exc.message}",
             hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
         ) from None
+
+
+def render_dest(host: Host, template: str) -> str:
+    """The destination on one host, templated with its variables and checked."""
+    dest = _rendered(host, template) if "{" in template else template
     if "\n" in dest or "\r" in dest or "\0" in dest:
         raise UsageError(f"--dest on {host.name} holds a newline: {dest!r}", hint="fix --dest")
     if not (dest.startswith("/") or dest.startswith("~/")):
