@@ -178,7 +178,10 @@ def test_a_commands_own_exit_255_is_its_result_a_master_gone_is_unreachable(
     ended = subprocess.Popen(["sh", "-c", f"sleep 1; ssh -o ControlPath={path} -O exit x"])
     try:
         with pytest.raises(Unreachable, match="ended"):
-            conn.run(["sleep", "20"], timeout=60)
+            conn.run(["sleep", "4"], timeout=60)
     finally:
         ended.wait(timeout=30)
     assert conn.run(["echo", "back"]).stdout == "back\n"  # a new master
+    # The command the ended master carried runs out on its own (no tty, no signal):
+    # gone within its 4 s, so no later test finds it on node1.
+    assert cluster.wait_idle("node1", timeout=10) == []

@@ -11,6 +11,7 @@ per request (cpuaccel.playbook.session).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from cpuaccel import node
-from cpuaccel.connectors.base import CommandResult, Connector
+from cpuaccel.connectors.base import CommandResult, CommandTimeout, Connector
 from cpuaccel.errors import CpuaccelError, HostError
 
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel','exec'))"
@@ -112,32 +113,47 @@ class KeptGone(HostError):
 
 
 class Kept:
-    """A node program that stays after its first answer (``start``) for more requests on
-    its channel, one JSON line each way (the ``preflight`` program's ``--keep``): a
-    request costs a message, not an sshd session and an interpreter start. Every wait
-    for an answer is bounded; one that fails leaves the program closed (``alive``)."""
+    """A node program that stays after its first answer for more requests on its
+    channel, an answer a JSON line: the one home of that channel for every program
+    kept so (the ``preflight`` program's ``--keep``, which then answers ``jobs``
+    requests; the sync's ``treesession``). A request costs a message, not an sshd
+    session and an interpreter start. Every wait for an answer is bounded; one that
+    fails leaves the program closed (``alive``)."""
 
-    def __init__(self, conn: Connector, python: str, argv: Sequence[str]) -> None:
+    def __init__(self, conn: Connector, program: str, words: Sequence[str]) -> None:
+        self.conn = conn
         self.host = conn.host.name
-        self.python = python
-        self._process = conn.start(argv)
-        self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self.python = conn.host.python
+        self._process = conn.start(argv(self.python, program, words))
+        self._queue: queue.Queue[str | None] = queue.Queue()
         self._stderr: deque[str] = deque(maxlen=20)
+        self._output_closed = threading.Event()  # both streams ended: it is exiting
         self._asking = threading.Lock()  # one request at a time (the results, the sweep)
         self.alive = True
         threading.Thread(target=self._read, name=f"kept-{self.host}", daemon=True).start()
+        self.send(node.program(program))
 
     def _read(self) -> None:
         try:
-            for item in self._process.lines():
-                self._queue.put(item)
+            for stream, line in self._process.lines():
+                if stream == "out":
+                    self._queue.put(line)
+                else:
+                    self._stderr.append(line)
         except Exception:  # a dead channel is an ended program
             pass
         self._queue.put(None)
+        self._output_closed.set()
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes | BinaryIO) -> None:
+        """Bytes, or a whole file from its start in chunks, to the program's stdin."""
         try:
-            self._process.send(data)
+            if isinstance(data, bytes):
+                self._process.send(data)
+                return
+            data.seek(0)
+            while chunk := data.read(1 << 20):
+                self._process.send(chunk)
         except (OSError, ValueError) as exc:
             self.close()
             raise KeptGone(self.host, f"the node program's input is closed: {exc}") from None
@@ -145,41 +161,40 @@ class Kept:
     def answer(self, what: str, timeout: float) -> dict[str, Any]:
         """The next answer line, within ``timeout`` s; else the HostError that says why."""
         try:
-            return self._next(what, time.monotonic() + timeout, timeout)
+            return self._next(what, timeout)
         except HostError:
             self.close()
             raise
 
-    def _next(self, what: str, deadline: float, timeout: float) -> dict[str, Any]:
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise HostError(self.host, f"{what}: no answer within {timeout:g} s") from None
-            if item is None:  # ended before it answered: its status and stderr say why
-                code = self._status()
-                ended = CommandResult(self.host, "", code, "", "\n".join(self._stderr), 0.0)
-                try:
-                    answer(self.host, self.python, ended, what)  # raises for a failed status
-                except HostError as exc:
-                    raise KeptGone(self.host, exc.reason, hint=exc.hint) from None
-                raise KeptGone(self.host, f"{what}: the node program ended without an answer")
-            stream, line = item
-            if stream == "err":
-                self._stderr.append(line)
-                continue
-            value = answer(
-                self.host, self.python, CommandResult(self.host, "", 0, line, "", 0), what
-            )
-            if "error" in value and len(value) == 1:  # a later request's refusal
-                raise HostError(self.host, f"{what} failed on the node: {value['error']}")
-            return value
-
-    def _status(self) -> int:
+    def _next(self, what: str, timeout: float) -> dict[str, Any]:
         try:
-            return self._process.wait(5.0)
-        except CpuaccelError:
-            return -1
+            line = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise CommandTimeout(self.host, f"{what}: no answer within {timeout:g} s") from None
+        if line is None:  # ended before it answered: its status and stderr say why
+            raise self.why_ended(what)
+        value = answer(self.host, self.python, CommandResult(self.host, "", 0, line, "", 0), what)
+        if "error" in value and len(value) == 1:  # a later request's refusal
+            raise HostError(self.host, f"{what} failed on the node: {value['error']}")
+        return value
+
+    def why_ended(self, what: str) -> KeptGone:
+        """The error behind the program's end: the connection's own (ssh's words), else
+        its exit status and last stderr line, as a one-shot ``call`` would say it."""
+        try:
+            code = self._process.wait(5.0)
+        except CpuaccelError as exc:  # no status: the connection's error says why
+            return KeptGone(self.host, exc.reason if isinstance(exc, HostError) else str(exc))
+        stderr = "\n".join(self._stderr)
+        failure = self.conn.failure(code, stderr)
+        if failure is not None:
+            return KeptGone(self.host, failure.reason, hint=failure.hint)
+        ended = CommandResult(self.host, "", code or 1, "", stderr, 0.0)
+        try:
+            answer(self.host, self.python, ended, what)  # raises for a failed status
+        except HostError as exc:
+            return KeptGone(self.host, exc.reason, hint=exc.hint)
+        return KeptGone(self.host, f"{what}: the node program ended without an answer")
 
     def request(
         self, words: Sequence[str], payload: bytes, *, what: str, timeout: float
@@ -201,6 +216,14 @@ class Kept:
         """EOF to the program (it ends, changing nothing more) and its channel closed."""
         self.alive = False
         self._process.close()
+
+    def wait(self, deadline: float) -> None:
+        """Wait (until the monotonic ``deadline``) for the program's end: first for its
+        output to close (an event, where the process's own wait polls and sleeps up to
+        50 ms), then for its status; an unclean end changes nothing, its answers are in."""
+        self._output_closed.wait(max(0.1, deadline - time.monotonic()))
+        with contextlib.suppress(CpuaccelError):
+            self._process.wait(timeout=max(0.1, deadline - time.monotonic()))
 
 
 def call_kept(
@@ -234,7 +257,7 @@ def start(
 ) -> tuple[dict[str, Any], Kept]:
     """``program`` started with ``words`` as ``call`` would, kept open after its first
     answer (within ``timeout`` s): (that answer, the program for later requests)."""
-    python = conn.host.python
-    kept = Kept(conn, python, argv(python, program, words))
-    kept.send(node.program(program) + payload)
+    kept = Kept(conn, program, words)
+    if payload:
+        kept.send(payload)
     return kept.answer(what, timeout), kept
