@@ -42,7 +42,11 @@ def test_one_call_gives_the_facts_and_the_look(tmp_path: Path) -> None:
     assert "port_free" in facts and "clock_skew" in facts
     # The node holds exactly the source's tree: the look says so without its entries.
     assert found["hash"] == source.hash and found["entries"] is None
-    assert found == receiver.call_remote(conn, "look", str(project), expect=source.hash)
+    session = receiver.NodeSession(conn, str(project))  # the sync's own look
+    try:
+        assert found == session.request("look", expect=source.hash)
+    finally:
+        session.close()
     (project / "train.py").write_text("print('changed')\n")
     _, changed = gather_and_look(conn, [], None, look)
     assert changed["hash"] != source.hash and "train.py" in changed["entries"]

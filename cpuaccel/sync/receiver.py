@@ -1,7 +1,7 @@
-"""The sync receiver's protocol, from the controller: the node program ``tree``
-(cpuaccel.node.tree) called in one mode on one destination, ``NodeSession`` (the same
-modes as requests to ``treesession``, one interpreter a node for a whole sync), and the
-apply request."""
+"""The sync receiver's protocol, from the controller: ``NodeSession`` (the ``tree``
+program's modes, cpuaccel.node.tree, as requests to ``treesession``: one interpreter a
+node for a whole sync), the request words (also run's preflight look's), and the apply
+request."""
 
 from __future__ import annotations
 
@@ -18,26 +18,6 @@ from cpuaccel.sync.manifest import SourceManifest
 REMOTE_TIMEOUT = 3600.0
 
 
-def call_remote(
-    conn: Connector,
-    mode: str,
-    dest: str,
-    payload: bytes | BinaryIO = b"",
-    expect: str | None = None,
-) -> dict[str, Any]:
-    """Run the node program in MODE on DEST; ``payload`` follows it on stdin.
-
-    With ``expect`` (a manifest hash), a scan leaves its entries out (None) when the
-    node's tree has exactly that hash: an unchanged node answers in a few bytes. Raises
-    DestinationRefused when the node will not sync into DEST as it resolves there.
-    """
-    value = programs.call(
-        conn, "tree", words(mode, dest, conn.host.workdir, expect), payload,
-        what=f"syncing to {dest}", timeout=REMOTE_TIMEOUT,
-    )  # fmt: skip
-    return checked(conn.host.name, value)
-
-
 class NodeSession:
     """``treesession`` on one node (a ``programs.Kept``), started by the first request
     (``look``) and kept until ``close``: the change is sent on the channel that looked,
@@ -52,7 +32,7 @@ class NodeSession:
     def request(
         self, mode: str, payload: bytes | BinaryIO = b"", expect: str | None = None
     ) -> dict[str, Any]:
-        """MODE's answer on this node (as ``call_remote``'s); DestinationRefused, or
+        """MODE's answer on this node (``tree.answer``'s); DestinationRefused, or
         HostError when the program or the connection ended without one."""
         what = f"syncing to {self.dest}"
         if self._kept is None:
