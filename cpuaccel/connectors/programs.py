@@ -146,7 +146,8 @@ class Kept:
         self._output_closed.set()
 
     def send(self, data: bytes | BinaryIO) -> None:
-        """Bytes, or a whole file from its start in chunks, to the program's stdin."""
+        """Bytes, or a whole file from its start in chunks, to the program's stdin; when
+        it cannot take them, the error behind its end (``why_ended``)."""
         try:
             if isinstance(data, bytes):
                 self._process.send(data)
@@ -154,9 +155,9 @@ class Kept:
             data.seek(0)
             while chunk := data.read(1 << 20):
                 self._process.send(chunk)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError):  # it ended, or its connection did: say which
             self.close()
-            raise KeptGone(self.host, f"the node program's input is closed: {exc}") from None
+            raise self.why_ended("sending to the node program") from None
 
     def answer(self, what: str, timeout: float) -> dict[str, Any]:
         """The next answer line, within ``timeout`` s; else the HostError that says why."""
@@ -178,17 +179,20 @@ class Kept:
             raise HostError(self.host, f"{what} failed on the node: {value['error']}")
         return value
 
-    def why_ended(self, what: str) -> KeptGone:
-        """The error behind the program's end: the connection's own (ssh's words), else
-        its exit status and last stderr line, as a one-shot ``call`` would say it."""
+    def why_ended(self, what: str) -> HostError:
+        """The error behind the program's end: the connection's own (ssh's words: the
+        node is unreachable, its key refused), else a KeptGone with its exit status and
+        last stderr line, as a one-shot ``call`` would say it."""
         try:
             code = self._process.wait(5.0)
-        except CpuaccelError as exc:  # no status: the connection's error says why
-            return KeptGone(self.host, exc.reason if isinstance(exc, HostError) else str(exc))
+        except HostError as exc:  # no status: the connection's error says why
+            return exc
+        except CpuaccelError as exc:
+            return KeptGone(self.host, str(exc))
         stderr = "\n".join(self._stderr)
         failure = self.conn.failure(code, stderr)
         if failure is not None:
-            return KeptGone(self.host, failure.reason, hint=failure.hint)
+            return failure
         ended = CommandResult(self.host, "", code or 1, "", stderr, 0.0)
         try:
             answer(self.host, self.python, ended, what)  # raises for a failed status

@@ -40,11 +40,8 @@ class NodeSession:
             self._kept = programs.Kept(self.conn, "treesession", request)
         length = len(payload) if isinstance(payload, bytes) else payload.seek(0, 2)
         line = {"mode": mode, "expect": expect, "length": length}
-        try:
-            self._kept.send(json.dumps(line).encode() + b"\n")
-            self._kept.send(payload)
-        except programs.KeptGone:  # the program (or the connection) is gone: say why
-            raise self._kept.why_ended(what) from None
+        self._kept.send(json.dumps(line).encode() + b"\n")  # a gone one says why it ended
+        self._kept.send(payload)
         return checked(self.conn.host.name, self._kept.answer(what, REMOTE_TIMEOUT))
 
     def close(self) -> None:
