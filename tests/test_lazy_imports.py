@@ -109,8 +109,10 @@ def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
 def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path) -> None:
     """check at one node is its start-up (issue 17): its modules, a run id, the kept
     OpenSSH connector and the key known_hosts trusts load neither hashlib (OpenSSL's
-    libcrypto, through secrets or hmac) nor shutil (bz2, lzma)."""
+    libcrypto, through secrets or hmac) nor shutil (bz2, lzma); nor difflib (only a bad
+    key's "did you mean") nor the Slurm partition reader (only for Slurm nodes)."""
     light = ("hashlib", "_hashlib", "hmac", "secrets", "shutil", "bz2", "lzma")
+    light += ("difflib", "cpuaccel.slurm.partition", "cpuaccel.slurm.commands")
     known = tmp_path / "known_hosts"
     known.write_text(
         "10.0.0.1 ssh-ed25519 "

@@ -18,7 +18,6 @@ from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
-from cpuaccel.slurm.partition import describe, unavailable
 
 NOT_ALLOWED = "SSH to Slurm nodes is not allowed here: use cpuaccel run inside salloc/sbatch"
 # What a refusal looks like from paramiko and sshd: no sshd listening, the key or the
@@ -28,6 +27,15 @@ _REFUSED = re.compile(
     r"pam_slurm|no active jobs",
     re.IGNORECASE,
 )
+
+
+def unavailable(state: str) -> bool:
+    """Slurm's verdict on a node state (slurm.partition); imported on first use, as
+    inventory_choice does, so that a check of a file inventory, whose hosts have no
+    Slurm state, does not load the Slurm modules before its probe goes out (issue 17)."""
+    from cpuaccel.slurm.partition import unavailable as slurm_unavailable
+
+    return slurm_unavailable(state)
 
 
 def slurm_state(host: Host) -> str | None:
@@ -44,6 +52,8 @@ def held_back(hosts: Sequence[Host]) -> tuple[list[Host], dict[str, HostResult[F
         if state is None or not unavailable(state):
             contact.append(host)
             continue
+        from cpuaccel.slurm.partition import describe  # a Slurm node: loaded above
+
         reason = host.vars.get(REASON_VAR)
         held[host.name] = HostResult(
             host,

@@ -8,7 +8,6 @@ is silently ignored is a setting the user believes in and does not get.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -192,6 +191,8 @@ def parse_project(text: str, source: str) -> ProjectConfig:
     config = ProjectConfig(source)
     for key, item in parse_mapping(text, source, "project file").items():
         if key not in CHECKS:
+            import difflib  # only for the hint on a bad key: off every command's start-up
+
             close = difflib.get_close_matches(key, list(CHECKS), n=1)
             hint = f"did you mean '{close[0]}'?" if close else "remove it"
             raise ProjectFileError(

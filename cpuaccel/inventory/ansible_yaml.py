@@ -8,7 +8,6 @@ written. Merging the variables is the builder's (:mod:`cpuaccel.inventory.builde
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -122,6 +121,8 @@ class _Walker:
             elif key == "children":
                 self.parse_children(group, value)
             else:
+                import difflib  # only for the hint on a bad key: off start-up
+
                 close = difflib.get_close_matches(key, GROUP_KEYS, n=1)
                 fix = (
                     f"did you mean '{close[0]}:'?"

@@ -6,7 +6,6 @@ loader only needs their results.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import re
 import string
@@ -223,6 +222,8 @@ def _match_term(
 def _groups_hint(
     body: str, group_hosts: Mapping[str, Sequence[str]], names: Sequence[str] = ()
 ) -> str:
+    import difflib  # only for the hint on a pattern that matched nothing: off start-up
+
     close = difflib.get_close_matches(body, names, n=3) if body else []
     maybe = f"did you mean {', '.join(close)}? " if close else ""
     return (
