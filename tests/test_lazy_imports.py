@@ -96,14 +96,7 @@ def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
         "print(type(conn).__name__, sorted(m for m in sys.modules"
         f" if m.split('.')[0] in {HEAVY!r}))"
     )
-    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))  # short: a socket's path
-    try:
-        env = dict(os.environ, HOME=str(home))
-        argv = [sys.executable, "-c", script]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    assert proc.stdout.strip() == "OpenSSHConnector []"
+    assert _in_fresh_home(script) == "OpenSSHConnector []"
 
 
 def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path) -> None:
@@ -131,14 +124,7 @@ def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path
         "print(type(conn).__name__, key.split()[0], sorted(m for m in sys.modules"
         f" if m in {light!r}))"
     )
-    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))  # short: a socket's path
-    try:
-        env = dict(os.environ, HOME=str(home))
-        argv = [sys.executable, "-c", script]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    assert proc.stdout.strip() == "OpenSSHConnector ssh-ed25519 []"
+    assert _in_fresh_home(script) == "OpenSSHConnector ssh-ed25519 []"
 
 
 def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
@@ -161,3 +147,16 @@ def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
     )
     assert "PROBE 0 []" in proc.stderr, proc.stderr[-2000:]
     assert '"problems": []' in proc.stdout
+
+
+def _in_fresh_home(script: str) -> str:
+    """SCRIPT's stdout, run by a fresh interpreter whose HOME is a new short folder (the
+    kept connector's sockets live below HOME: a socket's path has a length limit)."""
+    home = Path(tempfile.mkdtemp(prefix="cpxh-", dir="/tmp"))
+    try:
+        env = dict(os.environ, HOME=str(home))
+        argv = [sys.executable, "-c", script]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=True, env=env)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return proc.stdout.strip()
