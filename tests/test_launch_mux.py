@@ -21,7 +21,7 @@ from cpuaccel.connectors import controlpath, openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import preflight
+from cpuaccel.launch import launcher_reach
 from cpuaccel.launch.rundir import render_job_files
 from cpuaccel.node import jobs, mux
 
@@ -90,12 +90,12 @@ def test_a_failed_preflight_ends_the_masters(run_id: str) -> None:
         plan_of([head, Host("n2", {"ansible_host": "10.0.0.2", **python})]), run_id=run_id
     )
     with ConnectionPool(ConnectOptions()) as pool:
-        reach = preflight.LauncherReach(plan, ConnectOptions(), pool, keep_masters=True)
+        reach = launcher_reach.LauncherReach(plan, ConnectOptions(), pool, keep_masters=True)
         reach.end_masters()  # the check never started: nothing to end
         assert mux.exists()
         reach._thread = threading.Thread(target=lambda: None)
         reach._thread.start()
-        check = preflight.LauncherReach(plan, ConnectOptions(), pool)  # `check`'s: no masters
+        check = launcher_reach.LauncherReach(plan, ConnectOptions(), pool)  # `check`'s: no masters
         check._thread = reach._thread
         check.end_masters()
         assert mux.exists()

@@ -25,9 +25,9 @@ from cpuaccel.errors import HostError, InventoryError
 from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import preflight
+from cpuaccel.launch import launcher_reach
+from cpuaccel.launch.launcher_reach import check_launcher_reach
 from cpuaccel.launch.plan import RunPlan, Script, build_plan
-from cpuaccel.launch.preflight import check_launcher_reach
 from cpuaccel.launch.rundir import RunDir, render_job_files, render_ssh_files
 from cpuaccel.node import jobs
 
@@ -440,13 +440,13 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
             assert "ControlMaster yes" not in config
         return []
 
-    monkeypatch.setattr(preflight, "check_launcher_reach", record)
+    monkeypatch.setattr(launcher_reach, "check_launcher_reach", record)
     chosen = [
         Host(f"n{i}", {"ansible_host": f"10.0.0.{i}", "ansible_port": 22, "cpuaccel_workdir": "/w"})
         for i in (1, 2, 3)
     ]
     plan = plan_of(chosen)
-    reach = preflight.LauncherReach(
+    reach = launcher_reach.LauncherReach(
         plan,
         ConnectOptions(),
         cast(ConnectionPool, SimpleNamespace(get=lambda h: None)),

@@ -33,9 +33,10 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import attempts, detached, elastic, results
 from cpuaccel.launch import nodes as nodes_
 from cpuaccel.launch.elastic import PreflightFailed
+from cpuaccel.launch.launcher_reach import LauncherReach
 from cpuaccel.launch.nodes import JobFiles, Nodes
 from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import LauncherReach, run_preflight
+from cpuaccel.launch.preflight import run_preflight
 from cpuaccel.launch.report import PREFLIGHT, JobReport
 from cpuaccel.launch.resume import newest_complete
 from cpuaccel.launch.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files

@@ -1,0 +1,161 @@
+"""The launcher check: the head node's own ssh (the run's ``ssh.sh NODE true``, with the
+run's ssh_config and known_hosts) to every other node, all at once, within run's
+preflight and ``check``: no job starts that MPI's launcher cannot start. A failing pair
+is one problem naming head -> node and the fix (``reach_hints``).
+
+A run keeps these logins as ssh masters for its launch (``/tmp/cpuaccel-mux-<run id>``,
+ended by its sweep); ``check`` keeps them across checks in a folder named by what they
+were opened with (connectors/controlpath.head_folder).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from cpuaccel.connectors import controlpath, openssh, programs
+from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.executor import ConnectionPool, HostResult
+from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.inventory.host import Host
+from cpuaccel.launch.plan import RunPlan
+from cpuaccel.launch.reach_hints import unreached
+
+REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
+
+
+class LauncherReach:
+    """The head node's ssh.sh to every other node, within the preflight pass: it starts
+    on a channel of its own once the controller has connected to every node (their keys
+    are what the run's known_hosts holds), beside the head's own probe.
+
+    The files are the draft plan's ssh files, placed in a folder of their own on the
+    head (``/tmp/cpuaccel-reach-<run id>``, made exclusively and removed after)."""
+
+    def __init__(
+        self,
+        draft: RunPlan,
+        connect: ConnectOptions,
+        pool: ConnectionPool,
+        *,
+        keep_masters: bool = False,
+    ) -> None:
+        self.plan = replace(draft, run_dir=f"/tmp/cpuaccel-reach-{draft.run_id}")
+        self.connect = connect
+        self.pool = pool
+        # A run keeps the check's connections as ssh masters for its launch, in a
+        # folder of its own that its sweep ends. `check` starts no job: its masters go
+        # to a folder named by what they were opened with (connectors/controlpath.
+        # head_folder), where the next check within HEAD_PERSIST s logs in through them.
+        self.keep_masters = keep_masters
+        local_head = draft.head.is_local  # the controller reaches itself without ssh
+        self.targets = [h for h in draft.hosts[1:] if not (h.is_local and local_head)]
+        if draft.launcher.name == "slurm":  # srun starts the ranks: no ssh between nodes
+            self.targets = []
+        self._waiting = {h.name for h in draft.hosts}
+        self._keys: dict[str, str] = {}
+        self._failed: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._problems: list[Problem] = []
+
+    def connected(self, conn: Connector) -> None:
+        self._settle(conn.host.name, conn.host_key(), ok=True)
+
+    def finished(self, result: HostResult[Any]) -> None:
+        self._settle(result.host.name, None, ok=result.ok)  # no-op once connected
+
+    def _settle(self, name: str, key: str | None, *, ok: bool) -> None:
+        with self._lock:
+            if name not in self._waiting:
+                return
+            self._waiting.discard(name)
+            if key:
+                self._keys[name] = key
+            if not ok:
+                self._failed.add(name)
+            ready = not self._waiting
+        if ready:
+            self._start()
+
+    def _start(self) -> None:
+        head = self.plan.head
+        targets = [h for h in self.targets if h.name not in self._failed]
+        if head.name in self._failed or not targets:
+            return  # the controller's own checks name what is wrong
+
+        def work() -> None:
+            try:
+                from cpuaccel.launch.rundir import render_ssh_files
+
+                files = render_ssh_files(self.plan, self.connect, self._keys)
+                mode, config = files["ssh_config"]
+                if self.keep_masters:  # the check's connections stay for the launch
+                    files["ssh_config"] = (mode, config + openssh.ssh_config_master())
+                    folder = f"--mux={openssh.mux_dir(self.plan.run_id)}"
+                else:  # `check`: the head's masters kept across checks, as the controller's
+                    known = files["known_hosts"][1]
+                    kept = controlpath.head_folder(config, known, self.plan.run_id)
+                    files["ssh_config"] = (mode, controlpath.head_config(kept) + config)
+                    folder = f"--keep={kept}"
+                conn = self.pool.get(head)
+                self._problems = check_launcher_reach(conn, self.plan, files, targets, folder)
+            except CpuaccelError as exc:
+                self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
+
+        self._thread = threading.Thread(target=work, name="launcher-reach", daemon=True)
+        self._thread.start()
+
+    def end_masters(self) -> None:
+        """No job starts (preflight failed): end the ssh masters the check left."""
+        if self._thread is None or not self.keep_masters:
+            return
+        self._thread.join(REACH_TIMEOUT + 60)
+        what = "ending the launcher check's ssh masters"
+        try:
+            conn = self.pool.get(self.plan.head)
+            programs.call(conn, "jobs", ["unmux", self.plan.run_id], what=what, timeout=30.0)
+        except CpuaccelError:
+            pass  # they end by themselves ControlPersist seconds after the check
+
+    def problems(self) -> list[Problem]:
+        """What the check found, once it ended (bounded: the node program's timeout)."""
+        if self._thread is not None:
+            self._thread.join(REACH_TIMEOUT + 60)
+        return list(self._problems)
+
+
+def check_launcher_reach(
+    head: Connector,
+    plan: RunPlan,
+    files: dict[str, tuple[int, str]],
+    targets: Sequence[Host],
+    folder: str | None = None,
+) -> list[Problem]:
+    """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
+    with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
+    proxies. A pair that fails is one problem naming head -> node and the fix.
+    ``folder``: the head first makes the folder of the masters ``files`` keep open
+    (``--mux=DIR``: a run's, for its launch; ``--keep=DIR``: check's, across checks)."""
+    if not targets:
+        return []
+    names = [h.name for h in targets]
+    if folder is not None:
+        names.insert(0, folder)
+    words = ["reach", plan.run_dir, f"{REACH_TIMEOUT:g}", *names]
+    payload = json.dumps(files).encode()
+    what = "trying the launcher's ssh from the head node"
+    try:
+        answer = programs.call(head, "jobs", words, payload, what=what, timeout=REACH_TIMEOUT + 30)
+    except CpuaccelError as exc:
+        return [Problem(ERROR, head.host.name, f"{what}: {exc}")]
+    problems = []
+    for host in targets:
+        code, said = answer["reach"].get(host.name) or [None, ""]
+        if code != 0:
+            problems.append(unreached(plan.head, host, code, said, REACH_TIMEOUT))
+    return problems
