@@ -175,3 +175,24 @@ def test_a_receiver_that_dies_is_one_host_error(tmp_path: Path) -> None:
         session.request("bogus")  # the node program refuses a request it does not know
     with pytest.raises(HostError):  # and a request to the ended program says so too
         session.request("look", b"x" * (1 << 20))
+
+
+def test_a_receiver_whose_controller_vanished_ends_within_its_bound(tmp_path: Path) -> None:
+    """No request comes and the input stays open (a controller gone without closing its
+    connection): the receiver ends by SIGALRM after its bound, having written nothing."""
+    import signal
+    import subprocess
+
+    dest = tmp_path / "proj"
+    code = (
+        "import sys; from cpuaccel.node import treesession; "
+        f"treesession.serve({str(dest)!r}, sys.argv[1:], sys.stdin.buffer, sys.stdout, 1)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, *OPTIONS], stdin=subprocess.PIPE)
+    try:
+        assert proc.wait(timeout=20) == -signal.SIGALRM
+    finally:
+        proc.kill()
+        assert proc.stdin is not None
+        proc.stdin.close()
+    assert not dest.exists()

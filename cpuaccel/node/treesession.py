@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
 MAX_HEADER = 1 << 20  # a request line is small; a longer one is not ours
+REQUEST_BOUND = 3600  # seconds a request may take, its wait included (``serve``)
 
 
 class Payload:
@@ -203,27 +204,38 @@ def _verdict(
     }
 
 
-def serve(raw: str, options: list[str], stdin: BinaryIO, stdout: Any) -> None:
-    """Answer requests until EOF; the last look's walk is kept for an apply."""
+def serve(raw: str, options: list[str], stdin: BinaryIO, stdout: Any, bound: int = 0) -> None:
+    """Answer requests until EOF; the last look's walk is kept for an apply.
+
+    ``bound`` > 0: SIGALRM's default action ends the program when a request (waiting
+    for it, reading its payload, answering it) takes longer, so a controller that
+    vanished without closing the connection leaves no receiver waiting for good (the
+    controller gives up on an answer after as long: sync.receiver.REMOTE_TIMEOUT)."""
+    import signal
+
     looked: dict[str, Any] | None = None
-    while True:
-        line = stdin.readline(MAX_HEADER)
-        if not line:
-            return
-        request = json.loads(line)
-        mode, expect, length = request["mode"], request.get("expect"), int(request["length"])
-        if mode not in ("look", "scan", "apply") or length < 0:
-            raise ValueError(f"not a tree request: {line[:80]!r}")
-        payload: Any = Payload(stdin, length)
-        keep: dict[str, Any] = {}
-        words = [*options, *([f"--expect={expect}"] if expect else [])]
-        result = answer(
-            mode, raw, words, payload, keep, functools.partial(apply_known, looked=looked)
-        )
-        looked = _looked(result, keep)  # after an apply, None: a later apply scans again
-        payload.drain()
-        stdout.write(json.dumps(result) + "\n")
-        stdout.flush()
+    try:
+        while True:
+            signal.alarm(bound)
+            line = stdin.readline(MAX_HEADER)
+            if not line:
+                return
+            request = json.loads(line)
+            mode, expect, length = request["mode"], request.get("expect"), int(request["length"])
+            if mode not in ("look", "scan", "apply") or length < 0:
+                raise ValueError(f"not a tree request: {line[:80]!r}")
+            payload: Any = Payload(stdin, length)
+            keep: dict[str, Any] = {}
+            words = [*options, *([f"--expect={expect}"] if expect else [])]
+            result = answer(
+                mode, raw, words, payload, keep, functools.partial(apply_known, looked=looked)
+            )
+            looked = _looked(result, keep)  # after an apply, None: a later apply scans again
+            payload.drain()
+            stdout.write(json.dumps(result) + "\n")
+            stdout.flush()
+    finally:
+        signal.alarm(0)
 
 
 def _looked(result: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any] | None:
@@ -240,4 +252,4 @@ def _looked(result: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any] | No
 
 def main() -> None:
     # After BOOT's LENGTH (cpuaccel.connectors.programs): DEST [--workdir=W] [PRUNE...]
-    serve(sys.argv[2], sys.argv[3:], sys.stdin.buffer, sys.stdout)
+    serve(sys.argv[2], sys.argv[3:], sys.stdin.buffer, sys.stdout, REQUEST_BOUND)
