@@ -120,6 +120,33 @@ def test_pathspec_loads_only_for_a_tree_with_rules_of_its_own(tmp_path: Path) ->
     assert _modules_after_build(tmp_path / "3", plain, ["pkg/"]) == "['train.py'] True\n"
 
 
+def test_a_whole_sync_without_rules_files_loads_no_pathspec(tmp_path: Path) -> None:
+    """The verb's whole path (CLI, inventory, scan, node program, verify) to a local host,
+    as tests/test_lazy_imports.py runs it: nothing on it imports pathspec by the way."""
+    project = _tree(tmp_path / "project", {"train.py": "print('hi')\n", "pkg/m.py": ""})
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
+        f"      cpuaccel_python: {sys.executable}\n"
+    )
+    argv = ["sync", "-i", str(inventory), str(project), "--dest", str(tmp_path / "dest")]
+    script = (
+        "import sys\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', *{argv!r}, '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    sys.stderr.write(f'PROBE {exc.code} {\"pathspec\" in sys.modules}\\n')\n"
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=project, env=env
+    )
+    assert "PROBE 0 False" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "dest" / "pkg" / "m.py").exists()
+
+
 def test_the_scan_keeps_the_defaults_out_at_every_depth(tmp_path: Path) -> None:
     src = _tree(
         tmp_path / "src",
