@@ -169,13 +169,14 @@ class _Builder:
             folder, rel_prefix, tree_prefix = stack.pop()
             with os.scandir(folder) as items:
                 listing = sorted(items, key=lambda e: e.name)
+            in_folder = rules.folder(tree_prefix[:-1])  # its rules, found once a folder
             for item in listing:
                 local = item.path
                 rel = rel_prefix + item.name
                 rel_in_tree = tree_prefix + item.name
                 st = item.stat(follow_symlinks=False)
                 is_dir = stat.S_ISDIR(st.st_mode)
-                if rules.ignored(rel_in_tree, is_dir):
+                if in_folder.ignored(item.name, is_dir):
                     continue
                 if stat.S_ISLNK(st.st_mode):
                     target = os.path.realpath(local)

@@ -1,0 +1,162 @@
+"""The sync's ignore rules matched per folder, and the defaults without pathspec: each
+decision is held to pathspec's own (the rules' reference), and pathspec is loaded only
+for a tree with rules of its own (issue 17: sync at rsync's speed)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pathspec
+import pytest
+
+from cpuaccel.sync.ignore import DEFAULT_PATTERNS, Ignore, default_ignored
+from cpuaccel.sync.manifest import build
+
+# Names near every default pattern, and glob, escape, space and case traps.
+NAMES = [
+    ".git", "git", ".gitx", "x.git", "__pycache__", "__pycache", "runs", "run", "runs ",
+    " runs", ".cpuaccel", "cpuaccel", ".venv", "venv", "venv2", "myvenv", ".VENV", "Runs",
+    ".pyc", "a.pyc", "a.pyc.txt", "a.PYC", "apyc", "a.py", "*.pyc", "[a].pyc", "a\\.pyc",
+    "*", "?", "[", "!runs", "#runs", "runs/", "é.pyc", "a b.pyc", "a.pyc ", "a.pyo",
+]  # fmt: skip
+FOLDERS = ["", "pkg", "pkg/sub", "runs2", "venv2/x"]
+
+
+def test_the_defaults_decide_as_pathspec_does() -> None:
+    """default_ignored holds for every name, as a file and as a folder, at any depth
+    below folders that are not ignored, to pathspec's answer for DEFAULT_PATTERNS."""
+    spec = pathspec.GitIgnoreSpec.from_lines(DEFAULT_PATTERNS)
+    for folder, name, is_dir in itertools.product(FOLDERS, NAMES, (False, True)):
+        if "/" in name:
+            continue  # not a name a folder listing holds
+        rel = f"{folder}/{name}" if folder else name
+        want = bool(spec.check_file(rel + ("/" if is_dir else "")).include)
+        assert default_ignored(name, is_dir) is want, (rel, is_dir)
+        assert Ignore("/nonexistent").ignored(rel, is_dir) is want, (rel, is_dir)
+
+
+@pytest.mark.parametrize(
+    ("extra", "rel", "is_dir", "ignored"),
+    [
+        ([], "pkg/a.pyc", False, True),
+        (["!*.pyc"], "pkg/a.pyc", False, False),  # --exclude's negation beats a default
+        (["!runs/"], "runs", True, False),
+        (["*.bin"], "pkg/sub/w.bin", False, True),
+        (["/top.bin"], "pkg/top.bin", False, False),  # anchored at the root only
+        (["/top.bin"], "top.bin", False, True),
+        (["pkg/sub/"], "pkg/sub", True, True),
+    ],
+)
+def test_excludes_go_with_the_defaults(
+    extra: list[str], rel: str, is_dir: bool, ignored: bool
+) -> None:
+    assert Ignore("/nonexistent", extra).ignored(rel, is_dir) is ignored
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_a_folders_rules_match_as_the_old_per_path_chain(tmp_path: Path) -> None:
+    """Every path of a tree with nested rules files, decided per folder, against the
+    decision of each rules file on the path below its own folder, deepest last."""
+    rules = {
+        ".gitignore": "*.log\n!keep.log\nbuild/\n/only-top.txt\n",
+        "a/.cpuaccelignore": "!*.log\nsecret*\n",
+        "a/b/.gitignore": "*.log\n!b2/x.log\n",
+    }
+    paths = [
+        "x.log", "keep.log", "only-top.txt", "a/only-top.txt", "a/x.log", "a/secret.txt",
+        "a/b/x.log", "a/b/keep.log", "a/b/b2/x.log", "a/b/b2/y.log", "a/b/secret",
+        "c/build", "c/x.log", "a/b/b2/deep/z.log",
+    ]  # fmt: skip
+    root = _tree(tmp_path, {**rules, **{p: "" for p in paths}})
+    specs = {
+        os.path.dirname(rel): pathspec.GitIgnoreSpec.from_lines(text.splitlines())
+        for rel, text in rules.items()
+    }
+    base = pathspec.GitIgnoreSpec.from_lines(DEFAULT_PATTERNS)
+    ignore = Ignore(str(root))
+    for rel, is_dir in [(p, False) for p in paths] + [("c/build", True), ("a/b", True)]:
+        probe = rel + ("/" if is_dir else "")
+        want = base.check_file(probe).include
+        for folder, spec in sorted(specs.items(), key=lambda kv: kv[0].count("/") + bool(kv[0])):
+            if folder and not rel.startswith(folder + "/"):
+                continue
+            found = spec.check_file(probe[len(folder) + 1 :] if folder else probe).include
+            want = found if found is not None else want
+        assert ignore.ignored(rel, is_dir) is bool(want), rel
+
+
+def _modules_after_build(tmp_path: Path, files: dict[str, str], excludes: list[str]) -> str:
+    src = _tree(tmp_path / "src", files)
+    script = (
+        "import sys\n"
+        "from cpuaccel.sync.manifest import build\n"
+        f"m = build([{str(src)!r}], excludes={excludes!r})\n"
+        "print(sorted(m.entries), 'pathspec' in sys.modules)\n"
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    argv = [sys.executable, "-c", script]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+
+
+def test_pathspec_loads_only_for_a_tree_with_rules_of_its_own(tmp_path: Path) -> None:
+    plain = {"train.py": "", "pkg/m.py": "", "pkg/m.pyc": "", "runs/r/x": ""}
+    assert _modules_after_build(tmp_path / "1", plain, []) == (
+        "['pkg', 'pkg/m.py', 'train.py'] False\n"
+    )
+    with_rules = {**plain, "pkg/.gitignore": "m.py\n"}
+    assert _modules_after_build(tmp_path / "2", with_rules, []) == (
+        "['pkg', 'pkg/.gitignore', 'train.py'] True\n"
+    )
+    assert _modules_after_build(tmp_path / "3", plain, ["pkg/"]) == "['train.py'] True\n"
+
+
+def test_a_whole_sync_without_rules_files_loads_no_pathspec(tmp_path: Path) -> None:
+    """The verb's whole path (CLI, inventory, scan, node program, verify) to a local host,
+    as tests/test_lazy_imports.py runs it: nothing on it imports pathspec by the way."""
+    project = _tree(tmp_path / "project", {"train.py": "print('hi')\n", "pkg/m.py": ""})
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
+        f"      cpuaccel_python: {sys.executable}\n"
+    )
+    argv = ["sync", "-i", str(inventory), str(project), "--dest", str(tmp_path / "dest")]
+    script = (
+        "import sys\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', *{argv!r}, '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    sys.stderr.write(f'PROBE {exc.code} {\"pathspec\" in sys.modules}\\n')\n"
+    )
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=project, env=env
+    )
+    assert "PROBE 0 False" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "dest" / "pkg" / "m.py").exists()
+
+
+def test_the_scan_keeps_the_defaults_out_at_every_depth(tmp_path: Path) -> None:
+    src = _tree(
+        tmp_path / "src",
+        {
+            "a/b/.git/HEAD": "",
+            "a/b/c.pyc": "",
+            "a/b/c.py": "",
+            "a/runs": "",  # a file named runs: `runs/` is for folders only
+            "a/b/venv/bin/python": "",
+            "a/b/.cpuaccel/x": "",
+        },
+    )
+    assert set(build([str(src)]).entries) == {"a", "a/b", "a/b/c.py", "a/runs"}
