@@ -149,6 +149,37 @@ def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
     assert '"problems": []' in proc.stdout
 
 
+def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
+    tmp_path: Path,
+) -> None:
+    """cli/gc_pause.py: click and the verb's modules load with the cyclic GC paused (a
+    one-node check's start-up set off ~40 collections that found nothing to free) and
+    the heap is frozen when the command ends, so the exit's collections skip it; the
+    exit itself is untouched: an atexit hook still runs, after the command's output."""
+    script = (
+        "import atexit, gc, sys\n"
+        "starts = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and starts.append(1))\n"
+        "atexit.register(lambda: print('ATEXIT', flush=True))\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
+        f" 'cpuaccel_python={sys.executable}', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('PROBE', code, len(starts), gc.get_freeze_count() > 10000, gc.isenabled())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
+    )
+    probe, atexit_line = proc.stdout.splitlines()[-2:]
+    word, code, collections, frozen, enabled = probe.split()
+    assert (word, code, frozen, enabled) == ("PROBE", "0", "True", "True"), proc.stdout
+    assert int(collections) < 15, probe  # 39 before, 7 now (the run's own allocations)
+    assert atexit_line == "ATEXIT"
+
+
 def _in_fresh_home(script: str) -> str:
     """SCRIPT's stdout, run by a fresh interpreter whose HOME is a new short folder (the
     kept connector's sockets live below HOME: a socket's path has a length limit)."""

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.cli import gc_pause
 from cpuaccel.cli.check_slurm import held_back, slurm_json, with_refusal
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
@@ -198,7 +199,7 @@ def check_command(
 def _import_table() -> None:
     """Imports the table's modules; any failure (a concurrent import's lock cycle) is
     left to the import where the table is printed, which raises it as usual."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception), gc_pause.paused():
         import cpuaccel.cli.check_table  # noqa: F401
 
 
