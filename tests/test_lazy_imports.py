@@ -180,6 +180,49 @@ def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
     assert atexit_line == "ATEXIT"
 
 
+def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_the_allocation_reader(
+    tmp_path: Path,
+) -> None:
+    """The patterns only a failure reads (ssh's refusal and connect words, a refused
+    key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
+    first use, not at import; and outside a Slurm allocation (no $SLURM_JOB_ID) its
+    reader and Slurm's hostlist syntax do not load (issue 17: check at one node is its
+    start-up)."""
+    script = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "real = re._compile\n"
+        "re._compile = lambda p, f: compiled.append(getattr(p, 'pattern', p)) or real(p, f)\n"
+        "from cpuaccel.cli import check_slurm\n"
+        "from cpuaccel.connectors import openssh, openssh_session, srun\n"
+        "from cpuaccel.launch import launchers\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
+        f" 'cpuaccel_python={sys.executable}', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "lazy = [check_slurm._REFUSED, openssh._REFUSED, openssh_session._SSH_WORDS,\n"
+        "        openssh_session._CONNECT, srun._LABELLED, launchers._SRUN_TASK_EXIT]\n"
+        "slurm = sorted(m for m in sys.modules if m.startswith('cpuaccel.slurm.'))\n"
+        "early = [p for p in lazy if getattr(p, 'pattern', p) in compiled]\n"
+        "print('PROBE', code, len(compiled) > 20, early, slurm)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert "PROBE 0 True [] ['cpuaccel.slurm.options']" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_allocations_variable_is_read_where_its_reader_is_not_loaded() -> None:
+    from cpuaccel.config import inventory_choice
+    from cpuaccel.slurm import allocation
+
+    assert inventory_choice.SLURM_JOB_ID == allocation.JOB_ID
+
+
 def _in_fresh_home(script: str) -> str:
     """SCRIPT's stdout, run by a fresh interpreter whose HOME is a new short folder (the
     kept connector's sockets live below HOME: a socket's path has a length limit)."""
