@@ -149,6 +149,26 @@ def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
     assert '"problems": []' in proc.stdout
 
 
+def test_checks_table_loads_no_emoji_table() -> None:
+    """rich's emoji codes (a 140 kB module, ~2 ms between the probes' answers and the
+    table) stay unloaded: ui's consoles print `:x:` as typed, and the table measures so."""
+    script = (
+        "import io, sys\n"
+        "from cpuaccel import ui\n"
+        "from cpuaccel.cli.check_table import print_report\n"
+        "from cpuaccel.executor import HostResult, Status\n"
+        "from cpuaccel.inventory.host import Host\n"
+        "facts = {'hostname': 'n:smile:1', 'python': {'version': '3.11.2'}}\n"
+        "out = ui._console(io.StringIO())\n"
+        "print_report([HostResult(Host('n:smile:1'), Status.OK, facts)], [], out)\n"
+        "print('n:smile:1' in out.file.getvalue(), 'rich._emoji_codes' in sys.modules)\n"
+    )
+    argv = [sys.executable, "-c", script]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == (
+        "True False\n"
+    )
+
+
 def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
     tmp_path: Path,
 ) -> None:
