@@ -200,14 +200,15 @@ def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
     assert atexit_line == "ATEXIT"
 
 
-def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_slurm_or_hostfile_readers(
+def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_modules(
     tmp_path: Path,
 ) -> None:
     """The patterns only a failure reads (ssh's refusal and connect words, a refused
     key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
     first use, not at import; outside a Slurm allocation (no $SLURM_JOB_ID) its reader
     and Slurm's hostlist syntax do not load, nor the MPI hostfile reader for a .yaml
-    inventory (issue 17: check at one node is its start-up)."""
+    inventory, nor at one node the thread pool's concurrent.futures and logging (issue
+    17: check at one node is its start-up)."""
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
         "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
@@ -229,8 +230,8 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_slurm_or_host
         "    code = exc.code\n"
         "lazy = [check_slurm._REFUSED, openssh._REFUSED, openssh_session._SSH_WORDS,\n"
         "        openssh_session._CONNECT, srun._LABELLED, launchers._SRUN_TASK_EXIT]\n"
-        "slurm = sorted(m for m in sys.modules if m.startswith('cpuaccel.slurm.')\n"
-        "               or m == 'cpuaccel.inventory.hostfile')\n"
+        "other = ('cpuaccel.inventory.hostfile', 'concurrent.futures', 'logging')\n"
+        "slurm = sorted(m for m in sys.modules if m.startswith('cpuaccel.slurm.') or m in other)\n"
         "early = [p for p in lazy if getattr(p, 'pattern', p) in compiled]\n"
         "print('PROBE', code, len(compiled) > 20, early, slurm)\n"
     )

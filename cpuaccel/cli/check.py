@@ -111,6 +111,7 @@ def _gather(
             options=target.connect,
             pool=pool,
             on_result=on_result,
+            one_inline=True,  # one node: no thread pool to start (its start-up, issue 17)
         )
     by_name = {r.host.name: r for r in gathered} | held
     return [by_name[host.name] for host in hosts]
