@@ -171,9 +171,10 @@ class OpenSSHConnector(LocalConnector):
                 raise failure
         if not self._reached:  # -v's line, as the paramiko connector's at connect
             self._reached = True
-            where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
-            took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
-            ui.detail(1, self.host.name, f"connected as {where} {took}")
+            if ui.verbosity >= 1:  # built only then: its user and port read ssh_config
+                where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
+                took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
+                ui.detail(1, self.host.name, f"connected as {where} {took}")
         return result
 
     def start(
