@@ -207,8 +207,8 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
     key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
     first use, not at import; outside a Slurm allocation (no $SLURM_JOB_ID) its reader
     and Slurm's hostlist syntax do not load, nor the MPI hostfile reader for a .yaml
-    inventory, nor at one node the thread pool's concurrent.futures and logging (issue
-    17: check at one node is its start-up)."""
+    inventory, nor at one node the thread pool's concurrent.futures and logging, nor
+    run --hang-timeout's progress markers (issue 17: check at one node is its start-up)."""
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(
         "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
@@ -230,7 +230,8 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
         "    code = exc.code\n"
         "lazy = [check_slurm._REFUSED, openssh._REFUSED, openssh_session._SSH_WORDS,\n"
         "        openssh_session._CONNECT, srun._LABELLED, launchers._SRUN_TASK_EXIT]\n"
-        "other = ('cpuaccel.inventory.hostfile', 'concurrent.futures', 'logging')\n"
+        "other = ('cpuaccel.inventory.hostfile', 'concurrent.futures', 'logging',\n"
+        "         'cpuaccel.node.progress')\n"
         "slurm = sorted(m for m in sys.modules if m.startswith('cpuaccel.slurm.') or m in other)\n"
         "early = [p for p in lazy if getattr(p, 'pattern', p) in compiled]\n"
         "print('PROBE', code, len(compiled) > 20, early, slurm)\n"
