@@ -206,7 +206,8 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
     """The patterns only a failure reads (ssh's refusal and connect words, a refused
     key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
     first use, not at import; outside a Slurm allocation (no $SLURM_JOB_ID) its reader
-    and Slurm's hostlist syntax do not load, nor the MPI hostfile reader for a .yaml
+    and Slurm's hostlist syntax do not load, nor the project file's slurm: block's
+    checks (slurm/options.py) when it has none, nor the MPI hostfile reader for a .yaml
     inventory, nor at one node the thread pool's concurrent.futures and logging, nor
     run --hang-timeout's progress markers (issue 17: check at one node is its start-up)."""
     inventory = tmp_path / "inventory.yaml"
@@ -240,7 +241,7 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env
     )
-    assert "PROBE 0 True [] ['cpuaccel.slurm.options']" in proc.stdout, proc.stdout[-2000:]
+    assert "PROBE 0 True [] []" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_the_allocations_variable_is_read_where_its_reader_is_not_loaded() -> None:
