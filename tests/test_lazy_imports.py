@@ -251,6 +251,24 @@ def test_the_allocations_variable_is_read_where_its_reader_is_not_loaded() -> No
     assert inventory_choice.SLURM_JOB_ID == allocation.JOB_ID
 
 
+def test_a_test_driving_the_click_group_in_its_process_freezes_nothing(tmp_path: Path) -> None:
+    """Only the command's own process (cli.main.main) freezes its heap: a test that runs
+    the click group in its process keeps every object collectable, as a frozen leftover
+    of one test would never be freed."""
+    script = (
+        "import gc\n"
+        "from click.testing import CliRunner\n"
+        "from cpuaccel.cli.main import cli\n"
+        f"argv = ['check', '-i', 'localhost,', '-e', 'cpuaccel_python={sys.executable}',"
+        " '--json']\n"
+        "result = CliRunner().invoke(cli, argv)\n"
+        "print(result.exit_code, gc.get_freeze_count(), gc.isenabled())\n"
+    )
+    argv = [sys.executable, "-c", script]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert proc.stdout.splitlines()[-1] == "0 0 True", proc.stdout[-2000:]
+
+
 def _in_fresh_home(script: str) -> str:
     """SCRIPT's stdout, run by a fresh interpreter whose HOME is a new short folder (the
     kept connector's sockets live below HOME: a socket's path has a length limit)."""

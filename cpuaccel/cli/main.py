@@ -86,6 +86,7 @@ def cli() -> None:
 
 
 def main() -> None:
+    gc_pause.start_command()
     try:
         _main()
     finally:
