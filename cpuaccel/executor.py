@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, TypeVar
@@ -148,18 +147,30 @@ def fan_out(
     *,
     forks: int,
     on_done: Callable[[R], None] | None = None,
+    one_inline: bool = False,
 ) -> list[R]:
     """``work(item)`` for every item, at most ``forks`` at a time; results in items' order.
 
     The thread pool under ``run_on_hosts``, open to a caller whose work decides itself
     when (and whether) to connect, as the playbook's strategy does for controller-only
-    tasks. ``on_done`` is called from the calling thread as each item finishes. ``work``
+    tasks. ``on_done`` is called from the calling thread as each item finishes. With
+    ``one_inline``, a single item runs in the calling thread, with no pool. ``work``
     turns user errors into results; an exception is a bug and is raised once all finish.
     """
     if forks < 1:
         raise ValueError("forks must be at least 1")
     if not items:
         return []
+    if one_inline and len(items) == 1:
+        # No pool: its thread and concurrent.futures (with logging, which it imports) were
+        # ~4 ms of a one-node check, whose cost is its start-up (issue 17). Opt-in: a
+        # Ctrl-C then ends the work itself, where the pool let it finish first.
+        result = work(items[0])
+        if on_done is not None:
+            on_done(result)
+        return [result]
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     results: dict[int, R] = {}
     with ThreadPoolExecutor(max_workers=min(forks, len(items))) as workers:
         futures = {workers.submit(work, item): index for index, item in enumerate(items)}
@@ -178,11 +189,13 @@ def run_on_hosts(
     options: ConnectOptions | None = None,
     on_result: Callable[[HostResult[T]], None] | None = None,
     pool: ConnectionPool | None = None,
+    one_inline: bool = False,
 ) -> list[HostResult[T]]:
     """Run ``action(connector)`` on every host, at most ``forks`` at a time.
 
     ``on_result`` is called (from the calling thread) as each host finishes, for progress.
-    With a ``pool``, connections come from it and stay open for the next phase.
+    With a ``pool``, connections come from it and stay open for the next phase;
+    ``one_inline`` as ``fan_out``'s.
     """
     opts = pool.options if pool is not None else (options or ConnectOptions())
 
@@ -192,4 +205,4 @@ def run_on_hosts(
         ui.detail(1, host.name, f"{result.status.value} in {result.seconds:.2f} s{why}")
         return result
 
-    return fan_out(hosts, one, forks=forks, on_done=on_result)
+    return fan_out(hosts, one, forks=forks, on_done=on_result, one_inline=one_inline)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cpuaccel.cli.check_table import COLUMNS, DROP_ORDER, print_report
+from cpuaccel.cli.check_table import COLUMNS, DROP_ORDER, _width, print_report
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.problems import find_problems
 from cpuaccel.inventory.host import Host
@@ -132,3 +132,8 @@ def test_markup_in_a_host_name_is_shown_as_typed() -> None:
     print_report([HostResult(Host(name), Status.OK, facts("[bold]x"))], [], console)
     text = console.export_text()
     assert "node[01]" in text and "[bold]x" in text
+
+
+def test_an_emoji_code_in_a_name_is_measured_as_printed() -> None:
+    """ui's consoles print `:smile:` as typed (emoji=False): the table measures it so."""
+    assert _width(["HOST"], [{"HOST": ":smile::smile:"}], 1) == len(":smile::smile:")

@@ -91,6 +91,21 @@ def test_fan_out_keeps_order_bounds_workers_and_reports_each() -> None:
         fan_out([1], work, forks=0)
 
 
+def test_one_inline_runs_a_single_item_in_the_calling_thread() -> None:
+    """No pool (a thread, concurrent.futures and logging) for check's one node: a
+    one-node check's cost is its start-up (issue 17). Without it, the pool as before."""
+    here = threading.current_thread().name
+    done: list[str] = []
+
+    def name(item: str) -> str:
+        return threading.current_thread().name
+
+    assert fan_out(["x"], name, forks=4, on_done=done.append, one_inline=True) == [here]
+    assert done == [here]
+    assert fan_out(["x"], name, forks=4) != [here]
+    assert fan_out(["x", "y"], name, forks=4, one_inline=True)[0] != here
+
+
 def test_the_pool_names_the_hosts_whose_connection_died(monkeypatch: pytest.MonkeyPatch) -> None:
     dead = {"h1"}
 

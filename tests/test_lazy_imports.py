@@ -149,6 +149,126 @@ def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
     assert '"problems": []' in proc.stdout
 
 
+def test_checks_table_loads_no_emoji_table() -> None:
+    """rich's emoji codes (a 140 kB module, ~2 ms between the probes' answers and the
+    table) stay unloaded: ui's consoles print `:x:` as typed, and the table measures so."""
+    script = (
+        "import io, sys\n"
+        "from cpuaccel import ui\n"
+        "from cpuaccel.cli.check_table import print_report\n"
+        "from cpuaccel.executor import HostResult, Status\n"
+        "from cpuaccel.inventory.host import Host\n"
+        "facts = {'hostname': 'n:smile:1', 'python': {'version': '3.11.2'}}\n"
+        "out = ui._console(io.StringIO())\n"
+        "print_report([HostResult(Host('n:smile:1'), Status.OK, facts)], [], out)\n"
+        "print('n:smile:1' in out.file.getvalue(), 'rich._emoji_codes' in sys.modules)\n"
+    )
+    argv = [sys.executable, "-c", script]
+    assert subprocess.run(argv, capture_output=True, text=True, check=True).stdout == (
+        "True False\n"
+    )
+
+
+def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
+    tmp_path: Path,
+) -> None:
+    """cli/gc_pause.py: click and the verb's modules load with the cyclic GC paused (a
+    one-node check's start-up set off ~40 collections that found nothing to free) and
+    the heap is frozen when the command ends, so the exit's collections skip it; the
+    exit itself is untouched: an atexit hook still runs, after the command's output."""
+    script = (
+        "import atexit, gc, sys\n"
+        "starts = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and starts.append(1))\n"
+        "atexit.register(lambda: print('ATEXIT', flush=True))\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
+        f" 'cpuaccel_python={sys.executable}', '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('PROBE', code, len(starts), gc.get_freeze_count() > 10000, gc.isenabled())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
+    )
+    probe, atexit_line = proc.stdout.splitlines()[-2:]
+    word, code, collections, frozen, enabled = probe.split()
+    assert (word, code, frozen, enabled) == ("PROBE", "0", "True", "True"), proc.stdout
+    assert int(collections) < 15, probe  # 39 before, 7 now (the run's own allocations)
+    assert atexit_line == "ATEXIT"
+
+
+def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_modules(
+    tmp_path: Path,
+) -> None:
+    """The patterns only a failure reads (ssh's refusal and connect words, a refused
+    key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
+    first use, not at import; outside a Slurm allocation (no $SLURM_JOB_ID) its reader
+    and Slurm's hostlist syntax do not load, nor the project file's slurm: block's
+    checks (slurm/options.py) when it has none, nor the MPI hostfile reader for a .yaml
+    inventory, nor at one node the thread pool's concurrent.futures and logging, nor
+    run --hang-timeout's progress markers (issue 17: check at one node is its start-up)."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "all:\n  hosts:\n    here:\n      ansible_connection: local\n"
+        f"      cpuaccel_python: {sys.executable}\n"
+    )
+    script = (
+        "import re, sys\n"
+        "compiled = []\n"
+        "real = re._compile\n"
+        "re._compile = lambda p, f: compiled.append(getattr(p, 'pattern', p)) or real(p, f)\n"
+        "from cpuaccel.cli import check_slurm\n"
+        "from cpuaccel.connectors import openssh, openssh_session, srun\n"
+        "from cpuaccel.launch import launchers\n"
+        "from cpuaccel.cli.main import main\n"
+        f"sys.argv = ['cpuaccel', 'check', '-i', {str(inventory)!r}, '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "lazy = [check_slurm._REFUSED, openssh._REFUSED, openssh_session._SSH_WORDS,\n"
+        "        openssh_session._CONNECT, srun._LABELLED, launchers._SRUN_TASK_EXIT]\n"
+        "other = ('cpuaccel.inventory.hostfile', 'concurrent.futures', 'logging',\n"
+        "         'cpuaccel.node.progress')\n"
+        "slurm = sorted(m for m in sys.modules if m.startswith('cpuaccel.slurm.') or m in other)\n"
+        "early = [p for p in lazy if getattr(p, 'pattern', p) in compiled]\n"
+        "print('PROBE', code, len(compiled) > 20, early, slurm)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert "PROBE 0 True [] []" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_the_allocations_variable_is_read_where_its_reader_is_not_loaded() -> None:
+    from cpuaccel.config import inventory_choice
+    from cpuaccel.slurm import allocation
+
+    assert inventory_choice.SLURM_JOB_ID == allocation.JOB_ID
+
+
+def test_a_test_driving_the_click_group_in_its_process_freezes_nothing(tmp_path: Path) -> None:
+    """Only the command's own process (cli.main.main) freezes its heap: a test that runs
+    the click group in its process keeps every object collectable, as a frozen leftover
+    of one test would never be freed."""
+    script = (
+        "import gc\n"
+        "from click.testing import CliRunner\n"
+        "from cpuaccel.cli.main import cli\n"
+        f"argv = ['check', '-i', 'localhost,', '-e', 'cpuaccel_python={sys.executable}',"
+        " '--json']\n"
+        "result = CliRunner().invoke(cli, argv)\n"
+        "print(result.exit_code, gc.get_freeze_count(), gc.isenabled())\n"
+    )
+    argv = [sys.executable, "-c", script]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert proc.stdout.splitlines()[-1] == "0 0 True", proc.stdout[-2000:]
+
+
 def _in_fresh_home(script: str) -> str:
     """SCRIPT's stdout, run by a fresh interpreter whose HOME is a new short folder (the
     kept connector's sockets live below HOME: a socket's path has a length limit)."""

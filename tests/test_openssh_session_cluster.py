@@ -102,6 +102,25 @@ def test_sync_and_check_over_openssh_load_no_paramiko(cluster: Cluster, scratch:
         assert said[-1] == f"PROBE {(EXIT_OK, [])!r}", (argv[0], proc.stdout[-2000:])
 
 
+def test_checks_connected_line_is_built_only_for_v(cluster: Cluster) -> None:
+    """The -v line's user (getpass) and port (ssh_config read) are looked up only when
+    -v asks for the line: after the probe's answer, on a one-node check's path (issue
+    17); with -v it is still said."""
+    argv = ["check", "-i", str(cluster.inventory_path), "--limit", "node1", "--json"]
+    script = PROBE.replace(
+        '("paramiko", "cryptography", "fabric", "invoke", "nacl")', '("getpass",)'
+    )
+    for extra, loaded in (([], []), (["-v"], ["getpass"])):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, *argv, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert f"PROBE {(EXIT_OK, loaded)!r}" in proc.stderr, proc.stderr[-2000:]
+        assert ("node1: connected as root@" in proc.stderr) == bool(extra)
+
+
 def test_an_unknown_key_is_refused_by_sync_over_openssh(cluster: Cluster, scratch: Path) -> None:
     empty = scratch / "known_hosts"
     empty.write_text("")

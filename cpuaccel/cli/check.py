@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.cli import gc_pause
 from cpuaccel.cli.check_slurm import held_back, slurm_json, with_refusal
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
@@ -110,6 +111,7 @@ def _gather(
             options=target.connect,
             pool=pool,
             on_result=on_result,
+            one_inline=True,  # one node: no thread pool to start (its start-up, issue 17)
         )
     by_name = {r.host.name: r for r in gathered} | held
     return [by_name[host.name] for host in hosts]
@@ -198,7 +200,7 @@ def check_command(
 def _import_table() -> None:
     """Imports the table's modules; any failure (a concurrent import's lock cycle) is
     left to the import where the table is printed, which raises it as usual."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception), gc_pause.paused():
         import cpuaccel.cli.check_table  # noqa: F401
 
 

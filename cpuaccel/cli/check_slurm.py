@@ -21,11 +21,11 @@ from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
 
 NOT_ALLOWED = "SSH to Slurm nodes is not allowed here: use cpuaccel run inside salloc/sbatch"
 # What a refusal looks like from paramiko and sshd: no sshd listening, the key or the
-# account refused (pam_slurm_adopt's "Access denied ... you have no active jobs").
-_REFUSED = re.compile(
+# account refused (pam_slurm_adopt's "Access denied ... you have no active jobs"). A
+# pattern compiled by re on first use: only an unreachable node's error is read (issue 17).
+_REFUSED = (
     r"connection refused|authentication failed|access denied|permission denied|"
-    r"pam_slurm|no active jobs",
-    re.IGNORECASE,
+    r"pam_slurm|no active jobs"
 )
 
 
@@ -83,7 +83,7 @@ def refusal(results: Sequence[HostResult[Any]]) -> list[str]:
     refused = [
         r.host.name
         for r in contacted
-        if r.status is Status.UNREACHABLE and _REFUSED.search(r.error or "")
+        if r.status is Status.UNREACHABLE and re.search(_REFUSED, r.error or "", re.IGNORECASE)
     ]
     return refused if contacted and len(refused) == len(contacted) else []
 

@@ -76,8 +76,11 @@ def row(r: HostResult[Facts]) -> dict[str, str]:
 
 def _width(columns: Sequence[str], rows: Sequence[dict[str, str]], gap: int) -> int:
     """The table's width in cells when nothing wraps."""
+    # emoji=False, as ui's consoles print: `:smile:` in a name is 7 cells, not a picture's
+    # 2, and rich's 140 kB emoji table stays unloaded (2 ms after the probes, issue 17).
     widths = [
-        max([len(c)] + [Text.from_markup(r.get(c, "-")).cell_len for r in rows]) for c in columns
+        max([len(c)] + [Text.from_markup(r.get(c, "-"), emoji=False).cell_len for r in rows])
+        for c in columns
     ]
     return sum(widths) + gap * (len(columns) - 1)
 

@@ -14,7 +14,6 @@ from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.settings import DEFAULT, FLAG, PROJECT, Setting
 from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.host import Host
-from cpuaccel.slurm import allocation
 
 
 def order_hosts(hosts: Sequence[Host], head: Setting[str | None]) -> list[Host]:
@@ -62,6 +61,8 @@ def choose(
         return ordered
     if nodes.value > len(ordered):
         if ordered[0].slurm_job is not None and nodes.source == FLAG:  # an allocation's nodes
+            from cpuaccel.slurm import allocation  # only an allocation's nodes need it
+
             job = f"Slurm job {ordered[0].slurm_job}"
             raise allocation.too_few(job, nodes.value, [h.name for h in ordered])
         names = ", ".join(h.name for h in ordered)

@@ -43,7 +43,6 @@ from cpuaccel.config.settings import (
 from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
-from cpuaccel.inventory.hostfile import SLOTS_VAR
 from cpuaccel.inventory.inventory import Inventory
 
 __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
@@ -150,7 +149,7 @@ SPECS: dict[str, _Spec] = {
     # --nodes MIN:MAX's MIN (cli/launch_aliases.py); None: no node may be left out.
     "min_nodes": ("--nodes", (), _same, None, "every chosen node"),
     "ppn": (
-        "--ppn", ("cpuaccel_ppn", SLOTS_VAR), _whole(1), None,
+        "--ppn", ("cpuaccel_ppn", variables.SLOTS_VAR), _whole(1), None,
         "sockets per node, from the nodes' facts",
     ),
     "launcher": (

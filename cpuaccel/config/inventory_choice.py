@@ -14,15 +14,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
 from cpuaccel.inventory import groupvars
 from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory, is_host_list
 from cpuaccel.inventory.slurm_source import is_slurm_source, slurm_builder
-from cpuaccel.slurm import allocation
-from cpuaccel.slurm.allocation import Allocation
+
+if TYPE_CHECKING:
+    from cpuaccel.slurm.allocation import Allocation
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class InventoryChoice:
     def load(self, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
         """The chosen inventory, read (with -e on top)."""
         if self.slurm is not None:
+            from cpuaccel.slurm import allocation
+
             return allocation.inventory(self.slurm, extra_vars)
         if self.path is None:
             return Inventory.implicit(extra_vars)
@@ -49,15 +52,28 @@ class InventoryChoice:
         return f"{self.setting.where} {self.path}"
 
 
+SLURM_JOB_ID = "SLURM_JOB_ID"  # slurm/allocation.JOB_ID (tests/test_lazy_imports.py)
+
+
+def _allocation_here() -> Allocation | None:
+    """The Slurm allocation this runs in; its reader (and Slurm's hostlist syntax) loads
+    only inside one, off the start-up of every command run outside (issue 17)."""
+    if not os.environ.get(SLURM_JOB_ID):
+        return None  # as allocation.detect says outside one
+    from cpuaccel.slurm import allocation
+
+    return allocation.detect(os.environ)
+
+
 def choose_inventory(flag: str | None, project: ProjectConfig | None) -> InventoryChoice:
     """-i, else the Slurm allocation, else the project file's inventory (or
     Accelerate's hostfile), else $CPUACCEL_INVENTORY, else ./inventory.yaml, else this
     machine alone."""
     if flag:
         return InventoryChoice(flag, Setting("inventory", flag, FLAG, "-i"))
-    found = allocation.detect(os.environ)
+    found = _allocation_here()
     if found is not None:
-        where = f"${allocation.JOB_ID}"
+        where = f"${SLURM_JOB_ID}"
         return InventoryChoice(None, Setting("inventory", found.label, ENVIRONMENT, where), found)
     if project is not None:
         if project.get("inventory"):

@@ -21,7 +21,6 @@ from cpuaccel.inventory import variables
 from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
 from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
-from cpuaccel.slurm import options as slurm_options
 from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
@@ -166,6 +165,14 @@ def _patterns(value: Any) -> Any:
     return list(value)
 
 
+def _slurm_block(value: Any) -> dict[str, Any]:
+    """slurm/options.check_block, loaded only for a project file with a ``slurm:`` block:
+    off the start-up of every other command (issue 17)."""
+    from cpuaccel.slurm import options
+
+    return options.check_block(value)
+
+
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "inventory": _text,
     "limit": _text,
@@ -182,7 +189,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "hang_timeout": _seconds(1),
     "max_restarts": _int(0, MAX_RESTARTS),
     "restart_delay": _seconds(0, MAX_RESTART_DELAY),
-    "slurm": slurm_options.check_block,
+    "slurm": _slurm_block,
     "allocator": _choice(variables.ALLOCATOR_CHOICES),
 }
 

@@ -164,19 +164,19 @@ def _jump_command(hops: list[Hop], policy: list[str], options: ConnectOptions) -
     return shlex.join([*literal, "-W", "[%h]:%p", "--", hop.address.replace("%", "%%")])
 
 
-# OpenSSH's words when strict checking refuses a key (ssh's sshconnect.c).
-_REFUSED = re.compile(
+# OpenSSH's words when strict checking refuses a key (ssh's sshconnect.c); a pattern
+# compiled by re on first use, as only a refused connection reads it (issue 17).
+_REFUSED = (
     r"^(?:Host key for (?P<changed>\S+) has changed"
     r"|No (?:\S+ )?host key is known for (?P<unknown>\S+))"
-    r" and you have requested strict checking",
-    re.MULTILINE,
+    r" and you have requested strict checking"
 )
 
 
 def refused_key(stderr: str, hops: list[Hop]) -> tuple[str, str] | None:
     """(message, hint) when ssh (under rsync) refused a host key, naming the machine
     whose key it was: the target, or which hop."""
-    found = _REFUSED.search(stderr)
+    found = re.search(_REFUSED, stderr, re.MULTILINE)
     if found is None:
         return None
     name = found.group("changed") or found.group("unknown")

@@ -39,15 +39,15 @@ PERSIST = controlpath.PERSIST_SECONDS
 SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of its words
 # ssh's words when it could not connect, log in, or lost its connection (ssh.c,
 # sshconnect.c, clientloop.c, mux.c): a 255 without them is the remote command's own.
-_SSH_WORDS = re.compile(
+# Patterns, compiled by re on first use: only a failed command reads them (issue 17).
+_SSH_WORDS = (
     r"^(?:ssh: |kex_exchange_identification: |Connection (?:closed|reset|timed out)"
     r"|(?:\S+: )?Permission denied \(|Host key verification failed|Timeout, server "
-    r"|client_loop: |mux_client_|Control socket |banner exchange: )",
-    re.MULTILINE,
+    r"|client_loop: |mux_client_|Control socket |banner exchange: )"
 )
 
 
-_CONNECT = re.compile(r"^ssh: connect to host \S+ port \d+: ")
+_CONNECT = r"^ssh: connect to host \S+ port \d+: "
 
 
 class OpenSSHConnector(LocalConnector):
@@ -119,7 +119,7 @@ class OpenSSHConnector(LocalConnector):
                 hint="run the command again (a new connection is opened); if it "
                 "persists, check that the node is up",
             )
-        found = _SSH_WORDS.search(stderr)
+        found = re.search(_SSH_WORDS, stderr, re.MULTILINE)
         if found is None:
             return None
         said = stderr[found.start() :].splitlines()[0].strip()
@@ -132,7 +132,7 @@ class OpenSSHConnector(LocalConnector):
             )
         # "ssh: connect to host A port P: Connection refused": the OS's words, as the
         # paramiko connector gives them.
-        reason = _CONNECT.sub("", said)
+        reason = re.sub(_CONNECT, "", said)
         via = f" via ProxyJump {', '.join(hop.address for hop in self._hops)}" if self._hops else ""
         return Unreachable(
             self.host.name,
@@ -171,9 +171,10 @@ class OpenSSHConnector(LocalConnector):
                 raise failure
         if not self._reached:  # -v's line, as the paramiko connector's at connect
             self._reached = True
-            where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
-            took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
-            ui.detail(1, self.host.name, f"connected as {where} {took}")
+            if ui.verbosity >= 1:  # built only then: its user and port read ssh_config
+                where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
+                took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
+                ui.detail(1, self.host.name, f"connected as {where} {took}")
         return result
 
     def start(

@@ -77,7 +77,7 @@ class SrunConnector(LocalConnector):
 
 # ---------------------------------------------------------------- one step, every node
 
-_LABELLED = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label: "TASK: line"
+_LABELLED = r"^\s*(\d+): ?(.*)$"  # srun --label: "TASK: line"; re compiles it on first use
 _NODE, _EXIT = "cpuaccel-node ", "cpuaccel-exit "
 
 
@@ -126,7 +126,7 @@ def step_answers(
     err: dict[str, list[str]] = {}
     for stream, into in ((ran.stdout, out), (ran.stderr, err)):
         for line in stream.splitlines():
-            match = _LABELLED.match(line)
+            match = re.match(_LABELLED, line)
             if match is not None:
                 into.setdefault(match[1], []).append(match[2])
     found: dict[str, dict[str, Any] | HostError] = {}

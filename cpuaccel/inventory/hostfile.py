@@ -16,6 +16,7 @@ from typing import Any
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.builder import InventoryBuilder, Origin
+from cpuaccel.inventory.variables import SLOTS_VAR
 from cpuaccel.sourcefile import read_source
 
 # name, then ":slots" (hydra), then "key=value" words (Open MPI: slots=, max_slots=).
@@ -24,7 +25,6 @@ _LINE = re.compile(rf"^{_NAME}(?::(?P<colon>\d+))?(?P<words>(?:\s+[A-Za-z_]+=\S+
 _YAMLISH = re.compile(r"^(?:[^:]*:(?:\s|$)|-\s|[{\[])")
 # The seed's hostfile is a template: "xxx.xxx.xxx.xxx #node0 ip".
 _PLACEHOLDER = re.compile(r"^[xX]+(?:\.[xX]+)+$")
-SLOTS_VAR = "cpuaccel_slots"
 SYNTAX_HINT = (
     "write one host per line: 'node1', 'node1:4' or 'node1 slots=4' ('#' starts a comment)"
 )

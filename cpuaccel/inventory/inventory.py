@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from cpuaccel.errors import InventoryError
-from cpuaccel.inventory import ansible_ini, groupvars, hostfile
+from cpuaccel.inventory import ansible_ini, groupvars
 from cpuaccel.inventory.ansible_yaml import read_inventory
 from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
@@ -79,17 +79,10 @@ class Inventory:
         warnings: list[str] = []
         if source.endswith(INI_SUFFIXES) or ansible_ini.starts_with_section(text):
             builder = ansible_ini.read_ini(text, source)
-        elif not source.endswith(YAML_SUFFIXES) and hostfile.looks_like_hostfile(text):
-            if not hostfile.has_ini_words(text):
-                entries = hostfile.parse_hostfile(text, source)
-                builder = hostfile.hostfile_inventory(entries, source)
-                warnings.append(hostfile.warning_for(source))
-            else:  # "node1 ansible_user=x": an INI inventory without a section
-                builder = ansible_ini.read_ini(text, source)
-        elif not source.endswith(YAML_SUFFIXES) and not _yamlish(ansible_ini.first_line(text)):
-            builder = ansible_ini.read_ini(text, source)
-        else:
+        elif source.endswith(YAML_SUFFIXES):
             builder = read_inventory(text, source)
+        else:
+            builder = _unnamed_kind(text, source, warnings)
         # A file the user typed names a folder: group_vars/ beside it, as Ansible reads.
         warnings += groupvars.attach(builder, os.path.dirname(source), 0)
         inventory = cls.built(builder, extra_vars)
@@ -181,6 +174,24 @@ class Inventory:
     def origin(self, host: str, var: str) -> Origin | None:
         """Where the value of ``var`` that ``host`` ended up with was written."""
         return self._origins.get(host, {}).get(var)
+
+
+def _unnamed_kind(text: str, source: str, warnings: list[str]) -> InventoryBuilder:
+    """A file named neither .ini nor .yaml: an MPI hostfile, an INI inventory without a
+    section, else YAML. The hostfile reader loads only here, off the start-up of a
+    command given a .yaml inventory (issue 17)."""
+    from cpuaccel.inventory import hostfile
+
+    if hostfile.looks_like_hostfile(text):
+        if not hostfile.has_ini_words(text):
+            entries = hostfile.parse_hostfile(text, source)
+            builder = hostfile.hostfile_inventory(entries, source)
+            warnings.append(hostfile.warning_for(source))
+            return builder
+        return ansible_ini.read_ini(text, source)  # "node1 ansible_user=x", no section
+    if not _yamlish(ansible_ini.first_line(text)):
+        return ansible_ini.read_ini(text, source)
+    return read_inventory(text, source)
 
 
 def _yamlish(line: str) -> bool:

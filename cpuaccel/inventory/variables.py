@@ -22,6 +22,8 @@ from typing import Any
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
 PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
+# An MPI hostfile's slots (inventory/hostfile.py): --ppn's last source (config/effective.py).
+SLOTS_VAR = "cpuaccel_slots"
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
 TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})

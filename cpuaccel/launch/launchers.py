@@ -190,15 +190,14 @@ class Slurm(Launcher):
 # srun's own report of a task that failed (src/srun: "HOST: task N: Exited with exit
 # code C", "tasks 0-2" for several). It is the launcher's account of the rank's code, and
 # it stands when the rank's own exit marker was lost: srun ends the step at the first
-# bad exit (--kill-on-bad-exit) and may drop that task's last output lines.
-_SRUN_TASK_EXIT = re.compile(
-    r"^srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: Exited with exit code (\d+)$"
-)
+# bad exit (--kill-on-bad-exit) and may drop that task's last output lines. A pattern
+# compiled by re on first use: check and a run that ends well never read it (issue 17).
+_SRUN_TASK_EXIT = r"^srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: Exited with exit code (\d+)$"
 
 
 def srun_task_exits(line: str) -> list[tuple[int, str, int]]:
     """(rank, host, exit code) for each task one srun error line reports failed."""
-    found = _SRUN_TASK_EXIT.match(line.strip())
+    found = re.match(_SRUN_TASK_EXIT, line.strip())
     if found is None:
         return []
     first = int(found[2])

@@ -23,7 +23,6 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.launch import launchers
 from cpuaccel.launch.launchers import Launcher, LaunchSpec
 from cpuaccel.launch.precision_choice import PrecisionChoice, choose_precision
-from cpuaccel.node import progress
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -172,6 +171,8 @@ def build_plan(
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
     computed = _computed_env(settings, head, run_id, run_dir, threads)
     if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
+        from cpuaccel.node import progress  # only then: off check's start-up (issue 17)
+
         computed[progress.ENV] = f"{progress.marker_interval(settings.hang_timeout.value):g}"
     precision = choose_precision(settings.mixed_precision.value, chosen, facts)
     return RunPlan(
