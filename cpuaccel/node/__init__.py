@@ -8,8 +8,9 @@ tested and type-checked one by one:
               dist-info scan
   facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts)
   tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
-              with destination (the node's verdict on where a sync may write) and
-              nofollow (paths reached by descriptors, never through a link)
+              with destination (the node's verdict on where a sync may write),
+              nofollow (paths reached by descriptors, never through a link) and
+              entries (how an entry is described, a tree hashed: the controller's too)
   jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
               (reading a run's files: ``ps``, ``logs``, ``fetch``) and mux (the head's
               ssh masters of a run: made, ended, stale ones removed)

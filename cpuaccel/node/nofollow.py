@@ -125,31 +125,59 @@ def remove_at(parent: int, name: str) -> None:
     os.rmdir(name, dir_fd=parent)
 
 
-def remove_marked(root: int, mark: str, skip: Callable[[str], bool]) -> None:
-    """Remove every entry below ``root`` whose name holds ``mark`` (leftover temporary
-    files), each relative to a descriptor of its real folder, as it is found: a link
-    swapped in meanwhile is removed itself or not entered, never followed. Paths
-    (relative, '/'-separated) for which ``skip`` is true are left alone, and so are
-    virtualenvs (a folder holding pyvenv.cfg), as a sync skips them."""
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        way = parent_of(root, rel + "/-", create=False) if rel else (os.dup(root), "")
-        if way is None:
-            continue  # no longer a real folder
-        try:
-            if rel and lstat_at(way[0], "pyvenv.cfg") is not None:
-                continue
-            for item in list(os.scandir(way[0])):  # listed first: removing changes it
-                below = rel + "/" + item.name if rel else item.name
-                if skip(below):
-                    continue
-                if mark in item.name:
-                    remove_at(way[0], item.name)
-                elif item.is_dir(follow_symlinks=False):
-                    stack.append(below)
-        finally:
-            os.close(way[0])
+def sweep(
+    root: int,
+    mark: str,
+    skip: Callable[[str], bool],
+    visit: Callable[[int, str, str, os.stat_result], None],
+) -> None:
+    """One walk below ``root`` by descriptors: every entry whose name holds ``mark``
+    (leftover temporary files) is removed, every other one is passed to ``visit(folder,
+    name, rel, lstat)`` while its folder is held open. A folder is entered only as a real
+    one (opened with O_NOFOLLOW after its listing: one swapped for a link meanwhile is
+    neither entered nor visited). Paths (relative, '/'-separated) for which ``skip`` is
+    true are left alone, and so is what virtualenvs (a folder holding pyvenv.cfg) hold,
+    as a sync skips them."""
+    stack = [(os.dup(root), "")]
+    try:
+        while stack:
+            fd, rel = stack[-1]
+            del stack[-1]
+            try:
+                items = list(os.scandir(fd))  # listed first: removing changes it
+                for item in items:
+                    below = rel + "/" + item.name if rel else item.name
+                    if skip(below):
+                        continue
+                    if mark in item.name:
+                        remove_at(fd, item.name)
+                        continue
+                    st = lstat_at(fd, item.name)
+                    if st is None:
+                        continue  # removed since the listing
+                    if stat.S_ISDIR(st.st_mode):
+                        inner = folder_at(fd, item.name, create=False)
+                        if inner is None:
+                            continue  # no longer a real folder: not in the tree
+                        if _is_venv(inner):
+                            os.close(inner)
+                        else:
+                            stack.append((inner, below))
+                    visit(fd, item.name, below, st)
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _ in stack:
+            os.close(fd)
+
+
+def _is_venv(folder: int) -> bool:
+    """A virtualenv: pyvenv.cfg there (followed, as os.path.exists does in a scan)."""
+    try:
+        os.stat("pyvenv.cfg", dir_fd=folder)
+    except OSError:
+        return False
+    return True
 
 
 def _member(tar: Any, member: Any, parent: int, name: str) -> int:

@@ -18,85 +18,51 @@ Modes:
   look    the same, changing nothing (--check, and run's preflight)
   apply   payload: one JSON header line (the manifest), then a tar stream of changed
           entries (a change to a known tree, ``base``: cpuaccel.node.treesession).
-          Leftovers of an interrupted sync are cleared first. Every file is written to
-          a temporary name and renamed, so a node never holds a half-written file at a
-          real path; then deletions, then verification of every source entry, and the
-          manifest hash is recorded.
+          Every file is written to a temporary name and renamed, so a node never holds
+          a half-written file at a real path; then deletions; then one walk by
+          descriptors clears the leftovers of an interrupted sync and describes every
+          entry, every source entry is verified against it (a file's content too,
+          unless rsync delivered it) and the manifest hash is recorded.
 
-The controller imports the entry and hash helpers from here too (both sides describe
-files the same way); ``treesession`` serves these modes on one channel.
+The controller imports the entry and hash helpers (``entries``) from here too (both
+sides describe files the same way); ``treesession`` serves these modes on one channel.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import stat
 import sys
 
 from cpuaccel.node.common import TMP_MARK, create_new, which, write_atomic
 from cpuaccel.node.destination import resolve
+
+# Entry, entry_of, file_digest and manifest_hash: the controller's too, imported from here
+from cpuaccel.node.entries import Entry as Entry
+from cpuaccel.node.entries import entry_at
+from cpuaccel.node.entries import entry_of as entry_of
+from cpuaccel.node.entries import file_digest as file_digest
+from cpuaccel.node.entries import manifest_hash as manifest_hash
 from cpuaccel.node.nofollow import (
     delete,
-    lstat_below,
+    lstat_at,
     open_folder,
     parent_of,
     remove_at,
-    remove_marked,
+    sweep,
     unpack,
 )
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
-    from typing import Any, BinaryIO, TypeAlias
-
-    Entry: TypeAlias = tuple[Any, ...]  # ("f", mode, size, sha256) | ("l", target) | ("d", mode)
-else:
-    Entry = tuple
+    from typing import Any, BinaryIO
 
 STATE = ".cpuaccel"  # inside DEST: manifest record, hash cache, fs marker, rsync temp dir
 RECORD = "manifest"
 CACHE = "hashcache.json"
 FSID = "fsid"
 RSYNC_TMP = "tmp"
-
-
-def file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
-
-
-def entry_of(path: str, st: os.stat_result, cache: dict[str, Any] | None = None) -> Entry:
-    """Describe one path; ``cache`` maps path -> (size, mtime, ctime, ino, digest)."""
-    if stat.S_ISLNK(st.st_mode):
-        return ("l", os.readlink(path))
-    # Permission bits only: a sync neither sends nor keeps setuid, setgid or sticky bits.
-    if stat.S_ISDIR(st.st_mode):
-        return ("d", stat.S_IMODE(st.st_mode) & 0o777)
-    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-    cached = cache.get(path) if cache is not None else None
-    if isinstance(cached, (list, tuple)) and len(cached) == 5 and tuple(cached[:4]) == key:
-        digest = str(cached[4])
-    else:
-        digest = file_digest(path)
-        if cache is not None:
-            cache[path] = (*key, digest)
-    return ("f", stat.S_IMODE(st.st_mode) & 0o777, st.st_size, digest)
-
-
-def manifest_hash(entries: dict[str, Entry]) -> str:
-    """One hash for a whole tree: stable across Python versions and machines."""
-    digest = hashlib.sha256()
-    for path in sorted(entries):
-        digest.update(path.encode("utf-8", "surrogateescape"))
-        digest.update(b"\0" + "\0".join(str(x) for x in entries[path]).encode() + b"\n")
-    return digest.hexdigest()
 
 
 def _load_cache(state: str) -> dict[str, Any]:
@@ -151,12 +117,35 @@ def _walk(dest: str, prune: set[str]) -> tuple[dict[str, os.stat_result], int]:
     return found, cleaned
 
 
-def _clean(dest: str, prune: set[str]) -> None:
-    """Remove leftovers of an interrupted sync: temporary files and rsync's partials,
-    by descriptors (a link swapped in for a folder on the way is never followed)."""
+def _clean(
+    dest: str,
+    prune: set[str],
+    cache: dict[str, Any] | None = None,
+    trusted: dict[str, Entry] | None = None,
+) -> dict[str, Entry]:
+    """Remove leftovers of an interrupted sync (temporary files and rsync's partials) and
+    describe every entry a scan would find, in one walk by descriptors (a link swapped in
+    for a folder on the way is never followed): a file's digest from ``cache`` when it
+    knows it, else read through its folder's descriptor. A file rsync delivered
+    (``trusted``: path -> the manifest's entry) was checked by rsync itself (a whole-file
+    checksum of what it wrote, against the sender's): its type, mode and size are checked
+    here, and its digest taken from the manifest, instead of reading it again."""
+    found: dict[str, Entry] = {}
+    trusted = trusted or {}
+
+    def visit(folder: int, name: str, rel: str, st: os.stat_result) -> None:
+        want = trusted.get(rel)
+        if want and want[0] == "f" and stat.S_ISREG(st.st_mode) and st.st_size == want[2]:
+            key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, want[3])
+            cache[os.path.join(dest, rel)] = key  # type: ignore[index]  # trusted: with a cache
+        try:
+            found[rel] = entry_at(folder, name, os.path.join(dest, rel), st, cache)
+        except FileNotFoundError:
+            pass  # removed since the listing
+
     root = open_folder(dest)
     try:
-        remove_marked(root, TMP_MARK, lambda rel: rel == STATE or rel.split("/")[-1] in prune)
+        sweep(root, TMP_MARK, lambda rel: rel == STATE or rel.split("/")[-1] in prune, visit)
         way = parent_of(root, f"{STATE}/{RSYNC_TMP}/-", create=False)
         if way is not None:
             try:
@@ -166,6 +155,7 @@ def _clean(dest: str, prune: set[str]) -> None:
                 os.close(way[0])
     finally:
         os.close(root)
+    return found
 
 
 def _fsid(state: str, create: bool) -> str | None:
@@ -292,8 +282,14 @@ def _prepare(dest: str) -> None:
 
 def _entry_here(root: int, dest: str, rel: str, cache: dict[str, Any]) -> Entry | None:
     """rel's entry, or None when it is missing or reached only through a link."""
-    st = lstat_below(root, _rel(dest, rel))
-    return None if st is None else entry_of(os.path.join(dest, rel), st, cache)
+    way = parent_of(root, _rel(dest, rel), create=False)
+    if way is None:
+        return None
+    try:
+        st = lstat_at(*way)
+        return None if st is None else entry_at(*way, os.path.join(dest, rel), st, cache)
+    finally:
+        os.close(way[0])
 
 
 def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> dict[str, Any]:
@@ -303,43 +299,25 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
     header = json.loads(stream.readline()) if header is None else header
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
     _prepare(dest)
-    _clean(dest, prune)  # only the elected writer applies, so nothing else is in flight
     written = unpack(dest, stream, functools.partial(_rel, dest)) if header.get("tar") else 0
     delete(dest, header.get("delete", []), functools.partial(_rel, dest))
     state = os.path.join(dest, STATE)
     cache = _load_cache(state)
-    # Files rsync delivered were checked by rsync itself (a whole-file checksum of what
-    # it wrote, against the sender's): their type, mode and size are checked here, and
-    # their digests taken from the manifest, instead of reading them all again.
-    for rel in header.get("trusted", []):
-        want, path = expected.get(rel), os.path.join(dest, rel)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if want and want[0] == "f" and stat.S_ISREG(st.st_mode) and st.st_size == want[2]:
-            cache[path] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, want[3])
-    mismatches = []
-    root = open_folder(dest)
-    try:  # by descriptors: a file reached through a link is not in the tree
-        for rel, want in expected.items():
-            try:
-                got = _entry_here(root, dest, rel, cache)
-            except OSError:
-                got = None
-            if got != want:
-                mismatches.append(rel)
-    finally:
-        os.close(root)
+    trusted = {rel: expected[rel] for rel in header.get("trusted", []) if rel in expected}
+    # One walk: leftovers of an interrupted sync removed (only the elected writer applies,
+    # so nothing else is in flight), every entry described as a scan would describe it.
+    found = _clean(dest, prune, cache, trusted)
+    mismatches = [rel for rel, want in expected.items() if found.get(rel) != want]
+    if mismatches:  # also reached by descriptors where the walk does not go (a venv...)
+        mismatches = _still_differ(dest, expected, mismatches, cache)
     _save_cache(state, {k: v for k, v in cache.items() if k.startswith(dest + "/")})
     digest = manifest_hash(expected)
     tree = None
     if not mismatches:
         write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
-        # Every source entry was just verified: when a walk finds nothing else, the tree
-        # is the manifest's, and its hash the digest (no entry taken twice).
-        found, leftovers = _walk(dest, prune)
-        if not leftovers and found.keys() == expected.keys():
+        # Every source entry was just verified: when the walk found nothing else, the
+        # tree is the manifest's, and its hash the digest (no entry taken twice).
+        if found.keys() == expected.keys():
             tree = {"hash": digest, "fsid": _fsid(state, create=True)}
         else:
             tree = scan(dest, prune, create=True)  # stats only: every hash is cached by now
@@ -352,6 +330,26 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
         "tree_hash": tree["hash"] if tree else None,
         "fsid": tree["fsid"] if tree else None,
     }
+
+
+def _still_differ(
+    dest: str, expected: dict[str, Entry], rels: list[str], cache: dict[str, Any]
+) -> list[str]:
+    """Of ``rels``, those whose entry, reached from DEST by descriptors (never through a
+    link), is not the expected one."""
+    differ = []
+    root = open_folder(dest)
+    try:
+        for rel in rels:
+            try:
+                got = _entry_here(root, dest, rel, cache)
+            except OSError:
+                got = None
+            if got != expected[rel]:
+                differ.append(rel)
+    finally:
+        os.close(root)
+    return differ
 
 
 def answer(

@@ -1,0 +1,128 @@
+"""The node's check after a sync (``tree.apply``): one walk by descriptors removes the
+leftovers of an interrupted sync and describes every entry, and the tree must still be
+the manifest's, content included, for the sync to count."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpuaccel.node import tree as remote
+from cpuaccel.node.common import TMP_MARK
+from cpuaccel.sync import receiver
+from cpuaccel.sync.ignore import PRUNE_NAMES
+from cpuaccel.sync.manifest import SourceManifest, build
+
+PRUNE = set(PRUNE_NAMES)
+
+
+def make_source(root: Path, folders: int = 3, files: int = 4) -> SourceManifest:
+    for f in range(folders):
+        here = root / "/".join(f"d{f}{depth}" for depth in range(3))
+        here.mkdir(parents=True)
+        for i in range(files):
+            (here / f"f{i}.py").write_text(f"content {f} {i}\n" * (i + 1))
+    (root / "top.txt").write_text("top")
+    (root / "link").symlink_to("top.txt")
+    return build([str(root)])
+
+
+def delivered(source: SourceManifest, dest: Path) -> None:
+    """What rsync -a leaves: the same tree, modes and times (its own copy, not ours)."""
+    remote.scan(str(dest), PRUNE, create=True)
+    shutil.copytree(source.roots[0], dest, symlinks=True, dirs_exist_ok=True)
+
+
+def apply(source: SourceManifest, dest: Path, trusted: bool = False) -> dict[str, Any]:
+    rels = list(source.entries) if trusted else []
+    header = receiver.request(source, [], tar=False, trusted=rels)
+    return remote.apply(str(dest), PRUNE, io.BytesIO(header))
+
+
+@pytest.fixture
+def no_hang() -> Iterator[None]:
+    """A check that blocks (opening a FIFO) fails instead of hanging the suite."""
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the check blocked"))
+    signal.alarm(5)
+    yield
+    signal.alarm(0)
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_delivered_tree_is_verified_and_its_hash_is_the_manifests(
+    tmp_path: Path, trusted: bool
+) -> None:
+    source = make_source(tmp_path / "src")
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    result = apply(source, dest, trusted)
+    assert result["mismatches"] == []
+    assert result["tree_hash"] == result["hash"] == source.hash
+    assert remote.scan(str(dest), PRUNE, create=False)["hash"] == source.hash
+
+
+def test_content_that_differs_is_found_unless_rsync_vouched_for_it(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src")
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    target = dest / "d00" / "d01" / "d02" / "f1.py"
+    target.write_text(target.read_text().upper())  # the same size, other bytes
+    assert apply(source, dest)["mismatches"] == ["d00/d01/d02/f1.py"]
+    (dest / "top.txt").write_text("longer than before")  # rsync's word covers no size
+    result = apply(source, dest, trusted=True)
+    assert result["mismatches"] == ["top.txt"] and result["tree_hash"] is None
+
+
+def test_leftovers_go_and_an_extra_file_is_in_the_trees_hash(tmp_path: Path) -> None:
+    source = make_source(tmp_path / "src")
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    leftover = dest / "d10" / (".f0.py" + TMP_MARK + "0123456789abcdef")
+    leftover.write_text("partial")
+    (dest / remote.STATE / remote.RSYNC_TMP / "f0.py.abc123").write_text("rsync's partial")
+    result = apply(source, dest, trusted=True)
+    assert result["mismatches"] == [] and result["tree_hash"] == source.hash
+    assert not leftover.exists() and not os.listdir(dest / remote.STATE / remote.RSYNC_TMP)
+    (dest / "extra.txt").write_text("the node's own")
+    result = apply(source, dest, trusted=True)
+    assert result["mismatches"] == [] and result["tree_hash"] not in (None, source.hash)
+    assert result["tree_hash"] == remote.scan(str(dest), PRUNE, create=False)["hash"]
+
+
+def test_a_fifo_where_a_file_belongs_is_a_mismatch_never_read(
+    tmp_path: Path, no_hang: None
+) -> None:
+    source = make_source(tmp_path / "src")
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    (dest / "top.txt").unlink()
+    os.mkfifo(dest / "top.txt")  # opening it to read would wait for a writer
+    assert apply(source, dest)["mismatches"] == ["top.txt"]
+
+
+def test_the_check_opens_each_folder_once_not_each_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = make_source(tmp_path / "src", folders=4, files=10)
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    folders = sum(entry[0] == "d" for entry in source.entries.values())
+    opened: list[Any] = []
+    real_open = os.open
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    assert apply(source, dest, trusted=True)["mismatches"] == []
+    # one descriptor a folder (a path by path check took three a file: 120 here),
+    # and a few for the state folder, the hash cache and the record
+    assert len(opened) <= folders + 12, opened
