@@ -18,7 +18,7 @@ from cpuaccel.node import tree as remote
 from cpuaccel.node.common import TMP_MARK
 from cpuaccel.sync import receiver
 from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.sync.manifest import SourceManifest, build, plan
 
 PRUNE = set(PRUNE_NAMES)
 
@@ -126,3 +126,32 @@ def test_the_check_opens_each_folder_once_not_each_path(
     # one descriptor a folder (a path by path check took three a file: 120 here),
     # and a few for the state folder, the hash cache and the record
     assert len(opened) <= folders + 12, opened
+
+
+def test_a_fifo_in_the_nodes_tree_is_described_never_read_and_replaced(
+    tmp_path: Path, no_hang: None
+) -> None:
+    """The look's scan (and the controller's plan after it) meets a FIFO where the source
+    has a file, and one the source does not have: both are described as what they are,
+    without opening them, and the plan replaces the one and deletes the other."""
+    source = make_source(tmp_path / "src")
+    dest = tmp_path / "dst"
+    delivered(source, dest)
+    (dest / "top.txt").unlink()
+    os.mkfifo(dest / "top.txt")
+    os.mkfifo(dest / "extra.fifo")
+    entries = remote.scan(str(dest), PRUNE, create=False)["entries"]
+    assert entries["top.txt"][0] == entries["extra.fifo"][0] == "-"
+    changed, deleted = plan(source, entries)
+    assert changed == ["top.txt"] and deleted == ["extra.fifo"]
+
+
+def test_a_fifo_swapped_in_after_the_walk_is_taken_as_gone(tmp_path: Path, no_hang: None) -> None:
+    """A file replaced by a FIFO between the walk's stat and the read: not waited on."""
+    regular = tmp_path / "was-a-file"
+    regular.write_text("x")
+    st = os.lstat(regular)
+    regular.unlink()
+    os.mkfifo(regular)
+    with pytest.raises(FileNotFoundError):
+        remote.entry_of(str(regular), st)

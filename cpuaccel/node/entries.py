@@ -19,8 +19,13 @@ else:
 
 
 def file_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    # O_NONBLOCK: a FIFO swapped in since the caller's stat opens at once and is refused
+    # below, where a plain open would wait for a writer for good.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileNotFoundError(path)  # no longer the file the walk saw: taken as gone
+        digest = hashlib.sha256()
         while True:
             chunk = f.read(1 << 20)
             if not chunk:
@@ -41,6 +46,10 @@ def entry_of(
     # Permission bits only: a sync neither sends nor keeps setuid, setgid or sticky bits.
     if stat.S_ISDIR(st.st_mode):
         return ("d", stat.S_IMODE(st.st_mode) & 0o777)
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO, socket or device on a node (no source entry is one): never read, as
+        # reading a FIFO waits for a writer; the entry differs from any file's.
+        return ("-", stat.S_IFMT(st.st_mode))
     key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     cached = cache.get(path) if cache is not None else None
     if isinstance(cached, (list, tuple)) and len(cached) == 5 and tuple(cached[:4]) == key:
@@ -70,7 +79,7 @@ def entry_at(
     if stat.S_ISLNK(st.st_mode):
         return ("l", os.readlink(name, dir_fd=folder))
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        return ("-", stat.S_IFMT(st.st_mode))
+        return entry_of(path, st)  # never read (see entry_of)
     return entry_of(path, st, cache, lambda: _digest_at(folder, name, st))
 
 
