@@ -37,6 +37,25 @@ def test_a_bundled_program_runs_without_cpuaccel_installed(tmp_path: Path) -> No
     assert done.stdout == b'{"pids": []}\n'
 
 
+@pytest.mark.parametrize("mode", ["scan", "apply", "nonsense"])
+def test_the_one_shot_tree_program_only_looks(tmp_path: Path, mode: str) -> None:
+    """Run alone, ``tree`` answers ``look`` (srun's preflight) and refuses the modes that
+    write (a sync sends those to ``treesession``): nothing created, exit 64."""
+    source = node.program("tree")
+    dest = tmp_path / "dest"
+
+    def call(*words: str) -> subprocess.CompletedProcess[bytes]:
+        argv = programs.argv(sys.executable, "tree", list(words))
+        return subprocess.run(argv, input=source, capture_output=True, check=False)
+
+    refused = call(mode, str(dest), f"--workdir={tmp_path / 'work'}")
+    assert refused.returncode == 64 and b"look" in refused.stderr
+    assert not dest.exists()
+    looked = call("look", str(dest), f"--workdir={tmp_path / 'work'}")
+    assert looked.returncode == 0, looked.stderr
+    assert b'"dest"' in looked.stdout and not dest.exists()
+
+
 def test_pep503_names() -> None:
     assert common.normalise("Oneccl_Bind.PT") == "oneccl-bind-pt"
     assert common.normalise("a--b__c..d") == "a-b-c-d"

@@ -88,16 +88,21 @@ def test_resolve_expands_and_follows_links_before_judging(tmp_path: Path) -> Non
     )
 
 
-def run_tree(*words: str, payload: bytes = b"") -> dict[str, object]:
-    """The bundled node program, as a node runs it."""
+def run_tree(mode: str, dest: str, *words: str) -> dict[str, object]:
+    """The bundled node program, as a node runs it: ``tree`` for a look (srun's
+    preflight), ``treesession`` for the modes that write (a sync's)."""
     import subprocess
 
     from cpuaccel.connectors import programs
 
-    argv = programs.argv(sys.executable, "tree", list(words))
-    done = subprocess.run(
-        argv, input=programs.node.program("tree") + payload, capture_output=True, check=True
-    )
+    if mode == "look":
+        argv = programs.argv(sys.executable, "tree", [mode, dest, *words])
+        data = programs.node.program("tree")
+    else:
+        argv = programs.argv(sys.executable, "treesession", [dest, *words])
+        request = json.dumps({"mode": mode, "length": 0}).encode() + b"\n"
+        data = programs.node.program("treesession") + request
+    done = subprocess.run(argv, input=data, capture_output=True, check=True, timeout=60)
     answer = json.loads(done.stdout)
     assert isinstance(answer, dict)
     return answer

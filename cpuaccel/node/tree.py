@@ -1,9 +1,11 @@
 """The node side of ``cpuaccel sync``: the node program ``tree`` (with ``common``,
 ``destination`` and ``nofollow``).
 
-It runs as ``python -c BOOT LENGTH MODE DEST [--expect=H] [--workdir=W] [PRUNE...]``
-(cpuaccel.connectors.programs): one channel carries program and data, so a sync costs
-one command per node per phase.
+A sync's modes are served by ``treesession`` (one interpreter a node for the whole
+sync). Run on its own, as ``python -c BOOT LENGTH look DEST [--expect=H] [--workdir=W]
+[PRUNE...]`` (cpuaccel.connectors.programs), this program answers ``look`` only: run's
+preflight under srun, its one caller, needs nothing else, and a program that cannot
+write is the one to leave callable alone.
 
 Every mode first resolves DEST as the node sees it (``~`` expanded, links and ``..``
 resolved) and refuses a folder a sync must never own (``refusal``: the home folder, the
@@ -371,6 +373,9 @@ def answer(
 def main() -> None:
     import json
 
-    # After BOOT's LENGTH (cpuaccel.connectors.programs)
-    result = answer(sys.argv[2], sys.argv[3], sys.argv[4:], sys.stdin.buffer)
+    # After BOOT's LENGTH (cpuaccel.connectors.programs); look only (see the module's doc)
+    if sys.argv[2:3] != ["look"] or len(sys.argv) < 4:
+        sys.stderr.write("tree: usage: look DEST [--expect=H] [--workdir=W] [PRUNE...]\n")
+        raise SystemExit(64)
+    result = answer("look", sys.argv[3], sys.argv[4:], sys.stdin.buffer)
     sys.stdout.write(json.dumps(result) + "\n")
