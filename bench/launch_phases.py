@@ -67,7 +67,7 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
-    from cpuaccel.launch import fanout, job, nodes, preflight, supervise
+    from cpuaccel.launch import fanout, job, launcher_reach, nodes, preflight, supervise
 
     SPANS["imports"] = [(imported, time.time())]  # the launch modules, as run would load them
     _timed(job, "launch", "launch")
@@ -76,7 +76,7 @@ def main() -> None:
     _timed(preflight, "gather", "facts")
     _timed(preflight, "gather_and_look", "facts")
     _timed(preflight, "gather_look_and_keep", "facts")
-    _timed(preflight, "check_launcher_reach", "reach")
+    _timed(launcher_reach, "check_launcher_reach", "reach")
     _timed(job._Foreground, "files", "render")
     _timed(nodes, "copy_files", "copy")
     _timed(supervise.Job, "run", "job")
