@@ -160,3 +160,24 @@ def test_the_scan_keeps_the_defaults_out_at_every_depth(tmp_path: Path) -> None:
         },
     )
     assert set(build([str(src)]).entries) == {"a", "a/b", "a/b/c.py", "a/runs"}
+
+
+def test_a_pattern_pathspec_refuses_is_named_where_it_entered(tmp_path: Path) -> None:
+    """A lone ``!`` or ``\\`` makes pathspec raise: a rules file's line (file:line), the
+    project file's ``exclude`` (cpuaccel.yaml:line) and --exclude each say so in one line
+    before anything is scanned (it was a traceback)."""
+    from cpuaccel.config.project import load_config
+    from cpuaccel.errors import SourceError, UsageError
+    from cpuaccel.sync.ignore import check_excludes
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / ".gitignore").write_text("*.bin\n\n!\n")
+    with pytest.raises(SourceError, match=r"sub/\.gitignore:3: not a gitignore pattern: '!'"):
+        build([str(src)])
+    (tmp_path / "cpuaccel.yaml").write_text("exclude:\n  - data/\n  - '\\'\n")
+    with pytest.raises(SourceError, match=r"cpuaccel\.yaml:\d+: exclude holds '\\\\'"):
+        load_config(tmp_path / "cpuaccel.yaml")
+    with pytest.raises(UsageError, match=r"--exclude '!' is not a gitignore pattern"):
+        check_excludes(["data/", "!"])
+    check_excludes(["data/", "*.bin", "!keep.bin", "[", "\\!x"])  # every one git takes

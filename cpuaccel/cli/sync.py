@@ -14,6 +14,7 @@ from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
+from cpuaccel.sync.ignore import check_excludes
 from cpuaccel.sync.manifest import build
 from cpuaccel.ui import escape
 
@@ -122,6 +123,7 @@ def sync_command(
     every node checks the result against the controller's manifest.
     """
     paths = list(sources) or ["."]
+    check_excludes(exclude)
     # The project file's excludes, then --exclude's: both apply.
     from_project = (target.project.get("exclude") if target.project else None) or []
     source = build(paths, excludes=[*from_project, *exclude], copy_links=copy_links)

@@ -162,6 +162,12 @@ def _patterns(value: Any) -> Any:
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError("must be a list of patterns, e.g. [data/, '*.bin']")
+    from cpuaccel.sync.ignore import pattern_error  # pathspec: only for a file that has some
+
+    for pattern in value:
+        said = pattern_error(pattern)
+        if said is not None:
+            raise ValueError(f"holds {pattern!r}, not a gitignore pattern ({said})")
     return list(value)
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from cpuaccel.errors import SourceError
+from cpuaccel.errors import SourceError, UsageError
 from cpuaccel.sourcefile import read_source
 
 if TYPE_CHECKING:
@@ -42,9 +42,52 @@ def _compile(lines: Sequence[str]) -> pathspec.GitIgnoreSpec:
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
+def pattern_error(pattern: str) -> str | None:
+    """Why PATTERN is not a gitignore pattern (pathspec's words), else None: checked where
+    a pattern enters (a rules file's line, the project file's ``exclude``, --exclude), as
+    pathspec refuses a few (a lone ``!`` or ``\\``) with an exception of its own."""
+    try:
+        _compile([pattern])
+    except ValueError as exc:  # pathspec's GitIgnorePatternError is one
+        return str(exc)
+    return None
+
+
 def default_ignored(name: str, is_dir: bool) -> bool:
     """DEFAULT_PATTERNS' decision on one name in a folder that is not ignored."""
     return name.endswith(DEFAULT_SUFFIX) or (is_dir and name in DEFAULT_FOLDERS)
+
+
+def check_excludes(patterns: Iterable[str]) -> None:
+    """--exclude's patterns (sync's, run's) judged before anything is scanned or sent."""
+    for pattern in patterns:
+        said = pattern_error(pattern)
+        if said is not None:
+            raise UsageError(
+                f"--exclude {pattern!r} is not a gitignore pattern ({said})",
+                hint="give a pattern in gitignore syntax, e.g. --exclude 'data/' or '*.bin'",
+            )
+
+
+def _refuse_bad_line(path: str, lines: list[str]) -> None:
+    """A rules file's first line that is no pattern, as file:line (before pathspec's
+    exception for the whole file could escape as a traceback)."""
+    import pathspec
+
+    try:
+        pathspec.GitIgnoreSpec.from_lines(lines)
+        return
+    except ValueError:
+        pass
+    for number, line in enumerate(lines, 1):
+        said = pattern_error(line) if line.strip() else None
+        if said is not None:
+            raise SourceError(
+                f"not a gitignore pattern: {line!r} ({said})",
+                source=path,
+                line=number,
+                hint="fix the pattern (gitignore syntax, e.g. data/ or *.bin) or remove the line",
+            )
 
 
 class FolderRules:
@@ -96,7 +139,9 @@ class Ignore:
                 # Through the one reader: a FIFO or device here would hang the scan, and
                 # an unreadable rules file must not silently ship what it leaves out.
                 hint = "make it a text file of patterns, or remove it"
-                lines += read_source(path, SourceError, f"{name} file", hint).splitlines()
+                own = read_source(path, SourceError, f"{name} file", hint).splitlines()
+                _refuse_bad_line(path, own)
+                lines += own
             self._specs[rel_dir] = _compile(lines) if lines else None
         return self._specs[rel_dir]
 
