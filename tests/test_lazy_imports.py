@@ -127,20 +127,27 @@ def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path
     assert _in_fresh_home(script) == "OpenSSHConnector ssh-ed25519 []"
 
 
-def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
-    """rich (~30 ms) is not on the way to the first probe: `check --json` never loads
-    it, and the table's check loads it beside the gathering (cli/check.py)."""
-    script = (
-        "import sys\n"
-        "from cpuaccel.cli.main import main\n"
+def _local_check_json(before: str, after: str) -> str:
+    """A script: BEFORE, then `cpuaccel check --json` on localhost in its own process
+    (its exit status in ``code``), then AFTER."""
+    return (
+        before + "from cpuaccel.cli.main import main\n"
         f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
         f" 'cpuaccel_python={sys.executable}', '--json']\n"
         "try:\n"
         "    main()\n"
         "except SystemExit as exc:\n"
-        "    code = exc.code\n"
+        "    code = exc.code\n" + after
+    )
+
+
+def test_check_loads_rich_only_for_its_table(tmp_path: Path) -> None:
+    """rich (~30 ms) is not on the way to the first probe: `check --json` never loads
+    it, and the table's check loads it beside the gathering (cli/check.py)."""
+    script = _local_check_json(
+        "import sys\n",
         "sys.stderr.write(f'PROBE {code} ' + str(sorted(m for m in sys.modules"
-        " if m.split('.')[0] == 'rich')) + '\\n')\n"
+        " if m.split('.')[0] == 'rich')) + '\\n')\n",
     )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
@@ -176,19 +183,12 @@ def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
     one-node check's start-up set off ~40 collections that found nothing to free) and
     the heap is frozen when the command ends, so the exit's collections skip it; the
     exit itself is untouched: an atexit hook still runs, after the command's output."""
-    script = (
+    script = _local_check_json(
         "import atexit, gc, sys\n"
         "starts = []\n"
         "gc.callbacks.append(lambda phase, info: phase == 'start' and starts.append(1))\n"
-        "atexit.register(lambda: print('ATEXIT', flush=True))\n"
-        "from cpuaccel.cli.main import main\n"
-        f"sys.argv = ['cpuaccel', 'check', '-i', 'localhost,', '-e',"
-        f" 'cpuaccel_python={sys.executable}', '--json']\n"
-        "try:\n"
-        "    main()\n"
-        "except SystemExit as exc:\n"
-        "    code = exc.code\n"
-        "print('PROBE', code, len(starts), gc.get_freeze_count() > 10000, gc.isenabled())\n"
+        "atexit.register(lambda: print('ATEXIT', flush=True))\n",
+        "print('PROBE', code, len(starts), gc.get_freeze_count() > 10000, gc.isenabled())\n",
     )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path
