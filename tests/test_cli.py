@@ -74,3 +74,24 @@ def test_inventory_from_environment_variable(tmp_path: Path) -> None:
     proc = cpuaccel("check", "--json", cwd=tmp_path, env=inherited_env(CPUACCEL_INVENTORY=str(inv)))
     assert proc.returncode == 0, proc.stderr
     assert list(json.loads(proc.stdout)["hosts"]) == ["localhost"]
+
+
+@pytest.mark.parametrize(("cause", "code"), [(EOFError(), 1), (KeyboardInterrupt(), 130)])
+def test_an_eof_that_escapes_a_command_is_not_taken_for_a_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cause: Exception, code: int
+) -> None:
+    """click turns both an EOFError and a Ctrl-C into Abort: only the Ctrl-C is exit 130
+    (an escaped paramiko EOFError once made a refused sudo password look interrupted)."""
+    import click
+
+    from cpuaccel.cli import main as main_module
+
+    def aborts(**_: object) -> None:
+        raise click.exceptions.Abort() from cause
+
+    monkeypatch.setattr(main_module.cli, "main", aborts)
+    with pytest.raises(SystemExit) as info:
+        main_module._main()
+    assert info.value.code == code
+    said = capsys.readouterr().err
+    assert ("EOFError" in said) == (code == 1) and "Traceback" not in said

@@ -205,6 +205,25 @@ def test_a_process_whose_connection_died_names_its_node() -> None:
     assert SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED).wait(1) == 3
 
 
+class _DeadChannel(_FakeChannel):
+    """A channel whose transport's socket closed under it: paramiko raises EOFError."""
+
+    def close(self) -> None:
+        raise EOFError
+
+    def sendall(self, data: bytes) -> None:
+        raise EOFError
+
+
+def test_a_channel_whose_socket_closed_closes_quietly_and_refuses_input() -> None:
+    """A failed sudo's clean-up closes the agent's channel on a connection the node had
+    dropped: paramiko's EOFError escaped, masking the become error as exit 130."""
+    proc = SSHProcess(cast(paramiko.Channel, _DeadChannel(None, False)), "node2", CHECKED)
+    proc.close()
+    with pytest.raises(BrokenPipeError, match="input is closed"):
+        proc.send(b"x")
+
+
 def test_waiting_for_an_exit_status_is_bounded() -> None:
     chan = _FakeChannel(None, transport_active=True)
     proc = SSHProcess(cast(paramiko.Channel, chan), "node2", CHECKED)

@@ -103,7 +103,13 @@ def _main() -> None:
     except CpuaccelError as exc:
         _print_error(str(exc))
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, EOFError):  # click's word for it, not a Ctrl-C
+            _print_error(
+                "an input ended where cpuaccel did not expect it (EOFError): a bug\n"
+                "  fix: run it again with -vvv and report the output"
+            )
+            sys.exit(1)
         sys.exit(130)
     except click.ClickException as exc:
         # One error line and a fix, like every other bad input, rather than click's

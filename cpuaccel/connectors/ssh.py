@@ -132,14 +132,18 @@ class SSHProcess(Process):
             raise _lost(self._host_name, self._options)
         return int(chan.exit_status)
 
+    # paramiko raises EOFError, not OSError, when its socket closed under it (a node that
+    # dropped the connection, e.g. after sudo refused a password): caught as the others,
+    # or it escaped a failed become's clean-up and masked its error as exit 130 (click
+    # takes an EOFError for an aborted prompt).
     def send(self, data: bytes) -> None:
         try:
             self._chan.sendall(data)
-        except (OSError, paramiko.SSHException) as exc:
+        except (OSError, paramiko.SSHException, EOFError) as exc:
             raise BrokenPipeError(f"the command's input is closed: {exc}") from None
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, paramiko.SSHException):
+        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
             self._chan.close()
 
 
@@ -282,7 +286,7 @@ class SSHConnector(Connector):
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
-        except (OSError, paramiko.SSHException) as exc:
+        except (OSError, paramiko.SSHException, EOFError) as exc:
             raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
         return SSHProcess(chan, self.host.name, self.options)
 
@@ -339,7 +343,7 @@ class SSHConnector(Connector):
                 while chunk := stdin.read(_READ_CHUNK * 4):
                     chan.sendall(chunk)
             chan.shutdown_write()
-        except (OSError, paramiko.SSHException):
+        except (OSError, paramiko.SSHException, EOFError):
             pass  # the command ended early; its exit status and stderr say why
 
     def _collect(
