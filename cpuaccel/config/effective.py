@@ -306,12 +306,11 @@ def _env(
 
 def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[list[str]]:
     given = list(flags.get("exclude") or ())
+    from_project = list((project.get("exclude") if project else None) or [])
     if given:
         from cpuaccel.sync.ignore import check_excludes
 
         check_excludes(given)
-    from_project = list((project.get("exclude") if project else None) or [])
-    if given:
         return Setting("exclude", [*from_project, *given], FLAG, "--exclude")
     if from_project:
         where = project.where("exclude") if project else None

@@ -70,15 +70,8 @@ def check_excludes(patterns: Iterable[str]) -> None:
 
 
 def _refuse_bad_line(path: str, lines: list[str]) -> None:
-    """A rules file's first line that is no pattern, as file:line (before pathspec's
-    exception for the whole file could escape as a traceback)."""
-    import pathspec
-
-    try:
-        pathspec.GitIgnoreSpec.from_lines(lines)
-        return
-    except ValueError:
-        pass
+    """A rules file's first line that is no pattern, as file:line (pathspec's exception
+    for the whole folder's rules would escape as a traceback)."""
     for number, line in enumerate(lines, 1):
         said = pattern_error(line) if line.strip() else None
         if said is not None:
@@ -131,7 +124,7 @@ class Ignore:
 
     def _spec_for(self, rel_dir: str) -> pathspec.GitIgnoreSpec | None:
         if rel_dir not in self._specs:
-            lines: list[str] = []
+            files: dict[str, list[str]] = {}  # each rules file's lines
             for name in IGNORE_FILES:
                 path = os.path.join(self.root, rel_dir, name)
                 if not os.path.lexists(path):
@@ -139,10 +132,14 @@ class Ignore:
                 # Through the one reader: a FIFO or device here would hang the scan, and
                 # an unreadable rules file must not silently ship what it leaves out.
                 hint = "make it a text file of patterns, or remove it"
-                own = read_source(path, SourceError, f"{name} file", hint).splitlines()
-                _refuse_bad_line(path, own)
-                lines += own
-            self._specs[rel_dir] = _compile(lines) if lines else None
+                files[path] = read_source(path, SourceError, f"{name} file", hint).splitlines()
+            lines = [line for own in files.values() for line in own]
+            try:
+                self._specs[rel_dir] = _compile(lines) if lines else None
+            except ValueError:  # pathspec refused a line: which one, as file:line
+                for path, own in files.items():
+                    _refuse_bad_line(path, own)
+                raise
         return self._specs[rel_dir]
 
     def folder(self, rel_dir: str) -> FolderRules:
