@@ -11,7 +11,7 @@ import stat
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
     from collections.abc import Callable
-    from typing import Any, TypeAlias
+    from typing import Any, BinaryIO, TypeAlias
 
     Entry: TypeAlias = tuple[Any, ...]  # ("f", mode, size, sha256) | ("l", target) | ("d", mode)
 else:
@@ -25,12 +25,14 @@ def file_digest(path: str) -> str:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FileNotFoundError(path)  # no longer the file the walk saw: taken as gone
-        digest = hashlib.sha256()
-        while True:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                return digest.hexdigest()
-            digest.update(chunk)
+        return _sha256_of(f)
+
+
+def _sha256_of(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def entry_of(
@@ -78,9 +80,7 @@ def entry_at(
     a file, link or folder (a FIFO, a device) is never read: no source entry is one."""
     if stat.S_ISLNK(st.st_mode):
         return ("l", os.readlink(name, dir_fd=folder))
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        return entry_of(path, st)  # never read (see entry_of)
-    return entry_of(path, st, cache, lambda: _digest_at(folder, name, st))
+    return entry_of(path, st, cache, lambda: _digest_at(folder, name, st))  # reads files only
 
 
 def _digest_at(folder: int, name: str, st: os.stat_result) -> str:
@@ -89,7 +89,4 @@ def _digest_at(folder: int, name: str, st: os.stat_result) -> str:
         now = os.fstat(f.fileno())
         if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
             raise FileNotFoundError(name)  # replaced since the walk's stat: taken as gone
-        digest = hashlib.sha256()
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-        return digest.hexdigest()
+        return _sha256_of(f)
