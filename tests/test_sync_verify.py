@@ -40,6 +40,13 @@ def delivered(source: SourceManifest, dest: Path) -> None:
     shutil.copytree(source.roots[0], dest, symlinks=True, dirs_exist_ok=True)
 
 
+def delivered_tree(tmp_path: Path, **shape: int) -> tuple[SourceManifest, Path]:
+    """A source below TMP_PATH and its copy as rsync left it, in ``dst``."""
+    source = make_source(tmp_path / "src", **shape)
+    delivered(source, tmp_path / "dst")
+    return source, tmp_path / "dst"
+
+
 def apply(source: SourceManifest, dest: Path, trusted: bool = False) -> dict[str, Any]:
     rels = list(source.entries) if trusted else []
     header = receiver.request(source, [], tar=False, trusted=rels)
@@ -59,9 +66,7 @@ def no_hang() -> Iterator[None]:
 def test_a_delivered_tree_is_verified_and_its_hash_is_the_manifests(
     tmp_path: Path, trusted: bool
 ) -> None:
-    source = make_source(tmp_path / "src")
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path)
     result = apply(source, dest, trusted)
     assert result["mismatches"] == []
     assert result["tree_hash"] == result["hash"] == source.hash
@@ -69,9 +74,7 @@ def test_a_delivered_tree_is_verified_and_its_hash_is_the_manifests(
 
 
 def test_content_that_differs_is_found_unless_rsync_vouched_for_it(tmp_path: Path) -> None:
-    source = make_source(tmp_path / "src")
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path)
     target = dest / "d00" / "d01" / "d02" / "f1.py"
     target.write_text(target.read_text().upper())  # the same size, other bytes
     assert apply(source, dest)["mismatches"] == ["d00/d01/d02/f1.py"]
@@ -81,9 +84,7 @@ def test_content_that_differs_is_found_unless_rsync_vouched_for_it(tmp_path: Pat
 
 
 def test_leftovers_go_and_an_extra_file_is_in_the_trees_hash(tmp_path: Path) -> None:
-    source = make_source(tmp_path / "src")
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path)
     leftover = dest / "d10" / (".f0.py" + TMP_MARK + "0123456789abcdef")
     leftover.write_text("partial")
     (dest / remote.STATE / remote.RSYNC_TMP / "f0.py.abc123").write_text("rsync's partial")
@@ -99,9 +100,7 @@ def test_leftovers_go_and_an_extra_file_is_in_the_trees_hash(tmp_path: Path) -> 
 def test_a_fifo_where_a_file_belongs_is_a_mismatch_never_read(
     tmp_path: Path, no_hang: None
 ) -> None:
-    source = make_source(tmp_path / "src")
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path)
     (dest / "top.txt").unlink()
     os.mkfifo(dest / "top.txt")  # opening it to read would wait for a writer
     assert apply(source, dest)["mismatches"] == ["top.txt"]
@@ -110,9 +109,7 @@ def test_a_fifo_where_a_file_belongs_is_a_mismatch_never_read(
 def test_the_check_opens_each_folder_once_not_each_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = make_source(tmp_path / "src", folders=4, files=10)
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path, folders=4, files=10)
     folders = sum(entry[0] == "d" for entry in source.entries.values())
     opened: list[Any] = []
     real_open = os.open
@@ -134,9 +131,7 @@ def test_a_fifo_in_the_nodes_tree_is_described_never_read_and_replaced(
     """The look's scan (and the controller's plan after it) meets a FIFO where the source
     has a file, and one the source does not have: both are described as what they are,
     without opening them, and the plan replaces the one and deletes the other."""
-    source = make_source(tmp_path / "src")
-    dest = tmp_path / "dst"
-    delivered(source, dest)
+    source, dest = delivered_tree(tmp_path)
     (dest / "top.txt").unlink()
     os.mkfifo(dest / "top.txt")
     os.mkfifo(dest / "extra.fifo")

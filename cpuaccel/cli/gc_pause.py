@@ -13,8 +13,9 @@ frozen object left over from one test would never be freed.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from types import TracebackType
+from collections.abc import Iterator
 
 _command = False  # this process is one command, whose heap ends with it
 
@@ -27,21 +28,16 @@ def start_command() -> None:
     gc.freeze()
 
 
-class paused:  # a statement's word: `with gc_pause.paused():`
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
     """Pauses the cyclic GC for the block (if it was on); then, in the command's own
     process, freezes what is alive."""
-
-    def __enter__(self) -> None:
-        self.enabled = gc.isenabled()
-        gc.disable()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
         if _command:
             gc.freeze()
-        if self.enabled:
+        if enabled:
             gc.enable()
