@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +159,7 @@ def test_one_interpreter_answers_look_then_scan_and_refuses_before_writing(
     scanned = session.request("scan")
     assert scanned["fsid"] and (tmp_path / "proj" / ".cpuaccel").is_dir()
     session.close()
-    session.wait(10)
+    session.wait(time.monotonic() + 10)
     refused = NodeSession(conn, str(tmp_path / "work" / ".."))
     with pytest.raises(DestinationRefused):
         refused.request("look")
@@ -196,3 +197,42 @@ def test_a_receiver_whose_controller_vanished_ends_within_its_bound(tmp_path: Pa
         assert proc.stdin is not None
         proc.stdin.close()
     assert not dest.exists()
+
+
+def test_hashing_left_to_finish_gives_the_same_manifest_and_never_caches_a_blank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sync's CLI walks first (every refusal) and the engine hashes after starting the
+    nodes' connections: the same entries and hash as one build, and the hash cache
+    saved only with real digests."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    (src / "pkg" / "a.py").write_text("a = 1\n")
+    whole = build([str(src)])
+    later = build([str(src)], defer_hashing=True)
+    assert sorted(rel for rel, _ in later.pending) == ["pkg/a.py", "train.py"]
+    assert later.hash == "" and later.entries["train.py"][3] == ""
+    later.save_cache()  # finishes first: no blank digest is ever kept
+    assert later.pending == [] and later.entries == whole.entries and later.hash == whole.hash
+    cached = build([str(src)], defer_hashing=True)  # the cache now knows both files
+    assert cached.pending == [] and cached.entries == whole.entries
+    cached.finish()
+    assert cached.hash == whole.hash
+
+
+def test_a_receiver_started_early_waits_for_its_first_request(tmp_path: Path) -> None:
+    """start() returns at once; the program changes nothing until asked, and an EOF
+    (close) ends it having created nothing."""
+    session = NodeSession(_conn(tmp_path), str(tmp_path / "proj"))
+    session.start()
+    session.start()  # once
+    assert session.request("look")["fsid"] is None
+    quiet = NodeSession(_conn(tmp_path), str(tmp_path / "other"))
+    quiet.start()
+    quiet.close()
+    quiet.wait(time.monotonic() + 10)
+    assert not (tmp_path / "other").exists()
+    session.close()
+    session.wait(time.monotonic() + 10)

@@ -126,7 +126,9 @@ def sync_command(
     check_excludes(exclude)
     # The project file's excludes, then --exclude's: both apply.
     from_project = (target.project.get("exclude") if target.project else None) or []
-    source = build(paths, excludes=[*from_project, *exclude], copy_links=copy_links)
+    # Hashing is left to the engine, which starts the nodes' connections first.
+    excludes = [*from_project, *exclude]
+    source = build(paths, excludes=excludes, copy_links=copy_links, defer_hashing=True)
     options = SyncOptions(dest or default_dest(paths), delete, check, copy_links)
     with ui.progress("syncing", len(target.hosts)) as tracker:
         results = sync(

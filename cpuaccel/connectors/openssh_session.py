@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 from cpuaccel import ui
-from cpuaccel.connectors import commandline, controlpath, known_lines, openssh
+from cpuaccel.connectors import commandline, controlpath, kex, known_lines, openssh
 from cpuaccel.connectors.base import (
     CommandResult,
     HostKeyError,
@@ -80,7 +80,13 @@ class OpenSSHConnector(LocalConnector):
                 controlpath.ensure_dir(), base, self.host.address, known
             )
             self._hops = hops
-            self._ssh = [*base, *controlpath.mux_options(path)]
+            # The key exchange is not part of the socket's name: a master opened with
+            # either offer is the same connection to the same verified key.
+            self._ssh = [
+                *base,
+                *kex.master_options(self.host, path),
+                *controlpath.mux_options(path),
+            ]
         return self._ssh
 
     def control_path(self) -> str:

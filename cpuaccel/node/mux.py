@@ -76,6 +76,10 @@ def keep_folder(mux: str) -> bool:
         return False
 
 
+# What KexAlgorithms takes away from ssh's defaults (the "-" form: OpenSSH 7.5+).
+WITHOUT_SNTRUP = "-sntrup761x25519-sha512*"
+
+
 def fast_kex(ssh: str = "ssh") -> str:
     """The ssh_config block that leaves out the sntrup761 key exchange, or "" where the
     head's ssh has none. sntrup761x25519 (OpenSSH 9.0-9.8's first choice) costs its
@@ -84,6 +88,13 @@ def fast_kex(ssh: str = "ssh") -> str:
     curve25519: what the controller's own connections to the same nodes use (paramiko
     has no sntrup761), and they carry the same files, so the run is no weaker. OpenSSH
     knows the "-" form since 7.5; a client that lists sntrup761 (8.5+) has it."""
+    return f"Host *\n    KexAlgorithms {WITHOUT_SNTRUP}\n" if lists_sntrup761(ssh) else ""
+
+
+def lists_sntrup761(ssh: str = "ssh") -> bool:
+    """Whether ``ssh -Q kex`` names sntrup761 (an ssh that cannot be run: False, and its
+    caller's own ssh then says what is wrong). Also the controller's
+    (connectors/kex.py)."""
     import subprocess  # here: a node program's start-up stays short
 
     try:
@@ -91,10 +102,8 @@ def fast_kex(ssh: str = "ssh") -> str:
             [ssh, "-Q", "kex"], capture_output=True, text=True, timeout=10, check=False
         ).stdout.split()
     except (OSError, subprocess.TimeoutExpired):
-        return ""  # the check's own ssh says what is wrong
-    if not any(name.startswith("sntrup761") for name in listed):
-        return ""
-    return "Host *\n    KexAlgorithms -sntrup761x25519-sha512*\n"
+        return False
+    return any(name.startswith("sntrup761") for name in listed)
 
 
 def _live(path: str) -> bool:

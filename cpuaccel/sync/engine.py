@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import ConnectOptions, Connector, keeps_connection
 from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
@@ -110,6 +110,18 @@ class Syncer:
         deadline = time.monotonic() + 10
         for session in self.sessions.values():
             session.wait(deadline)
+
+    def start_early(self, hosts: Sequence[Host], pool: ConnectionPool) -> None:
+        """Start the receivers of ``hosts`` (the first --forks of them) and return at
+        once: their handshakes and the nodes' interpreters proceed while the controller
+        hashes the source. Only where starting does not wait: a paramiko connection
+        would shake hands here, so it is left to the look. What fails here is done
+        again by the look, which reports it as that node's result."""
+        for host in hosts:
+            if not (host.is_local or keeps_connection(host, pool.options)):
+                continue
+            with contextlib.suppress(Exception):
+                self._session(pool.get(host)).start()
 
     def look(self, conn: Connector) -> dict[str, Any] | DestinationRefused:
         """The first phase, on every node before any is changed: the node's verdict on
@@ -368,6 +380,9 @@ def _sync_once(
         if pool is None:  # one connection a host for both phases
             pool = stack.enter_context(ConnectionPool(connect))
         stack.callback(syncer.close)  # before the pool closes the connections
+        if source.pending:  # files to hash (a cold cache): the nodes' start overlaps it
+            syncer.start_early(hosts[:forks], pool)
+            source.finish()
         looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
         raise_refusals([r.value for r in looked])
         source.save_cache()  # the destinations are accepted: from here on, state is kept

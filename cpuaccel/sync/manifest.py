@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import UsageError
-from cpuaccel.node.tree import Entry, entry_of, manifest_hash
+from cpuaccel.node.tree import Entry, entry_of, file_digest, manifest_hash
 from cpuaccel.sourcefile import kind_of
 from cpuaccel.sync.ignore import Ignore
 from cpuaccel.sync.outputs import FileId, own_output_files
@@ -38,6 +38,21 @@ class SourceManifest:
     # The command's own stdout/stderr files found in the tree, left out (outputs.py).
     own_outputs: list[str] = field(default_factory=list)
     built_from: tuple[tuple[str, ...], tuple[str, ...], bool] = ((), (), False)
+    # (path, local path) of the files whose digest the walk left to finish(): a sync
+    # starts its nodes' connections in between (sync/engine.py).
+    pending: list[tuple[str, str]] = field(default_factory=list, repr=False)
+
+    def finish(self) -> None:
+        """Hash the files the walk left pending, then the tree (once; a no-op after)."""
+        for rel, local in self.pending:
+            kind, mode, size, _ = self.entries[rel]
+            digest = file_digest(local)
+            self.entries[rel] = (kind, mode, size, digest)
+            if self.hash_cache is not None:
+                self.hash_cache[local] = (*self.hash_cache[local][:4], digest)
+        self.pending = []
+        if not self.hash:
+            self.hash = manifest_hash(self.entries)
 
     def changed_since_build(self) -> list[str]:
         """The files that are no longer what was hashed: written (or removed) since."""
@@ -60,6 +75,7 @@ class SourceManifest:
 
     def save_cache(self) -> None:
         """Keep the file hashes this build computed for the next one (once)."""
+        self.finish()  # never a pending file's empty digest
         if self.hash_cache is not None:
             _save_cache(self.hash_cache)
             self.hash_cache = None
@@ -133,7 +149,8 @@ def _check_name(path: str) -> None:
 
 
 class _Builder:
-    def __init__(self, copy_links: bool, excludes: Sequence[str]) -> None:
+    def __init__(self, copy_links: bool, excludes: Sequence[str], defer: bool = False) -> None:
+        self.defer = defer  # files not in the hash cache are left to SourceManifest.finish
         self.copy_links = copy_links
         self.excludes = list(excludes)
         self.cache = _load_cache()
@@ -149,7 +166,14 @@ class _Builder:
                 f"{local} is {kind_of(st.st_mode)}, not a file or folder a sync can send",
                 hint="name files and folders, or exclude it",
             )
-        self.result.entries[rel] = entry = entry_of(local, st, self.cache)
+        later = None
+        if self.defer:
+
+            def later() -> str:  # entry_of asks only when the cache has no digest
+                self.result.pending.append((rel, local))
+                return ""
+
+        self.result.entries[rel] = entry = entry_of(local, st, self.cache, later)
         if entry[0] == "f":
             self.result.stats[rel] = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         self.result.local[rel] = local
@@ -210,12 +234,18 @@ class _Builder:
 
 
 def build(
-    sources: Sequence[str], *, excludes: Sequence[str] = (), copy_links: bool = False
+    sources: Sequence[str],
+    *,
+    excludes: Sequence[str] = (),
+    copy_links: bool = False,
+    defer_hashing: bool = False,
 ) -> SourceManifest:
     """Describe the sources as they will land below the destination.
 
     One folder: its contents land at the destination itself. Several sources, or files:
-    each lands below the destination under its own name.
+    each lands below the destination under its own name. Every refusal (a link out of
+    the tree, a FIFO named) comes from the walk; ``defer_hashing`` leaves reading the
+    files the hash cache does not know to ``finish()``.
     """
     if not sources:
         raise UsageError("nothing to sync", hint="name a folder or files, or run in your project")
@@ -224,7 +254,7 @@ def build(
         if not os.path.lexists(path):
             raise UsageError(f"{given}: no such file or folder", hint="check the source path")
         _check_name(path)
-    builder = _Builder(copy_links, excludes)
+    builder = _Builder(copy_links, excludes, defer_hashing)
     single_dir = len(paths) == 1 and os.path.isdir(paths[0])
     names: dict[str, str] = {}
     for given, path in zip(sources, paths, strict=True):
@@ -248,9 +278,10 @@ def build(
         else:
             builder.add(prefix, path, root, os.stat(path))
     builder.result.hash_cache = builder.cache
-    builder.result.hash = manifest_hash(builder.result.entries)
     builder.result.roots = paths
     builder.result.built_from = (tuple(paths), tuple(excludes), copy_links)
+    if not defer_hashing:
+        builder.result.finish()
     return builder.result
 
 

@@ -35,14 +35,20 @@ class NodeSession:
         """MODE's answer on this node (``tree.answer``'s); DestinationRefused, or
         HostError when the program or the connection ended without one."""
         what = f"syncing to {self.dest}"
+        kept = self.start()
+        length = len(payload) if isinstance(payload, bytes) else payload.seek(0, 2)
+        line = {"mode": mode, "expect": expect, "length": length}
+        kept.send(json.dumps(line).encode() + b"\n")  # a gone one says why it ended
+        kept.send(payload)
+        return checked(self.conn.host.name, kept.answer(what, REMOTE_TIMEOUT))
+
+    def start(self) -> programs.Kept:
+        """The program, started if not yet: it waits for its first request (a bounded
+        wait, node/treesession.py), and an EOF ends it having changed nothing."""
         if self._kept is None:
             request = words("", self.dest, self.conn.host.workdir)[1:]  # DEST --workdir=W ...
             self._kept = programs.Kept(self.conn, "treesession", request)
-        length = len(payload) if isinstance(payload, bytes) else payload.seek(0, 2)
-        line = {"mode": mode, "expect": expect, "length": length}
-        self._kept.send(json.dumps(line).encode() + b"\n")  # a gone one says why it ended
-        self._kept.send(payload)
-        return checked(self.conn.host.name, self._kept.answer(what, REMOTE_TIMEOUT))
+        return self._kept
 
     def close(self) -> None:
         """End the program (EOF on its stdin); ``wait`` for it afterwards."""
