@@ -22,7 +22,7 @@ A cpuaccel run that fails is printed with the results, and its phase redone for 
 Afterwards both copies on every node are compared with the source, file by file.
 
     sudo .venv/bin/python bench/sync.py [--repeat 5] [--nodes 4,16] [--cluster-id 10]
-                                        [--files 2000] [--megabytes 50]
+                                        [--files 2000] [--megabytes 50] [--tmpfs]
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class SyncFailed(Exception):
 class Tools:
     """The two syncs, their untimed preparations, and what each run reported."""
 
-    def __init__(self, cluster: Cluster, src: Path, cache_home: Path) -> None:
+    def __init__(self, cluster: Cluster, src: Path, cache_home: Path, tmpfs: bool = False) -> None:
         self.cluster = cluster
+        self.tmpfs = tmpfs  # destinations on a tmpfs (mount_tmpfs): wiped by removal
         self.src = src
         self.cache_home = cache_home
         self.env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
@@ -154,6 +155,10 @@ class Tools:
         rsync's own first sync moved from 1.6 s to 4.0 s at 4 nodes. A first sync to a
         new node pays none of that."""
         self.wipes += 1
+        if self.tmpfs:  # no inode bookkeeping to wait out: removed at once
+            for node in self.cluster.nodes:
+                self.cluster.exec(node.name, ["rm", "-rf", str(dest)])
+            return
         there, aside = shlex.quote(str(dest)), shlex.quote(str(TRASH / f"{self.wipes}"))
         for node in self.cluster.nodes:
             script = (
@@ -224,6 +229,17 @@ class Tools:
         if tool == "cpuaccel":
             return self.cpuaccel(phase, expect_changed)
         return self.rsync()
+
+
+def mount_tmpfs(cluster: Cluster) -> None:
+    """A tmpfs at DEST_ROOT in every node's own mount namespace (--tmpfs): both tools'
+    cost without the ext4 state of Tools.wipe, which moves a 4-node first sync of rsync
+    itself between 1.6 and 4 s from one run to the next. Gone with the node."""
+    for node in cluster.nodes:
+        script = f"mkdir -p {shlex.quote(str(DEST_ROOT))} && mount -t tmpfs -o size=1g tmpfs "
+        proc = cluster.exec(node.name, ["sh", "-c", script + shlex.quote(str(DEST_ROOT))])
+        if proc.returncode != 0:
+            raise SystemExit(f"tmpfs on {node.name} failed: {proc.stderr}")
 
 
 # --------------------------------------------------------------------------- checks
@@ -341,6 +357,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--megabytes", type=float, default=50)
     parser.add_argument("--quiet", action="store_true", help="no per-run lines on stderr")
+    parser.add_argument(
+        "--tmpfs", action="store_true", help="destinations on a tmpfs in each node (mount_tmpfs)"
+    )
     return parser.parse_args()
 
 
@@ -363,7 +382,9 @@ def main() -> None:
         log(f"tree: {len(paths)} files, {total / 1e6:.1f} MB in {src}")
         for nodes in args.nodes:
             with Cluster(nodes, cluster_id=args.cluster_id) as cluster:
-                tools = Tools(cluster, src, work / f"cache{nodes}")
+                if args.tmpfs:
+                    mount_tmpfs(cluster)
+                tools = Tools(cluster, src, work / f"cache{nodes}", args.tmpfs)
                 times, failures = interleaved(tools, args.repeat, args.warmup, paths, log)
                 verify(cluster, src, len(paths))
                 tools.empty_trash()
@@ -377,6 +398,8 @@ def main() -> None:
         f"{os.cpu_count()}-core machine, {len(paths):,} files, {total / 1e6:.1f} MB"
     )
     print(f"CPU: {cpu_name()}")
+    where = "a tmpfs on each node (--tmpfs)" if args.tmpfs else "the test bed's ext4 disk"
+    print(f"destinations: {where}")
     print(f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
     print()
     print("| nodes | phase | cpuaccel sync | rsync -a (all nodes in parallel) | ratio | target |")

@@ -24,6 +24,7 @@ from cpuaccel.sync.engine import SyncOptions
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.location import render_dest
 from cpuaccel.sync.manifest import SourceManifest, build, plan
+from cpuaccel.sync.report import NodeReport
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 PRUNE = set(PRUNE_NAMES)
@@ -567,7 +568,7 @@ def test_engine_syncs_then_has_nothing_to_do(tmp_path: Path) -> None:
     hosts = [local_host("one", tmp_path / "w1"), local_host("two", tmp_path / "w2")]
     options = SyncOptions("{{ cpuaccel_workdir }}/proj")
 
-    def run(opts: SyncOptions = options) -> dict[str, engine.NodeReport]:
+    def run(opts: SyncOptions = options) -> dict[str, NodeReport]:
         results = engine.sync(hosts, build([str(src)]), opts, forks=2, connect=ConnectOptions())
         assert all(r.status is Status.OK for r in results), [r.error for r in results]
         return {r.host.name: r.value for r in results if r.value is not None}
@@ -586,6 +587,44 @@ def test_engine_syncs_then_has_nothing_to_do(tmp_path: Path) -> None:
     check = run(SyncOptions("{{ cpuaccel_workdir }}/proj", check=True))
     assert all(r.changed == ["pkg/b.py"] and not r.in_sync for r in check.values())
     assert (tmp_path / "w1" / "proj" / "pkg" / "b.py").read_text() == "b"
+
+
+def test_rsync_writes_without_a_temp_folder_only_where_the_sync_made_the_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """node/unfinished.py: a first sync to a folder it makes skips rsync's --temp-dir
+    (its ~12 more system calls a file); a sync to a folder that was there keeps it."""
+    from cpuaccel.connectors.local import LocalConnector
+
+    flags: list[list[str]] = []
+    real = LocalConnector.rsync
+
+    def recorded(self: LocalConnector, given: Sequence[str], *args: Any, **kw: Any) -> Any:
+        flags.append(list(given))
+        return real(self, given, *args, **kw)
+
+    monkeypatch.setattr(LocalConnector, "rsync", recorded)
+    big = os.urandom(transfer.RSYNC_MIN_BYTES + 1)
+    src = make_tree(tmp_path / "src", {"data.bin": big, "a.py": "a"})
+    hosts = [local_host("one", tmp_path / "w1")]
+    (tmp_path / "w1" / "there").mkdir(parents=True)
+    for dest, temp in (("proj", False), ("there", True)):
+        results = engine.sync(
+            hosts, build([str(src)]), SyncOptions(f"{{{{ cpuaccel_workdir }}}}/{dest}"), forks=1,
+            connect=ConnectOptions(),
+        )  # fmt: skip
+        assert results[0].value is not None and results[0].value.method == "rsync"
+        assert results[0].value.in_sync
+        assert any(f.startswith("--temp-dir=") for f in flags[-1]) is temp
+        assert not (tmp_path / "w1" / dest / remote.STATE / "unfinished").exists()
+    (src / "data.bin").write_bytes(big[::-1])
+    # The same size, written within the same second: rsync's own quick check (size and
+    # mtime) would skip it, and the node would keep the old bytes under the new digest.
+    again = engine.sync(hosts, build([str(src)]), SyncOptions("{{ cpuaccel_workdir }}/proj"),
+                        forks=1, connect=ConnectOptions())  # fmt: skip
+    assert again[0].value is not None and again[0].value.in_sync
+    assert any(f.startswith("--temp-dir=") for f in flags[-1])  # made by an earlier sync
+    assert (tmp_path / "w1" / "proj" / "data.bin").read_bytes() == big[::-1]
 
 
 def test_engine_writes_a_shared_destination_once(tmp_path: Path) -> None:

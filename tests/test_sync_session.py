@@ -236,3 +236,18 @@ def test_a_receiver_started_early_waits_for_its_first_request(tmp_path: Path) ->
     assert not (tmp_path / "other").exists()
     session.close()
     session.wait(time.monotonic() + 10)
+
+
+def test_a_file_removed_between_the_walk_and_its_hashing_is_described_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("print(1)\n")
+    (src / "swap.tmp").write_text("x")
+    later = build([str(src)], defer_hashing=True)
+    (src / "swap.tmp").unlink()  # an editor's file, gone since the walk
+    later.finish()
+    assert sorted(later.entries) == ["train.py"] and later.pending == []
+    assert later.hash == build([str(src)]).hash

@@ -150,3 +150,52 @@ def test_a_fifo_swapped_in_after_the_walk_is_taken_as_gone(tmp_path: Path, no_ha
     os.mkfifo(regular)
     with pytest.raises(FileNotFoundError):
         remote.entry_of(str(regular), st)
+
+
+def test_a_folder_the_sync_made_is_marked_until_verified_and_only_then(tmp_path: Path) -> None:
+    """A destination the scan makes is marked (rsync may write there without --temp-dir,
+    node/unfinished.py); one that was there is not; the verifying apply removes the mark."""
+    made = remote.scan(str(tmp_path / "new"), PRUNE, create=True)
+    state = tmp_path / "new" / remote.STATE
+    assert made["created"] and (state / "unfinished").is_file()
+    (tmp_path / "old").mkdir()
+    assert not remote.scan(str(tmp_path / "old"), PRUNE, create=True)["created"]
+    assert not (tmp_path / "old" / remote.STATE / "unfinished").exists()
+    assert not remote.scan(str(tmp_path / "new"), PRUNE, create=True)["created"]  # once
+    assert not remote.scan(str(tmp_path / "other"), PRUNE, create=False)["created"]  # a look
+    source = make_source(tmp_path / "src")
+    shutil.copytree(source.roots[0], tmp_path / "new", symlinks=True, dirs_exist_ok=True)
+    assert apply(source, tmp_path / "new", trusted=True)["mismatches"] == []
+    assert not (state / "unfinished").exists()
+
+
+def test_a_cut_first_sync_leaves_no_rsync_file_and_nothing_else_goes(tmp_path: Path) -> None:
+    """In a folder marked unfinished, files named as rsync names its temporary ones beside
+    a manifest file go with the apply; any other extra file stays, and so does the same
+    name in a folder that is not marked (rsync wrote there with --temp-dir)."""
+    source = make_source(tmp_path / "src")
+    rsyncs = [
+        "d00/d01/d02/.f1.py.Ab12Cd",
+        ".top.txt.zzzzzz",
+        "d10/d11/d12/.f0.py.000000",
+    ]
+    theirs = [
+        ".top.txt.zz",  # not six characters
+        ".notes.txt.Ab12Cd",  # no notes.txt in the folder's manifest
+        "d00/.f1.py.Ab12Cd",  # f1.py is not in d00
+        ".link.Ab12Cd",  # a link, not a file, in the manifest
+    ]
+    for name, marked in (("cut", True), ("kept", False)):
+        dest = tmp_path / name
+        remote.scan(str(dest), PRUNE, create=True)
+        if not marked:
+            (dest / remote.STATE / "unfinished").unlink()
+        shutil.copytree(source.roots[0], dest, symlinks=True, dirs_exist_ok=True)
+        (dest / "d00" / ".f1.py.Ab12Cd").parent.mkdir(exist_ok=True)
+        for rel in rsyncs + theirs:
+            (dest / rel).write_text("partial")
+        result = apply(source, dest, trusted=True)
+        assert result["mismatches"] == []
+        assert all((dest / rel).exists() != marked for rel in rsyncs)
+        assert all((dest / rel).exists() for rel in theirs)
+        assert not (dest / remote.STATE / "unfinished").exists()

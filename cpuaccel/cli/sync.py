@@ -13,9 +13,10 @@ from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
-from cpuaccel.sync.engine import NodeReport, SyncOptions, sync
+from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.ignore import check_excludes
 from cpuaccel.sync.manifest import build
+from cpuaccel.sync.report import NodeReport
 from cpuaccel.ui import escape
 
 EPILOG = """\b

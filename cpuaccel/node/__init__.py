@@ -9,8 +9,9 @@ tested and type-checked one by one:
   facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts)
   tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
               with destination (the node's verdict on where a sync may write),
-              nofollow (paths reached by descriptors, never through a link) and
+              nofollow (paths reached by descriptors, never through a link),
               entries (how an entry is described, a tree hashed: the controller's too)
+              and unfinished (a destination the sync made, until it is verified)
   jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
               (reading a run's files: ``ps``, ``logs``, ``fetch``) and mux (the head's
               ssh masters of a run: made, ended, stale ones removed)

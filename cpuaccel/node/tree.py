@@ -55,6 +55,12 @@ from cpuaccel.node.nofollow import (
     sweep,
     unpack,
 )
+from cpuaccel.node.unfinished import (
+    is_unfinished,
+    mark_finished,
+    mark_made,
+    rsync_leftover_test,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
@@ -124,6 +130,7 @@ def _clean(
     prune: set[str],
     cache: dict[str, Any] | None = None,
     trusted: dict[str, Entry] | None = None,
+    leftover: Any = None,
 ) -> dict[str, Entry]:
     """Remove leftovers of an interrupted sync (temporary files and rsync's partials) and
     describe every entry a scan would find, in one walk by descriptors (a link swapped in
@@ -136,6 +143,9 @@ def _clean(
     trusted = trusted or {}
 
     def visit(folder: int, name: str, rel: str, st: os.stat_result) -> None:
+        if leftover is not None and leftover(rel, st):  # node/unfinished.py
+            remove_at(folder, name)
+            return
         want = trusted.get(rel)
         if want and want[0] == "f" and stat.S_ISREG(st.st_mode) and st.st_size == want[2]:
             key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, want[3])
@@ -214,8 +224,11 @@ def scan(
     """DEST's entries and hash; the entries are left out when the hash is ``expect``.
     ``keep`` (a dict) receives the walk's stats and the entries (cpuaccel.node.treesession)."""
     state = os.path.join(dest, STATE)
+    made = create and not os.path.lexists(dest)
     if create:
         _prepare(dest)
+    if made:  # nothing of the user's here: rsync may write without --temp-dir
+        mark_made(state)
     found, leftovers = _walk(dest, prune)
     try:  # rsync's partial files from an interrupted run
         leftovers += len(os.listdir(os.path.join(state, RSYNC_TMP)))
@@ -246,6 +259,7 @@ def scan(
         "fsid": _fsid(state, create) if _real_folder(state) else None,
         "rsync": rsync,
         "leftovers": leftovers,
+        "created": made,
     }
 
 
@@ -308,7 +322,8 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
     trusted = {rel: expected[rel] for rel in header.get("trusted", []) if rel in expected}
     # One walk: leftovers of an interrupted sync removed (only the elected writer applies,
     # so nothing else is in flight), every entry described as a scan would describe it.
-    found = _clean(dest, prune, cache, trusted)
+    cut = rsync_leftover_test(expected) if is_unfinished(state) else None
+    found = _clean(dest, prune, cache, trusted, cut)
     mismatches = [rel for rel, want in expected.items() if found.get(rel) != want]
     if mismatches:  # also reached by descriptors where the walk does not go (a venv...)
         mismatches = _still_differ(dest, expected, mismatches, cache)
@@ -316,6 +331,7 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
     digest = manifest_hash(expected)
     tree = None
     if not mismatches:
+        mark_finished(state)
         write_atomic(os.path.join(state, RECORD), digest.encode() + b"\n")
         # Every source entry was just verified: when the walk found nothing else, the
         # tree is the manifest's, and its hash the digest (no entry taken twice).

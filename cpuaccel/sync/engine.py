@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from cpuaccel.connectors.base import ConnectOptions, Connector, keeps_connection
@@ -31,35 +31,8 @@ from cpuaccel.sync.location import DestinationRefused, raise_refusals, render_de
 from cpuaccel.sync.manifest import SourceChanging, SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
 from cpuaccel.sync.receiver import NodeSession, request
+from cpuaccel.sync.report import NodeReport
 from cpuaccel.sync.shared import SharedDestinations
-
-
-@dataclass
-class NodeReport:
-    """What a sync did (or, with --check, would do) on one node."""
-
-    dest: str
-    changed: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    bytes: int = 0
-    method: str = "none"  # none | rsync | tar | check
-    shared_with: str | None = None
-    in_sync: bool = False
-    mismatches: list[str] = field(default_factory=list)
-    # The part of ``changed`` the node did not have at all (sync --diff tells them apart).
-    added: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dest": self.dest,
-            "changed": self.changed,
-            "deleted": self.deleted,
-            "added": self.added,
-            "bytes": self.bytes,
-            "method": self.method,
-            "shared_with": self.shared_with,
-            "in_sync": self.in_sync,
-        }
 
 
 @dataclass(frozen=True)
@@ -308,6 +281,7 @@ class Syncer:
                 scanned["dest"],
                 self.options.copy_links,
                 self.on_bytes,
+                temp_dir=not scanned.get("created"),  # a folder this sync made
             )
             header = request(self.source, deleted, tar=False, trusted=changed)
             result = self._session(conn).request("apply", header)

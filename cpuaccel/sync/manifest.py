@@ -43,10 +43,19 @@ class SourceManifest:
     pending: list[tuple[str, str]] = field(default_factory=list, repr=False)
 
     def finish(self) -> None:
-        """Hash the files the walk left pending, then the tree (once; a no-op after)."""
+        """Hash the files the walk left pending, then the tree (once; a no-op after).
+        A file removed (or replaced by a FIFO) since the walk: the tree is described
+        again, once; when that fails too, SourceChanging names the file."""
         for rel, local in self.pending:
             kind, mode, size, _ = self.entries[rel]
-            digest = file_digest(local)
+            try:
+                digest = file_digest(local)
+            except OSError:
+                try:
+                    self.rebuild()
+                except OSError:
+                    raise SourceChanging([rel]) from None
+                return
             self.entries[rel] = (kind, mode, size, digest)
             if self.hash_cache is not None:
                 self.hash_cache[local] = (*self.hash_cache[local][:4], digest)

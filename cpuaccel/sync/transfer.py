@@ -1,7 +1,8 @@
 """Moving changed entries to a node: rsync when both ends have it, else a tar stream.
 
 Either way files reach their real paths only by rename (rsync's temporary files live in
-the destination's ``.cpuaccel/tmp``; the tar stream's are renamed by the node program),
+the destination's ``.cpuaccel/tmp``, or beside the file in a destination the sync has
+just made; the tar stream's are renamed by the node program),
 and the node verifies the result against the manifest afterwards.
 """
 
@@ -36,13 +37,20 @@ def rsync_push(
     dest: str,
     copy_links: bool,
     on_bytes: Callable[[int], None] | None = None,
+    temp_dir: bool = True,
 ) -> None:
     """Send the changed entries (grouped by the local folder they come from) with the
-    connector's rsync."""
+    connector's rsync; its temporary files in the state folder unless ``temp_dir`` is
+    False (a destination this sync made: node/unfinished.py)."""
     by_root: dict[str, list[str]] = {}
     for rel in changed:
         by_root.setdefault(source.root_of[rel], []).append(rel)
-    flags = ["-a", "--from0", "--files-from=-", f"--temp-dir={STATE}/{RSYNC_TMP}"]
+    # --ignore-times: every listed file differs by its content hash; rsync's own quick
+    # check (size and mtime) would skip one rewritten at the same size within the same
+    # mtime, and the node, trusting what rsync delivered, would keep the old bytes.
+    flags = ["-a", "--ignore-times", "--from0", "--files-from=-"]
+    if temp_dir:
+        flags.append(f"--temp-dir={STATE}/{RSYNC_TMP}")
     flags.append("--out-format=%l")  # one line per file sent: its size, for on_bytes
     if copy_links:
         flags.append("--copy-unsafe-links")
