@@ -63,7 +63,7 @@ def test_a_refused_destination_is_refused_as_by_the_tree_program(tmp_path: Path)
 def test_the_program_carries_the_probe_the_receiver_and_the_jobs_part() -> None:
     assert node.parts("preflight") == [
         "common", "facts", "nofollow", "mux", "progress", "runfiles", "jobs", "destination",
-        "entries", "tree", "preflight",
+        "entries", "unfinished", "tree", "preflight",
     ]  # fmt: skip
 
 
