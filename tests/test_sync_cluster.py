@@ -448,7 +448,7 @@ LATE_PYTHON = """#!{python}
 # A node that answers late: its receiver (cpuaccel.node.treesession) gets its scan
 # request only once another node of the shared filesystem is writing (temporary files
 # in flight). The real interpreter runs behind it; requests pass through line by line.
-import os, subprocess, sys, time
+import os, re, subprocess, sys, time
 args = sys.argv[1:]  # -c BOOT LENGTH DEST ...
 child = subprocess.Popen([{python!r}, *args], stdin=subprocess.PIPE)
 child.stdin.write(sys.stdin.buffer.read(int(args[2])))  # the program
@@ -459,7 +459,11 @@ for line in iter(sys.stdin.buffer.readline, b""):
     while time.monotonic() < deadline:
         tmp = os.path.join(dest, ".cpuaccel", "tmp")
         busy = os.path.isdir(tmp) and os.listdir(tmp)
-        busy = busy or os.path.isdir(dest) and [n for n in os.listdir(dest) if "{mark}" in n]
+        # rsync's own temporary names (.NAME.XXXXXX) in a folder the sync made, where it
+        # writes without --temp-dir (cpuaccel.node.unfinished)
+        names = os.listdir(dest) if os.path.isdir(dest) else []
+        rsyncs = [n for n in names if re.fullmatch(r"[.].+[.][A-Za-z0-9]{{6}}", n)]
+        busy = busy or [n for n in names if "{mark}" in n] or rsyncs
         if busy:
             with open({seen!r}, "w") as f:
                 f.write(repr(busy))

@@ -199,3 +199,16 @@ def test_a_cut_first_sync_leaves_no_rsync_file_and_nothing_else_goes(tmp_path: P
         assert all((dest / rel).exists() != marked for rel in rsyncs)
         assert all((dest / rel).exists() for rel in theirs)
         assert not (dest / remote.STATE / "unfinished").exists()
+
+
+def test_two_nodes_that_both_made_a_shared_folder_mark_it_once(tmp_path: Path) -> None:
+    from cpuaccel.node import unfinished
+
+    state = tmp_path / remote.STATE
+    state.mkdir()
+    unfinished.mark_made(str(state))
+    unfinished.mark_made(str(state))  # the other node, which also found no folder
+    assert unfinished.is_unfinished(str(state))
+    (state / unfinished.MARK).unlink()
+    (state / unfinished.MARK).symlink_to(tmp_path / "elsewhere")  # never taken for a mark
+    assert not unfinished.is_unfinished(str(state))

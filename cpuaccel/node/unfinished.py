@@ -36,8 +36,12 @@ _CUT = 200  # a shorter middle part is the whole name, never a cut one
 
 
 def mark_made(state: str) -> None:
-    """Mark the destination whose state folder is ``state`` as made by this sync."""
-    os.close(create_new(os.path.join(state, MARK)))
+    """Mark the destination whose state folder is ``state`` as made by this sync (nodes
+    that share the folder may both have found it missing: marked once)."""
+    try:
+        os.close(create_new(os.path.join(state, MARK)))
+    except FileExistsError:
+        pass
 
 
 def is_unfinished(state: str) -> bool:
