@@ -194,6 +194,9 @@ def test_ssh_refusals_are_the_same_errors_as_paramikos() -> None:
     assert type(denied) is Unreachable and "authentication failed" in denied.reason
     ended = conn._failure("")  # a master ended under the session: ssh says nothing
     assert type(ended) is Unreachable and "ended" in ended.reason  # (no master here)
+    # ... as a node that takes only the key exchange cpuaccel leaves out (connectors/kex.py)
+    offered = "KexAlgorithms=" in " ".join(conn.ssh_argv())
+    assert ended.hint is not None and ("sntrup761" in ended.hint) is offered
     # The remote command's own exit 255, with its own words: a result, not an error.
     assert conn._failure("my program failed\n") is None
 

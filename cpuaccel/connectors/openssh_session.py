@@ -119,11 +119,20 @@ class OpenSSHConnector(LocalConnector):
             # there means the command itself exited 255.
             if self._master_alive():
                 return None
+            hint = (
+                "run the command again (a new connection is opened); if it persists, "
+                "check that the node is up"
+            )
+            if any(word.startswith("KexAlgorithms=") for word in self._argv()):
+                # ssh says "Unable to negotiate" at INFO, below LogLevel=ERROR
+                hint += (
+                    ", and whether its sshd takes only sntrup761x25519, which cpuaccel "
+                    "leaves out unless KexAlgorithms is set for it in ~/.ssh/config"
+                )
             return Unreachable(
                 self.host.name,
                 f"the ssh connection to {self.host.address} ended (exit 255, no message)",
-                hint="run the command again (a new connection is opened); if it "
-                "persists, check that the node is up",
+                hint=hint,
             )
         found = re.search(_SSH_WORDS, stderr, re.MULTILINE)
         if found is None:
