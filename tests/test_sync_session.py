@@ -226,9 +226,9 @@ def test_a_receiver_started_early_waits_for_its_first_request(tmp_path: Path) ->
     """start() returns at once; the program changes nothing until asked, and an EOF
     (close) ends it having created nothing."""
     session = NodeSession(_conn(tmp_path), str(tmp_path / "proj"))
-    session.start()
-    session.start()  # once
-    assert session.request("look")["fsid"] is None
+    kept = session.start()
+    assert session.start() is kept  # started once
+    assert session.request("look")["fsid"] is None and session.start() is kept
     quiet = NodeSession(_conn(tmp_path), str(tmp_path / "other"))
     quiet.start()
     quiet.close()
