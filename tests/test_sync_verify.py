@@ -212,3 +212,34 @@ def test_two_nodes_that_both_made_a_shared_folder_mark_it_once(tmp_path: Path) -
     (state / unfinished.MARK).unlink()
     (state / unfinished.MARK).symlink_to(tmp_path / "elsewhere")  # never taken for a mark
     assert not unfinished.is_unfinished(str(state))
+
+
+def test_a_folder_of_many_folders_needs_no_more_descriptors_than_its_depth(
+    tmp_path: Path,
+) -> None:
+    """The check's walk holds open only the folders on the way down: 600 subfolders of
+    one folder pass under a limit of 256 open files (each held until its turn, they ran
+    out of descriptors: EMFILE), and every descriptor it opened is closed."""
+    import resource
+    import subprocess
+    import sys
+
+    dest = tmp_path / "dest"
+    for i in range(600):
+        (dest / "shards" / f"s{i:03}").mkdir(parents=True)
+        (dest / "shards" / f"s{i:03}" / "part.bin").write_bytes(b"x")
+    script = f"""
+import os, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, {resource.getrlimit(resource.RLIMIT_NOFILE)[1]}))
+from cpuaccel.node.nofollow import open_folder, sweep
+before = sorted(os.listdir("/proc/self/fd"))
+root = open_folder({str(dest)!r})
+seen = []
+sweep(root, "{TMP_MARK}", lambda rel: False, lambda fd, name, rel, st: seen.append(rel))
+os.close(root)
+assert sorted(os.listdir("/proc/self/fd")) == before
+print(len(seen))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1201"]  # shards, its 600 folders and their files

@@ -18,7 +18,7 @@ from cpuaccel.node.common import TMP_MARK, create_new
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any, BinaryIO
 
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -137,38 +137,52 @@ def sweep(
     one (opened with O_NOFOLLOW after its listing: one swapped for a link meanwhile is
     neither entered nor visited). Paths (relative, '/'-separated) for which ``skip`` is
     true are left alone, and so is what virtualenvs (a folder holding pyvenv.cfg) hold,
-    as a sync skips them."""
-    stack = [(os.dup(root), "")]
+    as a sync skips them.
+
+    Depth first, a folder entered where it is met: only the folders on the way down are
+    held open (each listed whole first), so a folder of thousands of subfolders needs no
+    more descriptors than the tree is deep (a stack of every subfolder met ran out of
+    them, EMFILE, past the node's limit of open files)."""
+    stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
     try:
+        _enter(stack, os.dup(root), "")
         while stack:
-            fd, rel = stack[-1]
-            del stack[-1]
-            try:
-                items = list(os.scandir(fd))  # listed first: removing changes it
-                for item in items:
-                    below = rel + "/" + item.name if rel else item.name
-                    if skip(below):
-                        continue
-                    if mark in item.name:
-                        remove_at(fd, item.name)
-                        continue
-                    st = lstat_at(fd, item.name)
-                    if st is None:
-                        continue  # removed since the listing
-                    if stat.S_ISDIR(st.st_mode):
-                        inner = folder_at(fd, item.name, create=False)
-                        if inner is None:
-                            continue  # no longer a real folder: not in the tree
-                        if _is_venv(inner):
-                            os.close(inner)
-                        else:
-                            stack.append((inner, below))
-                    visit(fd, item.name, below, st)
-            finally:
+            fd, rel, items = stack[-1]
+            item = next(items, None)
+            if item is None:
+                del stack[-1]
                 os.close(fd)
+                continue
+            below = rel + "/" + item.name if rel else item.name
+            if skip(below):
+                continue
+            if mark in item.name:
+                remove_at(fd, item.name)
+                continue
+            st = lstat_at(fd, item.name)
+            if st is None:
+                continue  # removed since the listing
+            inner = None
+            if stat.S_ISDIR(st.st_mode):
+                inner = folder_at(fd, item.name, create=False)
+                if inner is None:
+                    continue  # no longer a real folder: not in the tree
+            visit(fd, item.name, below, st)
+            if inner is not None:
+                if _is_venv(inner):
+                    os.close(inner)
+                else:
+                    _enter(stack, inner, below)
     finally:
-        for fd, _ in stack:
+        for fd, _, _ in stack:
             os.close(fd)
+
+
+def _enter(stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]], fd: int, rel: str) -> None:
+    """Push the folder open at ``fd`` with its listing (read whole: removing changes it);
+    pushed first, so that the caller's clean-up closes it if the listing fails."""
+    stack.append((fd, rel, iter(())))
+    stack[-1] = (fd, rel, iter(list(os.scandir(fd))))
 
 
 def _is_venv(folder: int) -> bool:
