@@ -46,6 +46,11 @@ from cpuaccel.connectors.hostkeys import (
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
 
 _READ_CHUNK = 1 << 16
+# What paramiko raises when a channel or its connection is gone: EOFError, not OSError,
+# when its socket closed under it (a node that dropped the connection, e.g. after sudo
+# refused a password); uncaught, it escaped a failed become's clean-up and masked its
+# error as exit 130 (click takes an EOFError for an aborted prompt).
+_CHANNEL_ERRORS = (OSError, paramiko.SSHException, EOFError)
 
 
 class _RejectUnknownKey(paramiko.MissingHostKeyPolicy):
@@ -132,18 +137,14 @@ class SSHProcess(Process):
             raise _lost(self._host_name, self._options)
         return int(chan.exit_status)
 
-    # paramiko raises EOFError, not OSError, when its socket closed under it (a node that
-    # dropped the connection, e.g. after sudo refused a password): caught as the others,
-    # or it escaped a failed become's clean-up and masked its error as exit 130 (click
-    # takes an EOFError for an aborted prompt).
     def send(self, data: bytes) -> None:
         try:
             self._chan.sendall(data)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except _CHANNEL_ERRORS as exc:
             raise BrokenPipeError(f"the command's input is closed: {exc}") from None
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
+        with contextlib.suppress(*_CHANNEL_ERRORS):
             self._chan.close()
 
 
@@ -206,7 +207,7 @@ class SSHConnector(Connector):
                 f"authentication failed as {conn.user}@{host.address}: {exc}",
                 hint="check ansible_user and ansible_ssh_private_key_file (or -u, --private-key)",
             ) from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except _CHANNEL_ERRORS as exc:
             transports.close_hops(conn)
             via = f" via ProxyJump {', '.join(hops)}" if hops else ""
             raise Unreachable(
@@ -286,7 +287,7 @@ class SSHConnector(Connector):
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
             chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except _CHANNEL_ERRORS as exc:
             raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
         return SSHProcess(chan, self.host.name, self.options)
 
@@ -318,7 +319,7 @@ class SSHConnector(Connector):
             out, err = self._collect(chan, deadline, shown, timeout)
             code = chan.recv_exit_status()
             chan.close()
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except _CHANNEL_ERRORS as exc:
             raise Unreachable(
                 self.host.name, f"connection lost while running a command: {exc}"
             ) from None
@@ -343,7 +344,7 @@ class SSHConnector(Connector):
                 while chunk := stdin.read(_READ_CHUNK * 4):
                     chan.sendall(chunk)
             chan.shutdown_write()
-        except (OSError, paramiko.SSHException, EOFError):
+        except _CHANNEL_ERRORS:
             pass  # the command ended early; its exit status and stderr say why
 
     def _collect(
