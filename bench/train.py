@@ -15,6 +15,10 @@ it has AMX or AVX512-BF16, fp32 elsewhere):
     cpuaccel      `cpuaccel run --nodes 1 --ppn 2 examples/train.py --log-every 1 ...`;
                   its metrics.jsonl gives step_time, samples_per_s and sync_time per step
 
+What differs is each tool's own: cpuaccel's runtime averages gradients with MPI and runs
+attention in whichever of bf16 and fp32 its first call measured faster on this CPU
+(cpuaccel/runtime/attention.py); Accelerate's autocast runs it in bf16.
+
 Each figure is the median over the steps after --warmup, then over --rounds rounds in
 which the three runs alternate. The model's FLOP/s is 6 x parameters x tokens/s plus
 attention (12 x layers x context x width per token), against the matmul peak of the

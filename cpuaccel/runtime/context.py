@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from cpuaccel import _progress
 from cpuaccel.runtime import checkpoint, gradsync
 from cpuaccel.runtime._log import note
+from cpuaccel.runtime.attention import AttentionChoice, routed
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
 from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
@@ -61,6 +62,7 @@ class Context:
         verbose: bool = True,
         owns_group: bool = False,
         trackers: Sequence[str] = (),
+        attention: str = "auto",
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise ValueError("gradient_accumulation_steps must be at least 1")
@@ -84,6 +86,12 @@ class Context:
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.verbose = verbose
+        # Attention in fp32 where measured faster (runtime/attention.py), for the context's
+        # life: a recomputation in backward (activation checkpointing) takes the same route.
+        self.attention = AttentionChoice(attention, report=self.note)
+        self._routing = contextlib.ExitStack()
+        if dtype == torch.bfloat16 and attention != "autocast":
+            self._routing.enter_context(routed(self.attention))
         self.sync_gradients = True
         self.samples_per_step: float | None = None
         self.timer = gradsync.SyncTimer()
@@ -377,9 +385,10 @@ class Context:
     # ------------------------------------------------------------------ end
 
     def close(self) -> None:
-        """Close the trackers; destroy the process group if :func:`init` created it (also
-        done at exit)."""
+        """Close the trackers, put attention's routing back; destroy the process group if
+        :func:`init` created it (also done at exit)."""
         self.metrics.close()
+        self._routing.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False

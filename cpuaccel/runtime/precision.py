@@ -4,10 +4,11 @@
 and fp32 elsewhere: without those instructions bf16 is emulated and slower than fp32 (a
 200-step demo took six minutes instead of one). An explicit ``bf16`` is honoured anyway.
 
-bf16 means ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward and
-nothing more: parameters, gradients and the optimizer's update stay fp32, with no bf16
-weight copies kept across steps (the casts they would save were 0.66% of the training
-bench's step, measured by ``bench/train.py --profile``).
+bf16 means ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward and,
+besides attention's precision (:mod:`cpuaccel.runtime.attention`), nothing more:
+parameters, gradients and the optimizer's update stay fp32, with no bf16 weight copies
+kept across steps (the casts they would save were 0.66% of the training bench's step,
+measured by ``bench/train.py --profile``).
 """
 
 from __future__ import annotations

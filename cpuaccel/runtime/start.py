@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from cpuaccel.runtime import gradsync, group
+from cpuaccel.runtime.attention import attention_policy
 from cpuaccel.runtime.backend import BackendChoice
 from cpuaccel.runtime.context import Context
 from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
@@ -47,6 +48,7 @@ def init(
     gradient_as_bucket_view: bool = True,
     verbose: bool = True,
     trackers: str | Sequence[str] | None = None,
+    attention: str | None = None,
 ) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
@@ -68,7 +70,11 @@ def init(
     - ``trackers``: where ``ctx.log`` also writes, as Accelerate's ``log_with``:
       ``["tensorboard"]`` writes TensorBoard event files into ``<run dir>/tensorboard/``
       on rank 0 (needs ``pip install 'cpuaccel[tensorboard]'``); default
-      $CPUACCEL_TRACKERS (comma-separated), else none.
+      $CPUACCEL_TRACKERS (comma-separated), else none;
+    - ``attention``: under bf16, ``"auto"`` runs each kind of attention
+      (``scaled_dot_product_attention``) in bf16 or fp32, whichever its first call
+      measured faster on this CPU; ``"autocast"`` leaves it in bf16; ``"fp32"`` always
+      upcasts it; default $CPUACCEL_ATTENTION, else ``"auto"``.
 
     Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
@@ -78,6 +84,7 @@ def init(
         mixed_precision = os.environ.get(PRECISION_ENV) or AUTO
     precision = resolve_precision(mixed_precision)
     tracker_names = choose_trackers(trackers, os.environ)  # before joining: fail early
+    attention_name = attention_policy(attention, os.environ)
     env, choice, owns = group.place(backend)
     sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
     if owns:
@@ -99,6 +106,7 @@ def init(
         verbose=verbose,
         owns_group=owns,
         trackers=tracker_names,
+        attention=attention_name,
     )
     _note_choices(ctx, choice, sync, precision)
     return ctx

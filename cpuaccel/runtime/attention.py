@@ -1,0 +1,215 @@
+"""Attention's precision under bf16 autocast: measured on the CPU at hand, per kind.
+
+Autocast runs ``scaled_dot_product_attention`` in bf16. Whether that is the fast choice
+depends on the CPU and on the shape: on a 2-core AMD EPYC with AVX512-BF16 and no AMX
+(forward and backward, 1 thread, causal), PyTorch's flash attention took 38 ms in bf16
+and 24 ms in fp32 at 128 tokens (batch 16, 4 heads of 96), about the same at 512-1024
+tokens, and 1.3x *less* in bf16 at 2048 (716 against 949 ms, 16 heads of 128). No fixed
+rule fits both, so ``auto`` (the default) measures: the first call of each kind
+(sequence lengths rounded up to a power of two, head size, causal, masked, with or
+without gradients) times its forward and backward both ways on copies of its own
+inputs, and every later call of that kind takes the faster; fp32 must win by
+:data:`MARGIN`, so a tie keeps autocast's bf16.
+
+fp32 means the attention alone: q, k and v are upcast, the kernel runs in fp32 and its
+output is cast back to bf16, so the layers around it see what they saw. Ranks measure
+for themselves; a rank that chose otherwise computes its gradients through another
+precision of the same attention, and DDP averages them as always, so the replicas stay
+identical. Measuring draws no random numbers (the user's seeded stream is untouched)
+and is bounded: :data:`BUDGET_S` seconds a kind, :data:`KINDS` kinds a process, and a
+kind whose one call takes over :data:`LONG_S` stays bf16 unmeasured (long sequences,
+where bf16 was the faster). ``CPUACCEL_ATTENTION`` (or ``init(attention=...)``):
+``auto``, ``autocast`` (bf16, as autocast runs it) or ``fp32``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_ENV = "CPUACCEL_ATTENTION"
+POLICIES = ("auto", "autocast", "fp32")
+MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
+BUDGET_S = 2.0  # measuring one kind of attention stops after this many seconds
+LONG_S = 0.5  # a kind whose one call takes longer is left to autocast, unmeasured
+KINDS = 16  # kinds measured in a process; a bound for inputs of ever-new lengths
+SDPA = F.scaled_dot_product_attention
+OPTIONS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")  # after q, k, v
+FLOATS = (torch.float32, torch.bfloat16)
+
+Kind = tuple[Any, ...]
+
+
+def attention_policy(value: str | None, environ: Mapping[str, str]) -> str:
+    """``init(attention=...)``, else $CPUACCEL_ATTENTION, else ``auto``; checked here."""
+    origin = "init(attention=...)" if value is not None else f"${ATTENTION_ENV}"
+    text = value if value is not None else environ.get(ATTENTION_ENV, "")
+    name = text.strip().lower() or "auto"
+    if name not in POLICIES:
+        raise ValueError(
+            f"{origin}: {text!r} is not a choice; use 'auto' (bf16 or fp32 attention, "
+            "whichever is measured faster here), 'autocast' (bf16) or 'fp32'"
+        )
+    return name
+
+
+@dataclass
+class AttentionChoice:
+    """The policy, and what ``auto`` measured so far (kind -> fp32 or not)."""
+
+    policy: str = "auto"
+    report: Callable[[str], None] | None = None  # a line for each measured kind
+    chosen: dict[Kind, bool] = field(default_factory=dict)
+
+    def wants_fp32(self, call: Call) -> bool:
+        if self.policy != "auto":
+            return self.policy == "fp32"
+        kind = call.kind()
+        if kind not in self.chosen:
+            if len(self.chosen) >= KINDS:
+                return False
+            self.chosen[kind] = self._measure(call)
+        return self.chosen[kind]
+
+    def _measure(self, call: Call) -> bool:
+        low, high = call.time_both()
+        fp32 = high < MARGIN * low
+        if self.report is not None and math.isinf(high):
+            self.report(
+                f"attention {list(call.q.shape)}: bf16 (one call took over {LONG_S} s: "
+                "long enough to leave to autocast, not measured)"
+            )
+        elif self.report is not None:
+            self.report(
+                f"attention {list(call.q.shape)}{' causal' if call.causal else ''}: "
+                f"{'fp32' if fp32 else 'bf16'} (forward{'+backward' if call.grad else ''} "
+                f"measured: bf16 {1000 * low:.1f} ms, fp32 {1000 * high:.1f} ms; "
+                f"{ATTENTION_ENV}=autocast or fp32 fixes the choice)"
+            )
+        return fp32
+
+
+@dataclass
+class Call:
+    """One ``scaled_dot_product_attention`` call under bf16 autocast, its arguments named."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    options: dict[str, Any]  # attn_mask, dropout_p, is_causal, scale, enable_gqa as given
+
+    @classmethod
+    def of(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
+        """The call, when it is ours to route: three CPU tensors, fp32 or bf16, under
+        CPU autocast to bf16 (which would run it in bf16); else None."""
+        if len(args) < 3 or len(args) > 3 + len(OPTIONS):
+            return None
+        q, k, v = args[:3]
+        if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+            return None
+        if not torch.is_autocast_enabled("cpu"):
+            return None
+        if torch.get_autocast_dtype("cpu") != torch.bfloat16:
+            return None
+        if any(t.device.type != "cpu" or t.dtype not in FLOATS or t.dim() < 2 for t in (q, k, v)):
+            return None
+        return cls(q, k, v, dict(kwargs, **dict(zip(OPTIONS, args[3:], strict=False))))
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.options.get("is_causal", False))
+
+    @property
+    def grad(self) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.q, self.k, self.v))
+
+    def kind(self) -> Kind:
+        """What decides the kernels' speed, lengths rounded up to a power of two so a
+        varying length does not ask for a new measurement each step."""
+        lengths = (_round_up(self.q.shape[-2]), _round_up(self.k.shape[-2]))
+        mask = self.options.get("attn_mask") is not None
+        return (self.q.shape[-1], *lengths, self.causal, mask, self.grad)
+
+    def fp32(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> Any:
+        """The attention in fp32 (autocast off inside), its output in bf16 as autocast's."""
+        mask = options.get("attn_mask")
+        if isinstance(mask, torch.Tensor) and mask.is_floating_point():
+            options["attn_mask"] = mask.float()
+        with torch.autocast("cpu", enabled=False):
+            return SDPA(q.float(), k.float(), v.float(), **options).to(torch.bfloat16)
+
+    def run_fp32(self) -> Any:
+        return self.fp32(self.q, self.k, self.v, **self.options)
+
+    def time_both(self) -> tuple[float, float]:
+        """Median seconds of the call as autocast runs it (bf16) and in fp32, alternating,
+        on detached copies of its inputs and without dropout (no random numbers drawn)."""
+        grad = self.grad
+        q, k, v = (t.detach().clone().requires_grad_(grad) for t in (self.q, self.k, self.v))
+        options = dict(self.options, dropout_p=0.0)
+
+        def once(upcast: bool) -> float:
+            started = time.perf_counter()
+            with torch.enable_grad() if grad else torch.no_grad():
+                out = self.fp32(q, k, v, **options) if upcast else SDPA(q, k, v, **options)
+                if grad:
+                    out.backward(torch.ones_like(out))
+            return time.perf_counter() - started
+
+        if once(False) > LONG_S:  # warms the kernel up; untimed but for this bound
+            return LONG_S, math.inf
+        once(True)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        deadline = time.perf_counter() + BUDGET_S
+        while len(times[True]) < 3 and (not times[True] or time.perf_counter() < deadline):
+            for upcast in (False, True):
+                times[upcast].append(once(upcast))
+        return statistics.median(times[False]), statistics.median(times[True])
+
+
+def _round_up(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+# The routing is the module's attribute itself, swapped while a context is open:
+# nn.MultiheadAttention reaches the kernel through F.multi_head_attention_forward, a
+# Python function that looks the name up in torch.nn.functional at each call, where a
+# TorchFunctionMode would see only the outer function. Outside CPU autocast to bf16 the
+# swapped function is the original. Code that bound the name at import (``from
+# torch.nn.functional import scaled_dot_product_attention``) keeps autocast's bf16.
+_lock = threading.Lock()
+_choices: list[AttentionChoice] = []  # the open entries'; the last one routes
+
+
+@contextlib.contextmanager
+def routed(choice: AttentionChoice) -> Iterator[None]:
+    """Within: F.scaled_dot_product_attention follows ``choice`` under bf16 autocast
+    (the innermost open entry's; the original comes back when the last one leaves)."""
+    with _lock:
+        _choices.append(choice)
+        F.scaled_dot_product_attention = _routed_attention
+    try:
+        yield
+    finally:
+        with _lock:
+            _choices.remove(choice)
+            if not _choices:
+                F.scaled_dot_product_attention = SDPA
+
+
+def _routed_attention(*args: Any, **kwargs: Any) -> Any:
+    choice = _choices[-1] if _choices else None
+    if choice is not None and not torch.compiler.is_compiling():
+        call = Call.of(args, kwargs)
+        if call is not None and choice.wants_fp32(call):
+            return call.run_fp32()
+    return SDPA(*args, **kwargs)
