@@ -185,7 +185,8 @@ def _round_up(n: int) -> int:
 # Python function that looks the name up in torch.nn.functional at each call, where a
 # TorchFunctionMode would see only the outer function. Outside CPU autocast to bf16 the
 # swapped function is the original. Code that bound the name at import (``from
-# torch.nn.functional import scaled_dot_product_attention``) keeps autocast's bf16.
+# torch.nn.functional import scaled_dot_product_attention``) keeps autocast's bf16, and
+# so does a graph torch.compile traces (no timing inside a trace).
 _lock = threading.Lock()
 _choices: list[AttentionChoice] = []  # the open entries'; the last one routes
 
