@@ -68,6 +68,12 @@ class UsageError(CpuaccelError):
     """A command-line argument is wrong."""
 
 
+class SettingError(CpuaccelError, ValueError):
+    """A rank's runtime setting is wrong: an ``init()`` argument or the CPUACCEL_*
+    variable that stands for it. ``python -m cpuaccel.worker`` says it in one line and
+    ends the rank with EXIT_USAGE; a ValueError still, for code that catches those."""
+
+
 class HostError(CpuaccelError):
     """Something about one host (connection, host key, command) went wrong."""
 

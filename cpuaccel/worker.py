@@ -20,6 +20,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from cpuaccel import _labels, _progress
+from cpuaccel.errors import SettingError
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
 LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
@@ -116,6 +117,9 @@ def run_script(script: str, args: list[str], module: bool = False) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except SettingError as exc:  # a CPUACCEL_* variable or init() argument: its one line
+        print(f"cpuaccel: {exc}", file=sys.stderr)
+        return exc.exit_code
     except BaseException:
         import traceback
 

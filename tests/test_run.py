@@ -611,6 +611,22 @@ def test_worker_reports_a_failing_exit_code(tmp_path: Path) -> None:
     assert crashed.stderr.splitlines()[-1].endswith(f"{EXIT_MARKER} 1")
 
 
+def test_worker_says_a_bad_runtime_setting_in_one_line(tmp_path: Path) -> None:
+    """A CPUACCEL_* variable the runtime refuses ends the rank with EXIT_USAGE and one
+    line naming the variable and the choices, not a traceback."""
+    proc = worker(tmp_path, "import cpuaccel\ncpuaccel.init()\n", CPUACCEL_ATTENTION="fastest")
+    assert proc.returncode == 64, proc.stderr
+    label = f"[rank 2 {socket.gethostname()}] "
+    assert proc.stderr.splitlines() == [
+        f"{label}cpuaccel: $CPUACCEL_ATTENTION: 'fastest' is not a choice; use 'auto' (bf16 or "
+        "fp32 attention, whichever is measured faster here), 'autocast' (bf16) or 'fp32'",
+        f"{label}{EXIT_MARKER} 64",
+    ]
+    restart = worker(tmp_path, "import cpuaccel\ncpuaccel.init()\n", CPUACCEL_RESTART="-1")
+    assert restart.returncode == 64 and "Traceback" not in restart.stderr
+    assert f"{label}cpuaccel: CPUACCEL_RESTART='-1': not a whole number" in restart.stderr
+
+
 def test_worker_reports_a_death_by_signal(tmp_path: Path) -> None:
     """A rank killed by a signal (OOM killer, segfault) is reported like a failing one."""
     proc = worker(tmp_path, "import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), 9)\n")

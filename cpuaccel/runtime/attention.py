@@ -36,6 +36,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cpuaccel.errors import SettingError
+
 ATTENTION_ENV = "CPUACCEL_ATTENTION"
 POLICIES = ("auto", "autocast", "fp32")
 MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
@@ -55,7 +57,7 @@ def attention_policy(value: str | None, environ: Mapping[str, str]) -> str:
     text = value if value is not None else environ.get(ATTENTION_ENV, "")
     name = text.strip().lower() or "auto"
     if name not in POLICIES:
-        raise ValueError(
+        raise SettingError(
             f"{origin}: {text!r} is not a choice; use 'auto' (bf16 or fp32 attention, "
             "whichever is measured faster here), 'autocast' (bf16) or 'fp32'"
         )

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
+from cpuaccel.errors import SettingError
+
 CCL_MODULE = "oneccl_bindings_for_pytorch"
 CCL_DISTS = ("oneccl_bind_pt", "oneccl-bind-pt")
 IPEX_MODULE = "intel_extension_for_pytorch"
@@ -109,7 +111,7 @@ def choose_backend(
     if forced:
         forced = forced.strip().lower()
         if forced not in KNOWN_BACKENDS:
-            raise ValueError(
+            raise SettingError(
                 f"{source}={forced!r}: unknown backend (use one of {', '.join(KNOWN_BACKENDS)})"
             )
         if forced == "ccl":

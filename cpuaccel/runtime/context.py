@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from cpuaccel import _progress
+from cpuaccel.errors import SettingError
 from cpuaccel.runtime import checkpoint, gradsync
 from cpuaccel.runtime._log import note
 from cpuaccel.runtime.attention import AttentionChoice, routed
@@ -65,7 +66,7 @@ class Context:
         attention: str = "auto",
     ) -> None:
         if gradient_accumulation_steps < 1:
-            raise ValueError("gradient_accumulation_steps must be at least 1")
+            raise SettingError("init(gradient_accumulation_steps=...) must be at least 1")
         self.env = env
         self.rank = env.rank
         self.world_size = env.world_size
@@ -86,8 +87,7 @@ class Context:
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.verbose = verbose
-        # Attention in fp32 where measured faster (runtime/attention.py), for the context's
-        # life: a recomputation in backward (activation checkpointing) takes the same route.
+        # fp32 attention where measured faster, for the context's life (runtime/attention.py)
         self.attention = AttentionChoice(attention, report=self.note)
         self._routing = contextlib.ExitStack()
         if dtype == torch.bfloat16 and attention != "autocast":

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from cpuaccel.errors import SettingError
 from cpuaccel.worker import derive_env
 
 RESTART_ENV = "CPUACCEL_RESTART"  # the attempt's number: 0 first, k after k restarts
@@ -58,7 +59,7 @@ def restart_of(env: Mapping[str, str]) -> int:
     if not text:
         return 0
     if not re.fullmatch(r"[0-9]+", text):
-        raise ValueError(
+        raise SettingError(
             f"{RESTART_ENV}={text!r}: not a whole number >= 0 (the attempt's number, "
             "0 for the first; cpuaccel run sets it on a restart: unset it)"
         )

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
+from cpuaccel.errors import SettingError
 from cpuaccel.runtime.env import DistEnv
 
 GRAD_SYNC_ENV = "CPUACCEL_GRAD_SYNC"
@@ -140,7 +141,7 @@ def choose_grad_sync(requested: str | None, env: DistEnv, environ: Mapping[str, 
     if forced:
         forced = forced.strip().lower()
         if forced not in MODES:
-            raise ValueError(f"{source}={forced!r}: use mpi or pg")
+            raise SettingError(f"{source}={forced!r}: use mpi or pg")
     if env.world_size == 1:
         return SyncChoice("none", "a single process has no gradients to sync")
     if forced == "pg":

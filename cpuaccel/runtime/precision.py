@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from cpuaccel.errors import SettingError
+
 PRECISION_ENV = "CPUACCEL_MIXED_PRECISION"
 AUTO = "auto"
 PRECISIONS: dict[str, torch.dtype | None] = {
@@ -48,12 +50,12 @@ def precision_dtype(mixed_precision: str | None) -> torch.dtype | None:
     """The autocast dtype of an explicit name (``auto`` is :func:`resolve_precision`'s)."""
     name = (mixed_precision or "no").strip().lower()
     if name in ("fp16", "float16"):
-        raise ValueError(
+        raise SettingError(
             "mixed_precision='fp16' is not supported on CPUs (it needs loss scaling and is "
             "not faster there): use 'bf16'"
         )
     if name not in PRECISIONS:
-        raise ValueError(f"mixed_precision={mixed_precision!r}: use 'auto', 'bf16' or 'no'")
+        raise SettingError(f"mixed_precision={mixed_precision!r}: use 'auto', 'bf16' or 'no'")
     return PRECISIONS[name]
 
 

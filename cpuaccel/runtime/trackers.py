@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from cpuaccel.errors import SettingError
+
 TRACKERS_ENV = "CPUACCEL_TRACKERS"
 SUPPORTED = ("tensorboard",)
 TENSORBOARD_DIR = "tensorboard"
@@ -48,7 +50,7 @@ def choose_trackers(
         names = _split(trackers) if isinstance(trackers, str) else _split(",".join(trackers))
     unknown = [name for name in names if name not in SUPPORTED]
     if unknown:
-        raise ValueError(
+        raise SettingError(
             f"{source}: unknown tracker(s) {', '.join(map(repr, unknown))}; "
             f"supported: {', '.join(SUPPORTED)}"
         )
