@@ -192,6 +192,8 @@ ACC_MULTI = (
         ("cpuaccel.yaml", "ppn: zero\n", None, "cpuaccel.yaml:1: ppn must be a whole number"),
         ("cpuaccel.yaml", "launcher: pbs\n", None, "cpuaccel.yaml:1: launcher is 'pbs'"),
         ("cpuaccel.yaml", "env: [A]\n", None, "cpuaccel.yaml:1: env must be a mapping"),
+        ("cpuaccel.yaml", "nodes: 1\nenv:\n  A: 1\n  CPUACCEL_GRAD_SYNC: nccl\n", None,
+         "cpuaccel.yaml:4: env CPUACCEL_GRAD_SYNC: 'nccl' is not a choice (how gradients"),
         ("cpuaccel.yaml", "ppn: 2\nppn: 3\n", None, "cpuaccel.yaml:2: duplicate key 'ppn'"),
         ("cpuaccel.yaml", "ppn: [2\n", None, "cpuaccel.yaml:2: YAML syntax error"),
         ("cpuaccel.yaml", "max_restarts: -1\n", None,

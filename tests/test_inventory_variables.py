@@ -73,6 +73,13 @@ def host_with(var_line: str) -> str:
         (host_with("cpuaccel_secret_env:\n        1TOKEN: s"), 6, "'1TOKEN' is not a variable"),
         (host_with("cpuaccel_env: {A-B: 1}"), 5, "'A-B' is not a variable name"),
         (host_with("cpuaccel_env: {A: [1]}"), 5, "A: the value must be a plain"),
+        # a CPUACCEL_* value the ranks' runtime would refuse, refused at its own line
+        (host_with("cpuaccel_env:\n        GOOD: 1\n        CPUACCEL_ATTENTION: fastest"), 7,
+         "CPUACCEL_ATTENTION: 'fastest' is not a choice (attention's precision under bf16); "
+         "use auto, autocast or fp32"),
+        (host_with("cpuaccel_env: {CPUACCEL_TRACKERS: 'tensorboard,wandb'}"), 5,
+         "CPUACCEL_TRACKERS: 'wandb' is not a choice (where ctx.log also writes)"),
+        (host_with("cpuaccel_backend: nccl"), 5, "cpuaccel_backend is 'nccl'; use one of gloo"),
         # in a group's vars: that line, for every host that inherits it
         ("all:\n  vars:\n    cpuaccel_env:\n      \"é\": 1\n  hosts:\n    n1:\n", 4,
          "'é' is not a variable name"),

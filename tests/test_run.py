@@ -197,6 +197,15 @@ def test_dry_run_hides_secret_values(tmp_path: Path) -> None:
         (["--env", "1BAD=x", "train.py"], "--env '1BAD=x': expected KEY=VALUE"),
         (["--env", "=x", "train.py"], "--env '=x': expected KEY=VALUE"),
         (["--env", "A-B=x", "train.py"], "--env 'A-B=x': expected KEY=VALUE"),
+        # A CPUACCEL_* value every rank would refuse: refused here, before the job starts.
+        (
+            ["--env", "CPUACCEL_ATTENTION=fastest", "train.py"],
+            "--env CPUACCEL_ATTENTION: 'fastest' is not a choice (attention's precision",
+        ),
+        (
+            ["--env", "CPUACCEL_TRACKERS=tensorboard,wandb", "train.py"],
+            "--env CPUACCEL_TRACKERS: 'wandb' is not a choice (where ctx.log also writes)",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error_before_any_node(

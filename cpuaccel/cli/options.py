@@ -25,6 +25,7 @@ from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import env_name_problem, user_name_problem
+from cpuaccel.rank_settings import value_problem
 from cpuaccel.ui import escape
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -330,6 +331,9 @@ def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) 
                 f"--env {item!r}: expected KEY=VALUE or NAME, KEY a variable name",
                 hint="e.g. --env FI_PROVIDER=tcp, or --env HF_TOKEN (its value here)",
             )
+        problem = value_problem(key, value if sep else here.get(key, ""))
+        if problem is not None:
+            raise UsageError(f"--env {key}: {problem}", hint=f"fix --env {key}=VALUE")
         if sep:
             env[key] = value
             env.secret.pop(key, None)

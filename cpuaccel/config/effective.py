@@ -44,6 +44,7 @@ from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.rank_settings import KNOWN_BACKENDS
 
 __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
@@ -326,7 +327,9 @@ def _backend(
         value = env.value["CPUACCEL_BACKEND"]
         return Setting("backend", value, env_sources["CPUACCEL_BACKEND"], "env CPUACCEL_BACKEND")
     note = "ccl when the head node has oneccl_bindings_for_pytorch"
-    return src.pick("backend", None, ("cpuaccel_backend",), _text, None, note)
+    return src.pick(
+        "backend", None, ("cpuaccel_backend",), _one_of(KNOWN_BACKENDS, fold=True), None, note
+    )
 
 
 def _secret_env(src: _Sources) -> Setting[SecretEnv]:

@@ -19,6 +19,8 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cpuaccel.rank_settings import KNOWN_BACKENDS, value_problem
+
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
 PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
@@ -140,6 +142,9 @@ def env_mapping(value: Any) -> dict[str, str]:
         if item is None or isinstance(item, (dict, list)):
             raise BadValue(f"{key}: the value must be a plain string or number", key=key)
         result[key] = str(item).lower() if isinstance(item, bool) else str(item)
+        problem = value_problem(key, result[key])  # a CPUACCEL_* the ranks would refuse
+        if problem is not None:
+            raise BadValue(f"{key}: {problem}", key=key)
     return result
 
 
@@ -263,7 +268,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_fi_provider": text,
     "cpuaccel_allocator": choice(ALLOCATOR_CHOICES),
     "cpuaccel_templates": text,
-    "cpuaccel_backend": text,
+    "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
     "cpuaccel_env": env_mapping,
     "cpuaccel_secret_env": env_mapping,
     "cpuaccel_python": text,

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import ATTENTION_ENV, ATTENTION_POLICIES
 
-ATTENTION_ENV = "CPUACCEL_ATTENTION"
-POLICIES = ("auto", "autocast", "fp32")
+POLICIES = ATTENTION_POLICIES
 MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
 BUDGET_S = 2.0  # measuring one kind of attention stops after this many seconds
 LONG_S = 0.5  # a kind whose one call takes longer is left to autocast, unmeasured

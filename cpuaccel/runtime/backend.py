@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import BACKEND_ENV, KNOWN_BACKENDS
 
 CCL_MODULE = "oneccl_bindings_for_pytorch"
 CCL_DISTS = ("oneccl_bind_pt", "oneccl-bind-pt")
 IPEX_MODULE = "intel_extension_for_pytorch"
 IPEX_DISTS = ("intel_extension_for_pytorch", "intel-extension-for-pytorch")
-BACKEND_ENV = "CPUACCEL_BACKEND"
-KNOWN_BACKENDS = ("gloo", "ccl", "mpi")
 
 
 def major_minor(version: str) -> str:

@@ -28,10 +28,10 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
 from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import GRAD_SYNC_ENV, GRAD_SYNC_MODES
 from cpuaccel.runtime.env import DistEnv
 
-GRAD_SYNC_ENV = "CPUACCEL_GRAD_SYNC"
-MODES = ("mpi", "pg")
+MODES = GRAD_SYNC_MODES
 # Buckets of these dtypes go to MPI as they are (numpy and MPI have them).
 NATIVE = (torch.float32, torch.float64)
 

@@ -11,7 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import HashStore  # type: ignore[attr-defined]
 
-from cpuaccel.runtime.backend import BACKEND_ENV, BackendChoice, choose_backend
+from cpuaccel.rank_settings import BACKEND_ENV
+from cpuaccel.runtime.backend import BackendChoice, choose_backend
 from cpuaccel.runtime.env import DistEnv
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import TRACKERS, TRACKERS_ENV, split_names
 
-TRACKERS_ENV = "CPUACCEL_TRACKERS"
-SUPPORTED = ("tensorboard",)
+SUPPORTED = TRACKERS
 TENSORBOARD_DIR = "tensorboard"
 INSTALL_HINT = "pip install 'cpuaccel[tensorboard]'"
 # What metrics.jsonl holds besides the script's values that a scalar chart would not show
@@ -64,8 +64,7 @@ def choose_trackers(
 
 def _split(text: str) -> tuple[str, ...]:
     # "tensorboard", "TensorBoard", " tensorboard," all mean the one tracker, once.
-    words = (word.strip().lower() for word in text.split(","))
-    return tuple(dict.fromkeys(word for word in words if word))
+    return tuple(split_names(text))
 
 
 def start_trackers(names: Iterable[str], log_dir: Path) -> list[Tracker]:
