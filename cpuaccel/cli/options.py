@@ -25,7 +25,7 @@ from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import env_name_problem, user_name_problem
-from cpuaccel.rank_settings import value_problem
+from cpuaccel.rank_settings import CHOICES, value_problem
 from cpuaccel.ui import escape
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -333,7 +333,8 @@ def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) 
             )
         problem = value_problem(key, value if sep else here.get(key, ""))
         if problem is not None:
-            raise UsageError(f"--env {key}: {problem}", hint=f"fix --env {key}=VALUE")
+            example = CHOICES[key][0][0]
+            raise UsageError(f"--env {key}: {problem}", hint=f"e.g. --env {key}={example}")
         if sep:
             env[key] = value
             env.secret.pop(key, None)
