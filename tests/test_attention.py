@@ -211,6 +211,24 @@ def test_a_recomputed_forward_takes_the_forwards_route(tmp_path: Any) -> None:
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+def test_measuring_inside_a_checkpointed_forward_leaves_its_count_alone(
+    tmp_path: Any,
+) -> None:
+    """The first call of a kind measured inside a checkpointed region: the timing's own
+    graphs must not be counted with the region's saved tensors (checkpoint compares the
+    count with its recomputation's, which measures nothing)."""
+    from torch.utils.checkpoint import checkpoint
+
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    with cpuaccel.init(mixed_precision="bf16", metrics_path=tmp_path / "m", verbose=False) as ctx:
+        with ctx.autocast():
+            out = checkpoint(layer, x, use_reentrant=False)
+        out.float().sum().backward()
+        assert len(ctx.attention.chosen) == 1  # measured, inside the region
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_a_long_call_is_left_to_autocast_unmeasured(
     monkeypatch: pytest.MonkeyPatch, qkv: tuple[torch.Tensor, ...]
 ) -> None:

@@ -155,30 +155,55 @@ class Call:
 
     def time_both(self) -> tuple[float, float]:
         """Median seconds of the call as autocast runs it (bf16) and in fp32, alternating,
-        on detached copies of its inputs and without dropout (no random numbers drawn)."""
+        on detached copies of its inputs and without dropout (no random numbers drawn).
+
+        Timed in a thread of its own: autograd's saved-tensor hooks, autocast and grad
+        mode are a thread's state, so the timing's graphs stay out of whatever the
+        caller's thread has on (activation checkpointing counts the tensors a forward
+        saves, and would count these), and the caller's state is untouched."""
         grad = self.grad
         q, k, v = (t.detach().clone().requires_grad_(grad) for t in (self.q, self.k, self.v))
         options = dict(self.options, dropout_p=0.0)
+        outcome: list[tuple[float, float]] = []
+        failed: list[BaseException] = []
 
-        def once(upcast: bool) -> float:
-            started = time.perf_counter()
-            with torch.enable_grad() if grad else torch.no_grad():
-                out = self.fp32(q, k, v, **options) if upcast else SDPA(q, k, v, **options)
-                if grad:
-                    out.backward(torch.ones_like(out))
-            return time.perf_counter() - started
+        def timing() -> None:
+            try:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    outcome.append(_time_both(self, q, k, v, options, grad))
+            except BaseException as exc:  # raised again in the caller's thread
+                failed.append(exc)
 
-        # The first call warms the kernel up (a first call in a process can be slow for
-        # that alone); a second one as slow makes the kind long.
-        if once(False) > LONG_S and (second := once(False)) > LONG_S:
-            return second, math.inf
-        once(True)
-        times: dict[bool, list[float]] = {False: [], True: []}
-        deadline = time.perf_counter() + BUDGET_S
-        while len(times[True]) < 3 and (not times[True] or time.perf_counter() < deadline):
-            for upcast in (False, True):
-                times[upcast].append(once(upcast))
-        return statistics.median(times[False]), statistics.median(times[True])
+        thread = threading.Thread(target=timing, name="cpuaccel-attention-timing", daemon=True)
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+        return outcome[0]
+
+
+def _time_both(
+    call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: Any, grad: bool
+) -> tuple[float, float]:
+    def once(upcast: bool) -> float:
+        started = time.perf_counter()
+        with torch.enable_grad() if grad else torch.no_grad():
+            out = call.fp32(q, k, v, **options) if upcast else SDPA(q, k, v, **options)
+            if grad:
+                out.backward(torch.ones_like(out))
+        return time.perf_counter() - started
+
+    # The first call warms the kernel up (a first call in a process can be slow for that
+    # alone); a second one as slow makes the kind long.
+    if once(False) > LONG_S and (second := once(False)) > LONG_S:
+        return second, math.inf
+    once(True)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    deadline = time.perf_counter() + BUDGET_S
+    while len(times[True]) < 3 and (not times[True] or time.perf_counter() < deadline):
+        for upcast in (False, True):
+            times[upcast].append(once(upcast))
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def _round_up(n: int) -> int:
