@@ -4,8 +4,9 @@
 :mod:`cpuaccel.runtime.context` the :class:`Context` it returns; the other modules are
 their parts: ``env`` (rank and world from the launcher), ``group`` (the process group's
 creation and teardown), ``backend`` (process-group backend, IPEX), ``precision``
-(mixed precision), ``gradsync`` (MPI gradient allreduce), ``data`` (sharded loaders),
-``checkpoint`` (atomic saves), ``metrics`` (metrics.jsonl), ``trackers`` (TensorBoard).
+(mixed precision), ``attention`` (attention's precision under bf16, measured),
+``gradsync`` (MPI gradient allreduce), ``data`` (sharded loaders), ``checkpoint``
+(atomic saves), ``metrics`` (metrics.jsonl), ``trackers`` (TensorBoard).
 """
 
 from __future__ import annotations
