@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from cpuaccel.errors import SettingError
 from cpuaccel.rank_settings import ATTENTION_ENV, ATTENTION_POLICIES
 
-POLICIES = ATTENTION_POLICIES
 MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
 BUDGET_S = 2.0  # measuring one kind of attention stops after this many seconds
 LONG_S = 0.5  # a kind whose one call takes longer is left to autocast, unmeasured
@@ -56,7 +55,7 @@ def attention_policy(value: str | None, environ: Mapping[str, str]) -> str:
     origin = "init(attention=...)" if value is not None else f"${ATTENTION_ENV}"
     text = value if value is not None else environ.get(ATTENTION_ENV, "")
     name = text.strip().lower() or "auto"
-    if name not in POLICIES:
+    if name not in ATTENTION_POLICIES:
         raise SettingError(
             f"{origin}: {text!r} is not a choice; use 'auto' (bf16 or fp32 attention, "
             "whichever is measured faster here), 'autocast' (bf16) or 'fp32'"

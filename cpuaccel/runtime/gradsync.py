@@ -31,7 +31,6 @@ from cpuaccel.errors import SettingError
 from cpuaccel.rank_settings import GRAD_SYNC_ENV, GRAD_SYNC_MODES
 from cpuaccel.runtime.env import DistEnv
 
-MODES = GRAD_SYNC_MODES
 # Buckets of these dtypes go to MPI as they are (numpy and MPI have them).
 NATIVE = (torch.float32, torch.float64)
 
@@ -140,7 +139,7 @@ def choose_grad_sync(requested: str | None, env: DistEnv, environ: Mapping[str, 
         forced, source = environ[GRAD_SYNC_ENV], GRAD_SYNC_ENV
     if forced:
         forced = forced.strip().lower()
-        if forced not in MODES:
+        if forced not in GRAD_SYNC_MODES:
             raise SettingError(f"{source}={forced!r}: use mpi or pg")
     if env.world_size == 1:
         return SyncChoice("none", "a single process has no gradients to sync")

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from cpuaccel.errors import SettingError
 from cpuaccel.rank_settings import TRACKERS, TRACKERS_ENV, split_names
 
-SUPPORTED = TRACKERS
 TENSORBOARD_DIR = "tensorboard"
 INSTALL_HINT = "pip install 'cpuaccel[tensorboard]'"
 # What metrics.jsonl holds besides the script's values that a scalar chart would not show
@@ -48,11 +47,11 @@ def choose_trackers(
     else:
         source = "init(trackers=...)"
         names = _split(trackers) if isinstance(trackers, str) else _split(",".join(trackers))
-    unknown = [name for name in names if name not in SUPPORTED]
+    unknown = [name for name in names if name not in TRACKERS]
     if unknown:
         raise SettingError(
             f"{source}: unknown tracker(s) {', '.join(map(repr, unknown))}; "
-            f"supported: {', '.join(SUPPORTED)}"
+            f"supported: {', '.join(TRACKERS)}"
         )
     if "tensorboard" in names and importlib.util.find_spec("tensorboard") is None:
         raise RuntimeError(
