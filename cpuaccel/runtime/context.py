@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from cpuaccel import _progress
 from cpuaccel.errors import SettingError
-from cpuaccel.runtime import checkpoint, gradsync
+from cpuaccel.runtime import checkpoint, gradsync, group
 from cpuaccel.runtime._log import note
 from cpuaccel.runtime.attention import AttentionChoice, routed
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
@@ -384,17 +384,17 @@ class Context:
 
     # ------------------------------------------------------------------ end
 
-    def close(self) -> None:
+    def close(self, *, together: bool = True) -> None:
         """Close the trackers, put attention's routing back; destroy the process group if
-        :func:`init` created it (also done at exit)."""
+        :func:`init` created it (also done at exit), the ranks together."""
         self.metrics.close()
         self._routing.close()
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self._owns_group:
+            group.leave(together)
         self._owns_group = False
 
     def __enter__(self) -> Context:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        self.close(together=kind is None)

@@ -50,10 +50,13 @@ def create(backend: str, env: DistEnv) -> None:
     )
 
 
-def close_at_exit() -> None:
+def leave(together: bool = True) -> None:
+    """Destroy the group: ``Context.close()`` and, for a script that did not close it,
+    at exit. ``together``: after the other ranks arrive (not for a rank leaving on an
+    exception, whose peers may never come)."""
     if dist.is_initialized():
         with contextlib.suppress(Exception):
-            if dist.get_backend() == "gloo":
+            if together and dist.get_backend() == "gloo":
                 # Ranks leave together: a rank that tears down its gloo connections
                 # while a peer still reads from them can abort that peer (SIGABRT at
                 # exit, seen in about 1 run in 15). Bounded, in case a peer is gone.

@@ -89,7 +89,7 @@ def init(
     sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
     if owns:
         group.create(choice.name, env)
-        atexit.register(group.close_at_exit)
+        atexit.register(group.leave)
     if seed is not None:
         torch.manual_seed(seed)
     ctx = Context(
