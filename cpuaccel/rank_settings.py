@@ -1,14 +1,16 @@
 """The CPUACCEL_* variables a rank's runtime reads, and the values each one takes.
 
-One home for both sides of a launch: the runtime (``cpuaccel.init``, in the rank) refuses
-a bad value with :class:`~cpuaccel.errors.SettingError`, and the controller checks the
-same variables where the user wrote them (``--env``, the project file's ``env``, the
-inventory's ``cpuaccel_env``), so a typo is one line naming that flag or file:line
-before any node is touched, not a failure on every rank after the job started. No
-torch here: the CLI imports it.
+One home for both sides of a launch, in one wording: the runtime (``cpuaccel.init``, in
+the rank) refuses a bad value with :class:`~cpuaccel.errors.SettingError`
+(:func:`check`), and the controller checks the same variables where the user wrote them
+(``--env``, the project file's ``env``, the inventory's ``cpuaccel_env``), so a typo is
+one line naming that flag or file:line before any node is touched, not a failure on
+every rank after the job started. No torch here: the CLI imports it.
 """
 
 from __future__ import annotations
+
+from cpuaccel.errors import SettingError
 
 ATTENTION_ENV = "CPUACCEL_ATTENTION"
 ATTENTION_POLICIES = ("auto", "autocast", "fp32")
@@ -44,4 +46,13 @@ def value_problem(name: str, value: str) -> str | None:
     if not wrong:
         return None
     choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
-    return f"{', '.join(map(repr, wrong))} is not a choice ({meaning}); use {choices}"
+    verdict = "is not a choice" if len(wrong) == 1 else "are not choices"
+    return f"{', '.join(map(repr, wrong))} {verdict} ({meaning}); use {choices}"
+
+
+def check(name: str, value: str, origin: str) -> None:
+    """The rank's side: SettingError ``origin: why`` (``$NAME`` or ``init(x=...)``) when
+    ``value`` cannot be variable ``name``'s."""
+    problem = value_problem(name, value)
+    if problem is not None:
+        raise SettingError(f"{origin}: {problem}")

@@ -47,8 +47,8 @@ def test_the_policy_comes_from_init_then_the_environment_and_is_checked() -> Non
     with pytest.raises(ValueError) as error:
         attention_policy(None, {"CPUACCEL_ATTENTION": "fp16"})
     assert str(error.value) == (
-        "$CPUACCEL_ATTENTION: 'fp16' is not a choice; use 'auto' (bf16 or fp32 attention, "
-        "whichever is measured faster here), 'autocast' (bf16) or 'fp32'"
+        "$CPUACCEL_ATTENTION: 'fp16' is not a choice (attention's precision under bf16); "
+        "use auto, autocast or fp32"
     )
     with pytest.raises(ValueError, match=r"^init\(attention=\.\.\.\): 'bf32' is not"):
         attention_policy("bf32", {})

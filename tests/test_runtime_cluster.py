@@ -122,7 +122,7 @@ def sync_run(
         "--env", f"CPUACCEL_GRAD_SYNC={mode}", "sync.py", str(steps), str(out),
     )  # fmt: skip
     assert run.code == 0, run
-    assert f"cpuaccel: gradient sync {mode}: forced by CPUACCEL_GRAD_SYNC" in run.stderr, run
+    assert f"cpuaccel: gradient sync {mode}: forced by $CPUACCEL_GRAD_SYNC" in run.stderr, run
     return rank_json(run, 4)
 
 

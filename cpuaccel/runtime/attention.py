@@ -36,8 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cpuaccel.errors import SettingError
-from cpuaccel.rank_settings import ATTENTION_ENV, ATTENTION_POLICIES
+from cpuaccel.rank_settings import ATTENTION_ENV, check
 
 MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
 BUDGET_S = 2.0  # measuring one kind of attention stops after this many seconds
@@ -54,13 +53,8 @@ def attention_policy(value: str | None, environ: Mapping[str, str]) -> str:
     """``init(attention=...)``, else $CPUACCEL_ATTENTION, else ``auto``; checked here."""
     origin = "init(attention=...)" if value is not None else f"${ATTENTION_ENV}"
     text = value if value is not None else environ.get(ATTENTION_ENV, "")
-    name = text.strip().lower() or "auto"
-    if name not in ATTENTION_POLICIES:
-        raise SettingError(
-            f"{origin}: {text!r} is not a choice; use 'auto' (bf16 or fp32 attention, "
-            "whichever is measured faster here), 'autocast' (bf16) or 'fp32'"
-        )
-    return name
+    check(ATTENTION_ENV, text, origin)
+    return text.strip().lower() or "auto"
 
 
 @dataclass

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from cpuaccel.errors import SettingError
-from cpuaccel.rank_settings import BACKEND_ENV, KNOWN_BACKENDS
+from cpuaccel.rank_settings import BACKEND_ENV, check
 
 CCL_MODULE = "oneccl_bindings_for_pytorch"
 CCL_DISTS = ("oneccl_bind_pt", "oneccl-bind-pt")
@@ -106,13 +105,10 @@ def choose_backend(
     """
     forced, source = requested, "init(backend=...)"
     if not forced and environ.get(BACKEND_ENV):
-        forced, source = environ[BACKEND_ENV], BACKEND_ENV
+        forced, source = environ[BACKEND_ENV], f"${BACKEND_ENV}"
     if forced:
+        check(BACKEND_ENV, forced, source)
         forced = forced.strip().lower()
-        if forced not in KNOWN_BACKENDS:
-            raise SettingError(
-                f"{source}={forced!r}: unknown backend (use one of {', '.join(KNOWN_BACKENDS)})"
-            )
         if forced == "ccl":
             ccl = find_extension(CCL_MODULE, CCL_DISTS, torch_version)
             if not ccl.usable:

@@ -27,8 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
-from cpuaccel.errors import SettingError
-from cpuaccel.rank_settings import GRAD_SYNC_ENV, GRAD_SYNC_MODES
+from cpuaccel.rank_settings import GRAD_SYNC_ENV, check
 from cpuaccel.runtime.env import DistEnv
 
 # Buckets of these dtypes go to MPI as they are (numpy and MPI have them).
@@ -136,11 +135,10 @@ def choose_grad_sync(requested: str | None, env: DistEnv, environ: Mapping[str, 
     """
     forced, source = requested, "init(grad_sync=...)"
     if not forced and environ.get(GRAD_SYNC_ENV):
-        forced, source = environ[GRAD_SYNC_ENV], GRAD_SYNC_ENV
+        forced, source = environ[GRAD_SYNC_ENV], f"${GRAD_SYNC_ENV}"
     if forced:
+        check(GRAD_SYNC_ENV, forced, source)
         forced = forced.strip().lower()
-        if forced not in GRAD_SYNC_MODES:
-            raise SettingError(f"{source}={forced!r}: use mpi or pg")
     if env.world_size == 1:
         return SyncChoice("none", "a single process has no gradients to sync")
     if forced == "pg":

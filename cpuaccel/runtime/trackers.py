@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from cpuaccel.errors import SettingError
-from cpuaccel.rank_settings import TRACKERS, TRACKERS_ENV, split_names
+from cpuaccel.rank_settings import TRACKERS_ENV, check, split_names
 
 TENSORBOARD_DIR = "tensorboard"
 INSTALL_HINT = "pip install 'cpuaccel[tensorboard]'"
@@ -47,12 +46,7 @@ def choose_trackers(
     else:
         source = "init(trackers=...)"
         names = _split(trackers) if isinstance(trackers, str) else _split(",".join(trackers))
-    unknown = [name for name in names if name not in TRACKERS]
-    if unknown:
-        raise SettingError(
-            f"{source}: unknown tracker(s) {', '.join(map(repr, unknown))}; "
-            f"supported: {', '.join(TRACKERS)}"
-        )
+    check(TRACKERS_ENV, ",".join(names), source)
     if "tensorboard" in names and importlib.util.find_spec("tensorboard") is None:
         raise RuntimeError(
             f"{source} asks for tensorboard, but the tensorboard package is not installed: "
