@@ -246,3 +246,15 @@ def test_a_proxy_in_ansible_ssh_args_is_refused_naming_the_host(option: str) -> 
     host = Host("n1", {"ansible_host": "192.0.2.1", "ansible_ssh_common_args": f"-o '{option}'"})
     with pytest.raises(Unreachable, match=r"^n1: .* in ansible_ssh_common_args is not supported"):
         SSHConnector(host, CHECKED).connect()  # refused before any connection
+
+
+def test_rsync_line_for_vv_names_a_few_sources_and_counts_the_rest() -> None:
+    from cpuaccel.connectors.commandline import shown_line
+    from cpuaccel.connectors.rsync import rsync_argv, shown_rsync
+
+    many = rsync_argv(["-a"], [f"/s/./f{i}" for i in range(10)], "10.0.0.1:/d/")
+    line = shown_rsync(many)
+    assert line.endswith("-- /s/./f0 /s/./f1 /s/./f2 10.0.0.1:/d/ (7 more sources)"), line
+    assert "f3" not in line
+    one = rsync_argv(["-a"], "/s/", "/d/")
+    assert shown_rsync(one) == shown_line(one)

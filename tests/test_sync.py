@@ -627,6 +627,54 @@ def test_rsync_writes_without_a_temp_folder_only_where_the_sync_made_the_folder(
     assert (tmp_path / "w1" / "proj" / "data.bin").read_bytes() == big[::-1]
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_rsync_gets_the_entries_as_arguments_or_past_their_room_on_stdin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named: bool
+) -> None:
+    """Named as rsync's arguments (ROOT/./REL: no --files-from list read one byte a
+    system call), the entries land as the list landed them: names rsync could read as
+    a pattern, an option or HOST:PATH taken literally, nothing unlisted sent (a name
+    like ``[ab]`` or ``*`` globbed would send the excluded ``a``, a listed folder
+    recursed into its excluded ``secret``)."""
+    from cpuaccel.connectors.local import LocalConnector
+
+    calls: list[tuple[list[str], Any, Any]] = []
+    real = LocalConnector.rsync
+
+    def recorded(
+        self: LocalConnector, flags: Sequence[str], source: Any, *a: Any, **kw: Any
+    ) -> Any:
+        calls.append((list(flags), source, kw.get("stdin")))
+        return real(self, flags, source, *a, **kw)
+
+    monkeypatch.setattr(LocalConnector, "rsync", recorded)
+    if not named:  # no room on the command line: the list goes on stdin
+        monkeypatch.setattr(transfer, "ARGV_SHARE", 1 << 40)
+    files: dict[str, str | bytes] = {"data.bin": os.urandom(transfer.RSYNC_MIN_BYTES + 1)}
+    names = ("[ab]", "*", "-x", "a:b", "we ird/h", "a", "sub/deep/f", "sub/deep/secret")
+    files |= {name: name for name in names}
+    src = make_tree(tmp_path / "src", files)
+    (src / "link").symlink_to("sub/deep/f")
+    source = build([str(src)], excludes=["/a", "secret"])  # a listed folder's, unlisted
+    results = engine.sync([local_host("one", tmp_path / "w")], source,
+                          SyncOptions("{{ cpuaccel_workdir }}/proj"), forks=1,
+                          connect=ConnectOptions())  # fmt: skip
+    assert results[0].value is not None and results[0].value.method == "rsync"
+    assert results[0].value.in_sync
+    flags, given, stdin = calls[-1]
+    if named:
+        assert stdin is None and "--files-from=-" not in flags
+        assert sorted(given) == sorted(f"{src}/./{rel}" for rel in source.entries)
+    else:
+        assert isinstance(given, str) and "--files-from=-" in flags and stdin is not None
+    dest = tmp_path / "w" / "proj"
+    landed = {p.relative_to(dest).as_posix() for p in dest.rglob("*")} - {remote.STATE}
+    assert {rel for rel in landed if not rel.startswith(remote.STATE + "/")} == set(source.entries)
+    assert "a" not in landed and "sub/deep/secret" not in landed
+    assert (dest / "[ab]").read_text() == "[ab]"
+    assert os.readlink(dest / "link") == "sub/deep/f"
+
+
 def test_engine_writes_a_shared_destination_once(tmp_path: Path) -> None:
     src = make_tree(tmp_path / "src", {"a.py": "a"})
     hosts = [local_host(f"n{i}", tmp_path / "w") for i in range(3)]

@@ -172,13 +172,13 @@ class Connector(abc.ABC):
     def rsync(
         self,
         flags: Sequence[str],
-        source: str,
+        source: str | list[str],
         dest: str,
         *,
         stdin: bytes | None = None,
         on_line: Callable[[str], None] | None = None,
     ) -> RsyncResult:
-        """Push ``source`` (a path on the controller) to ``dest`` on the host with
+        """Push ``source`` (a path on the controller, or several) to ``dest`` on the host with
         ``rsync FLAGS``; its stdout lines go to on_line, or into the result."""
 
     def ssh_argv(self) -> list[str]:

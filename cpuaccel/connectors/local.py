@@ -21,7 +21,7 @@ from cpuaccel.connectors.base import (
     Process,
     split_lines,
 )
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
 
 _CHUNK = 1 << 18
 
@@ -106,7 +106,7 @@ class LocalConnector(Connector):
     def rsync(
         self,
         flags: Sequence[str],
-        source: str,
+        source: str | list[str],
         dest: str,
         *,
         stdin: bytes | None = None,
@@ -114,7 +114,7 @@ class LocalConnector(Connector):
     ) -> RsyncResult:
         # No shell expands "~" here: rsync would make a folder named "~" in the cwd.
         argv = rsync_argv(flags, source, os.path.expanduser(dest))
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)}")
+        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)}")
         return run_rsync(argv, stdin=stdin, on_line=on_line)
 
     def start(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import BinaryIO
 
 from cpuaccel import ui
-from cpuaccel.connectors import commandline, controlpath, kex, known_lines, openssh
+from cpuaccel.connectors import controlpath, kex, known_lines, openssh
 from cpuaccel.connectors.base import (
     CommandResult,
     HostKeyError,
@@ -33,7 +33,7 @@ from cpuaccel.connectors.base import (
 )
 from cpuaccel.connectors.hostkeys import SYSTEM_KNOWN_HOSTS, host_key_policy, refuse_inline_proxy
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
 
 PERSIST = controlpath.PERSIST_SECONDS
 SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of its words
@@ -205,7 +205,7 @@ class OpenSSHConnector(LocalConnector):
     def rsync(
         self,
         flags: Sequence[str],
-        source: str,
+        source: str | list[str],
         dest: str,
         *,
         stdin: bytes | None = None,
@@ -213,7 +213,7 @@ class OpenSSHConnector(LocalConnector):
     ) -> RsyncResult:
         # rsync's ssh goes through the same master: no handshake of its own.
         argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self._argv())
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)} (on the controller)")
+        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)} (on the controller)")
         result = run_rsync(argv, stdin=stdin, on_line=on_line)
         refused = None if result.ok else openssh.refused_key(result.stderr, self._hops or [])
         if refused is not None:  # ssh's words are lost under rsync's last line otherwise

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from cpuaccel.connectors import commandline
+
 
 @dataclass(frozen=True)
 class RsyncResult:
@@ -51,15 +53,29 @@ def secluded_flag() -> tuple[str, ...]:
 
 
 def rsync_argv(
-    flags: Sequence[str], source: str, dest: str, ssh: Sequence[str] | None = None
+    flags: Sequence[str], source: str | list[str], dest: str, ssh: Sequence[str] | None = None
 ) -> list[str]:
-    """``rsync FLAGS [-e SSH] -- SOURCE DEST``: with the secluded-args flag, and ``--``
+    """``rsync FLAGS [-e SSH] -- SOURCE... DEST``: with the secluded-args flag, and ``--``
     before the paths and at the end of the ssh command (rsync appends the host there),
     so that neither a path nor a host is ever read as an option."""
     argv = ["rsync", *secluded_flag(), *flags]
     if ssh is not None:
         argv += ["-e", shlex.join([*ssh, "--"])]
-    return [*argv, "--", source, dest]
+    return [*argv, "--", *([source] if isinstance(source, str) else source), dest]
+
+
+SHOWN_SOURCES = 3  # -vv's line names this many sources, then how many more
+
+
+def shown_rsync(argv: Sequence[str]) -> str:
+    """-vv's line for an argv of :func:`rsync_argv`: a sync may name thousands of
+    sources, of which the line shows the first few and a count of the rest."""
+    cut = list(argv).index("--") + 1
+    sources = argv[cut:-1]
+    if len(sources) <= SHOWN_SOURCES:
+        return commandline.shown_line(argv)
+    kept = [*argv[:cut], *sources[:SHOWN_SOURCES], argv[-1]]
+    return f"{commandline.shown_line(kept)} ({len(sources) - SHOWN_SOURCES} more sources)"
 
 
 def run_rsync(

@@ -60,7 +60,7 @@ class SrunConnector(LocalConnector):
     def rsync(
         self,
         flags: Sequence[str],
-        source: str,
+        source: str | list[str],
         dest: str,
         *,
         stdin: bytes | None = None,

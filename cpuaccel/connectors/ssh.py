@@ -43,7 +43,7 @@ from cpuaccel.connectors.hostkeys import (
     host_key_policy,
     refuse_inline_proxy,
 )
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
 
 _READ_CHUNK = 1 << 16
 # What paramiko raises when a channel or its connection is gone: EOFError, not OSError,
@@ -236,7 +236,7 @@ class SSHConnector(Connector):
     def rsync(
         self,
         flags: Sequence[str],
-        source: str,
+        source: str | list[str],
         dest: str,
         *,
         stdin: bytes | None = None,
@@ -247,7 +247,7 @@ class SSHConnector(Connector):
         hops = openssh.jump_hops(self.host)
         ssh = openssh.ssh_argv(self.host, self.options, hops)
         argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), ssh)
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv)} (on the controller)")
+        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)} (on the controller)")
         result = run_rsync(argv, stdin=stdin, on_line=on_line)
         refused = None if result.ok else openssh.refused_key(result.stderr, hops)
         if refused is not None:  # ssh's words are lost under rsync's last line otherwise

@@ -23,6 +23,13 @@ from cpuaccel.sync.manifest import SourceManifest
 # Below this many changed bytes the tar stream on the already-open connection wins: rsync
 # costs another SSH handshake and its own file list before the first byte moves.
 RSYNC_MIN_BYTES = 4 << 20
+# rsync reads --files-from one byte a system call, a poll before each (54,000 of both
+# for 2,000 paths: ~50 ms of CPU a node, 0.8 s of a 16-node sync's on two cores). The
+# same entries named as its arguments cost no list to read; they may take this share of
+# the system's argument space (ARG_MAX), beyond which the list goes on stdin again.
+ARGV_SHARE = 4
+NAMED = ["--no-recursive", "--dirs", "--relative"]  # what --files-from implies, as flags
+LISTED = ["--from0", "--files-from=-"]
 
 
 @functools.cache
@@ -48,7 +55,7 @@ def rsync_push(
     # --ignore-times: every listed file differs by its content hash; rsync's own quick
     # check (size and mtime) would skip one rewritten at the same size within the same
     # mtime, and the node, trusting what rsync delivered, would keep the old bytes.
-    flags = ["-a", "--ignore-times", "--from0", "--files-from=-"]
+    flags = ["-a", "--ignore-times"]
     if temp_dir:
         flags.append(f"--temp-dir={STATE}/{RSYNC_TMP}")
     flags.append("--out-format=%l")  # one line per file sent: its size, for on_bytes
@@ -60,14 +67,34 @@ def rsync_push(
             on_bytes(int(line))
 
     for root, rels in by_root.items():
-        listing = b"\0".join(os.fsencode(rel) for rel in rels) + b"\0"
-        result = conn.rsync(flags, root.rstrip("/") + "/", dest + "/", stdin=listing, on_line=sent)
+        named = as_arguments(root, rels)
+        if named is not None:
+            result = conn.rsync([*flags, *NAMED], named, dest + "/", on_line=sent)
+        else:
+            listing = b"\0".join(os.fsencode(rel) for rel in rels) + b"\0"
+            folder = root.rstrip("/") + "/"
+            result = conn.rsync([*flags, *LISTED], folder, dest + "/", stdin=listing, on_line=sent)
         if not result.ok:
             raise HostError(
                 conn.host.name,
                 f"rsync exited {result.exit_code}: {result.error}",
                 hint="check free disk and permissions at the destination",
             )
+
+
+def as_arguments(root: str, rels: Sequence[str]) -> list[str] | None:
+    """``ROOT/./REL`` for each entry (``--relative`` keeps the part after ``/./``, so the
+    entry lands at REL under the destination, its folders made as --files-from makes
+    them), or None when they would take more than ARG_MAX / ARGV_SHARE. ROOT is made
+    absolute: no ``/./`` in it, and no argument that rsync could read as ``HOST:PATH``."""
+    base = os.path.abspath(root)
+    if any(rel in ("", ".") or rel.startswith("/") for rel in rels):
+        return None  # not below ROOT ("ROOT/./." would send the folder's files, all of them)
+    named = [f"{base}/./{rel}" for rel in rels]
+    room = os.sysconf("SC_ARG_MAX") // ARGV_SHARE
+    if sum(len(os.fsencode(arg)) + 9 for arg in named) > room:  # + NUL and the pointer
+        return None
+    return named
 
 
 def tar_stream(source: SourceManifest, changed: Sequence[str], header: bytes) -> BinaryIO:
