@@ -163,38 +163,46 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _fork() -> tuple[int, set[int]]:
-    """fork, the forwarded signals held until each side is ready for them: the child's
-    mask is put back at once (its own signals act as in a plain `python SCRIPT`), the
-    parent's by :func:`_wait_for_script` once it forwards them. A SIGTERM that MPI sends
-    the rank between the fork and the forwarding would otherwise kill the rank's own
-    process by default, and the script (through PDEATHSIG) with SIGKILL, its handler
-    never run. Returns the child's pid (0 in the child) and the mask to put back."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+# What the rank's own process waits for: a signal to pass on, or its child's end.
+AWAITED = (*FORWARDED, signal.SIGCHLD)
+
+
+def _fork() -> int:
+    """fork, with the awaited signals blocked in the rank's own process until it ends
+    (:func:`_wait_for_script` takes them one by one; one still pending when the script
+    has ended must not kill it before it reports) and put back at once in the child,
+    whose own signals act as in a plain `python SCRIPT`."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, AWAITED)
     child = os.fork()
     if child == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return child, held
+    return child
 
 
-def _wait_for_script(child: int, held: set[int], label: str, report: bool = True) -> int:
-    """The rank's own process: pass signals on to the script's (those that came since
-    the fork first), wait for it, report its death by a signal.
+def _wait_for_script(child: int, label: str, report: bool = True) -> int:
+    """The rank's own process: pass signals on to the script's, wait for it, report its
+    death by a signal.
+
+    The signals are taken synchronously (``sigwaitinfo``), not by handlers: a Python
+    handler runs between bytecodes, so a SIGTERM from MPI landing just before a blocking
+    ``waitpid`` waited there until the script ended by itself, and one landing between
+    the fork and the handlers' installation killed this process, and the script by
+    PDEATHSIG, the script's own handler never run. Blocked from the fork on, each one
+    waits in the kernel until taken here.
 
     A rank killed by a signal (the OOM killer, a segfault, kill -9) cannot say so
     itself, and MPI launchers report it only when the whole job has ended (Intel MPI's
     hydra lets the other ranks run on). Its parent can: it prints the exit marker the
     controller watches for, so the job is ended at once.
     """
-
-    def forward(signum: int, frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signum)
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
-    signal.pthread_sigmask(signal.SIG_SETMASK, held)  # what came meanwhile is delivered
-    _, status = os.waitpid(child, 0)
+    while True:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid == child:
+            break
+        signum = signal.sigwaitinfo(AWAITED).si_signo  # SIGCHLD: look again
+        if signum != signal.SIGCHLD:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
     if not os.WIFSIGNALED(status):
         return os.waitstatus_to_exitcode(status)
     signum = os.WTERMSIG(status)
@@ -244,9 +252,9 @@ def main() -> None:
     if mode == "program":
         _run_program(what, args, label)
     parent = os.getpid()
-    child, held = _fork()
+    child = _fork()
     if child != 0:
-        os._exit(_wait_for_script(child, held, label) & 0xFF)
+        os._exit(_wait_for_script(child, label) & 0xFF)
     _die_with_parent(parent)
     if label:
         _labels.install(label)
@@ -273,7 +281,7 @@ def _run_program(program: str, args: list[str], label: str) -> None:
     if label:
         _labels.install(label)  # in this process: the child's output passes through it
     parent = os.getpid()
-    child, held = _fork()
+    child = _fork()
     if child == 0:
         _die_with_parent(parent)
         try:
@@ -281,7 +289,7 @@ def _run_program(program: str, args: list[str], label: str) -> None:
         except OSError as exc:  # as a shell says it, with the shell's codes
             print(f"cpuaccel: {program}: {exc.strerror}", file=sys.stderr, flush=True)
             os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-    code = _wait_for_script(child, held, "", report=False)
+    code = _wait_for_script(child, "", report=False)
     _report_exit(code)
     _labels.finish()
     os._exit(code & 0xFF)
