@@ -37,27 +37,23 @@ def choose_trackers(
 ) -> tuple[str, ...]:
     """The tracker names asked for (argument, else $CPUACCEL_TRACKERS), checked.
 
-    A ValueError names the unknown ones and the supported list; a RuntimeError says how
-    to install a supported tracker whose package is missing.
+    A SettingError names the unknown ones and the supported list; a RuntimeError says how
+    to install a supported tracker whose package is missing. "tensorboard",
+    "TensorBoard", " tensorboard," all mean the one tracker, once.
     """
     if trackers is None:
-        source = f"${TRACKERS_ENV}"
-        names = _split(environ.get(TRACKERS_ENV, ""))
+        source, text = f"${TRACKERS_ENV}", environ.get(TRACKERS_ENV, "")
     else:
         source = "init(trackers=...)"
-        names = _split(trackers) if isinstance(trackers, str) else _split(",".join(trackers))
-    check(TRACKERS_ENV, ",".join(names), source)
+        text = trackers if isinstance(trackers, str) else ",".join(trackers)
+    check(TRACKERS_ENV, text, source)
+    names = tuple(split_names(text))
     if "tensorboard" in names and importlib.util.find_spec("tensorboard") is None:
         raise RuntimeError(
             f"{source} asks for tensorboard, but the tensorboard package is not installed: "
             f"{INSTALL_HINT}"
         )
     return names
-
-
-def _split(text: str) -> tuple[str, ...]:
-    # "tensorboard", "TensorBoard", " tensorboard," all mean the one tracker, once.
-    return tuple(split_names(text))
 
 
 def start_trackers(names: Iterable[str], log_dir: Path) -> list[Tracker]:
