@@ -67,7 +67,10 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
-    from cpuaccel.launch import fanout, job, launcher_reach, nodes, preflight, supervise
+    from cpuaccel.jobs import connections as nodes
+    from cpuaccel.jobs import launch as job
+    from cpuaccel.jobs import launcher_reach, preflight, supervise
+    from cpuaccel.runs import fanout
 
     SPANS["imports"] = [(imported, time.time())]  # the launch modules, as run would load them
     _timed(job, "launch", "launch")

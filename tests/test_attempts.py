@@ -1,4 +1,4 @@
-"""The attempt loop of `run --max-restarts` without nodes (launch/attempts.py): its
+"""The attempt loop of `run --max-restarts` without nodes (jobs/attempts.py): its
 decisions (pure), the records it keeps, the settings it reads, and a stop between
 attempts. The real restarts are in test_restart_cluster.py."""
 
@@ -18,10 +18,10 @@ from rich.console import Console
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import parse_project
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import attempts
-from cpuaccel.launch.attempts import Attempt, AttemptLog, decide
-from cpuaccel.launch.rundir import RunDir
-from cpuaccel.launch.supervise import Failure, Outcome
+from cpuaccel.jobs import attempts
+from cpuaccel.jobs.attempts import Attempt, AttemptLog, decide
+from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.jobs.supervise import Failure, Outcome
 
 
 def attempt(k: int, reason: str = "failed", code: int | None = 3, rank: int | None = 0,
@@ -213,7 +213,7 @@ def test_settings_come_from_the_flag_else_the_project_file_else_the_default(
 
 
 def test_attempt_k_tells_its_ranks_which_it_is() -> None:
-    from cpuaccel.launch.plan import Script, build_plan
+    from cpuaccel.jobs.plan import Script, build_plan
 
     inventory = Inventory.implicit()
     settings = resolve({"ppn": 1}, None, inventory, inventory.select(None))
@@ -263,8 +263,8 @@ def restarted_run(tmp_path: Path, checkpoints: bool) -> Path:
 def test_report_marks_each_restart_on_the_loss_plot(
     tmp_path: Path, checkpoints: bool, step: int
 ) -> None:
-    from cpuaccel.cli import report_plot
-    from cpuaccel.launch.metrics_summary import read_metrics, read_restarts, read_run_info
+    from cpuaccel.runs import plot as report_plot
+    from cpuaccel.runs.metrics import read_metrics, read_restarts, read_run_info
 
     run_dir = restarted_run(tmp_path, checkpoints)
     metrics = read_metrics(run_dir)
@@ -291,7 +291,7 @@ def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
     [(None, "succeeded", 0), (1, "failed", 0), (2, "succeeded", 1), (1, "running", 1)],
 )
 def test_ps_counts_the_restarts(count: int | None, state: str, restarts: int) -> None:
-    from cpuaccel.launch import run_rows
+    from cpuaccel.runs import rows as run_rows
 
     record = {} if count is None else {"attempts": [attempt(k).to_json() for k in range(count)]}
     assert run_rows.restarts(record, state) == restarts

@@ -1,6 +1,6 @@
 """bench/launch_phases.py times run's phases by wrapping functions by name: a function
 moved or renamed in cpuaccel would stop the launch bench at its first run (it did once,
-when check_launcher_reach moved to launch/launcher_reach.py). Every name it wraps must
+when check_launcher_reach moved to jobs/launcher_reach.py). Every name it wraps must
 exist where it looks."""
 
 from __future__ import annotations

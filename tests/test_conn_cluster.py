@@ -19,7 +19,7 @@ import pytest
 
 from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.launch.supervise import GRACE, TEARDOWN
+from cpuaccel.jobs.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import ENV, BackgroundRun, make_project

@@ -26,8 +26,8 @@ from cpuaccel.connectors.openssh import port_of, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector, SSHProcess
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import rundir
-from cpuaccel.launch.plan import RunPlan
+from cpuaccel.jobs import rundir
+from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.playbook import templar
 
 CHECKED = ConnectOptions()

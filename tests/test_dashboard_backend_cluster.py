@@ -1,6 +1,6 @@
 """The dashboard's backend on real nodes (issue 14 item 6): a detached 2 nodes x 2 job
 whose head (node1) is not the controller is served with every rank and its metrics
-while it runs (its folder kept live from the head: launch/results.Homecoming), and the
+while it runs (its folder kept live from the head: runs/homecoming.Homecoming), and the
 page's POST stop ends it with nothing left; ``run --detach --dashboard`` keeps serving
 after the start until Ctrl-C and the job goes on; a foreground ``run --dashboard``'s
 page closes with the run. The browser's side is tests/test_dashboard_cluster.py.

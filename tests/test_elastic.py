@@ -1,4 +1,4 @@
-"""`run --nodes MIN:MAX` without nodes (launch/elastic.py, issue 15 item 2): choosing
+"""`run --nodes MIN:MAX` without nodes (jobs/elastic.py, issue 15 item 2): choosing
 the hosts that remain, the plan on them, the preflight that leaves failing nodes out,
 the settings, and the attempt loop's checkpoint lookup on the remaining nodes. The real
 lost node is in test_elastic_cluster.py."""
@@ -15,12 +15,12 @@ from cpuaccel.config.effective import resolve
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import attempts, elastic
-from cpuaccel.launch.attempts import AttemptLog
-from cpuaccel.launch.elastic import PreflightFailed
-from cpuaccel.launch.plan import RunPlan, Script, build_plan
-from cpuaccel.launch.rundir import RunDir
-from cpuaccel.launch.supervise import Outcome
+from cpuaccel.jobs import attempts, elastic
+from cpuaccel.jobs.attempts import AttemptLog
+from cpuaccel.jobs.elastic import PreflightFailed
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan
+from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.jobs.supervise import Outcome
 
 REPO = Path(__file__).resolve().parent.parent
 INVENTORY = REPO / "inventory.example.yaml"  # node0..node3

@@ -20,7 +20,7 @@ import pytest
 import cpuaccel
 from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.launch.supervise import GRACE, TEARDOWN
+from cpuaccel.jobs.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import BackgroundRun, make_project

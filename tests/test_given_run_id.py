@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE
-from cpuaccel.launch import given_id
+from cpuaccel.jobs import given_id
 from cpuaccel.testing.command import clean_env, cpuaccel
 
 RUN_ID = "20261130-211500-a1b2c3"

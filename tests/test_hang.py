@@ -26,9 +26,9 @@ from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_USAGE, ProjectFileError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch.plan import Script, build_plan
-from cpuaccel.launch.rundir import RunDir
-from cpuaccel.launch.supervise import EXIT_TIMEOUT, Job, OutputRouter, end_status
+from cpuaccel.jobs.plan import Script, build_plan
+from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.jobs.supervise import EXIT_TIMEOUT, Job, OutputRouter, end_status
 from cpuaccel.node import progress, supervisor
 from cpuaccel.node.progress import ProgressTracker, marker, parse
 from cpuaccel.testing.command import clean_env, cpuaccel

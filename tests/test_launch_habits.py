@@ -29,10 +29,10 @@ from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import job
-from cpuaccel.launch.nodes import Nodes
-from cpuaccel.launch.plan import Script, build_plan
-from cpuaccel.launch.precision_choice import PLACEHOLDER
+from cpuaccel.jobs import launch as job
+from cpuaccel.jobs.connections import Nodes
+from cpuaccel.jobs.plan import Script, build_plan
+from cpuaccel.jobs.precision_choice import PLACEHOLDER
 from cpuaccel.testing.command import cpuaccel, inherited_env
 from cpuaccel.testing.command import output_section as section
 

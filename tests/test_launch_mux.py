@@ -21,9 +21,10 @@ from cpuaccel.connectors import controlpath, openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import launcher_reach
-from cpuaccel.launch.rundir import render_job_files
-from cpuaccel.node import jobs, mux
+from cpuaccel.jobs import launcher_reach
+from cpuaccel.jobs.rundir import render_job_files
+from cpuaccel.node import jobctl as jobs
+from cpuaccel.node import mux
 
 FAKE_SSH = "#!/bin/sh\nexit 0\n"
 

@@ -25,11 +25,11 @@ from cpuaccel.errors import HostError, InventoryError
 from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import launcher_reach
-from cpuaccel.launch.launcher_reach import check_launcher_reach
-from cpuaccel.launch.plan import RunPlan, Script, build_plan
-from cpuaccel.launch.rundir import RunDir, render_job_files, render_ssh_files
-from cpuaccel.node import jobs
+from cpuaccel.jobs import launcher_reach
+from cpuaccel.jobs.launcher_reach import check_launcher_reach
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan
+from cpuaccel.jobs.rundir import RunDir, render_job_files, render_ssh_files
+from cpuaccel.node import jobctl as jobs
 
 RUN_ID = "20260101-000000-abcdef"
 # Everything a shell or ssh_config could misread, short of what ssh_config cannot hold.

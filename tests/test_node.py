@@ -20,7 +20,7 @@ def test_each_program_carries_only_the_parts_it_imports() -> None:
     tree = ["common", "destination", "entries", "nofollow", "unfinished", "tree"]
     assert node.parts("tree") == tree  # unfinished: a folder the sync made (rsync)
     # runfiles: ps, logs; progress: run --hang-timeout's stacks; mux: the head's masters
-    assert node.parts("jobs") == ["common", "nofollow", "mux", "progress", "runfiles", "jobs"]
+    assert node.parts("jobctl") == ["common", "nofollow", "mux", "progress", "runfiles", "jobctl"]
     agent = node.parts("agent")
     assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)
     assert agent.index("pep440") < agent.index("pip")  # what a part imports runs first
@@ -30,8 +30,8 @@ def test_each_program_carries_only_the_parts_it_imports() -> None:
 
 def test_a_bundled_program_runs_without_cpuaccel_installed(tmp_path: Path) -> None:
     """-I: no PYTHONPATH, no site-packages; the program has everything it imports."""
-    source = node.program("jobs")
-    argv = programs.argv(sys.executable, "jobs", ["procs", "no-such-run"])
+    source = node.program("jobctl")
+    argv = programs.argv(sys.executable, "jobctl", ["procs", "no-such-run"])
     isolated = [argv[0], "-I", *argv[1:]]
     done = subprocess.run(isolated, input=source, capture_output=True, cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stderr

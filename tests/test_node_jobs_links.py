@@ -23,16 +23,16 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch.nodes import Nodes, copy_files
+from cpuaccel.jobs.connections import Nodes, copy_files
 
 RUN_ID = "20260101-000000-abcd"
 FILES = {"secret.env": [0o600, "export T=s3cret\n"], "env.sh": [0o600, "export A=1\n"]}
 
 
 def jobs(*words: str, payload: bytes = b"") -> subprocess.CompletedProcess[bytes]:
-    argv = programs.argv(sys.executable, "jobs", list(words))
+    argv = programs.argv(sys.executable, "jobctl", list(words))
     isolated = [argv[0], "-I", *argv[1:]]  # the node has no cpuaccel: only what ships
-    source = node.program("jobs")
+    source = node.program("jobctl")
     return subprocess.run(isolated, input=source + payload, capture_output=True, check=False)
 
 

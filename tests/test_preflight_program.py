@@ -61,9 +61,9 @@ def test_a_refused_destination_is_refused_as_by_the_tree_program(tmp_path: Path)
 
 
 def test_the_program_carries_the_probe_the_receiver_and_the_jobs_part() -> None:
-    assert node.parts("preflight") == [
-        "common", "facts", "nofollow", "mux", "progress", "runfiles", "jobs", "destination",
-        "entries", "unfinished", "tree", "preflight",
+    assert node.parts("prelaunch") == [
+        "common", "facts", "nofollow", "mux", "progress", "runfiles", "jobctl", "destination",
+        "entries", "unfinished", "tree", "prelaunch",
     ]  # fmt: skip
 
 
@@ -125,7 +125,7 @@ def test_the_run_files_go_to_the_kept_program_else_to_a_fresh_call(tmp_path: Pat
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from cpuaccel.launch.nodes import Nodes, copy_files
+    from cpuaccel.jobs.connections import Nodes, copy_files
 
     conn, kept = _kept(tmp_path)
     run_dir = tmp_path / "work" / "runs" / RUN_ID

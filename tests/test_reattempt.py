@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cpuaccel import node
-from cpuaccel.launch import attempts, resume
+from cpuaccel.jobs import attempts, resume
 from cpuaccel.node import checkpoints, reattempt, restarts, supervisor
 from cpuaccel.node.restarts import Attempt
 from tests.test_supervisor import RUN_ID, final_status, make_run
@@ -192,7 +192,7 @@ def test_an_identical_failure_stops_and_a_stop_ends_the_wait(tmp_path: Path) -> 
 
 
 def test_ps_counts_a_detached_runs_restarts_from_its_status() -> None:
-    from cpuaccel.launch.run_rows import restarts as counted
+    from cpuaccel.runs.rows import restarts as counted
 
     status = {"attempts": [{"attempt": 0}, {"attempt": 1}]}
     assert counted({}, "succeeded", status) == 1

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.cli import report_plot
-from cpuaccel.launch.metrics_summary import read_metrics, read_run_info
+from cpuaccel.runs import plot as report_plot
+from cpuaccel.runs.metrics import read_metrics, read_run_info
 from cpuaccel.testing.command import cpuaccel
 
 TAB_ORANGE = (0xFF, 0x7F, 0x0E)  # the samples/s line
@@ -154,7 +154,7 @@ def test_without_a_record_the_runtime_line_gives_ranks_and_a_bad_record_is_said(
      (list(range(0, 2000, 10)), 2000), ([510, 520, 530, 540], 40)],
 )  # fmt: skip
 def test_steps_are_counted_from_the_step_numbers(steps: list[int], count: int) -> None:
-    from cpuaccel.launch.metrics_summary import steps_trained
+    from cpuaccel.runs.metrics import steps_trained
 
     assert steps_trained([float(s) for s in steps]) == count
 

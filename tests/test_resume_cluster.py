@@ -28,7 +28,7 @@ import cpuaccel
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch.resume import RECORDS, find_complete, newest_complete
+from cpuaccel.jobs.resume import RECORDS, find_complete, newest_complete
 from cpuaccel.runtime import checkpoint
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command

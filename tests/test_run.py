@@ -28,11 +28,11 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import launchers
-from cpuaccel.launch.launchers import srun_task_exits
-from cpuaccel.launch.plan import RunPlan, Script, build_plan
-from cpuaccel.launch.rundir import PRIVATE, RunDir, render_job_files
-from cpuaccel.launch.supervise import (
+from cpuaccel.jobs import launchers
+from cpuaccel.jobs.launchers import srun_task_exits
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan
+from cpuaccel.jobs.rundir import PRIVATE, RunDir, render_job_files
+from cpuaccel.jobs.supervise import (
     EXIT_INTERRUPTED,
     EXIT_LOST,
     EXIT_TIMEOUT,

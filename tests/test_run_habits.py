@@ -18,9 +18,9 @@ import pytest
 from cpuaccel.cli.run import run_command
 from cpuaccel.cli.run_json import wants_json
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.launch.plan import Script, build_plan
-from cpuaccel.launch.report import JobReport
-from cpuaccel.launch.supervise import Outcome
+from cpuaccel.jobs.plan import Script, build_plan
+from cpuaccel.jobs.result import JobReport
+from cpuaccel.jobs.supervise import Outcome
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER

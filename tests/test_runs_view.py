@@ -20,8 +20,8 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import connector_for
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, HostError
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import records
-from cpuaccel.launch.results import Homecoming
+from cpuaccel.runs import records
+from cpuaccel.runs.homecoming import Homecoming
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
 
@@ -55,27 +55,27 @@ def test_list_names_regular_files_and_attempts_never_secrets(conn: Any, tmp_path
     folder = head_run(tmp_path)
     os.symlink("/etc/passwd", folder / "passwd")
     os.mkfifo(folder / "fifo")
-    found = programs.call(conn, "jobs", ["list", str(folder)], what="list")["files"]
+    found = programs.call(conn, "jobctl", ["list", str(folder)], what="list")["files"]
     names = [name for name, _, _ in found]
     assert names == ["attempt-1/rank-0.log", "metrics.jsonl", "rank-0.log"]
     size = {name: size for name, size, _ in found}
     assert size["metrics.jsonl"] == len('{"step": 1, "loss": 2.5}\n')
-    gone = programs.call(conn, "jobs", ["list", str(tmp_path / "work/runs/nope")], what="list")
+    gone = programs.call(conn, "jobctl", ["list", str(tmp_path / "work/runs/nope")], what="list")
     assert gone == {"files": None}
 
 
 def test_read_from_an_offset_and_refusals(conn: Any, tmp_path: Path) -> None:
     folder = head_run(tmp_path)
     os.symlink("/etc/passwd", folder / "passwd")
-    got = programs.call(conn, "jobs", ["read", str(folder), "rank-0.log", "2", "100"], what="r")
+    got = programs.call(conn, "jobctl", ["read", str(folder), "rank-0.log", "2", "100"], what="r")
     assert base64.b64decode(got["data"]) == b"llo\n" and got["offset"] == 6 and got["size"] == 6
     sub = ["read", str(folder), "attempt-1/rank-0.log", "0", "5"]
-    assert base64.b64decode(programs.call(conn, "jobs", sub, what="r")["data"]) == b"first"
-    missing = programs.call(conn, "jobs", ["read", str(folder), "rank-9.log", "0", "9"], what="r")
+    assert base64.b64decode(programs.call(conn, "jobctl", sub, what="r")["data"]) == b"first"
+    missing = programs.call(conn, "jobctl", ["read", str(folder), "rank-9.log", "0", "9"], what="r")
     assert missing["data"] is None
     for name in ("secret.env", "../runs/x", "passwd", "/etc/passwd", "attempt-1/../secret.env"):
         with pytest.raises(HostError) as caught:
-            programs.call(conn, "jobs", ["read", str(folder), name, "0", "100"], what="reading")
+            programs.call(conn, "jobctl", ["read", str(folder), name, "0", "100"], what="reading")
         assert "Traceback" not in str(caught.value), name
         assert "refusing" in str(caught.value) or "cannot read" in str(caught.value), name
 
@@ -85,7 +85,7 @@ def test_a_link_in_place_of_the_run_folder_is_not_followed(conn: Any, tmp_path: 
     runs = tmp_path / "other" / "runs"
     runs.mkdir(parents=True)
     os.symlink(elsewhere, runs / "linked")
-    answer = programs.call(conn, "jobs", ["list", str(runs / "linked")], what="list")
+    answer = programs.call(conn, "jobctl", ["list", str(runs / "linked")], what="list")
     assert answer == {"files": None}
 
 

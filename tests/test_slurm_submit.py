@@ -18,9 +18,10 @@ import pytest
 from cpuaccel.cli.logs import _check_known
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
-from cpuaccel.launch.records import find_run, load, with_slurm
-from cpuaccel.launch.run_rows import row
-from cpuaccel.slurm import batch, jobs, options
+from cpuaccel.runs.records import find_run, load, with_slurm
+from cpuaccel.runs.rows import row
+from cpuaccel.slurm import batch, options
+from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
@@ -459,7 +460,7 @@ def test_stop_of_a_queued_job_cancels_and_verifies(project: Path, slurm: FakeSlu
 def test_stop_says_when_slurm_does_not_end_the_job(
     project: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cpuaccel.launch import stop
+    from cpuaccel.runs import teardown as stop
 
     folder = _submitted(project)
     slurm.answer("squeue", "5|COMPLETING|None\n")

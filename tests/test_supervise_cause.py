@@ -1,8 +1,8 @@
-"""Which failing rank a failed job blames (launch/supervise.cause)."""
+"""Which failing rank a failed job blames (jobs/supervise.cause)."""
 
 from __future__ import annotations
 
-from cpuaccel.launch.supervise import Failure, cause
+from cpuaccel.jobs.supervise import Failure, cause
 
 
 def test_a_sigterm_victim_reported_first_is_not_blamed() -> None:

@@ -14,8 +14,9 @@ import pytest
 
 from cpuaccel import node, worker
 from cpuaccel.errors import EXIT_USAGE, UsageError
-from cpuaccel.launch import stop, supervise
+from cpuaccel.jobs import supervise
 from cpuaccel.node import supervisor
+from cpuaccel.runs import teardown as stop
 from cpuaccel.testing.command import clean_env, cpuaccel
 
 RUN_ID = "20260101-000000-abcdef"
@@ -135,5 +136,5 @@ def test_detach_with_dry_run_is_refused(tmp_path: Path) -> None:
 
 def test_supervisor_program_is_bundled_with_what_it_imports() -> None:
     assert node.parts("supervisor")[-1] == "supervisor"
-    assert "jobs" in node.parts("supervisor") and "common" in node.parts("supervisor")
+    assert "jobctl" in node.parts("supervisor") and "common" in node.parts("supervisor")
     assert os.environ.get(supervisor.MARK) is None

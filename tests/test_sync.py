@@ -24,7 +24,7 @@ from cpuaccel.sync.engine import SyncOptions
 from cpuaccel.sync.ignore import PRUNE_NAMES
 from cpuaccel.sync.location import render_dest
 from cpuaccel.sync.manifest import SourceManifest, build, plan
-from cpuaccel.sync.report import NodeReport
+from cpuaccel.sync.node_result import NodeReport
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
 PRUNE = set(PRUNE_NAMES)

@@ -15,7 +15,8 @@ from cpuaccel.config.project import load_config
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.testing.command import cpuaccel
-from cpuaccel.tuning import grid, measure, nodes, write
+from cpuaccel.tuning import grid, measure, write
+from cpuaccel.tuning import survey as nodes
 from cpuaccel.tuning.grid import GridSpec, Trial
 from cpuaccel.tuning.measure import OK, Rates, Row
 
@@ -96,7 +97,7 @@ def test_survey_shares_cores_of_one_machine_and_finds_allocators_every_node_has(
 
 
 def nodes_script() -> Any:
-    from cpuaccel.launch.plan import Script
+    from cpuaccel.jobs.plan import Script
 
     return Script("train.py")
 

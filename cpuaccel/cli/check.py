@@ -23,9 +23,9 @@ from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import ERROR, WARNING, Problem, find_problems, same_account
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch.launcher_reach import LauncherReach
-from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import head_problems, readiness
+from cpuaccel.jobs.launcher_reach import LauncherReach
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.jobs.preflight import head_problems, readiness
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -50,7 +50,7 @@ def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
     """Facts from every selected host in parallel, with a progress bar on a terminal
     (a node Slurm has down or drained is not contacted: its result says why); and, in
     the same pass, what run's preflight checks from the settings a run would use: the
-    head node's launcher ssh to every other node (launch/launcher_reach.LauncherReach, its
+    head node's launcher ssh to every other node (jobs/launcher_reach.LauncherReach, its
     problems named head -> node) and the launcher on the head."""
     view = run_view(target)
     if isinstance(view, Problem):

@@ -27,8 +27,8 @@ import click
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.launch import records
-from cpuaccel.launch import stop as stop_engine
+from cpuaccel.runs import records
+from cpuaccel.runs import teardown as stop_engine
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:

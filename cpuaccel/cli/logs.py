@@ -14,9 +14,9 @@ from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
-from cpuaccel.launch import runfiles
-from cpuaccel.launch.records import ENDED, RunRecord, find_run, load, with_slurm
-from cpuaccel.launch.supervise import COLOURS
+from cpuaccel.jobs.supervise import COLOURS
+from cpuaccel.runs import node_files as runfiles
+from cpuaccel.runs.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.ui import escape
 

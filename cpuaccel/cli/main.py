@@ -13,7 +13,7 @@ with gc_pause.paused():  # click and what every verb shares (cli/gc_pause.py)
 
     from cpuaccel import __version__
     from cpuaccel.errors import EXIT_USAGE, CpuaccelError
-    from cpuaccel.launch import given_id
+    from cpuaccel.jobs import given_id
 
 # Each verb's module is imported only when that verb runs (or for --help): start-up is
 # paid on every command, and a sync need not load the playbook engine or the launcher.

@@ -12,9 +12,9 @@ from rich.table import Table
 from cpuaccel import ui
 from cpuaccel.cli.run_head import Heads, head_options
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.launch import runfiles
-from cpuaccel.launch.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm
-from cpuaccel.launch.run_rows import row
+from cpuaccel.runs import node_files as runfiles
+from cpuaccel.runs.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm
+from cpuaccel.runs.rows import row
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -1,7 +1,7 @@
 """``cpuaccel report RUN_DIR``: a run's metrics.jsonl as a PNG and a short summary.
 
-Reading the run folder is :mod:`cpuaccel.launch.metrics_summary`'s, the figure
-:mod:`cpuaccel.cli.report_plot`'s (which imports matplotlib only when drawing: it is an
+Reading the run folder is :mod:`cpuaccel.runs.metrics`'s, the figure
+:mod:`cpuaccel.runs.plot`'s (which imports matplotlib only when drawing: it is an
 optional extra, and importing it would slow every ``cpuaccel`` invocation down).
 """
 
@@ -14,14 +14,14 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli import report_plot
-from cpuaccel.cli.report_plot import duration
-from cpuaccel.launch.metrics_summary import (
+from cpuaccel.runs import plot as report_plot
+from cpuaccel.runs.metrics import (
     read_metrics,
     read_restarts,
     read_run_info,
     summarize,
 )
+from cpuaccel.runs.plot import duration
 
 PNG = "report.png"
 

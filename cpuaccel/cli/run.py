@@ -1,5 +1,5 @@
 """``cpuaccel run``: parse the flags, settle them (config/effective.py), hand them to
-launch/job.py (preflight, render, launch with MPI, end cleanly), and print."""
+jobs/launch.py (preflight, render, launch with MPI, end cleanly), and print."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.launch import detached, entry, given_id, job
-from cpuaccel.launch.plan import RunPlan, Script, new_run_id
-from cpuaccel.launch.report import JobReport
+from cpuaccel.jobs import detached, entry, given_id
+from cpuaccel.jobs import launch as job
+from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
+from cpuaccel.jobs.result import JobReport
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:

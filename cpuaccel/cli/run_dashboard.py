@@ -25,8 +25,9 @@ from cpuaccel.cli.dashboard import (
 )
 from cpuaccel.cli.options import Target
 from cpuaccel.errors import UsageError
-from cpuaccel.launch import detached, records
-from cpuaccel.launch.report import JobReport
+from cpuaccel.jobs import detached
+from cpuaccel.jobs.result import JobReport
+from cpuaccel.runs import records
 from cpuaccel.ui import escape
 
 LINGER = 3.0  # seconds served after a foreground run ends: the page's last polls

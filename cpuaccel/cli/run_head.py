@@ -14,7 +14,7 @@ from cpuaccel.cli.options import connect_timeout_option, resolve_target
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
-from cpuaccel.launch.records import RunRecord
+from cpuaccel.runs.records import RunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 

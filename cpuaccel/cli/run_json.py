@@ -15,8 +15,8 @@ import click
 
 from cpuaccel import ui
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError
-from cpuaccel.launch.report import ERROR, JobReport
-from cpuaccel.launch.supervise import EXIT_INTERRUPTED
+from cpuaccel.jobs.result import ERROR, JobReport
+from cpuaccel.jobs.supervise import EXIT_INTERRUPTED
 
 
 def failure(exc: BaseException, seconds: float) -> JobReport:

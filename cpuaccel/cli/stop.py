@@ -1,4 +1,4 @@
-"""``cpuaccel stop RUN``: end a running job on every node (launch/stop.py), and print."""
+"""``cpuaccel stop RUN``: end a running job on every node (runs/teardown.py), and print."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from cpuaccel.config.settings import FLAG
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.launch import stop as engine
-from cpuaccel.launch.records import load
+from cpuaccel.runs import teardown as engine
+from cpuaccel.runs.records import load
 from cpuaccel.ui import escape
 
 EPILOG = """\b

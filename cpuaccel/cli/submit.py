@@ -19,8 +19,8 @@ from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.cli.submit_run_flags import pop_run_words, run_flag_options
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.errors import UsageError
-from cpuaccel.launch.plan import new_run_id
-from cpuaccel.launch.records import runs_folder
+from cpuaccel.jobs.plan import new_run_id
+from cpuaccel.runs.records import runs_folder
 from cpuaccel.slurm import batch, options
 from cpuaccel.ui import escape
 

@@ -16,7 +16,7 @@ from cpuaccel.executor import HostResult, Status
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.ignore import check_excludes
 from cpuaccel.sync.manifest import build
-from cpuaccel.sync.report import NodeReport
+from cpuaccel.sync.node_result import NodeReport
 from cpuaccel.ui import escape
 
 EPILOG = """\b

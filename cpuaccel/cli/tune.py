@@ -1,7 +1,7 @@
 """``cpuaccel tune``: run the user's script for a few steps at each setting of a small
 grid (ranks per node x threads per rank, then the allocator), print what each measured,
 and with --write keep the best in cpuaccel.yaml. Each trial is a real ``cpuaccel run``
-(launch/job.py); the grid, the measures and the file are ``cpuaccel/tuning/``'s."""
+(jobs/launch.py); the grid, the measures and the file are ``cpuaccel/tuning/``'s."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from cpuaccel.config.project import PROJECT_FILE, accelerate_default
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.launch import job
-from cpuaccel.launch.plan import Script, new_run_id
-from cpuaccel.launch.supervise import EXIT_INTERRUPTED
-from cpuaccel.tuning import grid, measure, nodes, write
+from cpuaccel.jobs import launch as job
+from cpuaccel.jobs.plan import Script, new_run_id
+from cpuaccel.jobs.supervise import EXIT_INTERRUPTED
+from cpuaccel.tuning import grid, measure, write
+from cpuaccel.tuning import survey as nodes
 from cpuaccel.tuning.measure import OK, Ranking, Row
 from cpuaccel.ui import escape
 
@@ -188,7 +189,7 @@ for _param in tune_command.params:  # run's flags that tune refuses: not in its 
 
 
 class _Tuner:
-    """The trials, one after the other, each a whole run through launch/job.py."""
+    """The trials, one after the other, each a whole run through jobs/launch.py."""
 
     def __init__(
         self,

@@ -12,8 +12,8 @@ The line a value follows from the command line to the remote command, e.g. ``--p
    ``Setting("ppn", 4, "flag", "--ppn")``);
 3. ``launch.plan.build_plan(settings, script, facts)`` decides the job from the settings
    and the nodes' facts alone (``plan.ppn``, the world size, threads per rank);
-4. ``RunPlan.command()`` is the mpirun argv (``-ppn 4``, ``launch/launchers.py``);
-   ``launch/job.py`` has it rendered into launch.sh and starts that on the head node.
+4. ``RunPlan.command()`` is the mpirun argv (``-ppn 4``, ``jobs/launchers.py``);
+   ``jobs/launch.py`` has it rendered into launch.sh and starts that on the head node.
 
 ``config show`` prints the same settings with their sources, so that "why did it run 2
 per node?" has an answer.

@@ -118,13 +118,13 @@ class LaunchSettings:
     # --launcher-args / launcher_args: words appended to the mpirun line, checked.
     launcher_args: Setting[tuple[str, ...]] = Setting("launcher_args", (), DEFAULT)
     # --hang-timeout / hang_timeout: seconds without progress of any rank that end the
-    # job as hung (launch/hang.py); None: no hang detection.
+    # job as hung (jobs/hang.py); None: no hang detection.
     hang_timeout: Setting[float | None] = Setting("hang_timeout", None, DEFAULT, "off")
-    # --max-restarts / --restart-delay: attempts after a failure (launch/attempts.py).
+    # --max-restarts / --restart-delay: attempts after a failure (jobs/attempts.py).
     max_restarts: Setting[int] = Setting("max_restarts", 0, DEFAULT)
     restart_delay: Setting[float] = Setting("restart_delay", DEFAULT_RESTART_DELAY, DEFAULT)
     # --nodes MIN:MAX's MIN: restarts (and the first preflight) leave out failing nodes
-    # while at least this many remain (launch/elastic.py). None: none is left out.
+    # while at least this many remain (jobs/elastic.py). None: none is left out.
     min_nodes: Setting[int | None] = Setting("min_nodes", None, DEFAULT)
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.

@@ -152,7 +152,7 @@ HEAD_PERSIST = 60  # as the controller's: a repeat check within a minute logs in
 
 
 def head_folder(config: str, known_hosts: str, run_id: str) -> str:
-    """The folder on the head of ``check``'s launcher-reach masters (node/jobs.py's
+    """The folder on the head of ``check``'s launcher-reach masters (node/jobctl.py's
     ``reach --keep``), kept across checks. Named, as the controller's sockets, by a hash
     of what they were opened with: the ssh_config's every node block (address, port,
     user, key file, host-key policy, keepalives, timeouts) and the host keys the

@@ -350,7 +350,7 @@ MUX_PERSIST = 30  # seconds a master stays after its last session (then it exits
 
 
 def mux_dir(run_id: str) -> str:
-    """Where the head keeps the run's ssh master connections (node/jobs.py makes it,
+    """Where the head keeps the run's ssh master connections (node/jobctl.py makes it,
     0700 and exclusively, in the preflight's launcher check, and the sweep removes it).
     Short on purpose: a socket path has 107 bytes, and ssh adds 17 to it while binding."""
     return MUX_PREFIX + run_id

@@ -204,7 +204,7 @@ class Kept:
         self, words: Sequence[str], payload: bytes, *, what: str, timeout: float
     ) -> dict[str, Any]:
         """The answer to ``words`` (with ``payload``), as ``call`` on the ``jobs``
-        program would give it (cpuaccel.node.preflight.serve)."""
+        program would give it (cpuaccel.node.prelaunch.serve)."""
         message = {"words": list(words), "payload": payload.decode()}
         if not self._asking.acquire(timeout=timeout):
             raise HostError(self.host, f"{what}: the node program stayed busy {timeout:g} s")
@@ -247,7 +247,7 @@ def call_kept(
             return kept.request(words, payload, what=what, timeout=timeout)
         except KeptGone:
             pass
-    return call(conn, "jobs", words, payload, what=what, timeout=timeout)
+    return call(conn, "jobctl", words, payload, what=what, timeout=timeout)
 
 
 def start(

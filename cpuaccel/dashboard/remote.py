@@ -3,7 +3,7 @@
 A detached run whose head run folder is elsewhere (``RunRecord.local`` false) writes its
 logs, metrics and status.json on the head; the page reads the controller's copy. While
 a page polls such a run (``Watcher.touch``), a thread of its own copies what changed
-(launch/results.Homecoming, the head's logs and status included) at most once every
+(runs/homecoming.Homecoming, the head's logs and status included) at most once every
 results.INTERVAL s; when nobody has looked for LOOK_WINDOW s it stops; when the copied
 status says the run ended, one last pass brings the rest and it stops for good.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.launch import results
-from cpuaccel.launch.records import ENDED, RunRecord, load
+from cpuaccel.runs import homecoming as results
+from cpuaccel.runs.records import ENDED, RunRecord, load
 
 LOOK_WINDOW = 15.0  # seconds after the last poll that a run is still "looked at"
 ConnectorFor = Callable[[RunRecord], Callable[[], Connector]]

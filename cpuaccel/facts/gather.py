@@ -64,7 +64,7 @@ def gather_and_look(
     (facts, the look's answer)."""
     words = _preflight_words(conn, resolve, port, look, 0)
     sent = time.time()
-    found = programs.call(conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT)
+    found = programs.call(conn, "prelaunch", words, what="the fact probe", timeout=PROBE_TIMEOUT)
     return settle(found["facts"], sent, time.time()), found["look"]
 
 
@@ -72,11 +72,11 @@ def gather_look_and_keep(
     conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str], idle: int
 ) -> tuple[Facts, dict[str, Any], programs.Kept]:
     """``gather_and_look``, its program kept open after the answer for the run's later
-    requests to the node (node/preflight.serve), waiting at most ``idle`` s for each."""
+    requests to the node (node/prelaunch.serve), waiting at most ``idle`` s for each."""
     words = _preflight_words(conn, resolve, port, look, idle)
     sent = time.time()
     found, kept = programs.start(
-        conn, "preflight", words, what="the fact probe", timeout=PROBE_TIMEOUT
+        conn, "prelaunch", words, what="the fact probe", timeout=PROBE_TIMEOUT
     )
     try:
         return settle(found["facts"], sent, time.time()), found["look"], kept

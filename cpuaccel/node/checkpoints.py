@@ -1,7 +1,7 @@
 """Which checkpoint a restarted job resumes from: the newest one every node has whole.
 
 Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. Shared
-by the controller (launch/resume.py, a foreground run's restarts, reading each node
+by the controller (jobs/resume.py, a foreground run's restarts, reading each node
 through its connection) and a detached run's supervisor on the head
 (node/reattempt.py, reading each node through the run's ssh.sh): one judgement.
 

@@ -20,7 +20,7 @@ from cpuaccel.node.nofollow import lstat_at, remove_at
 MUX_PREFIX = "/tmp/cpuaccel-mux-"  # + the run id (connectors/openssh.mux_dir)
 _NAME = MUX_PREFIX.rsplit("/", 1)[1]
 _FOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-# A run id (launch/plan.new_run_id, launch/given_id's check), then what end_masters
+# A run id (jobs/plan.new_run_id, jobs/given_id's check), then what end_masters
 # renames a folder to while it ends its masters.
 _STALE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,80}"
 # A folder is taken for stale only this long after its last change (a socket made or

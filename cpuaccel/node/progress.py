@@ -1,6 +1,6 @@
 """Hang detection (``run --hang-timeout``): each rank's progress, and its stacks on a hang.
 
-Shared by both supervisors, the controller's (launch/supervise.py, through launch/hang.py)
+Shared by both supervisors, the controller's (jobs/supervise.py, through jobs/hang.py)
 and the detached one on the head (node/supervisor.py), and by the rank side
 (cpuaccel/_progress.py writes the markers parsed here). Stdlib only, Python 3.8+.
 
@@ -155,7 +155,7 @@ class ProgressTracker:
 
 
 def tracker_of(config: dict[str, Any], now: float) -> ProgressTracker | None:
-    """The detached supervisor's tracker, from its supervisor.json (launch/detached.py):
+    """The detached supervisor's tracker, from its supervisor.json (jobs/detached.py):
     None without hang_timeout."""
     timeout = config.get("hang_timeout")
     if timeout is None:

@@ -107,7 +107,7 @@ def set_attempt_env(run_dir: str, k: int, resume: str | None) -> dict[str, Any]:
 
 
 class AttemptFiles:
-    """The run folder's record of the attempts, as launch/attempts.AttemptLog keeps it."""
+    """The run folder's record of the attempts, as jobs/attempts.AttemptLog keeps it."""
 
     def __init__(self, run_dir: str, world: int) -> None:
         self.run_dir = run_dir

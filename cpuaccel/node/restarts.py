@@ -1,7 +1,7 @@
 """When a failed job is restarted: the attempts' record and the rule, shared.
 
 Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. The
-foreground loop on the controller (launch/attempts.py) and a detached run's supervisor on
+foreground loop on the controller (jobs/attempts.py) and a detached run's supervisor on
 the head (node/reattempt.py) keep the same record (``attempts.jsonl``: one :class:`Attempt`
 a line, ``attempt-<k>/`` copies of its logs, a ``--- attempt k ---`` line in each
 top-level rank log) and follow the same rule, :func:`decide`: restart a failure while

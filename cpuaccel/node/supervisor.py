@@ -3,7 +3,7 @@
 ``cpuaccel run --detach`` writes this program into the run folder (``supervisor.py``,
 with ``supervisor.json``: the run's id, world size, timeout and the other nodes) and
 starts it there with ``start``; it then does on the head what the controller's
-``launch/supervise.Job`` does for a foreground run, so that the job outlives the
+``jobs/supervise.Job`` does for a foreground run, so that the job outlives the
 controller's connection:
 
   start RUN_DIR           run ``watch`` in a session of its own (it survives the
@@ -48,7 +48,7 @@ import time
 
 from cpuaccel.node.checkpoints import gather_here
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.jobs import end, job_pids, signal_launcher
+from cpuaccel.node.jobctl import end, job_pids, signal_launcher
 from cpuaccel.node.progress import gather, stacks, tracker_of, write_stacks
 from cpuaccel.node.reattempt import Restarts, on_nodes, set_attempt_env
 
@@ -62,7 +62,7 @@ EXIT_MARKER = "[cpuaccel] exit code"  # cpuaccel.worker's (a node part imports n
 KILLED_MARKER = "[cpuaccel] killed by"
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL, as for a foreground run
 SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
-# A foreground run's reasons (launch/supervise.Outcome) as status.json's states.
+# A foreground run's reasons (jobs/supervise.Outcome) as status.json's states.
 STATES = {
     "completed": "succeeded",
     "failed": "failed",
@@ -215,7 +215,7 @@ class Supervisor:
         return self._logs[name]
 
     def feed(self, line: str) -> None:
-        """One line of the launcher's output, as launch/supervise.OutputRouter takes it."""
+        """One line of the launcher's output, as jobs/supervise.OutputRouter takes it."""
         match = LABEL.match(line)
         if match is None:
             if "BAD TERMINATION" in line:

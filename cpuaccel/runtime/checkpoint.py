@@ -9,7 +9,7 @@ NFS, each write their own temporary file and never remove another's).
 
 :func:`record` appends the saved file's line to ``checkpoints.jsonl`` in the run folder
 (path, step, sha256, size, time, rank, host): what the controller reads to pick the
-newest checkpoint that every node has (``cpuaccel.launch.resume``).
+newest checkpoint that every node has (``cpuaccel.jobs.resume``).
 
 :func:`state_of` turns models (DDP-wrapped or not), optimizers and schedulers into
 their ``state_dict()`` so that a checkpoint holds plain tensors and numbers.

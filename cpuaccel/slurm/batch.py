@@ -29,7 +29,7 @@ from cpuaccel.slurm.commands import SlurmError
 
 TEMPLATE = "sbatch.sh.j2"
 SCRIPT = "sbatch.sh"
-FOLDER = 0o700  # as launch/rundir.py makes run folders: only the user reads them
+FOLDER = 0o700  # as jobs/rundir.py makes run folders: only the user reads them
 EXECUTABLE = 0o700
 PLAIN = 0o600
 # What sbatch --parsable prints: the job id, then ";cluster" on a federation.

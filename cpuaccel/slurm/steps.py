@@ -1,6 +1,6 @@
 """A run's own srun step: found by its name, cancelled at the end of the run.
 
-The Slurm launcher (launch/launchers.py) names its step ``cpuaccel-<run id>``. When the
+The Slurm launcher (jobs/launchers.py) names its step ``cpuaccel-<run id>``. When the
 job ends, for whatever reason, that step is scancelled if it is still there (srun killed
 by the teardown leaves its step behind), before the sweep by run id: Slurm ends the
 step's processes on every node itself, the sweep then checks that none is left.

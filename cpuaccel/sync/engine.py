@@ -30,8 +30,8 @@ from cpuaccel.sync import transfer
 from cpuaccel.sync.location import DestinationRefused, raise_refusals, render_dest
 from cpuaccel.sync.manifest import SourceChanging, SourceManifest, plan
 from cpuaccel.sync.memory import SyncMemory
+from cpuaccel.sync.node_result import NodeReport
 from cpuaccel.sync.receiver import NodeSession, request
-from cpuaccel.sync.report import NodeReport
 from cpuaccel.sync.shared import SharedDestinations
 
 

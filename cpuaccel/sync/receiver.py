@@ -63,7 +63,7 @@ class NodeSession:
 
 def words(mode: str, dest: str, workdir: str, expect: str | None = None) -> list[str]:
     """The request words of the ``tree`` program (also sent in one srun step to every
-    node of an allocation: launch/preflight.py)."""
+    node of an allocation: jobs/preflight.py)."""
     found = [mode, dest, *([f"--expect={expect}"] if expect else [])]
     found.append(f"--workdir={workdir}")  # the node resolves it, to protect it
     return [*found, *PRUNE_NAMES]

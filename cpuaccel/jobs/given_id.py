@@ -5,7 +5,7 @@
 ``ps``, ``logs``, ``stop``). The id must have the form of a generated one.
 
 The controller must not carry ``CPUACCEL_RUN_ID=<id>`` itself: that exact entry in a
-process's environment is what the sweep ends (node/jobs.py), and the sweep of a node
+process's environment is what the sweep ends (node/jobctl.py), and the sweep of a node
 that sees this process (the batch host; every node of a test bed sharing one process
 table) would end the controller. So ``main()`` hands the id over first: it starts
 the same entry point afresh, the id under another name (:data:`HANDED`), which leaves

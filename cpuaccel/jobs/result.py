@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.supervise import Outcome
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.supervise import Outcome
 
 # ended_by, besides the job's own endings (Outcome.reason: completed, failed,
 # interrupted, terminated, timeout, lost, hang):
@@ -32,9 +32,9 @@ class JobReport:
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> its exit code
     error: str | None = None
     fix: str | None = None  # the error's hint, as the `fix:` line says it
-    # run --detach: state, head, head_run_dir and supervisor (launch/detached.py)
+    # run --detach: state, head, head_run_dir and supervisor (jobs/detached.py)
     detached: dict[str, Any] | None = None
-    # run --max-restarts: attempts.jsonl's lines (launch/attempts.py); [] before any job
+    # run --max-restarts: attempts.jsonl's lines (jobs/attempts.py); [] before any job
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from cpuaccel.errors import UsageError
-from cpuaccel.launch.plan import EXECUTABLE, MODULE, Script
+from cpuaccel.jobs.plan import EXECUTABLE, MODULE, Script
 
 
 def module_script(name: str, args: tuple[str, ...], project: Path) -> Script:

@@ -1,6 +1,6 @@
 """What the chosen nodes offer ``cpuaccel tune``: their cores (the facts probe, as run's
 preflight reads them) and the allocators every one of them has (the paths rank.sh would
-preload, from ``launch/plan.allocator_candidates``, looked for on each node)."""
+preload, from ``jobs/plan.allocator_candidates``, looked for on each node)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather
-from cpuaccel.launch.plan import (
+from cpuaccel.jobs.plan import (
     ALLOCATORS,
     Script,
     allocator_candidates,

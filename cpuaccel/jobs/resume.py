@@ -12,7 +12,6 @@ from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import runfiles
 from cpuaccel.node.checkpoints import (
     RECORDS,
     TAIL,
@@ -23,6 +22,7 @@ from cpuaccel.node.checkpoints import (
     host_of,
     parse_records,
 )
+from cpuaccel.runs import node_files as runfiles
 
 __all__ = ["RECORDS", "TAIL", "Found", "HostCheckpoints", "Record", "choose", "parse_records"]
 

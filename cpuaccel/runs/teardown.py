@@ -6,7 +6,7 @@ supervisor (its environment names the run; never a pattern); it does the teardow
 writes status.json. A foreground run is ended by SIGTERM to the ``cpuaccel run`` that
 supervises it (the pid and start time in the controller's status.json), which then
 does its own teardown, exactly as when its terminal sends it. Either way, this then
-sweeps every node by CPUACCEL_RUN_ID itself (launch/fanout.sweep_hosts) and reports
+sweeps every node by CPUACCEL_RUN_ID itself (runs/fanout.sweep_hosts) and reports
 what stays; a supervisor that is gone (killed) leaves that sweep to end the job alone.
 """
 
@@ -26,12 +26,12 @@ from cpuaccel.connectors.base import ConnectOptions, Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import records
-from cpuaccel.launch.fanout import sweep_hosts
-from cpuaccel.launch.supervise import TEARDOWN
+from cpuaccel.jobs.supervise import TEARDOWN
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
-from cpuaccel.slurm import jobs
-from cpuaccel.slurm.jobs import JobState
+from cpuaccel.runs import records
+from cpuaccel.runs.fanout import sweep_hosts
+from cpuaccel.slurm import queue as jobs
+from cpuaccel.slurm.queue import JobState
 
 # The supervisor's own teardown: GRACE twice, the launcher's exit, its sweep through ssh.
 SUPERVISOR_WAIT = 60.0

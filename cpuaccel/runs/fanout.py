@@ -52,7 +52,7 @@ def call_all(
     if not in_one_step(hosts):
 
         def one(conn: Connector) -> Answer:
-            if kept is not None and program == "jobs":
+            if kept is not None and program == "jobctl":
                 open_ = kept.get(conn.host.name)
                 return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
             return programs.call(conn, program, words, payload, what=what, timeout=timeout)
@@ -114,13 +114,13 @@ def sweep_hosts(
     """End the job's processes on every host not ``lost`` (a host found unreachable is
     added to it): (node -> what was ended, node -> what stays or why it was not checked),
     each node's answer awaited ``timeout`` s at most. Also `cpuaccel stop`'s sweep
-    (launch/stop.py), which has no ``kept`` programs."""
+    (runs/teardown.py), which has no ``kept`` programs."""
 
     # With the run folder: the node removes secret.env once the job is over.
     words = ["end", run_id, "2", run_dir]
     reachable = [h for h in hosts if h.name not in lost]
     results: list[HostResult[dict[str, Any]]] = call_all(
-        reachable, "jobs", words, what="ending the job's processes", timeout=timeout,
+        reachable, "jobctl", words, what="ending the job's processes", timeout=timeout,
         forks=forks, pool=pool, kept=kept,
     )  # fmt: skip
     swept: dict[str, Any] = {}

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from cpuaccel.config.settings import LaunchSettings, SecretEnv
 from cpuaccel.facts.gather import Facts
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import launchers
-from cpuaccel.launch.launchers import Launcher, LaunchSpec
-from cpuaccel.launch.precision_choice import PrecisionChoice, choose_precision
+from cpuaccel.jobs import launchers
+from cpuaccel.jobs.launchers import Launcher, LaunchSpec
+from cpuaccel.jobs.precision_choice import PrecisionChoice, choose_precision
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in

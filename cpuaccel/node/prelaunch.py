@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 
 from cpuaccel.node.facts import collect, request_of, to_json
-from cpuaccel.node.jobs import request
+from cpuaccel.node.jobctl import request
 from cpuaccel.node.tree import answer
 
 LOOK = "--look"

@@ -32,8 +32,8 @@ from cpuaccel.facts.gather import (
 )
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import fanout
-from cpuaccel.launch.launcher_reach import LauncherReach
+from cpuaccel.jobs.launcher_reach import LauncherReach
+from cpuaccel.runs import fanout
 
 if TYPE_CHECKING:
     from cpuaccel.sync.manifest import SourceManifest

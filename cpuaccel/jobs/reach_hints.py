@@ -1,4 +1,4 @@
-"""What the launcher check (launch/preflight.py: the head's ``ssh.sh NODE true``) says
+"""What the launcher check (jobs/preflight.py: the head's ``ssh.sh NODE true``) says
 when a pair fails: the message and the fix, from ssh's exit code and last line."""
 
 from __future__ import annotations

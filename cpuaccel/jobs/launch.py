@@ -8,10 +8,10 @@ The line a value follows, e.g. ``--ppn 4``:
    hosts, head first: ``settings.ppn.value == 4``;
 3. ``launch.plan.build_plan(settings, script, facts)`` decides the ``RunPlan``:
    ``plan.ppn == 4``, the world size, threads per rank;
-4. ``RunPlan.command()`` is the mpirun argv (``launch/launchers.py``: ``-ppn 4``),
-   rendered into the run's launch.sh (``launch/rundir.py``);
+4. ``RunPlan.command()`` is the mpirun argv (``jobs/launchers.py``: ``-ppn 4``),
+   rendered into the run's launch.sh (``jobs/rundir.py``);
 5. here: every node is checked (and synced when stale), the files are copied to the
-   nodes, launch.sh starts on the head node (``launch/supervise.py`` watches it), and
+   nodes, launch.sh starts on the head node (``jobs/supervise.py`` watches it), and
    the run's record and summary are written.
 """
 
@@ -30,17 +30,17 @@ from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import attempts, detached, elastic, results
-from cpuaccel.launch import nodes as nodes_
-from cpuaccel.launch.elastic import PreflightFailed
-from cpuaccel.launch.launcher_reach import LauncherReach
-from cpuaccel.launch.nodes import JobFiles, Nodes
-from cpuaccel.launch.plan import RunPlan, Script, build_plan, new_run_id
-from cpuaccel.launch.preflight import run_preflight
-from cpuaccel.launch.report import PREFLIGHT, JobReport
-from cpuaccel.launch.resume import newest_complete
-from cpuaccel.launch.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files
-from cpuaccel.launch.supervise import (
+from cpuaccel.jobs import attempts, detached, elastic
+from cpuaccel.jobs import connections as nodes_
+from cpuaccel.jobs.connections import JobFiles, Nodes
+from cpuaccel.jobs.elastic import PreflightFailed
+from cpuaccel.jobs.launcher_reach import LauncherReach
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.jobs.preflight import run_preflight
+from cpuaccel.jobs.result import PREFLIGHT, JobReport
+from cpuaccel.jobs.resume import newest_complete
+from cpuaccel.jobs.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files
+from cpuaccel.jobs.supervise import (
     TEARDOWN,
     Job,
     Outcome,
@@ -49,6 +49,7 @@ from cpuaccel.launch.supervise import (
     foreground_status,
 )
 from cpuaccel.node.supervisor import mark_ended
+from cpuaccel.runs import homecoming as results
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
@@ -85,9 +86,9 @@ def launch(
 
     ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
     leaving stdout to the one JSON object. ``detach`` (run --detach): a supervisor on
-    the head watches the job; this returns once it has started (launch/detached.py).
+    the head watches the job; this returns once it has started (jobs/detached.py).
     ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
-    ``run_id``: given from outside (launch/given_id.py), else a new one."""
+    ``run_id``: given from outside (jobs/given_id.py), else a new one."""
     started = time.monotonic()
     run_id = run_id or new_run_id()
     local = _local_project(settings, project)
@@ -97,7 +98,7 @@ def launch(
         def check(draft: RunPlan) -> dict[str, Facts]:
             return _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
 
-        try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (launch/elastic.py)
+        try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (jobs/elastic.py)
             facts, draft = elastic.preflight_leaving_out(draft, settings.min_nodes.value, check)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
@@ -166,7 +167,7 @@ def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
 
 
 class _Foreground:
-    """The job's attempts, run from here (launch/attempts.py decides when to restart)."""
+    """The job's attempts, run from here (jobs/attempts.py decides when to restart)."""
 
     def __init__(self, plan: RunPlan, nodes: Nodes, local: bool, again: elastic.Check):
         self.plan, self.nodes, self.local = plan, nodes, local  # plan: attempt 0's

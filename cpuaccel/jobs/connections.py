@@ -15,8 +15,8 @@ from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch import fanout
-from cpuaccel.launch.plan import RunPlan
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.runs import fanout
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
 
@@ -49,7 +49,7 @@ def copy_files(plan: RunPlan, files: JobFiles, nodes: Nodes) -> None:
     payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
     words, what = ["write", plan.run_dir], "writing the run's files"
     results = fanout.call_all(
-        plan.hosts, "jobs", words, payload, what=what, timeout=600.0, **nodes.fan()
+        plan.hosts, "jobctl", words, payload, what=what, timeout=600.0, **nodes.fan()
     )
     failed = [r for r in results if not r.ok]
     if failed:
@@ -64,4 +64,4 @@ def copy_files(plan: RunPlan, files: JobFiles, nodes: Nodes) -> None:
 def forget_secrets(plan: RunPlan, hosts: list[Host], nodes: Nodes) -> None:
     words = ["end", plan.run_id, "0", plan.run_dir]
     what = "removing the run's secrets"
-    fanout.call_all(hosts, "jobs", words, what=what, timeout=600.0, **nodes.fan())
+    fanout.call_all(hosts, "jobctl", words, what=what, timeout=600.0, **nodes.fan())

@@ -1,6 +1,6 @@
 """``run --hang-timeout``, the controller's side: a foreground job declared hung.
 
-launch/supervise.py feeds every labelled line to a ``ProgressTracker``
+jobs/supervise.py feeds every labelled line to a ``ProgressTracker``
 (cpuaccel/node/progress.py, shared with the detached supervisor) and asks it, between
 its other checks, whether no rank has progressed for the timeout. When so, ``declare``
 prints one line a rank (the likeliest stuck first), has each node dump its ranks' stacks
@@ -21,7 +21,7 @@ from rich.console import Console
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.executor import ConnectionPool, run_on_hosts
-from cpuaccel.launch.plan import RunPlan
+from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.node import progress
 from cpuaccel.ui import escape
 
@@ -82,7 +82,7 @@ def _stacks(
     def dump(conn: Connector) -> dict[str, Any]:
         words = ["stacks", plan.run_id, f"{progress.DUMP_TIMEOUT:g}"]
         return programs.call(
-            conn, "jobs", words, payload, what="dumping the ranks' stacks", timeout=STACKS_TIMEOUT
+            conn, "jobctl", words, payload, what="dumping the ranks' stacks", timeout=STACKS_TIMEOUT
         )
 
     hosts = [h for h in plan.hosts if h.name not in lost]

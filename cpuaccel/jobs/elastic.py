@@ -22,7 +22,7 @@ from cpuaccel.config.settings import LaunchSettings, Setting
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.facts.problems import Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch.plan import RunPlan
+from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.ui import escape
 
 T = TypeVar("T")

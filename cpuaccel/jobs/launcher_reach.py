@@ -22,8 +22,8 @@ from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.reach_hints import unreached
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.reach_hints import unreached
 
 REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
 
@@ -90,7 +90,7 @@ class LauncherReach:
 
         def work() -> None:
             try:
-                from cpuaccel.launch.rundir import render_ssh_files
+                from cpuaccel.jobs.rundir import render_ssh_files
 
                 files = render_ssh_files(self.plan, self.connect, self._keys)
                 mode, config = files["ssh_config"]
@@ -118,7 +118,7 @@ class LauncherReach:
         what = "ending the launcher check's ssh masters"
         try:
             conn = self.pool.get(self.plan.head)
-            programs.call(conn, "jobs", ["unmux", self.plan.run_id], what=what, timeout=30.0)
+            programs.call(conn, "jobctl", ["unmux", self.plan.run_id], what=what, timeout=30.0)
         except CpuaccelError:
             pass  # they end by themselves ControlPersist seconds after the check
 
@@ -150,7 +150,9 @@ def check_launcher_reach(
     payload = json.dumps(files).encode()
     what = "trying the launcher's ssh from the head node"
     try:
-        answer = programs.call(head, "jobs", words, payload, what=what, timeout=REACH_TIMEOUT + 30)
+        answer = programs.call(
+            head, "jobctl", words, payload, what=what, timeout=REACH_TIMEOUT + 30
+        )
     except CpuaccelError as exc:
         return [Problem(ERROR, head.host.name, f"{what}: {exc}")]
     problems = []

@@ -1,11 +1,11 @@
 """``run --detach``: the job handed to a supervisor on the head node.
 
-The controller does the preflight, sync and copy as for a foreground run (launch/job.py);
+The controller does the preflight, sync and copy as for a foreground run (jobs/launch.py);
 the run's files then also carry the supervisor (``supervisor.py``, the node program
 ``supervisor`` of cpuaccel/node/supervisor.py, and ``supervisor.json``, what it needs to
 know), and instead of watching launch.sh itself the controller starts the supervisor on
 the head, records where it runs, and returns. The supervisor keeps ``status.json`` in the
-head's run folder; `cpuaccel stop` (launch/stop.py) ends it.
+head's run folder; `cpuaccel stop` (runs/teardown.py) ends it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.rundir import EXECUTABLE, PLAIN, RunDir
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.rundir import EXECUTABLE, PLAIN, RunDir
 
 JobFiles = dict[str, tuple[int, str]]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpuaccel.launch.records import ENDED, RunRecord, last_metrics
+from cpuaccel.runs.records import ENDED, RunRecord, last_metrics
 
 
 def script_of(record: dict[str, Any]) -> str:

@@ -27,11 +27,12 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import ConnectOptions, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.launch import fanout, hang, launchers
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.rundir import RunDir
+from cpuaccel.jobs import hang, launchers
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.rundir import RunDir
 from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
+from cpuaccel.runs import fanout
 from cpuaccel.slurm import steps
 from cpuaccel.ui import escape
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
@@ -77,7 +78,7 @@ class OutputRouter:
         # While cpuaccel itself ends the job, the launcher's reports of ranks it killed
         # go to launcher.log only: they are the ending, not news.
         self.quiet = False
-        # run --hang-timeout: every rank's last progress (Job sets it; launch/hang.py).
+        # run --hang-timeout: every rank's last progress (Job sets it; jobs/hang.py).
         self.progress: ProgressTracker | None = None
         self._logs: dict[str, IO[str]] = {}
         self._lock = threading.Lock()
@@ -277,7 +278,7 @@ class Job:
         try:
             programs.call(
                 self.pool.get(self.plan.head),
-                "jobs",
+                "jobctl",
                 args,
                 what="signalling the job",
                 timeout=TEARDOWN,

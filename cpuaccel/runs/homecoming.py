@@ -26,10 +26,10 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.launch import runfiles
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.rundir import RunDir
-from cpuaccel.launch.runfiles import RemoteFile
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.runs import node_files as runfiles
+from cpuaccel.runs.node_files import RemoteFile
 from cpuaccel.ui import escape
 
 INTERVAL = 5.0  # seconds between two copies while a run runs

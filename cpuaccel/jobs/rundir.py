@@ -27,7 +27,7 @@ from cpuaccel.connectors import openssh
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
-from cpuaccel.launch.plan import RunPlan, allocator_candidates, iomp_candidates
+from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.resources import template_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
@@ -147,7 +147,7 @@ class RunDir:
     def create(cls, base: Path, plan: RunPlan, files: dict[str, tuple[int, str]]) -> RunDir:
         path = base / plan.run_id
         # It exists only for an id given from outside (CPUACCEL_RUN_ID: `cpuaccel
-        # submit` wrote its batch script there; launch/given_id.py checked it): a
+        # submit` wrote its batch script there; jobs/given_id.py checked it): a
         # generated id is new.
         path.mkdir(parents=True, exist_ok=True, mode=FOLDER)
         path.chmod(FOLDER)  # whatever the umask

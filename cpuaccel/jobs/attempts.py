@@ -1,10 +1,10 @@
 """The attempts of one foreground job (``run --max-restarts N``), in one run folder.
 
 When an attempt fails (a rank exits non-zero or is killed, a node is lost, a hang), it
-has already been ended everywhere (launch/supervise.py's teardown and sweep). If
+has already been ended everywhere (jobs/supervise.py's teardown and sweep). If
 attempts remain, this waits ``--restart-delay`` (Ctrl-C or SIGTERM then ends the run),
 runs the preflight again and starts attempt k+1 with ``CPUACCEL_RESTART=k+1`` and, when
-every node holds one whole, ``CPUACCEL_RESUME`` (launch/resume.py's newest checkpoint).
+every node holds one whole, ``CPUACCEL_RESUME`` (jobs/resume.py's newest checkpoint).
 
 A failure that repeats identically (same rank, same exit code, and no checkpoint before
 either) would repeat forever: it is said once, and the run stops. ``decide`` is that
@@ -30,9 +30,9 @@ from typing import Protocol
 
 from rich.console import Console
 
-from cpuaccel.launch.plan import RunPlan
-from cpuaccel.launch.rundir import RunDir
-from cpuaccel.launch.supervise import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
+from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.jobs.supervise import EXIT_INTERRUPTED, EXIT_TERMINATED, Outcome
 from cpuaccel.node.restarts import (
     ATTEMPTS,
     MARKER,
@@ -117,7 +117,7 @@ class AttemptLog:
 
 
 class Attempts(Protocol):
-    """What the loop needs of the job (launch/job.py gives it)."""
+    """What the loop needs of the job (jobs/launch.py gives it)."""
 
     hosts: list[str]
 
