@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cpuaccel.cli.check_table import COLUMNS, DROP_ORDER, _width, print_report
+from cpuaccel.cli.check import COLUMNS, DROP_ORDER, _width, print_report
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.problems import find_problems
 from cpuaccel.inventory.host import Host

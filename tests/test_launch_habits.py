@@ -20,9 +20,8 @@ import pytest
 import yaml
 
 from cpuaccel.cli.config import config_command, show_command
-from cpuaccel.cli.options import parse_env
+from cpuaccel.cli.options import check_script_kind, parse_env
 from cpuaccel.cli.run import run_command
-from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.cli.run import run_command
-from cpuaccel.cli.run_json import wants_json
+from cpuaccel.cli.run import run_command, wants_json
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.result import JobReport

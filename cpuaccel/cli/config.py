@@ -11,9 +11,17 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
-from cpuaccel.cli.launch_aliases import PRECISION_CHOICES, launch_options, launcher_and_env_options
-from cpuaccel.cli.options import Target, host_options, list_hosts_and_exit, parse_env, warn
+from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
+from cpuaccel.cli.options import (
+    PRECISION_CHOICES,
+    Target,
+    host_options,
+    launch_options,
+    launcher_and_env_options,
+    list_hosts_and_exit,
+    parse_env,
+    warn,
+)
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig, load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire

@@ -2,7 +2,7 @@
 
 The server (cpuaccel/dashboard/server.py: Starlette on uvicorn) is imported only when
 the page is served: starlette and uvicorn are no part of any other verb's start-up.
-``Page`` is the part ``run --dashboard`` shares (cli/run_dashboard.py).
+``Page`` is the part ``run --dashboard`` shares (cli/run.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.runs import records
 from cpuaccel.runs import teardown as stop_engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options, node_failed
+from cpuaccel.cli.options import Heads, head_options, node_failed
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.runs.homecoming import Homecoming
 from cpuaccel.runs.records import find_run, load

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options, node_failed
+from cpuaccel.cli.options import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.jobs.supervise import COLOURS

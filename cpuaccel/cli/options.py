@@ -1,4 +1,13 @@
-"""Options shared by every verb that talks to hosts, with Ansible's names."""
+"""The options verbs share: one declaration each, so no two verbs drift apart.
+
+- the host options of every verb that talks to hosts, with Ansible's names (``-i -l -e
+  -f -T -c -u --private-key``), turned into one :class:`Target`;
+- the job options ``run`` and ``submit`` both take (``--timeout``, ``--hang-timeout``,
+  ``-m``, ...), and run's world-size flags with the spellings Accelerate and torchrun
+  users type (``--nproc_per_node``, ``--num_processes``, ...);
+- how ``ps``, ``logs``, ``fetch`` and ``dashboard`` reach a recorded run's head;
+- the check that SCRIPT is a Python script, for ``run``, ``submit`` and ``tune``.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +16,12 @@ import functools
 import math
 import os
 import re
+import stat
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
 
@@ -18,15 +29,18 @@ from cpuaccel import ui
 from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.config.project import ProjectConfig, discover_config
 from cpuaccel.config.settings import Setting
-from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
+from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions, Connector
 from cpuaccel.connectors.hostkeys import opt_out_warnings
-from cpuaccel.errors import UsageError
-from cpuaccel.executor import DEFAULT_FORKS
+from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
+from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import env_name_problem, user_name_problem
 from cpuaccel.rank_settings import CHOICES, value_problem
 from cpuaccel.ui import escape
+
+if TYPE_CHECKING:  # runs.records reads Slurm's queue: only ps, logs and fetch need it
+    from cpuaccel.runs.records import RunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -369,3 +383,481 @@ def warn(messages: list[str]) -> None:
     err = ui.stderr()
     for message in messages:
         err.print(f"[yellow]warning:[/] {escape(message)}")
+
+
+# ---------------------------------------------------------------- the job options of run and submit
+# ``run``'s job options that ``submit`` also takes and hands to the run inside the job:
+# one declaration each, so the two commands cannot drift apart (a type, a bound, a name).
+#
+# The world-size ones (--master-port, --mixed-precision, --max-restarts) live with their
+# aliases in ``launch_aliases.OWN_OPTIONS``; ``--launcher`` and ``--env`` differ on
+# purpose between the two (inside a Slurm job, and no secret's value in a batch script),
+# so each command declares its own.
+JOB_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "job_timeout": click.option(
+        "--timeout",
+        "job_timeout",
+        type=Seconds(0.1),
+        metavar="SECONDS",
+        help="End the job after this long.",
+    ),
+    "hang_timeout": click.option(
+        "--hang-timeout",
+        "hang_timeout",
+        type=Seconds(1),
+        metavar="SECONDS",
+        help="End the job as hung (exit 124) when no rank made progress (a step, an output "
+        "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  "
+        "[default: off]",
+    ),
+    "restart_delay": click.option(
+        "--restart-delay",
+        type=Seconds(0, 3600),
+        metavar="SECONDS",
+        help="Wait this long before a restart (--max-restarts).  [default: 3]",
+    ),
+    "as_module": click.option(
+        "-m",
+        "--module",
+        "as_module",
+        is_flag=True,
+        help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
+    ),
+    "no_python": click.option(
+        "--no-python",
+        is_flag=True,
+        help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each rank, "
+        "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
+    ),
+    "launcher_args": click.option(
+        "--launcher-args",
+        metavar="'WORDS'",
+        help="Extra mpirun options, split as a shell would, placed before the program.",
+    ),
+}
+
+
+def job_options(func: Any) -> Any:
+    """Declare every option of :data:`JOB_OPTIONS` on a command, in that order."""
+    for declare in reversed(JOB_OPTIONS.values()):
+        func = declare(func)
+    return func
+
+
+# ---------------------------------------------------------------- world-size flags, aliases
+# The world-size flags of ``run`` and ``config show``, with the spellings that
+# ``accelerate launch`` and torchrun users type (issue 13, item 1).
+#
+# ``launch_options`` declares cpuaccel's own flags (--nodes, --ppn, --master-port,
+# --mixed-precision) and, hidden from the option list but named in the epilog, their
+# aliases: --num_machines/--nnodes, --nproc-per-node, --num_processes (a total),
+# --master_addr/--main_process_ip (the head), --master_port, --mixed_precision. The command
+# receives one ``launch_flags`` mapping for ``config.effective.resolve``, whose
+# ``flag_names`` entry keeps the spelling typed, so that ``config show`` and errors name it.
+#
+# It also stops an option-looking SCRIPT before anything is read: ``run`` passes unknown
+# options through (everything after SCRIPT is the script's), so an option it does not know,
+# typed before SCRIPT, would otherwise be taken as the script.
+
+PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")  # the same words in config and run
+# "auto" and torchrun's "cpu": what cpuaccel does without --ppn (ranks per node from the
+# nodes' sockets). Kept apart from None until the spellings are compared, so that
+# `--ppn 4 --nproc-per-node auto` is a contradiction, not one of them silently lost.
+_DEFAULT = "default"
+
+EPILOG = """\b
+accelerate launch / torchrun spellings (the same settings):
+  --num_processes N            N ranks in all: --ppn N/nodes
+  --num_machines, --nnodes N|MIN:MAX   --nodes N|MIN:MAX
+  --nproc-per-node, --nproc_per_node N|auto|cpu   --ppn N (auto, cpu: the default)
+  --master_addr, --master-addr, --main_process_ip HOST   the head: rank 0 and mpirun
+  --master_port, --main_process_port PORT   --master-port PORT
+  --mixed_precision P          --mixed-precision P
+  --max_restarts N             --max-restarts N
+"""
+
+
+def _whole(flag: str, text: str) -> int:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
+        raise UsageError(
+            f"{flag} {text}: expected a whole number of 1 or more", hint=f"e.g. {flag} 2"
+        )
+    return int(digits)
+
+
+def _nodes(flag: str, text: Any) -> int | tuple[int, int]:
+    """N, or torchrun's MIN:MAX (issue 15 item 2): MAX nodes are taken, and a restart
+    may go on with as few as MIN when nodes are lost. N:N is just N."""
+    low, sep, high = str(text).partition(":")
+    if not sep:
+        return _whole(flag, str(text))
+    try:
+        first, last = _whole(flag, low), _whole(flag, high)
+    except UsageError:
+        raise UsageError(
+            f"{flag} {text}: expected MIN:MAX, whole numbers of 1 or more",
+            hint=f"e.g. {flag} 2:3 (at least 2 nodes, at most 3)",
+        ) from None
+    if first > last:
+        raise UsageError(
+            f"{flag} {text}: MIN is above MAX",
+            hint=f"give MIN:MAX with MIN <= MAX, e.g. {flag} {last}:{first}",
+        )
+    return first if first == last else (first, last)
+
+
+def _ppn(flag: str, text: str) -> int | str:
+    word = text.strip().lower()
+    if word in ("auto", "cpu"):
+        return _DEFAULT
+    if word == "gpu":
+        raise UsageError(
+            f"{flag} gpu: cpuaccel runs its ranks on CPUs",
+            hint=f"give a number of ranks per node ({flag} 2), or leave it out (sockets per node)",
+        )
+    return _whole(flag, text)
+
+
+def _as_is(flag: str, value: Any) -> Any:
+    return value
+
+
+# setting -> (its own flag, or None when run has none; the aliases; how an alias's text
+# becomes the value). An alias of one setting never conflicts with another's.
+_Convert = Callable[[str, Any], Any]
+ALIASES: dict[str, tuple[str | None, tuple[str, ...], _Convert]] = {
+    "nodes": ("--nodes", ("--num_machines", "--num-machines", "--nnodes"), _nodes),
+    "ppn": ("--ppn", ("--nproc-per-node", "--nproc_per_node"), _ppn),
+    "num_processes": (None, ("--num_processes", "--num-processes"), _as_is),
+    "head": (None, ("--master_addr", "--master-addr", "--main_process_ip",
+                    "--main-process-ip"), _as_is),
+    "master_port": ("--master-port", ("--master_port", "--main_process_port",
+                                      "--main-process-port"), _as_is),
+    "mixed_precision": ("--mixed-precision", ("--mixed_precision",), _as_is),
+    "max_restarts": ("--max-restarts", ("--max_restarts",), _as_is),
+}  # fmt: skip
+MAX_RESTARTS = 1000  # as config/project.py bounds max_restarts: a typo (30000) is caught
+
+
+def _dest(spelling: str) -> str:
+    # --num-machines and --num_machines are two options: their names must differ.
+    return "alias_" + spelling.lstrip("-").replace("-", "_h_")
+
+
+def _alias_type(setting: str) -> Any:
+    if setting == "num_processes":
+        return click.IntRange(1)
+    if setting == "master_port":
+        return click.IntRange(1, 65535)
+    if setting == "max_restarts":
+        return click.IntRange(0, MAX_RESTARTS)
+    if setting == "mixed_precision":
+        return click.Choice(PRECISION_CHOICES, case_sensitive=False)
+    return str
+
+
+# cpuaccel's own world-size options, by setting name; ``submit`` declares some of them
+# from here too (cli/submit.py), so each has one declaration.
+OWN_OPTIONS: dict[str, Callable[[Any], Any]] = {
+    "nodes": click.option(
+        "--nodes",
+        metavar="N|MIN:MAX",
+        help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
+        "without lost nodes while MIN remain.",
+    ),
+    "ppn": click.option(
+        "--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1)."
+    ),
+    "master_port": click.option(
+        "--master-port",
+        type=click.IntRange(1, 65535),
+        help="Rendezvous port.  [default: 29500]",
+    ),
+    "mixed_precision": click.option(
+        "--mixed-precision",
+        type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
+        help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
+        "CPUACCEL_MIXED_PRECISION.",
+    ),
+    "max_restarts": click.option(
+        "--max-restarts",
+        type=click.IntRange(0, MAX_RESTARTS),
+        metavar="N",
+        help="Restart a failed job up to N times, from its newest checkpoint.  [default: 0]",
+    ),
+}
+
+
+def _declarations() -> list[Callable[[Any], Any]]:
+    """cpuaccel's own options (shown), then every alias (hidden: the epilog lists them)."""
+    aliases = [
+        click.option(spelling, _dest(spelling), type=_alias_type(setting), hidden=True)
+        for setting, (_, spellings, _) in ALIASES.items()
+        for spelling in spellings
+    ]
+    return [*OWN_OPTIONS.values(), *aliases]
+
+
+def launch_options(func: F) -> F:
+    """Declare the world-size flags and their aliases; the command receives them merged
+    as ``launch_flags`` (values by setting name, and ``flag_names``: the spelling typed).
+    With a ``script`` argument, an option-looking SCRIPT is refused first."""
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        script = kwargs.get("script")
+        if script is not None:
+            refuse_option_as_script(script)
+        return func(launch_flags=merge(kwargs), **kwargs)
+
+    for decorator in reversed(_declarations()):
+        command = decorator(command)
+    return command  # type: ignore[return-value]
+
+
+def merge(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop this module's options from click's keyword arguments: each setting's value and
+    the spelling it was given with; two spellings with different values are an error."""
+    merged: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for setting, (own, spellings, convert) in ALIASES.items():
+        given: list[tuple[str, Any, Any]] = []  # (spelling, as typed, value)
+        if own is not None and kwargs.get(setting) is not None:
+            typed = kwargs[setting]
+            own_value = convert(own, typed) if setting == "nodes" else typed
+            given.append((own, typed, own_value))
+        kwargs.pop(setting, None)
+        for spelling in spellings:
+            raw = kwargs.pop(_dest(spelling))
+            if raw is not None:
+                given.append((spelling, raw, convert(spelling, raw)))
+        for spelling, typed, value in given[1:]:
+            if _normal(value) != _normal(given[0][2]):
+                raise UsageError(
+                    f"{given[0][0]} {given[0][1]} and {spelling} {typed} set the same "
+                    "thing differently",
+                    hint=f"give {own or given[0][0]} once",
+                )
+        value = given[0][2] if given else None
+        merged[setting] = None if value == _DEFAULT else value
+        if given:
+            names[setting] = given[0][0]
+    merged["min_nodes"] = None
+    if isinstance(merged["nodes"], tuple):  # MIN:MAX: MAX nodes taken, MIN the floor
+        merged["min_nodes"], merged["nodes"] = merged["nodes"]
+        names["min_nodes"] = names["nodes"]
+    if merged["mixed_precision"] is not None:  # fp32 is written "no", as Accelerate reads it
+        merged["mixed_precision"] = _normal(merged["mixed_precision"])
+    merged["flag_names"] = names
+    return merged
+
+
+def _normal(value: Any) -> Any:
+    word = str(value).lower()
+    return "no" if word == "fp32" else word
+
+
+# ---------------------------------------------------------------- an option as SCRIPT
+
+# Options of accelerate launch, torchrun and mpirun that run does not take, with what to
+# type instead. Anything not here gets the general answer.
+SPELLINGS: dict[str, str] = {
+    "-n": "-n is mpirun's total: --num_processes N (N ranks in all) or --ppn N per node",
+    "-np": "-np is mpirun's total: --num_processes N (N ranks in all) or --ppn N per node",
+    "--config_file": "the config file is --config FILE (Accelerate's default_config.yaml works)",
+    "--config-file": "the config file is --config FILE (Accelerate's default_config.yaml works)",
+    "--hostfile": "hosts come from -i FILE (an Ansible inventory or an MPI hostfile)",
+    "--num_cpu_threads_per_process": "threads per rank: --env OMP_NUM_THREADS=N",
+    "--machine_rank": "cpuaccel starts every machine's ranks from here: leave it out",
+    "--node_rank": "cpuaccel starts every machine's ranks from here: leave it out",
+    "--node-rank": "cpuaccel starts every machine's ranks from here: leave it out",
+    "--standalone": "one machine is --nodes 1 (or -l HOST): leave --standalone out",
+    "--cpu": "cpuaccel always trains on CPUs: leave it out",
+    "--use_cpu": "cpuaccel always trains on CPUs: leave it out",
+    "--multi_gpu": "cpuaccel trains on CPUs: leave it out",
+}
+
+
+def refuse_option_as_script(script: str) -> None:
+    """SCRIPT starting with '-' is an option run does not know, typed before the script."""
+    if not script.startswith("-") or script == "-":
+        return
+    option = script.split("=", 1)[0]
+    instead = SPELLINGS.get(option)
+    if instead is None and option.startswith("--"):
+        # -x and --x_y / --x-y are the same option to accelerate: so are they here.
+        instead = SPELLINGS.get(option.replace("-", "_").replace("__", "--", 1))
+    hint = instead or "see cpuaccel run --help; options for the script go after SCRIPT"
+    if not instead:
+        hint += f" (a script named {script} is ./{script})"
+    raise UsageError(f"{option}: no such option of cpuaccel run", hint=hint)
+
+
+def launcher_and_env_options(launcher_help: str, env_help: str) -> Callable[[F], F]:
+    """``--launcher`` and ``--env``, declared once for ``run`` and ``config show`` (which
+    shows what run would settle), each verb with its own help wording. No click
+    defaults: None means "not given", so the project file or the inventory may set them
+    (config/effective.py)."""
+
+    def apply(func: F) -> F:
+        func = click.option(
+            "--env", "env_items", multiple=True, metavar="KEY=VALUE|NAME", help=env_help
+        )(func)
+        return click.option(
+            "--launcher",
+            type=click.Choice(["auto", "impi", "mpich", "openmpi", "slurm"]),
+            help=launcher_help,
+        )(func)
+
+    return apply
+
+
+# ---------------------------------------------------------------- a recorded run's head
+# Reaching a recorded run's head node, for ps, logs and fetch: ``-i`` (else the
+# inventory the run recorded, else the usual choice), ``-T`` and
+# ``--no-host-key-checking``, as the other verbs spell them.
+
+
+def head_options(func: F) -> F:
+    options = [
+        click.option(
+            "-i",
+            "--inventory",
+            "inventory_path",
+            metavar="FILE",
+            help="The inventory that names the run's head node. Default: the one the run "
+            "recorded (detached runs), else $CPUACCEL_INVENTORY, else ./inventory.yaml.",
+        ),
+        connect_timeout_option("connect_timeout"),
+        click.option(
+            "--no-host-key-checking", is_flag=True, help="Accept unknown host keys. Unsafe."
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+class Heads:
+    """Connections to the heads of recorded runs, one a host, opened when first used."""
+
+    def __init__(self, inventory_path: str | None, connect_timeout: float, no_hkc: bool) -> None:
+        self.inventory_path = inventory_path
+        self.connect_timeout = connect_timeout
+        self.no_hkc = no_hkc
+        self._pools: dict[str, ConnectionPool] = {}
+        self._targets: dict[str | None, Any] = {}
+        self._lock = threading.Lock()  # ps asks several heads at once
+        if inventory_path:  # a bad -i is said at once, even when no head is asked
+            self._target(inventory_path)
+
+    def target(self, path: str | None) -> Any:
+        """The ``Target`` of the inventory at ``path`` (read once)."""
+        with self._lock:
+            return self._target(path)
+
+    def _target(self, path: str | None) -> Any:
+        if path not in self._targets:
+            self._targets[path] = resolve_target(
+                path, None, (), DEFAULT_FORKS, self.connect_timeout, self.no_hkc
+            )
+        return self._targets[path]
+
+    def connector(self, run: RunRecord) -> Callable[[], Connector]:
+        """How to reach ``run``'s head (connecting on first use); UsageError when no
+        inventory names it."""
+        with self._lock:
+            return self._connector(run)
+
+    def _connector(self, run: RunRecord) -> Callable[[], Connector]:
+        head = run.head
+        if head is None:
+            raise UsageError(f"{run.path}/run.json names no head node", hint="is it a run folder?")
+        path = self.inventory_path or run.record.get("inventory")
+        target = self._target(str(path) if path else None)
+        host = target.inventory.hosts.get(head)
+        if host is None:
+            where = target.inventory.source or "the default inventory (this machine)"
+            raise UsageError(
+                f"run {run.run_id}'s head {head} is not in {where}",
+                hint="give the inventory the run used: -i FILE",
+            )
+        key = f"{path}:{head}"
+        if key not in self._pools:
+            self._pools[key] = ConnectionPool(target.connect)
+        pool = self._pools[key]
+        return lambda: pool.get(host)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+def node_failed(exc: HostError) -> HostError:
+    """The head could not be reached or failed its task: exit 69, as other verbs do."""
+    exc.exit_code = EXIT_NODE_FAILED
+    return exc
+
+
+# ---------------------------------------------------------------- SCRIPT
+# Is SCRIPT a Python script? (issue 13, item 8)
+#
+# `cpuaccel run inventory.yaml train.py` (the inventory named as `provision` takes it)
+# used to launch the YAML file as the script on every rank. A SCRIPT that is a config or
+# inventory file, or not Python at all, is refused with the spelling that was meant,
+# unless the ranks are told to run it as an executable (``no_python``).
+PYTHON_SUFFIXES = (".py", ".pyw", ".pyz")
+# Files users keep beside their code that are never run: what each one usually is.
+CONFIG_SUFFIXES = {
+    ".yaml": "YAML",
+    ".yml": "YAML",
+    ".ini": "INI",
+    ".cfg": "INI",
+    ".toml": "TOML",
+    ".json": "JSON",
+}
+_HEAD_BYTES = 256
+
+
+def check_script_kind(script: str, *, no_python: bool = False) -> None:
+    """Refuse a SCRIPT that is not a Python file; with ``no_python`` (the ranks run it as
+    an executable) anything goes. A missing file is left to the caller's own error."""
+    if no_python:
+        return
+    path = Path(script)
+    kind = CONFIG_SUFFIXES.get(path.suffix.lower())
+    if kind is not None:
+        raise UsageError(
+            f"{script}: SCRIPT is a {kind} file, not a Python script",
+            hint=f"an inventory goes with -i (cpuaccel run -i {script} train.py), a "
+            f"cpuaccel.yaml or Accelerate config with --config {script}",
+        )
+    if path.suffix.lower() in PYTHON_SUFFIXES:
+        return
+    first = _first_line(path)
+    if first is None or (first.startswith(b"#!") and b"python" in first):
+        return
+    raise UsageError(
+        f"{script}: SCRIPT is not a Python file (no .py suffix, no python #! line)",
+        hint=f"to run it as every rank's program: cpuaccel run --no-python {script}; "
+        "else name the Python script (train.py)",
+    )
+
+
+def _first_line(path: Path) -> bytes | None:
+    """The file's first bytes up to a newline; None when it is not a regular file (the
+    caller says "no such script"). Read without blocking: a FIFO is never opened."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    try:
+        head = os.read(fd, _HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None if head is None else head.split(b"\n", 1)[0]

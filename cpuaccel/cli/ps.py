@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from cpuaccel import ui
-from cpuaccel.cli.run_head import Heads, head_options
+from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.runs import node_files as runfiles
 from cpuaccel.runs.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm

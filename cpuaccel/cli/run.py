@@ -6,38 +6,46 @@ from __future__ import annotations
 import functools
 import shlex
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli import run_json
-from cpuaccel.cli.launch_aliases import EPILOG as ALIASES_EPILOG
-from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
+from cpuaccel.cli.dashboard import (
+    DEFAULT_PORT,
+    Page,
+    Wiring,
+    can_open_browser,
+    serve_until_interrupted,
+)
+from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import (
     EnvFlags,
     Target,
+    check_script_kind,
     host_options,
+    job_options,
+    launch_options,
+    launcher_and_env_options,
     list_hosts_and_exit,
     parse_env,
 )
-from cpuaccel.cli.run_options import job_options
-from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.config.settings import LaunchSettings
-from cpuaccel.errors import CpuaccelError, UsageError
+from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.jobs import detached, entry, given_id
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
-from cpuaccel.jobs.result import JobReport
+from cpuaccel.jobs.result import ERROR, JobReport
+from cpuaccel.jobs.supervise import EXIT_INTERRUPTED
+from cpuaccel.runs import records
 from cpuaccel.ui import escape
-
-if TYPE_CHECKING:
-    from cpuaccel.cli.run_dashboard import RunPage
 
 EPILOG = """\b
 Examples:
@@ -118,8 +126,145 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
     )
 
 
+# ---------------------------------------------------------------- run --json
+# ``run --json``: the one JSON object on stdout, on every path, a bad flag included.
+#
+# A script that runs ``cpuaccel run --json ...`` reads stdout as one object whatever
+# happened. A value click refuses (``--ppn 0``) fails before ``run_command`` runs, so
+# ``RunCommand`` catches click's usage errors when ``--json`` is among run's own options
+# (before SCRIPT: after it, ``--json`` is the script's) and prints the object first;
+# ``cli/main.py`` then prints the error line and exits 64 as for any bad flag.
+def failure(exc: BaseException, seconds: float) -> JobReport:
+    """The object of a run that ended before any job: bad input, or Ctrl-C."""
+    if isinstance(exc, CpuaccelError):
+        return JobReport(exc.exit_code, ERROR, seconds, error=exc.message, fix=exc.hint)
+    if isinstance(exc, click.ClickException):
+        hint = "see 'cpuaccel run --help'"
+        return JobReport(EXIT_USAGE, ERROR, seconds, error=exc.format_message(), fix=hint)
+    return JobReport(EXIT_INTERRUPTED, "interrupted", seconds, error="interrupted")
+
+
+def wants_json(command: click.Command, args: Sequence[str]) -> bool:
+    """Whether ``--json`` is one of run's own options in ``args`` (it may be a value, or
+    the script's own flag after SCRIPT, and then it is not)."""
+    takes_value = {
+        opt
+        for param in command.params
+        if isinstance(param, click.Option) and not param.is_flag and not param.count
+        for opt in param.opts
+    }
+    words = iter(args)
+    for word in words:
+        if word == "--json":
+            return True
+        if word == "--" or not word.startswith("-"):
+            return False  # SCRIPT: the rest is the script's
+        if word in takes_value:
+            next(words, None)  # its value
+    return False
+
+
+class RunCommand(click.Command):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        json_wanted = wants_json(self, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if json_wanted:
+                ui.print_json(failure(exc, 0.0).to_json())
+            raise
+
+
+# ---------------------------------------------------------------- run --dashboard
+# ``cpuaccel run --dashboard``: the page of the run being started, served from this
+# ``cpuaccel run``.
+#
+# The server starts before the launch (a port in use is refused before anything
+# starts); the run's id is known once its folder appears in ./runs, so a thread waits
+# for the first new folder and then prints (and opens) its page. A foreground run's page
+# closes with the run: the server stays a few seconds after the end, so that the page
+# shows it, and says so. A detached run's page is served after the start until Ctrl-C:
+# the job goes on without it.
+LINGER = 3.0  # seconds served after a foreground run ends: the page's last polls
+WAIT = 0.2  # seconds between two looks for the run's folder
+
+
+class RunPage:
+    def __init__(self, target: Target, port: int) -> None:
+        setting = target.inventory_setting
+        wiring = Wiring(
+            detached.inventory_path(setting.value if setting else None),
+            target.connect.connect_timeout,
+            target.connect.host_key_checking is False,
+        )
+        self.runs = records.runs_folder()
+        self.before = set(records.run_ids(self.runs))
+        try:
+            self.page = Page("127.0.0.1", port, wiring, self.runs)
+        except BaseException:
+            wiring.close()
+            raise
+        self.done = threading.Event()
+        self.announced = False
+        self.thread = threading.Thread(target=self._announce, name="run-page", daemon=True)
+        self.thread.start()
+
+    def _announce(self) -> None:
+        """Print the page of the first run folder that was not there before."""
+        while not self.done.wait(WAIT):
+            new = sorted(set(records.run_ids(self.runs)) - self.before)
+            if new:
+                self.show(new[0])
+                return
+
+    def show(self, run_id: str) -> None:
+        self.announced = True
+        self.page.announce(f"/run/{run_id}", browser=can_open_browser())
+
+    def around(self, launch: Callable[[], JobReport], detach: bool) -> JobReport:
+        """``launch()`` (job.launch) with the page served; a foreground run's page
+        closes with the run, a detached one's is left to ``ended`` after the report."""
+        try:
+            report = launch()
+        except BaseException:
+            self.ended(None, detach)
+            raise
+        if not detach:
+            self.ended(report, detach)
+        return report
+
+    def ended(self, report: JobReport | None, detach: bool) -> None:
+        """After job.launch: a started detached job is served until Ctrl-C; otherwise
+        the page closes now (after LINGER s when a run was shown)."""
+        self.done.set()
+        self.thread.join()
+        started = report is not None and report.detached is not None and report.exit_code == 0
+        if detach and started and report is not None:
+            if not self.announced:  # a detached start records its run at its end
+                self.show(str(report.run_id))
+            ui.stderr().print(
+                f"dashboard: serving the page of {escape(str(report.run_id))} until Ctrl-C "
+                "(the job goes on without it)"
+            )
+            serve_until_interrupted(self.page)
+            return
+        if report is not None and not detach:
+            time.sleep(LINGER)
+        self.page.close()
+        ui.stderr().print("dashboard: the run has ended; its page is closed")
+
+
+def start(target: Target) -> RunPage:
+    """The page on the dashboard's usual port, else (taken: a `cpuaccel dashboard` may
+    be running) on any free one: the URL printed says which."""
+    try:
+        return RunPage(target, DEFAULT_PORT)
+    except UsageError:
+        return RunPage(target, 0)
+
+
 @click.command(
-    cls=run_json.RunCommand,  # --json: the one object on a bad flag too
+    cls=RunCommand,  # --json: the one object on a bad flag too
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
@@ -221,7 +366,7 @@ def run_command(
         report = page.around(launch, detach) if page is not None else launch()
     except (CpuaccelError, KeyboardInterrupt) as exc:
         if as_json:  # the one object, with the error (main() prints it on stderr too)
-            ui.print_json(run_json.failure(exc, time.monotonic() - started).to_json())
+            ui.print_json(failure(exc, time.monotonic() - started).to_json())
         raise
     _finish(report, as_json, page if detach else None)
 
@@ -248,7 +393,7 @@ def _refuse_with_dry_run(dry_run: bool, **flags: bool) -> None:
 
 
 def _run_page(target: Target) -> RunPage:
-    from cpuaccel.cli import run_dashboard  # the server's imports only for --dashboard
+    from cpuaccel.cli import run as run_dashboard  # the server's imports only for --dashboard
 
     return run_dashboard.start(target)
 

@@ -13,10 +13,17 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.launch_aliases import launch_options, launcher_and_env_options
-from cpuaccel.cli.options import Seconds, Target, host_options, list_hosts_and_exit, parse_env
+from cpuaccel.cli.options import (
+    Seconds,
+    Target,
+    check_script_kind,
+    host_options,
+    launch_options,
+    launcher_and_env_options,
+    list_hosts_and_exit,
+    parse_env,
+)
 from cpuaccel.cli.run import script_entry
-from cpuaccel.cli.script_kind import check_script_kind
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import PROJECT_FILE, accelerate_default
 from cpuaccel.config.settings import LaunchSettings

@@ -147,7 +147,7 @@ _Spec = tuple[str | None, tuple[str, ...], Callable[[Any], Any], Any, str | None
 # file sets those of its keys (config/project.py) that it names, under the flags.
 SPECS: dict[str, _Spec] = {
     "nodes": ("--nodes", (), _same, None, "every selected host"),
-    # --nodes MIN:MAX's MIN (cli/launch_aliases.py); None: no node may be left out.
+    # --nodes MIN:MAX's MIN (cli/options.py); None: no node may be left out.
     "min_nodes": ("--nodes", (), _same, None, "every chosen node"),
     "ppn": (
         "--ppn", ("cpuaccel_ppn", variables.SLOTS_VAR), _whole(1), None,
