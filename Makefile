@@ -94,10 +94,10 @@ bench-ab: $(STAMP)
 	$(BIN)/python bench/ab.py --base $(BASE)
 
 cluster-up: $(STAMP)
-	$(BIN)/python -m cpuaccel.testing.cluster up --nodes 3
+	$(BIN)/python -m cpuaccel.testing up --nodes 3
 
 cluster-down: $(STAMP)
-	$(BIN)/python -m cpuaccel.testing.cluster down
+	$(BIN)/python -m cpuaccel.testing down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -41,7 +41,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cpuaccel.connectors.base import ConnectOptions, connector_for
+from cpuaccel.connectors.choose import connector_for
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import NODE_DIR, Cluster

@@ -83,6 +83,18 @@ class HostError(CpuaccelError):
         self.reason = message
 
 
+class Unreachable(HostError):
+    """The host could not be connected to or authenticated against."""
+
+
+class HostKeyError(Unreachable):
+    """The host's key is unknown or changed: connecting could hand secrets to an impostor."""
+
+
+class CommandTimeout(HostError):
+    """A command did not finish within its timeout."""
+
+
 class PlaybookError(SourceError):
     """The playbook is wrong (unknown module, bad argument, bad expression).
 

@@ -15,8 +15,10 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from cpuaccel import ui
-from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable, connector_for
-from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.choose import connector_for
+from cpuaccel.connectors.connect_options import ConnectOptions
+from cpuaccel.errors import CpuaccelError, HostError, Unreachable
 from cpuaccel.inventory.host import Host
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel import ui
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.openssh import ssh_argv, ssh_config_stanza
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE, PlaybookError

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, CommandTimeout
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel

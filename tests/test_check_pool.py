@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from cpuaccel.cli import check
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool, Status
 from cpuaccel.inventory.host import Host
 

@@ -305,7 +305,7 @@ def test_a_live_cluster_id_cannot_be_taken_twice() -> None:
 
 @pytest.mark.cluster
 def test_cli_up_status_down_and_stale_cleanup() -> None:
-    cli = [sys.executable, "-m", "cpuaccel.testing.cluster"]
+    cli = [sys.executable, "-m", "cpuaccel.testing"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.connectors import commandline
-from cpuaccel.connectors.base import CommandTimeout, ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
+from cpuaccel.errors import CommandTimeout
 from cpuaccel.inventory.host import Host
 
 NASTY = [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
+from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.jobs.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster

@@ -11,20 +11,14 @@ from typing import cast
 import paramiko
 import pytest
 
-from cpuaccel.connectors.base import (
-    KEEPALIVE_COUNT,
-    KEEPALIVE_INTERVAL,
-    CommandTimeout,
-    ConnectOptions,
-    Unreachable,
-    connector_for,
-)
+from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.commandline import quote
+from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL, ConnectOptions
 from cpuaccel.connectors.hostkeys import host_key_policy, opt_out_warnings
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.openssh import port_of, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector, SSHProcess
-from cpuaccel.errors import HostError
+from cpuaccel.errors import CommandTimeout, HostError, Unreachable
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import rundir
 from cpuaccel.jobs.plan import RunPlan

@@ -14,13 +14,13 @@ import paramiko
 import pytest
 
 from cpuaccel.connectors import hostkeys, rsync
-from cpuaccel.connectors.base import ConnectOptions, HostKeyError
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import add_key_hint, forget_key_hint, host_key_policy
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.openssh import jump_hops, refused_key, remote_spec
 from cpuaccel.connectors.ssh import SSHConnector
 from cpuaccel.connectors.transports import hops
-from cpuaccel.errors import HostError
+from cpuaccel.errors import HostError, HostKeyError
 from cpuaccel.inventory.host import Host
 
 CHECKED = ConnectOptions()

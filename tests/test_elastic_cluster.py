@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import cpuaccel
-from cpuaccel.connectors.base import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
+from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.jobs.supervise import GRACE, TEARDOWN
 from cpuaccel.testing.cluster import Cluster

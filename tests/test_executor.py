@@ -8,9 +8,10 @@ import time
 import pytest
 
 from cpuaccel import executor
-from cpuaccel.connectors.base import ConnectOptions, Connector, Unreachable
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.errors import HostError
+from cpuaccel.errors import HostError, Unreachable
 from cpuaccel.executor import ConnectionPool, HostResult, Status, fan_out, run_on_hosts
 from cpuaccel.inventory.host import Host
 

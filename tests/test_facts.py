@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
 from cpuaccel.facts.gather import gather, names_to_resolve

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster

@@ -11,7 +11,7 @@ import pytest
 
 from cpuaccel.cli.options import parse_env
 from cpuaccel.config.project import parse_project
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import host_key_policy
 from cpuaccel.errors import EXIT_USAGE, InventoryError, ProjectFileError, UsageError
 from cpuaccel.inventory.host import Host

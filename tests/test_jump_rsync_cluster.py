@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions, HostKeyError
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_NODE_FAILED
+from cpuaccel.errors import EXIT_NODE_FAILED, HostKeyError
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel

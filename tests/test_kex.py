@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.connectors import kex
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.inventory.host import Host
 from cpuaccel.node import mux

@@ -23,7 +23,7 @@ from cpuaccel.cli.config import config_command, show_command
 from cpuaccel.cli.options import check_script_kind, parse_env
 from cpuaccel.cli.run import run_command
 from cpuaccel.config.effective import resolve
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host

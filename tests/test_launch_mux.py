@@ -18,7 +18,7 @@ import pytest
 from test_launch_scripts import plan_of
 
 from cpuaccel.connectors import controlpath, openssh
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launcher_reach

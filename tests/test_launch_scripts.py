@@ -20,7 +20,9 @@ import pytest
 
 from cpuaccel import node
 from cpuaccel.config.effective import resolve
-from cpuaccel.connectors.base import ConnectOptions, Connector, connector_for
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.choose import connector_for
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import HostError, InventoryError
 from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host

@@ -87,7 +87,8 @@ def test_the_openssh_path_loads_no_ssh_stack(tmp_path: Path) -> None:
     no paramiko. A real command over it: tests/test_openssh_session_cluster.py."""
     script = (
         "import sys\n"
-        "from cpuaccel.connectors.base import ConnectOptions, connector_for\n"
+        "from cpuaccel.connectors.choose import connector_for\n"
+        "from cpuaccel.connectors.connect_options import ConnectOptions\n"
         "from cpuaccel.connectors.openssh import port_of\n"
         "from cpuaccel.inventory.host import Host\n"
         "host = Host('n1', {'ansible_host': '10.0.0.1'})\n"
@@ -114,7 +115,8 @@ def test_checks_start_up_over_openssh_loads_no_openssl_nor_shutil(tmp_path: Path
     script = (
         "import sys\n"
         "import cpuaccel.cli.check, cpuaccel.cli.main\n"
-        "from cpuaccel.connectors.base import ConnectOptions, connector_for\n"
+        "from cpuaccel.connectors.choose import connector_for\n"
+        "from cpuaccel.connectors.connect_options import ConnectOptions\n"
         "from cpuaccel.inventory.host import Host\n"
         "from cpuaccel.jobs.plan import new_run_id\n"
         f"host = Host('n1', {{'ansible_host': '10.0.0.1', 'ansible_ssh_common_args':"

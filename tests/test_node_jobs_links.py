@@ -19,7 +19,7 @@ import pytest
 
 from cpuaccel import node
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host

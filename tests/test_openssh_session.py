@@ -17,15 +17,11 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.connectors import controlpath, known_lines
-from cpuaccel.connectors.base import (
-    ConnectOptions,
-    HostKeyError,
-    Unreachable,
-    connector_for,
-    keeps_connection,
-)
+from cpuaccel.connectors.choose import connector_for, keeps_connection
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.connectors.ssh import SSHConnector
+from cpuaccel.errors import HostKeyError, Unreachable
 from cpuaccel.inventory.host import Host
 
 KEEP = ConnectOptions(keep=True)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions, Unreachable, connector_for
+from cpuaccel.connectors.choose import connector_for
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, Unreachable
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel

@@ -12,7 +12,7 @@ import pytest
 
 from cpuaccel import node
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool

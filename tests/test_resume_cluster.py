@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import cpuaccel
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs.resume import RECORDS, find_complete, newest_complete

@@ -24,7 +24,7 @@ from rich.console import Console
 from cpuaccel.cli.main import cli
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import connector_for
+from cpuaccel.connectors.choose import connector_for
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, HostError
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.runs import records

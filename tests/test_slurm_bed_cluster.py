@@ -82,7 +82,7 @@ def test_batch_jobs_end_in_sacct_with_their_exit_code(slurm: SlurmBed, tmp_path:
 def test_up_slurm_then_down_leaves_nothing(slurm: SlurmBed) -> None:
     # A second, one-node cluster through the shell commands; the session's keeps running.
     scratch = (slurm.cluster.cluster_id + 1) % 256
-    command = [sys.executable, "-m", "cpuaccel.testing.cluster"]
+    command = [sys.executable, "-m", "cpuaccel.testing"]
     up = subprocess.run(
         [*command, "up", "--nodes", "1", "--id", str(scratch), "--slurm"],
         capture_output=True, text=True, timeout=120, check=False,

@@ -13,9 +13,11 @@ import pytest
 
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.inventory_choice import choose_inventory
-from cpuaccel.connectors.base import CommandResult, ConnectOptions, Unreachable, connector_for
+from cpuaccel.connectors.base import CommandResult
+from cpuaccel.connectors.choose import connector_for
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.srun import SrunConnector, step_answers
-from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, UsageError
+from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, Unreachable, UsageError
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import Script, build_plan

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host

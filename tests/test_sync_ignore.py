@@ -166,7 +166,7 @@ def test_a_pattern_pathspec_refuses_is_named_where_it_entered(tmp_path: Path) ->
     """A lone ``!`` or ``\\`` makes pathspec raise: a rules file's line (file:line), the
     project file's ``exclude`` (cpuaccel.yaml:line) and --exclude each say so in one line
     before anything is scanned (it was a traceback)."""
-    from cpuaccel.config.project import load_config
+    from cpuaccel.config.project_choice import load_config
     from cpuaccel.errors import SourceError, UsageError
     from cpuaccel.sync.ignore import check_excludes
 

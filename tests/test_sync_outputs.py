@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host

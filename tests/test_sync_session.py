@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.config.project import load_config
+from cpuaccel.config.project_choice import load_config
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.testing.command import cpuaccel

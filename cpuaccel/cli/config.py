@@ -23,7 +23,8 @@ from cpuaccel.cli.options import (
     warn,
 )
 from cpuaccel.config.effective import resolve
-from cpuaccel.config.project import ProjectConfig, load_config
+from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.project_choice import load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
 from cpuaccel.config.writer import default_paths, inventory_text, project_text, write_files
 from cpuaccel.errors import InventoryError, UsageError

@@ -27,9 +27,11 @@ import click
 
 from cpuaccel import ui
 from cpuaccel.config.inventory_choice import choose_inventory
-from cpuaccel.config.project import ProjectConfig, discover_config
+from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.project_choice import discover_config
 from cpuaccel.config.settings import Setting
-from cpuaccel.connectors.base import DEFAULT_CONNECT_TIMEOUT, ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.connectors.hostkeys import opt_out_warnings
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool

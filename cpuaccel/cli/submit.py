@@ -18,7 +18,8 @@ import click
 
 from cpuaccel import ui
 from cpuaccel.cli.options import JOB_OPTIONS, OWN_OPTIONS, SECRET_NAME, check_script_kind, parse_env
-from cpuaccel.config.project import ProjectConfig, discover_config
+from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.project_choice import discover_config
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import new_run_id
 from cpuaccel.runs.records import runs_folder

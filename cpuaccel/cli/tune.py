@@ -25,7 +25,8 @@ from cpuaccel.cli.options import (
 )
 from cpuaccel.cli.run import script_entry
 from cpuaccel.config.effective import resolve
-from cpuaccel.config.project import PROJECT_FILE, accelerate_default
+from cpuaccel.config.project import PROJECT_FILE
+from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool

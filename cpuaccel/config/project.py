@@ -11,17 +11,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from cpuaccel.config import launcher_args
 from cpuaccel.config.yamlfile import Field, parse_mapping
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
-from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
-from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
 from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
-from cpuaccel.sourcefile import read_source
 
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
@@ -244,53 +240,3 @@ def _checked(key: str, item: Field, source: str) -> Any:
 
 def is_accelerate(fields: dict[str, Field]) -> bool:
     return "distributed_type" in fields or "compute_environment" in fields
-
-
-def load_config(path: str | Path) -> ProjectConfig:
-    """A cpuaccel.yaml, or Accelerate's default_config.yaml (recognised by its fields)."""
-    source = str(path)
-    hint = "pass an existing file with --config FILE"
-    text = read_source(path, ProjectFileError, "config file", hint)
-    fields = parse_mapping(text, source, "config file")
-    if is_accelerate(fields):
-        from cpuaccel.config.accelerate import from_accelerate
-
-        return from_accelerate(fields, source)
-    return parse_project(text, source)
-
-
-def accelerate_default() -> str:
-    """Where `accelerate launch` finds its config when given none: $HF_HOME/accelerate/
-    default_config.yaml, $HF_HOME being $XDG_CACHE_HOME/huggingface (~/.cache/...)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
-    return os.path.join(os.path.expanduser(home), "accelerate", "default_config.yaml")
-
-
-def discover_config(path: str | None, inventory_flag: str | None = None) -> ProjectConfig | None:
-    """--config FILE, else ./cpuaccel.yaml when there is one, else Accelerate's default
-    config when there is one (as `accelerate launch` reads it), else none.
-    ``inventory_flag``: the -i given, if any (a single-machine default config then
-    gives way to it)."""
-    if path:
-        return load_config(path)
-    if os.path.lexists(PROJECT_FILE):
-        # Present but not a file (a FIFO, a dangling link) is an error, not "no project
-        # file": silently running on this machine alone would surprise more.
-        return load_config(PROJECT_FILE)
-    default = accelerate_default()
-    if not os.path.lexists(default):
-        return None
-    why = "read as Accelerate's default config, there being no ./cpuaccel.yaml nor --config"
-    try:
-        config = load_config(default)
-    except ProjectFileError as exc:  # file:line, as with --config; and why it was read
-        exc.hint = f"{exc.hint} ({why})" if exc.hint else why
-        raise
-    named = inventory_flag or os.environ.get(INVENTORY_ENV) or os.path.lexists(INVENTORY_FILE)
-    if config.local_only and named:
-        # A single-machine config (what `accelerate config` writes on a laptop) must not
-        # turn a run on the inventory's hosts into one on this machine: not used.
-        return None
-    config.warnings.insert(0, f"using {default}: {why}; pass --config FILE for another")
-    return config

@@ -122,7 +122,7 @@ def control_path(
 
 def folder_fits(path: str = CONTROL_DIR) -> bool:
     """Whether a socket in the folder fits a unix socket's path (a home of about 50
-    characters at most); connectors/base.keeps_connection uses paramiko otherwise."""
+    characters at most); connectors/choose.keeps_connection uses paramiko otherwise."""
     longest = _SOCKET_MAX - _SSH_TEMP_SUFFIX - _HASH_CHARS - 1
     return len(os.path.expanduser(path).encode()) <= longest
 

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from cpuaccel.connectors.known_lines import open_regular
+from cpuaccel.errors import Unreachable
 from cpuaccel.inventory.host import Host, ssh_options
 from cpuaccel.inventory.variables import parse_bool
 
 if TYPE_CHECKING:
-    from cpuaccel.connectors.base import ConnectOptions
+    from cpuaccel.connectors.connect_options import ConnectOptions
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 # Read by OpenSSH on its own (GlobalKnownHostsFile): paramiko must be told.
@@ -146,8 +148,6 @@ def refuse_inline_proxy(host: Host) -> None:
     """A hop in ansible_ssh_common_args would be connected to unchecked (or ignored):
     hops are honoured from ~/.ssh/config, where every path reads them alike (the
     paramiko and the OpenSSH connector)."""
-    from cpuaccel.connectors.base import Unreachable  # base imports this module
-
     for option in ("proxyjump", "proxycommand"):
         if option in ssh_options(host.vars):
             raise Unreachable(
@@ -156,3 +156,19 @@ def refuse_inline_proxy(host: Host) -> None:
                 hint=f"put it under 'Host {host.address}' in ~/.ssh/config, which "
                 "cpuaccel, rsync and MPI's ssh all read (a hop's key is checked too)",
             )
+
+
+def refuse_unreadable_known_hosts(host_name: str, path: str | None) -> None:
+    """The inventory's own known_hosts file (cpuaccel_known_hosts, UserKnownHostsFile)
+    must be a readable regular file, for paramiko and ssh alike: a missing one would
+    turn every key into an unknown one, and a FIFO would hang whoever opens it."""
+    if not path:
+        return
+    try:
+        os.close(open_regular(path))
+    except OSError as exc:
+        raise Unreachable(
+            host_name,
+            f"cannot read known_hosts file {path}: {exc.strerror}",
+            hint="fix cpuaccel_known_hosts / UserKnownHostsFile in the inventory",
+        ) from None

@@ -14,14 +14,9 @@ from typing import IO, BinaryIO
 
 from cpuaccel import ui
 from cpuaccel.connectors import commandline
-from cpuaccel.connectors.base import (
-    CommandResult,
-    CommandTimeout,
-    Connector,
-    Process,
-    split_lines,
-)
+from cpuaccel.connectors.base import CommandResult, Connector, Process, split_lines
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
+from cpuaccel.errors import CommandTimeout
 
 _CHUNK = 1 << 18
 

@@ -26,7 +26,7 @@ from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 
 if TYPE_CHECKING:
-    from cpuaccel.connectors.base import ConnectOptions
+    from cpuaccel.connectors.connect_options import ConnectOptions
 
 DEFAULT_PORT = 22
 

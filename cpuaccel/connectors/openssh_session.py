@@ -24,16 +24,16 @@ from typing import BinaryIO
 
 from cpuaccel import ui
 from cpuaccel.connectors import controlpath, kex, known_lines, openssh
-from cpuaccel.connectors.base import (
-    CommandResult,
-    HostKeyError,
-    Process,
-    Unreachable,
+from cpuaccel.connectors.base import CommandResult, Process
+from cpuaccel.connectors.hostkeys import (
+    SYSTEM_KNOWN_HOSTS,
+    host_key_policy,
+    refuse_inline_proxy,
     refuse_unreadable_known_hosts,
 )
-from cpuaccel.connectors.hostkeys import SYSTEM_KNOWN_HOSTS, host_key_policy, refuse_inline_proxy
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
+from cpuaccel.errors import HostKeyError, Unreachable
 
 PERSIST = controlpath.PERSIST_SECONDS
 SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of its words

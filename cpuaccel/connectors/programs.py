@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from cpuaccel import node
-from cpuaccel.connectors.base import CommandResult, CommandTimeout, Connector
-from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.connectors.base import CommandResult, Connector
+from cpuaccel.errors import CommandTimeout, CpuaccelError, HostError
 
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel','exec'))"
 PYTHON_HINT = "set cpuaccel_python to the node's interpreter, or run cpuaccel provision"

@@ -21,10 +21,11 @@ from typing import Any
 
 from cpuaccel import node
 from cpuaccel.connectors import commandline, programs
-from cpuaccel.connectors.base import CommandResult, ConnectOptions, Unreachable
+from cpuaccel.connectors.base import CommandResult
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.rsync import RsyncResult
-from cpuaccel.errors import HostError, UsageError
+from cpuaccel.errors import HostError, Unreachable, UsageError
 from cpuaccel.inventory.host import Host
 
 STEP_NAME = "cpuaccel"  # what squeue --steps shows for these steps

@@ -24,17 +24,8 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from cpuaccel import ui
 from cpuaccel.connectors import commandline, known_keys, openssh, transports
-from cpuaccel.connectors.base import (
-    CommandResult,
-    CommandTimeout,
-    ConnectOptions,
-    Connector,
-    HostKeyError,
-    Process,
-    Unreachable,
-    refuse_unreadable_known_hosts,
-    split_lines,
-)
+from cpuaccel.connectors.base import CommandResult, Connector, Process, split_lines
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import (
     HostKeyPolicy,
     add_key_hint,
@@ -42,8 +33,10 @@ from cpuaccel.connectors.hostkeys import (
     forget_key_hint,
     host_key_policy,
     refuse_inline_proxy,
+    refuse_unreadable_known_hosts,
 )
 from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
+from cpuaccel.errors import CommandTimeout, HostKeyError, Unreachable
 
 _READ_CHUNK = 1 << 16
 # What paramiko raises when a channel or its connection is gone: EOFError, not OSError,

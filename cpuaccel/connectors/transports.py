@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import paramiko
 from fabric import Connection
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 
 
 def hops(conn: Connection) -> Iterator[Connection]:

@@ -277,7 +277,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
     # false: check and sync reach the host with paramiko, not a kept OpenSSH master
-    # (connectors/base.keeps_connection).
+    # (connectors/choose.keeps_connection).
     "cpuaccel_ssh_persist": boolean,
     "cpuaccel_slurm_job": whole(1),  # the Slurm job an allocated node is reached in
     # Slurm's view of a node of -i slurm:PARTITION (inventory/slurm_source.py), which

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host

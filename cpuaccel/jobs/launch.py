@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cpuaccel import ui
 from cpuaccel.config.settings import LaunchSettings
-from cpuaccel.connectors.base import ConnectOptions
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts

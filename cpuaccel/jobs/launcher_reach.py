@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from cpuaccel.connectors import controlpath, openssh, programs
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, HostResult
 from cpuaccel.facts.problems import ERROR, Problem

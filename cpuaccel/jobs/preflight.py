@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cpuaccel.connectors import srun
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts import problems as checks

@@ -24,8 +24,8 @@ from typing import Any
 import jinja2
 
 from cpuaccel.connectors import openssh
-from cpuaccel.connectors.base import ConnectOptions
 from cpuaccel.connectors.commandline import quote
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.resources import template_environment

@@ -24,7 +24,8 @@ from typing import IO, Any
 from rich.console import Console
 
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Process
+from cpuaccel.connectors.base import Process
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.jobs import hang, launchers

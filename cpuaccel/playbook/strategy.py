@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel import __version__
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.inventory.host import Host

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpuaccel.connectors import programs, srun
-from cpuaccel.connectors.base import Connector, Unreachable
-from cpuaccel.errors import CpuaccelError, HostError
+from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import CpuaccelError, HostError, Unreachable
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.connectors import programs
-from cpuaccel.connectors.base import ConnectOptions, Connector
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.host import Host

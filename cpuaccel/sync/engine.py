@@ -20,7 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpuaccel.connectors.base import ConnectOptions, Connector, keeps_connection
+from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.choose import keeps_connection
+from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh import port_of
 from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts

@@ -23,9 +23,9 @@ Needs root. From Python::
 
 From a shell (nodes keep running after ``up`` returns)::
 
-    python -m cpuaccel.testing.cluster up --nodes 3 [--id N] [--slurm]  # prints the inventory
-    python -m cpuaccel.testing.cluster status [--id N]
-    python -m cpuaccel.testing.cluster down [--id N]
+    python -m cpuaccel.testing up --nodes 3 [--id N] [--slurm]  # prints the inventory
+    python -m cpuaccel.testing status [--id N]
+    python -m cpuaccel.testing down [--id N]
 """
 
 from __future__ import annotations
@@ -384,10 +384,3 @@ class Cluster:
             node.pid = pid if ok else None
         cluster.slurm_bed = slurm_daemons.attach(cluster)
         return cluster
-
-
-# The shell commands (up, down, status) live in cluster_cli; `python -m` runs them here.
-if __name__ == "__main__":
-    from cpuaccel.testing.cluster_cli import main
-
-    sys.exit(main())

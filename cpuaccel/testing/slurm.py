@@ -1,7 +1,7 @@
 """A real Slurm in a test cluster: munged, slurmctld (controller side), one slurmd per node.
 
 ``Cluster.start_slurm()`` (or ``Cluster(n, slurm=True)``, or ``python -m
-cpuaccel.testing.cluster up --slurm``) starts it; the cluster's ``down`` removes it. Its
+cpuaccel.testing up --slurm``) starts it; the cluster's ``down`` removes it. Its
 files are in ``{state_dir}/slurm/`` (:mod:`~cpuaccel.testing.slurm_files`), its ports follow
 from the cluster id, and every daemon is started here, remembered by pid and ended by pid.
 
@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from cpuaccel.testing import slurm_db, slurm_files
 from cpuaccel.testing.netns import (
@@ -50,8 +50,21 @@ from cpuaccel.testing.netns import (
 )
 from cpuaccel.testing.slurm_files import MARKER, PARTITION, BedPaths, bed_dir
 
-if TYPE_CHECKING:
-    from cpuaccel.testing.cluster import Cluster
+
+class Cluster(Protocol):
+    """What the bed needs of its test cluster (testing/cluster.py's ``Cluster``)."""
+
+    cluster_id: int
+    state_dir: Path
+    hosts_path: Path
+    controller_address: str
+    fresh_bashrc: bool
+    nodes: list[Node]
+    slurm_bed: SlurmBed | None
+
+    @property
+    def names(self) -> list[str]: ...
+
 
 Completed = subprocess.CompletedProcess[str]
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -202,7 +215,13 @@ def start(cluster: Cluster, cpus: int | None = None, accounting: bool | None = N
         _spawn(bed, "munged", _munged_argv(paths), cwd=paths.munge_dir)
         _wait_for(bed, "munged", lambda: paths.munge_socket.is_socket(), 10.0)
         if accounting:
-            slurm_db.start(bed, _spawn, _wait_for)
+            slurm_db.start(
+                paths,
+                cluster.cluster_id,
+                cluster.controller_address,
+                lambda daemon, argv: _spawn(bed, daemon, argv),
+                lambda daemon, ready, timeout: _wait_for(bed, daemon, ready, timeout),
+            )
         _spawn(bed, "slurmctld", [SLURMCTLD, "-D", "-f", str(paths.conf)])
         _wait_for(bed, "slurmctld", lambda: _ctld_answers(bed), START_TIMEOUT)
         for node in cluster.nodes:

@@ -21,7 +21,7 @@ from cpuaccel.testing import slurm_files
 from cpuaccel.testing.netns import ClusterError
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.slurm import SlurmBed
+    from cpuaccel.testing.slurm_files import BedPaths
 
 MARIADBD = "/usr/sbin/mariadbd"
 SLURMDBD = "/usr/sbin/slurmdbd"
@@ -54,27 +54,33 @@ def _port_open(port: int, address: str = "127.0.0.1") -> bool:
         return False
 
 
-def start(bed: SlurmBed, spawn: Callable[..., None], wait_for: Callable[..., None]) -> None:
-    """MariaDB, then slurmdbd (before slurmctld, which then registers its cluster)."""
+def start(
+    paths: BedPaths,
+    cluster_id: int,
+    address: str,
+    spawn: Callable[[str, list[str]], None],
+    wait_for: Callable[[str, Callable[[], bool], float], None],
+) -> None:
+    """MariaDB, then slurmdbd (before slurmctld, which then registers its cluster), for
+    the bed of cluster ``cluster_id`` whose controller side listens on ``address``;
+    ``spawn`` and ``wait_for`` start a daemon and wait for it, as the bed does."""
     reason = unavailable_reason()
     if reason is not None:
         raise ClusterError(f"cannot start Slurm's accounting on the test cluster: {reason}")
-    paths, cluster = bed.paths, bed.cluster
-    ports = slurm_files.ports(cluster.cluster_id)
+    ports = slurm_files.ports(cluster_id)
     paths.db_dir.mkdir(mode=0o700)
-    spawn(bed, "mariadbd", [
+    spawn("mariadbd", [
         MARIADBD, "--no-defaults", f"--datadir={paths.db_dir}", f"--socket={paths.db_socket}",
         f"--port={ports['mariadb']}", "--bind-address=127.0.0.1", "--user=root",
         "--skip-grant-tables",
         f"--pid-file={paths.root / 'run' / 'mariadbd.pid.own'}", "--skip-name-resolve",
         f"--log-error={paths.log('mariadbd')}", "--innodb-lock-wait-timeout=900", *_INNODB,
     ])  # fmt: skip
-    wait_for(bed, "mariadbd", lambda: _port_open(ports["mariadb"]), 30.0)
-    text = slurm_files.slurmdbd_conf(paths, cluster.cluster_id, cluster.controller_address)
+    wait_for("mariadbd", lambda: _port_open(ports["mariadb"]), 30.0)
+    text = slurm_files.slurmdbd_conf(paths, cluster_id, address)
     fd = os.open(paths.dbd_conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(text)
-    spawn(bed, "slurmdbd", [SLURMDBD, "-D"])
-    address = cluster.controller_address
-    wait_for(bed, "slurmdbd", lambda: _port_open(ports["slurmdbd"], address), 30.0)
+    spawn("slurmdbd", [SLURMDBD, "-D"])
+    wait_for("slurmdbd", lambda: _port_open(ports["slurmdbd"], address), 30.0)
     # slurmctld registers its cluster in slurmdbd itself when it first connects.

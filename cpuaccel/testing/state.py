@@ -1,7 +1,7 @@
 """What outlives the process that started a test cluster: its state file, its lock, and
 whatever a crashed run left behind (found and removed by cluster id alone).
 
-``python -m cpuaccel.testing.cluster up`` returns while the nodes keep running; a later
+``python -m cpuaccel.testing up`` returns while the nodes keep running; a later
 ``status`` or ``down`` (or :meth:`Cluster.attach`) finds them again through the state file
 in the cluster's state dir. The lock file says which process owns a running cluster.
 """

@@ -1,4 +1,4 @@
-"""``python -m cpuaccel.testing.cluster up|down|status``: the test cluster from a shell."""
+"""``python -m cpuaccel.testing up|down|status``: the test cluster from a shell."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _known_ids(state_root: Path) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cpuaccel.testing.cluster",
+        prog="python -m cpuaccel.testing",
         description="Namespace nodes with sshd on this machine, for tests (needs root).",
     )
     parser.add_argument("--state-root", type=Path, default=Path("/tmp"), help=argparse.SUPPRESS)
@@ -107,3 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
