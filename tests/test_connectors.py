@@ -11,6 +11,7 @@ from typing import cast
 import paramiko
 import pytest
 
+from cpuaccel import templating
 from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL, ConnectOptions
@@ -22,7 +23,6 @@ from cpuaccel.errors import CommandTimeout, HostError, Unreachable
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import rundir
 from cpuaccel.jobs.plan import RunPlan
-from cpuaccel.playbook import templar
 
 CHECKED = ConnectOptions()
 UNCHECKED = ConnectOptions(host_key_checking=False)
@@ -135,8 +135,8 @@ def test_local_rsync_pushes_a_tree_and_reports_failures(tmp_path: Path) -> None:
 
 
 def test_one_quote_filter_for_playbooks_and_job_templates() -> None:
-    assert templar.environment().filters["quote"] is quote
-    assert templar.render_text("{{ x | quote }}", {"x": "a b'c"}) == "'a b'\"'\"'c'"
+    assert templating.environment().filters["quote"] is quote
+    assert templating.render_text("{{ x | quote }}", {"x": "a b'c"}) == "'a b'\"'\"'c'"
     assert quote(None) == "None" and quote(2) == "2"
     # run's job templates read only the plan's templates folder (none: cpuaccel's own)
     plan = cast(RunPlan, SimpleNamespace(templates=None))

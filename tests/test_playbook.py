@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cpuaccel import templating
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import loader, templar
 from cpuaccel.playbook.argspec import Where
@@ -157,7 +158,7 @@ def test_templar_keeps_types_and_refuses_undefined() -> None:
     assert templar.render("{{ n + 1 }}", variables) == 3
     assert templar.render("v{{ n }}-{{ name }}", variables) == "v2-x"
     assert templar.render({"a": ["{{ name }}"]}, variables) == {"a": ["x"]}
-    with pytest.raises(templar.TemplateError, match="undefined variable"):
+    with pytest.raises(templating.TemplateError, match="undefined variable"):
         templar.render("{{ missing }}/bin", variables)
     assert templar.condition("n == 2", variables) is True
     assert templar.condition("{{ n == 3 }}", variables) is False
@@ -168,7 +169,7 @@ def test_templar_keeps_types_and_refuses_undefined() -> None:
 
 
 def test_templar_is_sandboxed() -> None:
-    with pytest.raises(templar.TemplateError):
+    with pytest.raises(templating.TemplateError):
         templar.render("{{ ''.__class__.__mro__[1].__subclasses__() }}", {})
 
 
@@ -236,7 +237,7 @@ def test_loops_over_an_expression_and_public_attributes_still_load(tmp_path: Pat
     tasks = book.plays[0].tasks
     assert tasks[0].loop == "{{ names }}" and tasks[0].register == "said_1"
     assert tasks[1].loop == [1, 2]
-    with pytest.raises(templar.TemplateError, match="private attribute '__class__'"):
+    with pytest.raises(templating.TemplateError, match="private attribute '__class__'"):
         templar.check_expression("conf['__class__']")
 
 
@@ -258,5 +259,5 @@ def test_bool_and_conditions_read_the_boolean_spellings(expr: str, expected: boo
 
 @pytest.mark.parametrize("expr", ["'ture' | bool", "'enabled'", "2 | bool"])
 def test_a_word_that_is_no_boolean_is_an_error_not_false(expr: str) -> None:
-    with pytest.raises(templar.TemplateError, match="not a boolean"):
+    with pytest.raises(templating.TemplateError, match="not a boolean"):
         templar.condition(expr, {})

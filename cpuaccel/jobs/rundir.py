@@ -24,11 +24,10 @@ from typing import Any
 import jinja2
 
 from cpuaccel.connectors import openssh
-from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
-from cpuaccel.resources import template_environment
+from cpuaccel.templating import file_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
 # script prints or an inventory sets, and secret.env is the secrets.
@@ -42,12 +41,11 @@ HostKeys = Mapping[str, str]  # host name -> "TYPE BASE64", as the controller ve
 
 
 def _environment(plan: RunPlan) -> jinja2.Environment:
-    env = template_environment(
+    env = file_environment(
         plan.templates,
         setting="cpuaccel_templates",
         hint="point it at a folder holding your copies of templates/*.j2",
     )
-    env.filters["quote"] = quote  # the playbooks' filter, under Ansible's name
     return env
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cpuaccel import templating
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.session import HostContext as HostContext  # re-exported
@@ -108,8 +109,8 @@ def _template(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, An
     except (OSError, UnicodeDecodeError) as exc:
         raise ActionError(f"cannot read template {path}: {exc}") from None
     try:
-        rendered = templar.render_text(text, {**variables, "template_path": str(path)})
-    except templar.TemplateError as exc:
+        rendered = templating.render_text(text, {**variables, "template_path": str(path)})
+    except templating.TemplateError as exc:
         raise ActionError(f"template {path}: {exc.message}") from None
     dest = str(args["dest"])
     if dest.endswith("/"):

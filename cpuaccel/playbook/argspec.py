@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpuaccel import templating
 from cpuaccel.errors import CpuaccelError, PlaybookError
 from cpuaccel.playbook import templar
 
@@ -61,7 +62,7 @@ class Where:
         """Run a Jinja2 parse check; its error becomes this task's error."""
         try:
             check(text)
-        except templar.TemplateError as exc:
+        except templating.TemplateError as exc:
             message = f"{what}: {exc.message}" if what else exc.message
             raise self.error(message, hint) from None
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cpuaccel import templating
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
@@ -278,7 +279,7 @@ class _Reader:
         """Run a Jinja2 parse check; its error becomes this file's error at ``line``."""
         try:
             check(text)
-        except templar.TemplateError as exc:
+        except templating.TemplateError as exc:
             raise self.error(f"{what}: {exc.message}", line, hint) from None
 
     def module_args(

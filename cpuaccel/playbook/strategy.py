@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel import __version__
+from cpuaccel import __version__, templating
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
@@ -212,7 +212,7 @@ class LinearStrategy:
         try:  # a play var that cannot render stops the play before any task runs
             for state in states:
                 self.variables(state, play, None)
-        except templar.TemplateError as exc:
+        except templating.TemplateError as exc:
             raise CpuaccelError(
                 f"{play.file}:{play.line}: play {play.name!r}: vars: {exc.message}",
                 hint="define the variable in the inventory, the play's vars, or with -e",

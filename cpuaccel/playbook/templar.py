@@ -7,95 +7,14 @@ Ansible's that playbooks use most (``is changed``, ``| default``, ``| bool``, ``
 
 from __future__ import annotations
 
-import functools
 import json
-import posixpath
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import jinja2
 import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from cpuaccel.connectors.commandline import quote
-from cpuaccel.errors import CpuaccelError
-from cpuaccel.inventory.variables import parse_bool
-
-
-class TemplateError(CpuaccelError):
-    """An expression or template failed to parse or render (undefined variable ...)."""
-
-
-def _bool(value: Any) -> bool:
-    """Ansible's ``| bool``, strict: a word that is no boolean spelling is an error, not
-    False (``ture`` must not quietly turn something off)."""
-    if value is None:
-        return False
-    parsed = parse_bool(value)
-    if parsed is None:
-        raise TemplateError(f"bool: {value!r} is not a boolean (true/false, yes/no, on/off, 1/0)")
-    return parsed
-
-
-def _truth(value: Any) -> bool:
-    """A condition's result: strings as ``| bool`` reads them (``"false"`` is False, an
-    unknown word an error), anything else as Jinja's truth (``2``, ``[1]`` are true)."""
-    return _bool(value) if isinstance(value, str) else bool(value)
-
-
-def _result_test(key: str) -> Any:
-    def test(result: Any) -> bool:
-        if not isinstance(result, Mapping):
-            raise TemplateError(f"'is {key}' needs a registered result, got {result!r}")
-        if key == "succeeded":
-            return not result.get("failed", False)
-        return bool(result.get(key, False))
-
-    return test
-
-
-def _regex_replace(value: Any, pattern: str, replacement: str = "") -> str:
-    return re.sub(pattern, replacement, str(value))
-
-
-def _mandatory(value: Any, msg: str | None = None) -> Any:
-    if isinstance(value, jinja2.Undefined):
-        raise TemplateError(msg or "a mandatory variable is not defined")
-    return value
-
-
-@functools.cache
-def environment() -> jinja2.Environment:
-    # Sandboxed: playbooks are data a user may have been handed; expressions must not
-    # reach Python internals. Immutable: templates read variables, never change them.
-    env = ImmutableSandboxedEnvironment(
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters.update(
-        bool=_bool,
-        quote=quote,  # the same filter as run's job templates
-        basename=lambda v: posixpath.basename(str(v)),
-        dirname=lambda v: posixpath.dirname(str(v)),
-        to_json=lambda v: json.dumps(v, sort_keys=True),
-        regex_replace=_regex_replace,
-        mandatory=_mandatory,
-    )
-    for key in ("changed", "failed", "skipped", "succeeded"):
-        env.tests[key] = _result_test(key)
-    env.tests["success"] = env.tests["succeeded"]
-    return env
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, jinja2.UndefinedError):
-        return f"undefined variable: {exc.message}"
-    if isinstance(exc, jinja2.TemplateSyntaxError):
-        return f"syntax error: {exc.message}"
-    return f"{type(exc).__name__}: {exc}"
+from cpuaccel.templating import TemplateError, describe, environment, render_text, truth
 
 
 def check_expression(expr: str) -> None:
@@ -183,7 +102,7 @@ def evaluate(expr: str, variables: Mapping[str, Any]) -> Any:
     except TemplateError:
         raise
     except Exception as exc:
-        raise TemplateError(f"in {expr!r}: {_describe(exc)}") from None
+        raise TemplateError(f"in {expr!r}: {describe(exc)}") from None
 
 
 def condition(expr: str | bool, variables: Mapping[str, Any]) -> bool:
@@ -193,7 +112,7 @@ def condition(expr: str | bool, variables: Mapping[str, Any]) -> bool:
     text = expr.strip()
     if text.startswith("{{") and text.endswith("}}"):
         text = text[2:-2]
-    return _truth(evaluate(text, variables))
+    return truth(evaluate(text, variables))
 
 
 def to_text(value: Any) -> str:
@@ -201,13 +120,6 @@ def to_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, sort_keys=True, default=str)
-
-
-def render_text(text: str, variables: Mapping[str, Any]) -> str:
-    try:
-        return environment().from_string(text).render(**variables)
-    except Exception as exc:
-        raise TemplateError(_describe(exc)) from None
 
 
 def render(value: Any, variables: Mapping[str, Any]) -> Any:

@@ -21,11 +21,10 @@ from typing import Any
 
 import jinja2
 
-from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import UsageError
-from cpuaccel.resources import template_environment
 from cpuaccel.slurm import commands
 from cpuaccel.slurm.commands import SlurmError
+from cpuaccel.templating import file_environment
 
 TEMPLATE = "sbatch.sh.j2"
 SCRIPT = "sbatch.sh"
@@ -75,12 +74,11 @@ class BatchRequest:
 
 
 def _environment(templates: str | None) -> jinja2.Environment:
-    env = template_environment(
+    env = file_environment(
         templates,
         setting="slurm: templates",
         hint="point it at a folder holding your copy of templates/sbatch.sh.j2",
     )
-    env.filters["quote"] = quote  # the shell's words: the one quoting of every template
     env.filters["sbatch_quote"] = sbatch_quote  # #SBATCH lines: sbatch's own reader
     return env
 

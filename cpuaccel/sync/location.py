@@ -55,12 +55,12 @@ def _normpath(path: str) -> str:
 def _rendered(host: Host, template: str) -> str:
     """``template`` rendered with the host's variables (Jinja2 is imported only here: a
     plain path, with none of Jinja's delimiters, which all open with "{", is itself)."""
-    from cpuaccel.playbook import templar
+    from cpuaccel import templating
 
     context = {**host.vars, "cpuaccel_workdir": host.workdir, "inventory_hostname": host.name}
     try:  # sandboxed, as playbooks are: an expression must not reach Python's internals
-        return templar.render_text(template, context)
-    except templar.TemplateError as exc:
+        return templating.render_text(template, context)
+    except templating.TemplateError as exc:
         raise UsageError(
             f"--dest {template!r} on {host.name}: {exc.message}",
             hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
