@@ -209,7 +209,7 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
     key, a Slurm node's refusal, srun's labels and task exits) are compiled by re on
     first use, not at import; outside a Slurm allocation (no $SLURM_JOB_ID) its reader
     and Slurm's hostlist syntax do not load, nor the project file's slurm: block's
-    checks (slurm/options.py) when it has none, nor the MPI hostfile reader for a .yaml
+    checks (slurm/batch.py) when it has none, nor the MPI hostfile reader for a .yaml
     inventory, nor at one node the thread pool's concurrent.futures and logging, nor
     run --hang-timeout's progress markers (issue 17: check at one node is its start-up)."""
     inventory = tmp_path / "inventory.yaml"

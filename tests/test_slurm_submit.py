@@ -20,7 +20,8 @@ from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
 from cpuaccel.runs.records import find_run, load, with_slurm
 from cpuaccel.runs.rows import row
-from cpuaccel.slurm import batch, options
+from cpuaccel.slurm import batch
+from cpuaccel.slurm import batch as options
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.testing.command import cpuaccel, inherited_env
@@ -84,7 +85,7 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     "text", ["30", "30:00", "2:00:00", "1-12", "1-12:30", "1-12:30:00", "UNLIMITED"]
 )
 def test_time_takes_slurms_forms(text: str) -> None:
-    assert options.check_time(text) == text
+    assert batch.check_time(text) == text
 
 
 @pytest.mark.parametrize(
@@ -92,7 +93,7 @@ def test_time_takes_slurms_forms(text: str) -> None:
 )
 def test_time_refuses_what_slurm_does_not_read(text: str) -> None:
     with pytest.raises(ValueError, match="time limit"):
-        options.check_time(text)
+        batch.check_time(text)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +107,7 @@ def test_time_refuses_what_slurm_does_not_read(text: str) -> None:
 )
 def test_names_are_one_word(value: str, said: str) -> None:
     with pytest.raises(ValueError, match=said):
-        options.check_name(value, "partition")
+        batch.check_name(value, "partition")
 
 
 @pytest.mark.parametrize(
@@ -128,18 +129,18 @@ def test_names_are_one_word(value: str, said: str) -> None:
 )
 def test_sbatch_arg_refuses_what_cpuaccel_sets(arg: str) -> None:
     with pytest.raises(ValueError, match="set by cpuaccel submit"):
-        options.check_sbatch_arg(arg)
+        batch.check_sbatch_arg(arg)
 
 
 @pytest.mark.parametrize("arg", ["--mem=8G", "--exclusive", "--constraint=skylake", "-c2"])
 def test_sbatch_arg_takes_others(arg: str) -> None:
-    assert options.check_sbatch_arg(arg) == arg
+    assert batch.check_sbatch_arg(arg) == arg
 
 
 @pytest.mark.parametrize("arg", ["mem=8G", "--mem=8G\n#SBATCH --exclusive"])
 def test_sbatch_arg_is_one_option_on_one_line(arg: str) -> None:
     with pytest.raises(ValueError):
-        options.check_sbatch_arg(arg)
+        batch.check_sbatch_arg(arg)
 
 
 def test_sbatch_quote_escapes_what_sbatch_reads_specially() -> None:

@@ -23,7 +23,7 @@ from cpuaccel.config.project_choice import discover_config
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import new_run_id
 from cpuaccel.runs.records import runs_folder
-from cpuaccel.slurm import batch, options
+from cpuaccel.slurm import batch
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -74,18 +74,18 @@ def _settings(
     its file:line when it was read), else Slurm's own default (left out)."""
     block = dict((project.get("slurm") if project else None) or {})
     got: dict[str, Any] = {
-        "partition": _flag(lambda v: options.check_name(v, "partition"), "-p", partition)
+        "partition": _flag(lambda v: batch.check_name(v, "partition"), "-p", partition)
         if partition is not None
         else block.get("partition"),
-        "time": _flag(options.check_time, "--time", time_limit)
+        "time": _flag(batch.check_time, "--time", time_limit)
         if time_limit is not None
         else block.get("time"),
-        "account": _flag(lambda v: options.check_name(v, "account"), "--account", account)
+        "account": _flag(lambda v: batch.check_name(v, "account"), "--account", account)
         if account is not None
         else block.get("account"),
     }
     # --sbatch-arg adds to the file's list: the file's are the project's standing ones.
-    flags = [_flag(options.check_sbatch_arg, "--sbatch-arg", a) for a in sbatch_args]
+    flags = [_flag(batch.check_sbatch_arg, "--sbatch-arg", a) for a in sbatch_args]
     got["sbatch_args"] = tuple(block.get("sbatch_args") or ()) + tuple(flags)
     got["templates"] = block.get("templates")
     return got

@@ -168,11 +168,11 @@ def _patterns(value: Any) -> Any:
 
 
 def _slurm_block(value: Any) -> dict[str, Any]:
-    """slurm/options.check_block, loaded only for a project file with a ``slurm:`` block:
+    """slurm/batch.check_block, loaded only for a project file with a ``slurm:`` block:
     off the start-up of every other command (issue 17)."""
-    from cpuaccel.slurm import options
+    from cpuaccel.slurm import batch
 
-    return options.check_block(value)
+    return batch.check_block(value)
 
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
