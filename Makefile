@@ -30,6 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check cpuaccel tests bench examples
 	$(BIN)/ruff format --check cpuaccel tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The controller's wheels for offline nodes (pip download, part of the install step):
 # the provisioning tests install from it and never reach an index. Quick when filled.

@@ -21,7 +21,6 @@ from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileEr
 from cpuaccel.runs.records import find_run, load, with_slurm
 from cpuaccel.runs.rows import row
 from cpuaccel.slurm import batch
-from cpuaccel.slurm import batch as options
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.testing.command import cpuaccel, inherited_env

@@ -40,16 +40,10 @@ from cpuaccel.jobs.preflight import run_preflight
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.resume import newest_complete
 from cpuaccel.jobs.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files
-from cpuaccel.jobs.supervise import (
-    TEARDOWN,
-    Job,
-    Outcome,
-    OutputRouter,
-    end_status,
-    foreground_status,
-)
+from cpuaccel.jobs.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
 from cpuaccel.node.supervisor import mark_ended
 from cpuaccel.runs import homecoming as results
+from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
 from cpuaccel.ui import escape

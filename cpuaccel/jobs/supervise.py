@@ -34,6 +34,7 @@ from cpuaccel.jobs.rundir import RunDir
 from cpuaccel.node.progress import ProgressTracker
 from cpuaccel.node.supervisor import STATES, start_time, status_doc, write_status
 from cpuaccel.runs import fanout
+from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.slurm import steps
 from cpuaccel.ui import escape
 from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
@@ -41,10 +42,6 @@ from cpuaccel.worker import EXIT_MARKER, KILLED_MARKER
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL
-# Every wait after the kill ends within this: the launcher's last output, its exit
-# status, and each node's sweep (its own 2 s grace plus a node program's start, with room).
-# A node that does not answer in time is reported, not waited for.
-TEARDOWN = 20.0
 EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT = 130, 143, 124
 EXIT_LOST = 255  # a node's connection died during the run (ssh's code for it)
 

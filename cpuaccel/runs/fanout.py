@@ -19,6 +19,10 @@ from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
 
 Answer = dict[str, Any]
+# Every wait after the kill ends within this: the launcher's last output, its exit
+# status, and each node's sweep (its own 2 s grace plus a node program's start, with room).
+# A node that does not answer in time is reported, not waited for.
+TEARDOWN = 20.0
 
 
 def in_one_step(hosts: Sequence[Host]) -> bool:

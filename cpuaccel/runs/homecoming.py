@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from cpuaccel import ui
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.jobs.plan import RunPlan
-from cpuaccel.jobs.rundir import RunDir
+from cpuaccel.inventory.host import Host
 from cpuaccel.runs import node_files as runfiles
 from cpuaccel.runs.node_files import RemoteFile
 from cpuaccel.ui import escape
@@ -182,6 +182,24 @@ class Homecoming:
             os.close(fd)
         temp.replace(target)
         fetched.add(LISTING, 0)
+
+
+class RunPlan(Protocol):
+    """What a run's homecoming needs of its plan (jobs/plan.py's ``RunPlan``)."""
+
+    run_id: str
+    run_dir: str  # the run's folder on its nodes
+
+    @property
+    def head(self) -> Host: ...
+
+
+class RunDir(Protocol):
+    """What it needs of the run's folder here (jobs/rundir.py's ``RunDir``)."""
+
+    path: Path
+
+    def record(self, **fields: Any) -> None: ...
 
 
 def is_local(plan: RunPlan, run_dir: RunDir) -> bool:
