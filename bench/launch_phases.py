@@ -67,9 +67,9 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
-    from cpuaccel.jobs import connections as nodes
+    from cpuaccel.jobs import foreground, launcher_reach, preflight
     from cpuaccel.jobs import launch as job
-    from cpuaccel.jobs import launcher_reach, preflight, supervise
+    from cpuaccel.node import supervisor
     from cpuaccel.runs import fanout
 
     SPANS["imports"] = [(imported, time.time())]  # the launch modules, as run would load them
@@ -80,10 +80,10 @@ def main() -> None:
     _timed(preflight, "gather_and_look", "facts")
     _timed(preflight, "gather_look_and_keep", "facts")
     _timed(launcher_reach, "check_launcher_reach", "reach")
-    _timed(job._Foreground, "files", "render")
-    _timed(nodes, "copy_files", "copy")
-    _timed(supervise.Job, "run", "job")
-    _timed(supervise.Job, "_launcher_exit", "waitexit")
+    _timed(job, "render_job_files", "render")
+    _timed(foreground, "copy_files", "copy")
+    _timed(supervisor, "watch", "job")
+    _timed(foreground._OverConnection, "wait", "waitexit")
     _timed(fanout, "sweep_hosts", "sweep")
     atexit.register(_write)
     from cpuaccel.cli.main import main as cpuaccel_main

@@ -21,6 +21,7 @@ from collections.abc import Mapping, MutableMapping
 
 from cpuaccel import _labels, _progress
 from cpuaccel.errors import SettingError
+from cpuaccel.node.progress import EXIT_MARKER, KILLED_MARKER
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
 LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
@@ -35,8 +36,6 @@ LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
     ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),  # Slurm
 )
 DEFAULT_MASTER_PORT = "29500"
-EXIT_MARKER = "[cpuaccel] exit code"
-KILLED_MARKER = "[cpuaccel] killed by"
 
 
 def derive_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""The attempt loop of `run --max-restarts` without nodes (jobs/attempts.py): its
-decisions (pure), the records it keeps, the settings it reads, and a stop between
-attempts. The real restarts are in test_restart_cluster.py."""
+"""The attempt loop of `run --max-restarts` without nodes (node/supervisor.py, which
+foreground and detached runs share): its decisions (pure), the records it keeps, the
+settings it reads, and a stop between attempts. The real restarts are in
+test_restart_cluster.py and test_detach_restart_cluster.py."""
 
 from __future__ import annotations
 
@@ -13,15 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rich.console import Console
 
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import parse_project
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.jobs import attempts
-from cpuaccel.jobs.attempts import Attempt, AttemptLog, decide
-from cpuaccel.jobs.rundir import RunDir
-from cpuaccel.jobs.supervise import Failure, Outcome
+from cpuaccel.jobs.foreground import plan_for
+from cpuaccel.node import supervisor as attempts
+from cpuaccel.node.supervisor import Attempt, AttemptLog, Failure, Outcome, decide
 
 
 def attempt(k: int, reason: str = "failed", code: int | None = 3, rank: int | None = 0,
@@ -101,7 +100,7 @@ def test_attempt_records_name_the_first_failing_rank_or_the_lost_node() -> None:
 # ---------------------------------------------------------------- the loop, with a fake job
 
 
-class FakeJob:
+class FakeJob(attempts.Attempts):
     """Attempts that end as scripted; records what the loop asked of it."""
 
     def __init__(self, endings: list[Outcome], ready: bool = True) -> None:
@@ -122,13 +121,29 @@ class FakeJob:
     def newest_checkpoint(self) -> str | None:
         return next(self.checkpoints)
 
+    def recorded(self, history: Any) -> None:
+        self.told = [a.to_json() for a in history]
+
+
+class Said:
+    """The loop's lines, as a side says them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, level: str, text: str) -> None:
+        self.lines.append(text)
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
+
 
 def loop(job: FakeJob, tmp_path: Path, max_restarts: int) -> tuple[Outcome, str, AttemptLog]:
-    console = Console(record=True, width=200)
-    log = AttemptLog(RunDir(tmp_path), world=2, restarts=max_restarts > 0)
-    settings = attempts.Settings(max_restarts, 0.0, console)
+    said = Said()
+    log = AttemptLog(str(tmp_path), world=2, restarts=max_restarts > 0)
+    settings = attempts.Settings(max_restarts, 0.0, said)
     result = attempts.run_attempts(job, log, settings)
-    return result, console.export_text(), log
+    return result, said.text(), log
 
 
 def test_the_loop_restarts_from_the_newest_checkpoint(tmp_path: Path) -> None:
@@ -145,9 +160,7 @@ def test_the_loop_restarts_from_the_newest_checkpoint(tmp_path: Path) -> None:
     assert [json.loads(line)["resume"] for line in lines] == [
         None, "/w/runs/x/ckpt-10.pt", "/w/runs/x/ckpt-20.pt"
     ]  # fmt: skip
-    assert json.loads((tmp_path / "run.json").read_text())["attempts"] == [
-        a.to_json() for a in log.history
-    ]
+    assert job.told == [a.to_json() for a in log.history]  # the run's record (run.json)
     assert (tmp_path / "rank-1.log").read_text() == "".join(
         f"--- attempt {k} ---\n" for k in range(3)
     )
@@ -178,9 +191,9 @@ def test_a_failed_preflight_ends_the_run_with_the_last_attempts_code(tmp_path: P
 
 def test_ctrl_c_during_the_delay_ends_the_run_cleanly(tmp_path: Path) -> None:
     job = FakeJob([outcome("failed", 3), outcome("completed", 0, None)])
-    console = Console(record=True, width=200)
-    log = AttemptLog(RunDir(tmp_path), world=2, restarts=True)
-    settings = attempts.Settings(2, 30.0, console)
+    said = Said()
+    log = AttemptLog(str(tmp_path), world=2, restarts=True)
+    settings = attempts.Settings(2, 30.0, said)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -189,7 +202,7 @@ def test_ctrl_c_during_the_delay_ends_the_run_cleanly(tmp_path: Path) -> None:
         timer.cancel()
     assert (result.reason, result.exit_code) == ("interrupted", 130)
     assert [c[0] for c in job.calls] == ["run"]  # no preflight, no attempt 1
-    assert "interrupted before the restart: no further attempt" in console.export_text()
+    assert "interrupted before the restart: no further attempt" in said.text()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
 
 
@@ -218,20 +231,20 @@ def test_attempt_k_tells_its_ranks_which_it_is() -> None:
     inventory = Inventory.implicit()
     settings = resolve({"ppn": 1}, None, inventory, inventory.select(None))
     plan = build_plan(settings, Script("t.py", (), "p"), None, "r1")
-    first = attempts.plan_for(plan, 0, None)
+    first = plan_for(plan, 0, None)
     assert first.env["CPUACCEL_RESTART"] == "0" and "CPUACCEL_RESUME" not in first.env
-    again = attempts.plan_for(first, 2, "/w/runs/r1/ckpt.pt")
+    again = plan_for(first, 2, "/w/runs/r1/ckpt.pt")
     assert again.env["CPUACCEL_RESTART"] == "2"
     assert again.env["CPUACCEL_RESUME"] == "/w/runs/r1/ckpt.pt"
-    assert attempts.plan_for(plan, 3, None).env.get("CPUACCEL_RESUME") is None
+    assert plan_for(plan, 3, None).env.get("CPUACCEL_RESUME") is None
     assert "CPUACCEL_RESTART" not in plan.env  # the plan itself is left as it was
     # --env CPUACCEL_RESUME=<another run's checkpoint>: attempt 0 starts from it, and so
     # does a restart before this run saved a checkpoint of its own (a regression: the
     # first attempt used to drop it).
     given = dataclasses.replace(plan, env={**plan.env, "CPUACCEL_RESUME": "/w/runs/r0/c.pt"})
-    assert attempts.plan_for(given, 0, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
-    assert attempts.plan_for(given, 1, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
-    assert attempts.plan_for(given, 1, "/w/runs/r1/c.pt").env["CPUACCEL_RESUME"] == (
+    assert plan_for(given, 0, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
+    assert plan_for(given, 1, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
+    assert plan_for(given, 1, "/w/runs/r1/c.pt").env["CPUACCEL_RESUME"] == (
         "/w/runs/r1/c.pt"
     )
 

@@ -19,7 +19,7 @@ import pytest
 
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.jobs.supervise import GRACE
+from cpuaccel.node.supervisor import GRACE
 from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel

@@ -15,12 +15,11 @@ from cpuaccel.config.effective import resolve
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.jobs import attempts, elastic
-from cpuaccel.jobs.attempts import AttemptLog
+from cpuaccel.jobs import elastic
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan
-from cpuaccel.jobs.rundir import RunDir
-from cpuaccel.jobs.supervise import Outcome
+from cpuaccel.node import supervisor as attempts
+from cpuaccel.node.supervisor import AttemptLog, Outcome
 
 REPO = Path(__file__).resolve().parent.parent
 INVENTORY = REPO / "inventory.example.yaml"  # node0..node3
@@ -141,7 +140,7 @@ def test_the_preflight_fails_as_before_when_fewer_than_min_would_remain() -> Non
 # ---------------------------------------------------------------- the attempt loop
 
 
-class ShrinkingJob:
+class ShrinkingJob(attempts.Attempts):
     """Attempt 0 is lost on n3; the restart's preflight leaves n3 out."""
 
     def __init__(self) -> None:
@@ -166,15 +165,16 @@ class ShrinkingJob:
 
 def test_the_checkpoint_is_looked_up_on_the_remaining_nodes(tmp_path: Path) -> None:
     job = ShrinkingJob()
-    console = Console(record=True, width=200)
-    log = AttemptLog(RunDir(tmp_path), world=3, restarts=True)
-    result = attempts.run_attempts(job, log, attempts.Settings(1, 0.0, console))
+    said: list[str] = []
+    log = AttemptLog(str(tmp_path), world=3, restarts=True)
+    settings = attempts.Settings(1, 0.0, lambda level, text: said.append(text))
+    result = attempts.run_attempts(job, log, settings)
     assert result.exit_code == 0
     assert job.looked_up[-1] == ["n1", "n2"]
     lines = [json.loads(x) for x in (tmp_path / "attempts.jsonl").read_text().splitlines()]
     assert [line["hosts"] for line in lines] == [["n1", "n2", "n3"], ["n1", "n2"]]
     assert lines[1]["resume"] == "/w/runs/x/ckpt-10.pt"
-    assert "attempt 1 on 2 node(s): n1, n2, from /w/runs/x/ckpt-10.pt" in console.export_text()
+    assert "attempt 1 on 2 node(s): n1, n2, from /w/runs/x/ckpt-10.pt" in said
 
 
 def test_the_project_file_takes_min_max_too(tmp_path: Path) -> None:

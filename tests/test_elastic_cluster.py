@@ -20,7 +20,7 @@ import pytest
 import cpuaccel
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.jobs.supervise import GRACE
+from cpuaccel.node.supervisor import GRACE
 from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR

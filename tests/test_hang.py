@@ -26,11 +26,12 @@ from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_USAGE, ProjectFileError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.jobs.foreground import terminal
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.rundir import RunDir
-from cpuaccel.jobs.supervise import EXIT_TIMEOUT, Job, OutputRouter, end_status
-from cpuaccel.node import progress, supervisor
+from cpuaccel.node import detached, progress, supervisor
 from cpuaccel.node.progress import ProgressTracker, marker, parse
+from cpuaccel.node.supervisor import EXIT_TIMEOUT, Limits, Output, Side, Supervised, _outcome
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import cpuaccel_run, make_project
 from tests.test_supervisor import final_status
@@ -266,12 +267,12 @@ def test_config_show_names_where_the_hang_timeout_comes_from(tmp_path: Path) -> 
 # ---------------------------------------------------------------- the supervisors
 
 
-def router(tmp_path: Path) -> tuple[OutputRouter, io.StringIO, io.StringIO, RunDir]:
+def router(tmp_path: Path) -> tuple[Output, io.StringIO, io.StringIO, RunDir]:
     run_dir = RunDir(tmp_path / "run")
     run_dir.path.mkdir()
     out, err = io.StringIO(), io.StringIO()
     consoles = [Console(file=f, color_system=None, highlight=False, width=250) for f in (out, err)]
-    return OutputRouter(run_dir, *consoles), out, err, run_dir
+    return Output(str(run_dir.path), terminal(*consoles)), out, err, run_dir
 
 
 def test_the_router_keeps_markers_out_of_view_and_logs_but_not_look_alikes(
@@ -298,17 +299,17 @@ def test_the_router_keeps_markers_out_of_view_and_logs_but_not_look_alikes(
 
 def test_a_hang_ends_the_job_as_a_failure_with_124(tmp_path: Path) -> None:
     r, _, _, run_dir = router(tmp_path)
-    plan = build_plan(settings({"hang_timeout": 20.0, "ppn": 2}), Script("t.py"), None, RUN_ID)
-    job = Job(plan, Any, run_dir, r, forks=4)  # type: ignore[arg-type]
-    job.stop_reason = "hang"
-    job.hung = [{"rank": 1, "host": "n1", "step": 3, "idle": 21.0}]
-    outcome = job._outcome(143, 25.0, {}, {})
+    hung = [{"rank": 1, "host": "n1", "step": 3, "idle": 21.0}]
+    outcome = _outcome("hang", 143, 25.0, {}, {}, [], r, hung)
     assert (outcome.exit_code, outcome.reason) == (EXIT_TIMEOUT, "hang") == (124, "hang")
+
+    here = Side()
+    here.run_id, here.run_dir, here.hosts = RUN_ID, str(run_dir.path), ["n1"]
     doc = supervisor.status_doc(RUN_ID, 1.0, False, None, 2)
-    end_status(doc, run_dir, outcome)
+    Supervised(here, Limits(hang_timeout=20.0, ppn=2), doc).finish(outcome)
     status = json.loads((run_dir.path / "status.json").read_text())
     assert (status["state"], status["ended_by"], status["exit_code"]) == ("failed", "hang", 124)
-    assert status["hang"] == job.hung
+    assert status["hang"] == hung
 
 
 def fake_py_spy(folder: Path) -> str:
@@ -341,7 +342,7 @@ def make_run(tmp_path: Path, run_id: str, launch: str, hang_timeout: float) -> s
         "hang_timeout": hang_timeout, "hosts": ["here"], "ppn": 2,
     }  # fmt: skip
     (run_dir / "supervisor.json").write_text(json.dumps(config))
-    (run_dir / "supervisor.py").write_bytes(node.program("supervisor"))
+    (run_dir / "supervisor.py").write_bytes(node.program("detached"))
     (run_dir / "launch.sh").write_text(
         f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
     )
@@ -360,7 +361,7 @@ def test_the_detached_supervisor_ends_a_hung_job(tmp_path: Path) -> None:
         "exec sleep 60\n",
         hang_timeout=3,  # room for a slow start on a loaded machine: 3.5 s from the last line
     )
-    supervisor.start(run_dir)
+    detached.start(run_dir)
     status = final_status(run_dir)
     assert (status["state"], status["ended_by"], status["exit_code"]) == ("failed", "hang", 124)
     assert [(h["rank"], h["host"], h["step"]) for h in status["hang"]] == [

@@ -19,16 +19,17 @@ from typing import Any
 import pytest
 
 from cpuaccel import node
-from cpuaccel.jobs import attempts, resume
-from cpuaccel.node import checkpoints, reattempt, restarts, supervisor
-from cpuaccel.node.restarts import Attempt
+from cpuaccel.jobs import foreground
+from cpuaccel.node import checkpoints, detached, supervisor
+from cpuaccel.node.supervisor import Attempt
 from tests.test_supervisor import RUN_ID, final_status, make_run
 
 
-def test_the_rule_and_the_choice_have_one_copy() -> None:
-    assert attempts.decide is restarts.decide and attempts.Attempt is restarts.Attempt
-    assert resume.choose is checkpoints.choose and resume.parse_records is checkpoints.parse_records
-    assert "checkpoints" in node.parts("supervisor") and "restarts" in node.parts("supervisor")
+def test_the_loop_the_rule_and_the_choice_have_one_copy() -> None:
+    assert issubclass(foreground.ForegroundRun, supervisor.Supervised)
+    assert issubclass(detached.HeadRun, supervisor.Supervised)
+    assert foreground.choose is checkpoints.choose
+    assert {"supervisor", "checkpoints"} <= set(node.parts("detached"))
 
 
 def _checkpoint(run_dir: Path, name: str, step: int, data: bytes) -> dict[str, Any]:
@@ -95,18 +96,18 @@ def test_each_attempt_rewrites_its_own_lines_at_the_end_of_env_sh(tmp_path: Path
     run_dir.mkdir()
     (run_dir / "env.sh").write_text("export A=1\nexport CPUACCEL_RESTART=0\n")
     os.chmod(run_dir / "env.sh", 0o600)
-    reattempt.set_attempt_env(str(run_dir), 1, None)
+    detached.set_attempt_env(str(run_dir), 1, None)
     assert _sourced(run_dir) == "1|1|unset"
-    reattempt.set_attempt_env(str(run_dir), 2, "/w/runs/x/it's here.pt")
+    detached.set_attempt_env(str(run_dir), 2, "/w/runs/x/it's here.pt")
     assert _sourced(run_dir) == "1|2|/w/runs/x/it's here.pt"
     text = (run_dir / "env.sh").read_text()
     assert text.startswith("export A=1\nexport CPUACCEL_RESTART=0\n")
-    assert text.count(reattempt.ENV_MARK) == 1  # attempt 1's lines replaced, not kept
+    assert text.count(detached.ENV_MARK) == 1  # attempt 1's lines replaced, not kept
     assert (run_dir / "env.sh").stat().st_mode & 0o777 == 0o600
 
 
-def test_attempt_files_have_the_foreground_form(tmp_path: Path) -> None:
-    files = reattempt.AttemptFiles(str(tmp_path), 1)
+def test_the_attempt_record_keeps_each_attempts_logs(tmp_path: Path) -> None:
+    files = supervisor.AttemptLog(str(tmp_path), 1, restarts=True)
     (tmp_path / "rank-0.log").write_text("before\n")
     files.begin(0)
     with (tmp_path / "rank-0.log").open("a") as log:
@@ -116,7 +117,7 @@ def test_attempt_files_have_the_foreground_form(tmp_path: Path) -> None:
     assert (tmp_path / "rank-0.log").read_text() == "before\n--- attempt 0 ---\nduring\n"
     assert (tmp_path / "attempt-0" / "rank-0.log").read_text() == "during\n"
     assert (tmp_path / "attempt-0" / "launcher.log").read_text() == ""
-    line = json.loads((tmp_path / attempts.ATTEMPTS).read_text())
+    line = json.loads((tmp_path / supervisor.ATTEMPTS).read_text())
     assert line == attempt.to_json() and list(line) == [
         "attempt", "started", "ended", "reason", "exit_code", "rank", "host", "hosts", "resume",
     ]  # fmt: skip
@@ -149,7 +150,7 @@ def test_the_supervisor_restarts_a_failed_attempt_from_the_checkpoint(tmp_path: 
     )
     record = _checkpoint(run_dir, "checkpoint.pt", 10, b"state")
     (run_dir / checkpoints.RECORDS).write_text(json.dumps(record) + "\n")
-    supervisor.start(str(run_dir))
+    detached.start(str(run_dir))
     status = final_status(str(run_dir))
     log = (run_dir / "supervisor.log").read_text()
     assert (status["state"], status["exit_code"], status["ended_by"]) == (
@@ -160,7 +161,7 @@ def test_the_supervisor_restarts_a_failed_attempt_from_the_checkpoint(tmp_path: 
         (0, "failed", 137, 1, "here"), (1, "completed", 0, None, None),
     ]  # fmt: skip
     assert found[1]["resume"] == str(run_dir / "checkpoint.pt")
-    lines = (run_dir / attempts.ATTEMPTS).read_text().splitlines()
+    lines = (run_dir / supervisor.ATTEMPTS).read_text().splitlines()
     assert [json.loads(line) for line in lines] == found
     assert (run_dir / "attempt-0" / "rank-0.log").read_text() == "attempt 0 none\n"
     copy = (run_dir / "attempt-1" / "rank-0.log").read_text()
@@ -172,7 +173,7 @@ def test_the_supervisor_restarts_a_failed_attempt_from_the_checkpoint(tmp_path: 
 def test_an_identical_failure_stops_and_a_stop_ends_the_wait(tmp_path: Path) -> None:
     same = "echo '[rank 0 h] [cpuaccel] exit code 7'\nexec sleep 60\n"
     run_dir = restarting_run(tmp_path / "a", same, 3, 0.1)
-    supervisor.start(str(run_dir))
+    detached.start(str(run_dir))
     status = final_status(str(run_dir))
     assert (status["state"], status["exit_code"], status["ended_by"]) == ("failed", 7, "rank 0")
     assert [a["attempt"] for a in status["attempts"]] == [0, 1]
@@ -180,12 +181,12 @@ def test_an_identical_failure_stops_and_a_stop_ends_the_wait(tmp_path: Path) -> 
     assert "attempt 1 failed as attempt 0 did (exit code 7, rank 0 on here)" in log
     # `cpuaccel stop` during the delay: stopped, no further attempt.
     run_dir = restarting_run(tmp_path / "b", same, 3, 60)
-    pid = supervisor.start(str(run_dir))["pid"]
+    pid = detached.start(str(run_dir))["pid"]
     deadline = time.monotonic() + 30
     while "restarting in 60 s" not in (run_dir / "supervisor.log").read_text():
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert supervisor.stop(RUN_ID, pid, 10) == {"signalled": True, "alive": False}
+    assert detached.stop(RUN_ID, pid, 10) == {"signalled": True, "alive": False}
     status = final_status(str(run_dir))
     assert (status["state"], status["exit_code"], status["ended_by"]) == ("stopped", 143, "stop")
     assert len(status["attempts"]) == 1

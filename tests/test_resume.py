@@ -4,8 +4,8 @@
   without a path, the checkpoints.jsonl line of each save;
 - the data order: a loader's position saved and loaded gives the very batches that the
   uninterrupted run reads next, across epoch ends and on every rank;
-- the controller's choice (jobs/resume.choose): the newest checkpoint that every host
-  holds whole, hostile lines ignored with a reason.
+- the controller's choice (node/checkpoints.choose, nodes read by jobs/foreground.py): the
+  newest checkpoint that every host holds whole, hostile lines ignored with a reason.
 
 On the nodes: tests/test_resume_cluster.py.
 """
@@ -27,7 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import cpuaccel
-from cpuaccel.jobs.resume import RECORDS, HostCheckpoints, Record, choose, parse_records
+from cpuaccel.node.checkpoints import RECORDS, HostCheckpoints, Record, choose, parse_records
 from cpuaccel.runtime.context import Context
 from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
@@ -330,7 +330,7 @@ def test_only_the_tail_of_a_huge_checkpoints_file_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A checkpoints.jsonl of 50 MB: one read of its last TAIL bytes, the cut line dropped."""
-    from cpuaccel.jobs import resume
+    from cpuaccel.jobs import foreground as resume
 
     whole = json.dumps(line("ck.pt", 40)) + "\n"
     tail = ("x" * 100 + "\n" + whole).encode()

@@ -28,7 +28,8 @@ import cpuaccel
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.jobs.resume import RECORDS, find_complete, newest_complete
+from cpuaccel.jobs.foreground import find_complete, newest_complete
+from cpuaccel.node.checkpoints import RECORDS
 from cpuaccel.runtime import checkpoint
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command

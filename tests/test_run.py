@@ -29,17 +29,18 @@ from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs import launchers
-from cpuaccel.jobs.launchers import srun_task_exits
+from cpuaccel.jobs.foreground import terminal
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan
 from cpuaccel.jobs.rundir import PRIVATE, RunDir, render_job_files
-from cpuaccel.jobs.supervise import (
+from cpuaccel.node import supervisor
+from cpuaccel.node.supervisor import (
     EXIT_INTERRUPTED,
     EXIT_LOST,
     EXIT_TIMEOUT,
-    Job,
     Outcome,
-    OutputRouter,
+    Output,
     cause,
+    srun_task_exits,
 )
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
@@ -702,11 +703,12 @@ class Terminal:
         )
 
 
-def router(tmp_path: Path) -> tuple[OutputRouter, Terminal, RunDir]:
+def router(tmp_path: Path) -> tuple[Output, Terminal, RunDir]:
+    """The supervisor's output as a foreground run shows it (jobs/foreground.terminal)."""
     run_dir = RunDir(tmp_path / "run")
     run_dir.path.mkdir()
     term = Terminal()
-    return OutputRouter(run_dir, *term.consoles), term, run_dir
+    return Output(str(run_dir.path), terminal(*term.consoles)), term, run_dir
 
 
 def test_router_sends_each_rank_to_its_log_and_the_terminal(tmp_path: Path) -> None:
@@ -797,11 +799,7 @@ def ending(
     r, _, _ = router(tmp_path)
     for rank, rc in markers:
         r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
-    job = Job(plan_for(["impi"]), ConnectOptions(), r.run_dir, r, forks=4)
-    job.stop_reason = stop
-    if lost is not None:
-        job.lost = lost
-    return job._outcome(launcher_exit, 1.0, {}, {})
+    return supervisor._outcome(stop, launcher_exit, 1.0, {}, {}, list(lost or []), r, [])
 
 
 @pytest.mark.parametrize(

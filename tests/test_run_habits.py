@@ -19,7 +19,7 @@ from cpuaccel.cli.run import run_command, wants_json
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.result import JobReport
-from cpuaccel.jobs.supervise import Outcome
+from cpuaccel.node.supervisor import Outcome
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.jobs.supervise import EXIT_TIMEOUT
+from cpuaccel.node.supervisor import EXIT_TIMEOUT
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.runs import ENV, LABELLED, job_processes, make_project
 from cpuaccel.testing.slurm import SlurmBed

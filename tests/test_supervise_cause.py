@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpuaccel.jobs.supervise import Failure, cause
+from cpuaccel.node.supervisor import Failure, cause
 
 
 def test_a_sigterm_victim_reported_first_is_not_blamed() -> None:

@@ -1,6 +1,6 @@
-"""The detached run's supervisor (cpuaccel/node/supervisor.py) on this machine, with a
-stand-in launch.sh, and `cpuaccel stop`'s run lookup. The real thing on nodes:
-tests/test_detach_cluster.py."""
+"""A detached run's supervisor (the ``detached`` node program, node/detached.py, running
+node/supervisor.py's loop) on this machine, with a stand-in launch.sh, and `cpuaccel
+stop`'s run lookup. The real thing on nodes: tests/test_detach_cluster.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 
 from cpuaccel import node, worker
 from cpuaccel.errors import EXIT_USAGE, UsageError
-from cpuaccel.jobs import supervise
-from cpuaccel.node import supervisor
+from cpuaccel.node import detached, progress, supervisor
 from cpuaccel.runs import teardown as stop
 from cpuaccel.testing.command import clean_env, cpuaccel
 
@@ -27,7 +26,7 @@ def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:
     run_dir.mkdir(parents=True)
     config = {"run_id": RUN_ID, "head": "here", "world": 2, "timeout": timeout, "nodes": {}}
     (run_dir / "supervisor.json").write_text(json.dumps(config))
-    (run_dir / "supervisor.py").write_bytes(node.program("supervisor"))
+    (run_dir / "supervisor.py").write_bytes(node.program("detached"))
     (run_dir / "launch.sh").write_text(
         f"export CPUACCEL_RUN_ID={RUN_ID}\necho $$ > {run_dir}/launcher.pid\n{launch}"
     )
@@ -50,7 +49,7 @@ def test_a_job_that_completes_is_logged_per_rank_and_succeeds(tmp_path: Path) ->
         "echo '[rank 0 h] hello'\necho '[rank 1 h] world' >&2\necho 'launcher words'\n"
         "echo '[rank 0 h] [cpuaccel] exit code 0'\necho '[rank 1 h] [cpuaccel] exit code 0'\n",
     )
-    started = supervisor.start(run_dir)
+    started = detached.start(run_dir)
     assert started["pid"] > 0
     status = final_status(run_dir)
     assert status["state"] == "succeeded" and status["exit_code"] == 0
@@ -64,7 +63,7 @@ def test_a_job_that_completes_is_logged_per_rank_and_succeeds(tmp_path: Path) ->
 
 def test_a_failing_rank_ends_the_job_with_its_code(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, "echo '[rank 1 h] [cpuaccel] exit code 7'\nexec sleep 60\n")
-    supervisor.start(run_dir)
+    detached.start(run_dir)
     status = final_status(run_dir)
     assert status["state"] == "failed" and status["exit_code"] == 7
     assert status["ended_by"] == "rank 1" and status["ranks"] == {"0": None, "1": 7}
@@ -73,16 +72,16 @@ def test_a_failing_rank_ends_the_job_with_its_code(tmp_path: Path) -> None:
 
 def test_timeout_and_stop(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path / "a", "exec sleep 60\n", timeout=1)
-    supervisor.start(run_dir)
+    detached.start(run_dir)
     status = final_status(run_dir)
     assert status["state"] == "timeout" and status["exit_code"] == 124
 
     run_dir = make_run(tmp_path / "b", "exec sleep 60\n")
-    pid = supervisor.start(run_dir)["pid"]
+    pid = detached.start(run_dir)["pid"]
     time.sleep(0.5)
-    assert supervisor.stop("some-other-run", pid, 5) == {"signalled": False, "alive": False}
-    assert supervisor.is_supervisor(pid, RUN_ID)
-    assert supervisor.stop(RUN_ID, pid, 30) == {"signalled": True, "alive": False}
+    assert detached.stop("some-other-run", pid, 5) == {"signalled": False, "alive": False}
+    assert detached.is_supervisor(pid, RUN_ID)
+    assert detached.stop(RUN_ID, pid, 30) == {"signalled": True, "alive": False}
     status = final_status(run_dir)
     assert status["state"] == "stopped" and status["exit_code"] == 143
     assert status["ended_by"] == "stop" and status["left"] == {}
@@ -95,10 +94,13 @@ def test_mark_ended_changes_only_a_running_status(tmp_path: Path) -> None:
     assert supervisor.mark_ended(run_dir, "lost", "x")["state"] == "stopped"  # type: ignore[index]
 
 
-def test_the_node_part_reads_the_labels_as_the_controller_does() -> None:
-    assert supervisor.EXIT_MARKER == worker.EXIT_MARKER
-    assert supervisor.KILLED_MARKER == worker.KILLED_MARKER
-    assert supervisor.LABEL.pattern == supervise.LABEL.pattern
+def test_the_supervisor_reads_the_lines_the_worker_writes() -> None:
+    assert worker.EXIT_MARKER is progress.EXIT_MARKER
+    assert worker.KILLED_MARKER is progress.KILLED_MARKER
+    label = f"[rank 3 node-2.example] {worker.EXIT_MARKER} 7"  # as worker.py labels it
+    found = supervisor.LABEL.match(label)
+    assert found is not None and (found[1], found[2]) == ("3", "node-2.example")
+    assert supervisor._reported_code(found[3]) == 7
     assert supervisor.STATES.keys() >= {"completed", "failed", "terminated", "timeout", "lost"}
 
 
@@ -135,6 +137,6 @@ def test_detach_with_dry_run_is_refused(tmp_path: Path) -> None:
 
 
 def test_supervisor_program_is_bundled_with_what_it_imports() -> None:
-    assert node.parts("supervisor")[-1] == "supervisor"
-    assert "jobctl" in node.parts("supervisor") and "common" in node.parts("supervisor")
-    assert os.environ.get(supervisor.MARK) is None
+    parts = node.parts("detached")
+    assert parts[-1] == "detached" and {"supervisor", "jobctl", "common"} <= set(parts)
+    assert os.environ.get(detached.MARK) is None

@@ -39,11 +39,11 @@ from cpuaccel.config.launcher_args import OwnedWord
 from cpuaccel.config.launcher_args import split as split_launcher_args
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
-from cpuaccel.jobs import detached, entry, given_id
+from cpuaccel.jobs import entry, given_id
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
 from cpuaccel.jobs.result import ERROR, JobReport
-from cpuaccel.jobs.supervise import EXIT_INTERRUPTED
+from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.runs import records
 from cpuaccel.ui import escape
 
@@ -193,7 +193,7 @@ class RunPage:
     def __init__(self, target: Target, port: int) -> None:
         setting = target.inventory_setting
         wiring = Wiring(
-            detached.inventory_path(setting.value if setting else None),
+            job.inventory_path(setting.value if setting else None),
             target.connect.connect_timeout,
             target.connect.host_key_checking is False,
         )
@@ -435,7 +435,7 @@ def _refuse_detached_elastic(settings: LaunchSettings) -> None:
 def _inventory_file(target: Target) -> str | None:
     """The inventory file, absolute, for run.json (stop, ps and logs reach the nodes)."""
     setting = target.inventory_setting
-    return detached.inventory_path(setting.value if setting else None)
+    return job.inventory_path(setting.value if setting else None)
 
 
 # ---------------------------------------------------------------- -m, --no-python,

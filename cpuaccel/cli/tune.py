@@ -32,7 +32,7 @@ from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.plan import Script, new_run_id
-from cpuaccel.jobs.supervise import EXIT_INTERRUPTED
+from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.tuning import grid, measure, write
 from cpuaccel.tuning import survey as nodes
 from cpuaccel.tuning.measure import OK, Ranking, Row

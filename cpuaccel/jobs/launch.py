@@ -17,33 +17,38 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
-import functools
+import json
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from cpuaccel import ui
+from cpuaccel import node, ui
 from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.connectors import programs
+from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs import attempts, detached, elastic
-from cpuaccel.jobs import connections as nodes_
-from cpuaccel.jobs.connections import JobFiles, Nodes
+from cpuaccel.jobs import elastic
+from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files, forget_secrets
 from cpuaccel.jobs.elastic import PreflightFailed
+from cpuaccel.jobs.foreground import ForegroundRun, host_keys, plan_for, supervise
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.jobs.preflight import run_preflight
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
-from cpuaccel.jobs.resume import newest_complete
-from cpuaccel.jobs.rundir import SECRET_FILES, HostKeys, RunDir, render_job_files
-from cpuaccel.jobs.supervise import Job, Outcome, OutputRouter, end_status, foreground_status
-from cpuaccel.node.supervisor import mark_ended
-from cpuaccel.runs import homecoming as results
-from cpuaccel.runs.fanout import TEARDOWN
+from cpuaccel.jobs.rundir import (
+    EXECUTABLE,
+    PLAIN,
+    RunDir,
+    render_hostfile,
+    render_job_files,
+    render_launch,
+)
+from cpuaccel.node.supervisor import Attempt, Limits, Outcome
 from cpuaccel.sync.engine import SyncOptions, sync
 from cpuaccel.sync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
@@ -79,8 +84,8 @@ def launch(
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
     ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
-    leaving stdout to the one JSON object. ``detach`` (run --detach): a supervisor on
-    the head watches the job; this returns once it has started (jobs/detached.py).
+    leaving stdout to the one JSON object. ``detach`` (run --detach): the supervisor runs
+    on the head (node/detached.py); this returns once it has started.
     ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
     ``run_id``: given from outside (jobs/given_id.py), else a new one."""
     started = time.monotonic()
@@ -92,8 +97,9 @@ def launch(
         def check(draft: RunPlan) -> dict[str, Facts]:
             return _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
 
+        min_nodes = settings.min_nodes.value
         try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (jobs/elastic.py)
-            facts, draft = elastic.preflight_leaving_out(draft, settings.min_nodes.value, check)
+            facts, draft = elastic.preflight_leaving_out(draft, min_nodes, check)
         except PreflightFailed as exc:
             ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
             seconds = time.monotonic() - started
@@ -104,17 +110,31 @@ def launch(
         plan = build_plan(settings, script, facts, run_id, local_project=local)
         if plan.precision_note:
             ui.stderr().print(escape(plan.precision_note))
-        plan = attempts.plan_for(plan, 0, None)  # a detached run's restarts: its supervisor's
+        plan = plan_for(plan, 0, None)
+        limits = Limits(
+            timeout=timeout,
+            hang_timeout=plan.hang_timeout,
+            max_restarts=settings.max_restarts.value,
+            restart_delay=settings.restart_delay.value,
+            ppn=plan.ppn,
+        )
         if detach:
-            limits = (timeout, settings.max_restarts.value, settings.restart_delay.value)
-            return _detach(plan, project, local is not None, limits, nodes, inventory, started)
-        job = _Foreground(plan, nodes, local is not None, check)
-        job.min_nodes = settings.min_nodes.value
-        job.timeout, job.out = timeout, ui.stderr() if ranks_to_stderr else ui.stdout()
-        outcome, folder, history = _run(job, project, inventory, settings)
-    plan = job.plan  # the last attempt's: fewer nodes when some were left out
+            return _detach(plan, project, local is not None, limits, min_nodes, nodes, inventory,
+                           started)  # fmt: skip
+        files = render_job_files(plan, nodes.connect, host_keys(plan, nodes))
+        run_dir = RunDir.create(project / "runs", plan, files)
+        out = ui.stderr() if ranks_to_stderr else ui.stdout()
+        run = ForegroundRun(plan, nodes, run_dir, limits, local=local is not None, again=check,
+                            min_nodes=min_nodes, out=out)  # fmt: skip
+        try:
+            run.copy(plan, files)
+            outcome, history = supervise(run, inventory)
+            _summary(run.plan, outcome, run_dir, history)  # the last attempt's nodes
+        finally:
+            run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
+    plan = run.plan  # the last attempt's: fewer nodes when some were left out
     report = JobReport.of_plan(plan, outcome.exit_code, outcome.reason, time.monotonic() - started)
-    report.add_outcome(outcome, folder)
+    report.add_outcome(outcome, str(run_dir.path))
     report.attempts = [a.to_json() for a in history]
     return report
 
@@ -123,7 +143,8 @@ def _detach(
     plan: RunPlan,
     project: Path,
     local: bool,
-    limits: tuple[float | None, int, float],  # --timeout, --max-restarts, --restart-delay
+    limits: Limits,
+    min_nodes: int | None,
     nodes: Nodes,
     inventory: str | None,
     started: float,
@@ -131,16 +152,16 @@ def _detach(
     """Copy the run's files with the supervisor's, start it on the head, and return.
     secret.env stays for the ranks to read; the supervisor's sweep removes it from every
     node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
-    files = render_job_files(plan, nodes.connect, _host_keys(plan.hosts, nodes.pool))
-    files.update(detached.supervisor_files(plan, *limits))
+    files = render_job_files(plan, nodes.connect, host_keys(plan, nodes))
+    files.update(supervisor_files(plan, limits, min_nodes))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
-        nodes_.copy_files(plan, files, nodes)
+        copy_files(plan, files, nodes)
     try:
-        supervisor = detached.start(plan, nodes.pool.get(plan.head), run_dir, inventory)
+        supervisor = _start_supervisor(plan, nodes.pool.get(plan.head), run_dir, inventory)
     except CpuaccelError:
         if "secret.env" in files:  # no job started: take the secrets back off the nodes
-            nodes_.forget_secrets(plan, plan.hosts, nodes)
+            forget_secrets(plan, plan.hosts, nodes)
         raise
     report = JobReport.of_plan(plan, 0, "detached", time.monotonic() - started)
     report.folder = str(run_dir.path)
@@ -154,110 +175,59 @@ def _detach(
     return report
 
 
-def _host_keys(hosts: list[Host], pool: ConnectionPool) -> HostKeys:
-    """The key each node's connection verified (they are open since preflight)."""
-    keys = {h.name: pool.get(h).host_key() for h in hosts}
-    return {name: key for name, key in keys.items() if key}
+def supervisor_files(plan: RunPlan, limits: Limits, min_nodes: int | None) -> JobFiles:
+    """The supervisor's program and settings, copied with the run's other files (to every
+    node: the others run its ``end`` through ssh.sh when the job ends, and its ``ready``
+    and ``attempt`` between two attempts). With --nodes MIN:MAX, launch.sh for each
+    smaller count of nodes and each node's hostfile line: the head leaves out a node
+    that does not answer by rewriting the hostfile and starting the launch.sh of the
+    count that remains (node/detached.py)."""
+    config: dict[str, Any] = {
+        "run_id": plan.run_id,
+        "head": plan.head.name,
+        "world": plan.world or 0,
+        "timeout": limits.timeout,
+        "nodes": {h.name: h.python for h in plan.hosts[1:]},  # swept through ssh.sh
+        "hang_timeout": limits.hang_timeout,
+        "hosts": [h.name for h in plan.hosts],
+        "ppn": plan.ppn,
+        "max_restarts": limits.max_restarts,
+        "restart_delay": limits.restart_delay,
+    }
+    files: JobFiles = {"supervisor.py": (EXECUTABLE, node.program("detached").decode())}
+    if min_nodes is not None and min_nodes < len(plan.hosts):
+        config["min_nodes"] = min_nodes
+        config["hostfile_lines"] = {
+            h.name: render_hostfile(elastic.plan_on(plan, [h])) for h in plan.hosts
+        }
+        config["launch_files"] = {}
+        for count in range(max(1, min_nodes), len(plan.hosts)):
+            name = f"launch-{count}.sh"
+            files[name] = (EXECUTABLE, render_launch(elastic.plan_on(plan, plan.hosts[:count])))
+            config["launch_files"][str(count)] = name
+    files["supervisor.json"] = (PLAIN, json.dumps(config, indent=2) + "\n")
+    return files
 
 
-class _Foreground:
-    """The job's attempts, run from here (jobs/attempts.py decides when to restart)."""
-
-    def __init__(self, plan: RunPlan, nodes: Nodes, local: bool, again: elastic.Check):
-        self.plan, self.nodes, self.local = plan, nodes, local  # plan: attempt 0's
-        self.again = again  # the preflight (and sync), as before attempt 0
-        self.min_nodes: int | None = None  # --nodes MIN:MAX: lost nodes may be left out
-        self.hosts = [h.name for h in plan.hosts]
-        self.run_dir = RunDir(Path())  # _run creates it
-        self.timeout: float | None = None
-        self.out = ui.stdout()
-
-    def files(self, plan: RunPlan) -> JobFiles:
-        return render_job_files(plan, self.nodes.connect, _host_keys(plan.hosts, self.nodes.pool))
-
-    def copy(self, plan: RunPlan, files: JobFiles) -> None:
-        if not self.local or "secret.env" in files:  # the sweep took secret.env away
-            nodes_.copy_files(plan, files, self.nodes)
-
-    def run(self, k: int, resume: str | None) -> Outcome:
-        plan = self.plan
-        if k:  # the files again, with CPUACCEL_RESTART and CPUACCEL_RESUME
-            plan = attempts.plan_for(self.plan, k, resume)
-            files = self.files(plan)
-            for name, (mode, text) in files.items():
-                if name not in SECRET_FILES:
-                    self.run_dir.write(name, text, mode)
-            self.copy(plan, files)
-        router = OutputRouter(self.run_dir, self.out, ui.stderr())
-        job = Job(plan, self.nodes.connect, self.run_dir, router, self.nodes.forks, self.nodes.pool)
-        job.kept = self.nodes.kept  # the sweep's requests on the preflight's channels
-        head = functools.partial(self.nodes.kept.get, plan.head.name)  # its kept program
-        with results.brought_home(plan, self.run_dir, self.nodes.pool, head):  # metrics.jsonl ...
-            return job.run(self.timeout)
-
-    def preflight(self) -> bool:
-        for host in self.plan.hosts:  # a lost node: a fresh connection, if it answers
-            if host.name in self.nodes.pool.lost([host]):
-                self.nodes.pool.discard(host)
-        try:  # a node failing it is left out while MIN remain: a new plan, fewer ranks
-            _, plan = elastic.preflight_leaving_out(self.plan, self.min_nodes, self.again)
-        except PreflightFailed as exc:
-            ui.stderr().print(f"[red]error:[/] {escape(str(exc))}")
-            return False
-        self.plan, self.hosts = plan, [h.name for h in plan.hosts]
-        return True
-
-    def newest_checkpoint(self) -> str | None:
-        return newest_complete(self.nodes.pool, self.plan.hosts, self.plan.run_dir, TEARDOWN)
-
-
-def _run(
-    job: _Foreground, project: Path, inventory: str | None, settings: LaunchSettings
-) -> tuple[Outcome, str, list[attempts.Attempt]]:
-    """Render and copy the files, run the attempts, keep the record, print the summary."""
-    plan = job.plan
-    files = job.files(plan)
-    job.run_dir = run_dir = RunDir.create(project / "runs", plan, files)
-    try:
-        job.copy(plan, files)
-        log = attempts.AttemptLog(run_dir, plan.world or 0, settings.max_restarts.value > 0)
-        restarts = attempts.Settings(
-            settings.max_restarts.value, settings.restart_delay.value, ui.stderr()
-        )
-        outcome = _supervise(
-            plan, run_dir, inventory, lambda: attempts.run_attempts(job, log, restarts)
-        )
-        _summary(job.plan, outcome, run_dir, log.history)  # the last attempt's nodes
-        return outcome, str(run_dir.path), log.history
-    finally:
-        run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
-
-
-def _supervise(
-    plan: RunPlan,
-    run_dir: RunDir,
-    inventory: str | None,
-    run: Callable[[], Outcome],
-) -> Outcome:
-    """Start the job, watch it to its end (attempt after attempt), and keep its record."""
-    run_dir.record_start(plan, detached=False, inventory=inventory)
-    status = foreground_status(plan, run_dir)
-    try:
-        outcome = run()
-    except BaseException:  # no outcome (the head refused the launch): not "running" forever
-        mark_ended(str(run_dir.path), "failed", "error")
-        raise
-    end_status(status, run_dir, outcome)
-    run_dir.record(
-        exit_code=outcome.exit_code,
-        reason=outcome.reason,
-        seconds=round(outcome.seconds, 3),
-        launcher_exit=outcome.launcher_exit,
-        first_failure=outcome.first_failure.__dict__ if outcome.first_failure else None,
-        swept=outcome.swept,
-        left=outcome.left,
+def _start_supervisor(
+    plan: RunPlan, head: Connector, run_dir: RunDir, inventory: str | None
+) -> dict[str, Any]:
+    """Start the supervisor on the head; record the detached run in run.json. Returns
+    the supervisor's {"host", "pid", "start_time"}."""
+    run_dir.record_start(plan, detached=True, inventory=inventory)
+    found = programs.call(
+        head, "detached", ["start", plan.run_dir], what="starting the run's supervisor"
     )
-    return outcome
+    supervisor = {"host": plan.head.name, "pid": found["pid"], "start_time": found["start_time"]}
+    run_dir.record(supervisor=supervisor)
+    return supervisor
+
+
+def inventory_path(setting_value: str | None) -> str | None:
+    """The inventory file as an absolute path, for later verbs (None for a host list)."""
+    if not setting_value or "," in setting_value or not Path(setting_value).is_file():
+        return None
+    return str(Path(setting_value).resolve())
 
 
 def _preflight_and_sync(
@@ -351,9 +321,7 @@ def _print_problems(problems: list[Problem]) -> None:
             err.print(f"          [dim]fix: {escape(p.hint)}[/]")
 
 
-def _summary(
-    plan: RunPlan, outcome: Outcome, run_dir: RunDir, history: list[attempts.Attempt]
-) -> None:
+def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir, history: list[Attempt]) -> None:
     err = ui.stderr()
     if len(history) > 1:  # the restarts, one line each
         for a in history:

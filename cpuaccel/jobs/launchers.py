@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import abc
 import posixpath
-import re
 from dataclasses import dataclass
 
 from cpuaccel.errors import UsageError
@@ -185,26 +184,6 @@ class Slurm(Launcher):
 
     def default_mpirun(self, python: str) -> str:
         return "srun"
-
-
-# srun's own report of a task that failed (src/srun: "HOST: task N: Exited with exit
-# code C", "tasks 0-2" for several). It is the launcher's account of the rank's code, and
-# it stands when the rank's own exit marker was lost: srun ends the step at the first
-# bad exit (--kill-on-bad-exit) and may drop that task's last output lines. A pattern
-# compiled by re on first use: check and a run that ends well never read it (issue 17).
-_SRUN_TASK_EXIT = r"^srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: Exited with exit code (\d+)$"
-
-
-def srun_task_exits(line: str) -> list[tuple[int, str, int]]:
-    """(rank, host, exit code) for each task one srun error line reports failed."""
-    found = re.match(_SRUN_TASK_EXIT, line.strip())
-    if found is None:
-        return []
-    first = int(found[2])
-    last = int(found[3]) if found[3] is not None else first
-    if last - first > 4096:  # not a range srun prints for one node
-        return []
-    return [(rank, found[1], int(found[4])) for rank in range(first, last + 1)]
 
 
 def step_name(run_id: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpuaccel.jobs.plan import RunPlan
-from cpuaccel.jobs.supervise import Outcome
+from cpuaccel.node.supervisor import Outcome
 
 # ended_by, besides the job's own endings (Outcome.reason: completed, failed,
 # interrupted, terminated, timeout, lost, hang):

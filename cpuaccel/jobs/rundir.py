@@ -105,6 +105,16 @@ def render_ssh_files(
     }
 
 
+def render_hostfile(plan: RunPlan) -> str:
+    """The hostfile of ``plan`` alone (a detached run's head keeps each node's line)."""
+    return _render(_environment(plan), "hostfile", _context(plan))
+
+
+def render_launch(plan: RunPlan) -> str:
+    """launch.sh of ``plan`` alone (a detached run's head keeps one a count of nodes)."""
+    return _render(_environment(plan), "launch.sh", _context(plan))
+
+
 def render_job_files(
     plan: RunPlan,
     connect: ConnectOptions,

@@ -42,7 +42,7 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "treesession", "jobctl", "agent", "supervisor", "prelaunch")
+PROGRAMS = ("facts", "tree", "treesession", "jobctl", "agent", "detached", "prelaunch")
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 MARKER = "[cpuaccel] progress"
+# What the worker writes as a rank's last line (cpuaccel/worker.py): its exit code, or
+# the signal that killed its script.
+EXIT_MARKER = "[cpuaccel] exit code"
+KILLED_MARKER = "[cpuaccel] killed by"
 ENV = "CPUACCEL_PROGRESS"  # the marker interval (s) in every rank; unset: no markers
 STACK_LIMIT = 1 << 16  # bytes of one rank's dump kept: a dump is a few KiB
 DUMP_TIMEOUT = 10.0  # seconds py-spy may take, all of a node's ranks at once
@@ -154,17 +158,6 @@ class ProgressTracker:
         return {str(p.rank): [p.host, p.pid] for p in self.ranks.values() if p.pid is not None}
 
 
-def tracker_of(config: dict[str, Any], now: float) -> ProgressTracker | None:
-    """The detached supervisor's tracker, from its supervisor.json (jobs/detached.py):
-    None without hang_timeout."""
-    timeout = config.get("hang_timeout")
-    if timeout is None:
-        return None
-    world = int(config["world"])
-    hosts = planned_hosts(config.get("hosts", []), config.get("ppn"), world)
-    return ProgressTracker(config["run_id"], float(timeout), world, now, hosts)
-
-
 # ---------------------------------------------------------------- on each node
 
 
@@ -236,39 +229,3 @@ def planned_hosts(hosts: list[str], ppn: int | None, world: int) -> dict[int, st
     """Where each rank runs by the plan (ppn ranks a node, in the hostfile's order): the
     host a report names for a rank that never wrote a line."""
     return {r: hosts[r // ppn] for r in range(world) if ppn and r // ppn < len(hosts)}
-
-
-def gather(
-    run_id: str, run_dir: str, pids: dict[str, list[Any]], nodes: dict[str, str], ours: set[int]
-) -> dict[str, str]:
-    """The detached supervisor's ``stacks``: this node's (``ours``: the job's pids here),
-    and every other node's (name -> its python) through the run's ssh.sh, as its sweep
-    reaches them; rank -> dump. A node that does not answer in time gives none."""
-    import json
-    import shlex
-    import signal
-    import subprocess
-
-    procs = {}
-    for name, python in nodes.items():
-        program = os.path.join(run_dir, "supervisor.py")
-        words = [python, program, "-", "stacks", run_id, f"{DUMP_TIMEOUT:g}", json.dumps(pids)]
-        procs[name] = subprocess.Popen(
-            ["/bin/sh", os.path.join(run_dir, "ssh.sh"), name, shlex.join(words)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    found = stacks(pids, ours, DUMP_TIMEOUT)
-    deadline = time.monotonic() + DUMP_TIMEOUT + 10
-    for proc in procs.values():
-        try:
-            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            found.update(json.loads(out.decode().strip().splitlines()[-1])["stacks"])
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        except (ValueError, IndexError, KeyError, TypeError):
-            continue  # no answer from that node: its ranks' stacks are missing, no more
-    return found

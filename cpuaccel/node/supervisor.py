@@ -1,68 +1,63 @@
-"""A detached run's supervisor on the head node: the node program ``supervisor``.
+"""The supervisor of a run: one attempt loop, wherever the run is watched from.
 
-``cpuaccel run --detach`` writes this program into the run folder (``supervisor.py``,
-with ``supervisor.json``: the run's id, world size, timeout and the other nodes) and
-starts it there with ``start``; it then does on the head what the controller's
-``jobs/supervise.Job`` does for a foreground run, so that the job outlives the
-controller's connection:
+Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. A run
+is supervised where it has to outlive what started it: a foreground run by the
+``cpuaccel run`` on the controller (jobs/foreground.py), a detached one by the
+``detached`` program on its head node (node/detached.py). Both run this code; what
+differs is how each side reaches things (the head's connection or a child process, the
+nodes' connections or the run's ssh.sh), declared by :class:`Side` and :class:`Attempts`.
 
-  start RUN_DIR           run ``watch`` in a session of its own (it survives the
-                          connection closing), its environment carrying
-                          CPUACCEL_SUPERVISES=<run id>; answer its pid
-  watch RUN_DIR           run launch.sh, split its labelled output into rank-R.log
-                          (launcher.log for the launcher's own lines), end the job
-                          when a rank fails, the timeout passes or on SIGTERM (the
-                          launcher's process group: SIGTERM, GRACE, SIGKILL; then
-                          every node swept by CPUACCEL_RUN_ID), and keep status.json
-  stop RUN_ID PID GRACE   SIGTERM the supervisor PID once its environment shows it is
-                          this run's (never a pattern), wait up to GRACE s for its end
-  status RUN_DIR          the run's status.json, null when there is none
-  ended RUN_DIR STATE BY  a status.json still "running" whose supervisor is gone, marked
-                          ended (after `cpuaccel stop` swept the nodes itself)
-  end RUN_ID GRACE RUN_DIR
-                          the jobs program's sweep, run on another node through the
-                          run's ssh.sh (every node has this file in its run folder)
-  stacks RUN_ID TIMEOUT RANKS
-                          run --hang-timeout: py-spy's dumps of this node's ranks
-                          (RANKS: JSON {rank: [host, pid]}), also through ssh.sh; the
-                          watch ends a job no rank of which progressed for hang_timeout
-                          (cpuaccel.node.progress) as "failed", ended_by "hang", 124
-  ready RUN_DIR; attempt RUN_DIR K [RESUME]: run --max-restarts's, node/reattempt.py
-
-status.json (written atomically) is the contract with ``ps``/``logs``/``fetch``:
-run_id, state, exit_code, ended_by, started, ended, detached, supervisor, ranks (and
-with run --max-restarts: attempt, attempts, the attempts.jsonl lines so far).
+- :func:`watch` supervises one attempt. It starts the job's launch.sh, splits its
+  labelled output into rank-R.log and launcher.log (and, in the foreground, onto the
+  terminal), and ends the job when a rank fails, a node is lost, no rank progressed for
+  --hang-timeout, --timeout passes or a stop signal comes: the launcher's process group
+  gets SIGTERM, then SIGKILL after GRACE, and every node is swept of the run's
+  processes. Its :class:`Outcome` says how the attempt ended.
+- :func:`run_attempts` is the attempt loop of --max-restarts. After a failed attempt it
+  applies :func:`decide`, waits --restart-delay, has the side check the nodes again
+  (leaving out failing ones while --nodes MIN remain) and starts the next attempt from
+  the newest checkpoint every node holds whole. :class:`AttemptLog` keeps its record:
+  ``attempts.jsonl`` (one :class:`Attempt` a line), ``attempt-<k>/`` with copies of
+  attempt k's logs, and a ``--- attempt k ---`` line in each rank log where k starts.
+- status.json, the contract with ps, logs, fetch, stop and the dashboard, is written
+  here and nowhere else (:func:`write_status`): run_id, state, exit_code, ended_by,
+  started, ended, detached, supervisor, ranks, and as they happen attempt, attempts,
+  hang, launcher_exit, left and unreachable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
-from cpuaccel.node.checkpoints import gather_here
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.jobctl import end, job_pids, signal_launcher
-from cpuaccel.node.progress import gather, stacks, tracker_of, write_stacks
-from cpuaccel.node.reattempt import Restarts, on_nodes, set_attempt_env
+from cpuaccel.node.progress import (
+    EXIT_MARKER,
+    KILLED_MARKER,
+    ProgressTracker,
+    planned_hosts,
+    write_stacks,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
     from typing import IO, Any
 
-MARK = "CPUACCEL_SUPERVISES"  # not CPUACCEL_RUN_ID: the sweep must not end the supervisor
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")  # as cpuaccel/_labels.py writes them
-EXIT_MARKER = "[cpuaccel] exit code"  # cpuaccel.worker's (a node part imports no cpuaccel)
-KILLED_MARKER = "[cpuaccel] killed by"
-GRACE = 5.0  # seconds between SIGTERM and SIGKILL, as for a foreground run
-SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
-# A foreground run's reasons (jobs/supervise.Outcome) as status.json's states.
+GRACE = 5.0  # seconds between SIGTERM and SIGKILL
+# The launcher's exit status after the kill: a node that cannot give it within this is
+# reported, not waited for.
+LAUNCHER_WAIT = 20.0
+EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT = 130, 143, 124
+EXIT_LOST = 255  # a node's connection died during the run (ssh's code for it)
+# An attempt's reason as status.json's state.
 STATES = {
     "completed": "succeeded",
     "failed": "failed",
@@ -70,10 +65,22 @@ STATES = {
     "interrupted": "interrupted",
     "timeout": "timeout",
     "lost": "lost",
-    "hang": "failed",  # run --hang-timeout: a failure (ft-restart retries it), exit 124
+    "hang": "failed",  # --hang-timeout: a failure (a restart retries it), exit 124
 }
+RETRIED = frozenset({"failed", "lost", "hang"})  # the reasons a restart may follow
+RESTART_ENV, RESUME_ENV = "CPUACCEL_RESTART", "CPUACCEL_RESUME"
+ATTEMPTS = "attempts.jsonl"
+MARKER = "--- attempt {} ---"  # where attempt k starts in a top-level rank log
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-CODES = {"terminated": 143, "interrupted": 130, "timeout": 124, "lost": 255, "hang": 124}
+# srun's own report of a task that failed (src/srun: "HOST: task N: Exited with exit
+# code C", "tasks 0-2" for several). It stands for the rank's code when the rank's exit
+# marker was lost: srun ends the step at the first bad exit (--kill-on-bad-exit) and
+# may drop that task's last output lines. Compiled by re on first use: a run that ends
+# well never reads it.
+_SRUN_TASK_EXIT = r"^srun: error: (\S+): tasks? (\d+)(?:-(\d+))?: Exited with exit code (\d+)$"
+
+
+# ---------------------------------------------------------------- status.json
 
 
 def start_time(pid: int) -> int | None:
@@ -102,7 +109,7 @@ def read_status(run_dir: str) -> dict[str, Any] | None:
     with os.fdopen(fd, "rb") as f:
         try:
             doc = json.loads(f.read(1 << 20))
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     return doc if isinstance(doc, dict) else None
 
@@ -124,47 +131,6 @@ def status_doc(
     }
 
 
-def start(run_dir: str) -> dict[str, Any]:
-    with open(os.path.join(run_dir, "supervisor.json")) as f:
-        run_id = json.load(f)["run_id"]
-    log = os.open(os.path.join(run_dir, "supervisor.log"), _APPEND, 0o600)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, os.path.join(run_dir, "supervisor.py"), "-", "watch", run_dir],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            cwd=run_dir,
-            env={**os.environ, MARK: run_id},
-            start_new_session=True,  # no hangup when the connection that started it closes
-        )
-    finally:
-        os.close(log)
-    return {"pid": proc.pid, "start_time": start_time(proc.pid), "host": socket.gethostname()}
-
-
-def is_supervisor(pid: int, run_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return (MARK + "=" + run_id).encode() in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def stop(run_id: str, pid: int, grace: float) -> dict[str, Any]:
-    """SIGTERM this run's supervisor; {"signalled", "alive"} (alive: still there after grace)."""
-    if not is_supervisor(pid, run_id):
-        return {"signalled": False, "alive": False}
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return {"signalled": False, "alive": False}
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and is_supervisor(pid, run_id):
-        time.sleep(0.1)
-    return {"signalled": True, "alive": is_supervisor(pid, run_id)}
-
-
 def mark_ended(run_dir: str, state: str, ended_by: str) -> dict[str, Any] | None:
     """A status.json still "running" whose supervisor is gone (killed, or its node
     restarted), once `cpuaccel stop` has swept the nodes: recorded as ``state``."""
@@ -175,226 +141,705 @@ def mark_ended(run_dir: str, state: str, ended_by: str) -> dict[str, Any] | None
     return doc
 
 
-class Supervisor:
-    """One detached job, from launch.sh to its final status."""
+def ended_by(outcome: Outcome) -> str:
+    """status.json's ended_by for an outcome: the first failing rank, "stop", or the
+    reason."""
+    if outcome.reason == "failed" and outcome.first_failure is not None:
+        return f"rank {outcome.first_failure.rank}"
+    if outcome.reason == "terminated":
+        return "stop"
+    return outcome.reason
 
-    def __init__(self, run_dir: str, config: dict[str, Any]) -> None:
+
+# ---------------------------------------------------------------- one attempt
+
+
+@dataclass
+class Failure:
+    rank: int
+    host: str
+    code: int
+
+
+def cause(failures: Sequence[Failure]) -> Failure | None:
+    """The failure to blame: the first reported, unless it was a SIGTERM (143) and
+    another rank failed otherwise. A launcher ends the other ranks with SIGTERM once one
+    fails (srun's --kill-on-bad-exit), and a victim's report can arrive first."""
+    own = [f for f in failures if f.code != 128 + signal.SIGTERM] or list(failures)
+    return own[0] if own else None
+
+
+def srun_task_exits(line: str) -> list[tuple[int, str, int]]:
+    """(rank, host, exit code) for each task one srun error line reports failed."""
+    found = re.match(_SRUN_TASK_EXIT, line.strip())
+    if found is None:
+        return []
+    first = int(found[2])
+    last = int(found[3]) if found[3] is not None else first
+    if last - first > 4096:  # not a range srun prints for one node
+        return []
+    return [(rank, found[1], int(found[4])) for rank in range(first, last + 1)]
+
+
+def _reported_code(text: str) -> int | None:
+    """The code of a rank's exit marker line (worker.py), None for any other line."""
+    if not text.startswith(EXIT_MARKER):
+        return None
+    word = text[len(EXIT_MARKER) :].strip()
+    return int(word) if word.lstrip("-").isdigit() else 1
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    reason: str  # completed | failed | interrupted | terminated | timeout | lost | hang
+    seconds: float
+    launcher_exit: int | None
+    first_failure: Failure | None
+    swept: dict[str, Any] = field(default_factory=dict)  # node -> what the sweep ended
+    left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
+    lost: list[str] = field(default_factory=list)  # nodes whose connection died
+    codes: dict[int, int] = field(default_factory=dict)  # rank -> the code it reported
+    hang: list[dict[str, Any]] = field(default_factory=list)  # each rank's last progress
+
+
+class Output:
+    """The launcher's output, line by line: each rank's lines into rank-R.log, the
+    launcher's own into launcher.log, and to ``show`` (the terminal) when there is one;
+    the ranks' exit reports and progress markers noted on the way."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        show: Callable[[str, int | None, str, str], None] | None = None,
+        progress: ProgressTracker | None = None,
+    ) -> None:
         self.run_dir = run_dir
-        self.run_id: str = config["run_id"]
-        self.timeout: float | None = config.get("timeout")
-        self.nodes: dict[str, str] = config.get("nodes", {})  # other node -> its python
-        self.doc = status_doc(
-            self.run_id,
-            time.time(),
-            True,
-            {
-                "host": config.get("head") or socket.gethostname(),
-                "pid": os.getpid(),
-                "start_time": start_time(os.getpid()),
-            },
-            int(config["world"]),
-        )
-        self.failures: list[tuple[int, int]] = []  # (rank, code), in the order reported
+        # show(stream, rank, host, text): rank None for the launcher's own words
+        self.show = show
+        self.progress = progress  # --hang-timeout: every rank's last progress
+        self.failures: list[Failure] = []
+        self.codes: dict[int, int] = {}  # rank -> the code it reported
+        # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
+        # lets the remaining ranks run on when a rank on another node exits).
         self.failed = threading.Event()
-        self.quiet = False  # while ending the job: ranks it kills are not failures
-        self.stop_reason: str | None = None
+        # While the supervisor itself ends the job, the launcher's reports of ranks it
+        # killed go to the logs only: they are the ending, not news.
+        self.quiet = False
         self._logs: dict[str, IO[str]] = {}
-        self.progress = tracker_of(config, time.monotonic())  # run --hang-timeout, else None
-        self.config = config
-        self.restarts = Restarts(run_dir, config) if config.get("max_restarts") else None
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.stop_reason is None:
-            self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        self._lock = threading.Lock()
 
     def _log(self, name: str) -> IO[str]:
         if name not in self._logs:
-            path = os.path.join(self.run_dir, name)
-            fd = os.open(path, _APPEND, 0o600)
+            fd = os.open(os.path.join(self.run_dir, name), _APPEND, 0o600)
             self._logs[name] = os.fdopen(fd, "a", buffering=1)
         return self._logs[name]
 
-    def feed(self, line: str) -> None:
-        """One line of the launcher's output, as jobs/supervise.OutputRouter takes it."""
+    def feed(self, stream: str, line: str) -> None:
         match = LABEL.match(line)
-        if match is None:
-            if "BAD TERMINATION" in line:
+        with self._lock:
+            if match is None:  # the launcher's own words
+                if "BAD TERMINATION" in line:  # a rank died without reporting (a signal)
+                    self.failed.set()
+                for task in srun_task_exits(line) if line.startswith("srun: ") else ():
+                    if task[0] not in self.codes and not self.quiet:
+                        self.failures.append(Failure(*task))
+                        self.failed.set()
+                    self.codes.setdefault(task[0], task[2])
+                self._log("launcher.log").write(line + "\n")
+                if not self.quiet and self.show is not None:
+                    self.show("err", None, "", line)
+                return
+            rank, host, text = int(match[1]), match[2], match[3]
+            if self.progress is not None and self.progress.line(rank, host, text, time.monotonic()):
+                return  # cpuaccel's progress marker: not the user's to see
+            code = _reported_code(text)
+            if code is not None:
+                self.codes[rank] = code
+                if code == 0:
+                    return  # a rank that succeeded: for status.json, not for the logs
+            self._log(f"rank-{rank}.log").write(text + "\n")
+            if self.quiet and text.startswith((EXIT_MARKER, KILLED_MARKER)):
+                return  # a rank that the supervisor is ending: the ending, not a failure
+            if code is not None:
+                self.failures.append(Failure(rank, host, code))
                 self.failed.set()
-            self._log("launcher.log").write(line + "\n")
-            return
-        rank, text = int(match[1]), match[3]
-        if self.progress is not None and self.progress.line(rank, match[2], text, time.monotonic()):
-            return  # cpuaccel's progress marker: not for rank-R.log
-        code = None
-        if text.startswith(EXIT_MARKER):
-            word = text[len(EXIT_MARKER) :].strip()
-            code = int(word) if word.lstrip("-").isdigit() else 1
-            self.doc["ranks"][str(rank)] = code
-            if code == 0:
                 return
-        self._log(f"rank-{rank}.log").write(text + "\n")
-        if code is not None and not self.quiet:
-            self.failures.append((rank, code))
-            self.failed.set()
+            if self.show is not None:
+                self.show(stream, rank, host, text)
 
-    def _pump(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            self.feed(raw.decode(errors="replace").rstrip("\n"))
-
-    def run(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        write_status(self.run_dir, self.doc)
-        restarts, k = self.restarts, 0
-        while True:  # attempt after attempt, with run --max-restarts (node/reattempt.py)
-            started = time.time()
-            launcher_exit, left = self._attempt(k, forget=restarts is None)
-            ended = self._outcome(launcher_exit)
-            if restarts is None:
-                break
-            rank = self.failures[0][0] if self.failures else None
-            self.doc["attempts"] = restarts.ended(k, started, ended[0], ended[1], rank)
-            write_status(self.run_dir, self.doc)
-            self.stop_reason = None  # a SIGTERM between attempts: "terminated"
-            if not restarts.again(lambda: self.stop_reason is not None):
-                ended = restarts.final(ended, self.stop_reason, self.doc)
-                left = self.sweep(forget=True) or left  # secret.env off every node now
-                break
-            k += 1
-        self._finish(ended, launcher_exit, left)
-
-    def _attempt(self, k: int, forget: bool) -> tuple[int | None, dict[str, Any]]:
-        """Attempt ``k``: launch.sh run, watched, ended, swept (``forget``: secret.env
-        removed too, the job being over). The launcher's exit and what stayed."""
-        if k:  # a fresh watch: no failure seen yet, every rank running (run --max-restarts)
-            self.failures, self.quiet = [], False
-            self.failed.clear()
-            self.progress = tracker_of(self.config, time.monotonic())
-            self.doc.update(ranks={r: None for r in self.doc["ranks"]}, attempt=k)
-            write_status(self.run_dir, self.doc)
-        # stdin a pipe held here: launch.sh ends the job when it closes (this process died).
-        proc = subprocess.Popen(
-            ["setsid", "-w", "/bin/sh", os.path.join(self.run_dir, "launch.sh")],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self.run_dir,
-        )
-        reader = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
-        reader.start()
-        self._watch(reader, time.monotonic())
-        try:
-            launcher_exit: int | None = proc.wait(20)
-        except subprocess.TimeoutExpired:
-            launcher_exit = None
-        assert proc.stdin is not None
-        proc.stdin.close()
-        left = self.sweep(forget)
-        reader.join(GRACE)
-        return launcher_exit, left
-
-    def _watch(self, reader: threading.Thread, started: float) -> None:
-        while reader.is_alive():
-            reader.join(0.2)
-            if self.timeout is not None and time.monotonic() - started > self.timeout:
-                self.stop_reason = self.stop_reason or "timeout"
-            if self.failed.is_set():
-                self.stop_reason = self.stop_reason or "failed"
-            self._notice_hang()
-            if self.stop_reason:
-                self.quiet = True
-                pidfile = os.path.join(self.run_dir, "launcher.pid")
-                signal_launcher(self.run_id, pidfile, signal.SIGTERM)
-                reader.join(GRACE)
-                if reader.is_alive():
-                    signal_launcher(self.run_id, pidfile, signal.SIGKILL)
-                    reader.join(GRACE)
-                return
-
-    def _notice_hang(self) -> None:
-        """No rank progressed for hang_timeout: the ranks in supervisor.log and
-        status.json ("hang"), their stacks in hang-R.txt; the job then ends (hang)."""
-        now = time.monotonic()
-        if self.progress is None or self.stop_reason or not self.progress.stalled(now):
-            return
-        self.stop_reason = "hang"
-        print(f"hang: no rank made progress for {self.progress.idle(now):.1f} s", flush=True)
-        for line in self.progress.report(now):
-            print("  " + line, flush=True)
-        self.doc["hang"] = [p.to_json(now) for p in self.progress.stuck_first()]
-        ours = set(job_pids(self.run_id))
-        dumps = gather(self.run_id, self.run_dir, self.progress.pids(), self.nodes, ours)
-        write_stacks(self.run_dir, dumps)
-
-    def sweep(self, forget: bool = True) -> dict[str, Any]:
-        """End what is left of the job here and on the other nodes (through ssh.sh, as
-        MPI reaches them); node -> what stayed (or why it could not be checked).
-        ``forget``: the run's secret.env removed too (not between two attempts)."""
-        words = ["end", self.run_id, "2"] + ([self.run_dir] if forget else [])
-        answers = on_nodes(self.run_dir, self.nodes, words, SWEEP_TIMEOUT)
-        left: dict[str, Any] = {}
-        here = end(self.run_id, 2, self.run_dir if forget else None)
-        if here["left"]:
-            left["head"] = here["left"]
-        for name, found in answers.items():
-            if not isinstance(found, dict) or "left" not in found:
-                left[name] = "could not check: " + str(found)
-            elif found["left"]:
-                left[name] = found["left"]
-        return left
-
-    def _outcome(self, launcher_exit: int | None) -> tuple[str, int, str]:
-        """How the attempt ended: (reason, exit code, ended_by)."""
-        reason = self.stop_reason
-        if reason in CODES:
-            return reason, CODES[reason], "stop" if reason == "terminated" else reason
-        if self.failures:
-            rank, code = self.failures[0]
-            return "failed", code, f"rank {rank}"
-        if reason == "failed" or launcher_exit != 0:
-            return "failed", launcher_exit or 1, "launcher"
-        return "completed", 0, "completed"
-
-    def _finish(
-        self, ended: tuple[str, int, str], launcher_exit: int | None, left: dict[str, Any]
-    ) -> None:
-        reason, code, ended_by = ended
-        self.doc.update(state=STATES[reason], exit_code=code, ended_by=ended_by, ended=time.time())
-        self.doc.update(launcher_exit=launcher_exit, left=left)
-        write_status(self.run_dir, self.doc)
+    def close(self) -> None:
         for log in self._logs.values():
             log.close()
+        self._logs.clear()
 
 
-def watch(run_dir: str) -> dict[str, Any]:
-    with open(os.path.join(run_dir, "supervisor.json")) as f:
-        config = json.load(f)
-    Supervisor(run_dir, config).run()
-    return {}
+class Launched:
+    """launch.sh, started on the head by a side: its output, then its exit status."""
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        """("out" or "err", line), until the launcher's output ends."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit status, None when it cannot be had within ``timeout`` (said)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """launch.sh's stdin closed: it ends the job if it still runs."""
 
 
-def main() -> None:
-    mode, args = sys.argv[2], sys.argv[3:]  # after BOOT's LENGTH, or "-" when run as a file
-    if mode == "start":
-        result = start(args[0])
-    elif mode == "watch":
-        result = watch(args[0])
-    elif mode == "stop":
-        result = stop(args[0], int(args[1]), float(args[2]))
-    elif mode == "ended":
-        result = {"status": mark_ended(args[0], args[1], args[2])}
-    elif mode == "status":
-        result = {"status": read_status(args[0])}
-    elif mode == "end":
-        result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
-    elif mode == "ready":  # run --detach --max-restarts: this node's checkpoints
-        result = gather_here(args[0])
-    elif mode == "attempt":
-        result = set_attempt_env(args[0], int(args[1]), args[2] if len(args) > 2 else None)
-    elif mode == "stacks":
-        ours = set(job_pids(args[0]))
-        result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}
+class Side:
+    """What supervising needs of the place it runs: the controller (jobs/foreground.py)
+    or the head node (node/detached.py). ``hosts``: the current attempt's nodes, the
+    head first; ``run_dir``: where status.json and the logs are written here."""
+
+    run_id: str
+    run_dir: str
+    hosts: list[str]
+
+    def say(self, level: str, text: str) -> None:
+        """One line for the user ("error", "warning" or "note")."""
+        raise NotImplementedError
+
+    def start(self) -> Launched:
+        """The attempt's launch.sh, started on the head in a process group of its own."""
+        raise NotImplementedError
+
+    def signal_launcher(self, signum: int, lost: Sequence[str]) -> None:
+        """``signum`` to launch.sh's process group (the launcher passes it on)."""
+        raise NotImplementedError
+
+    def lost(self) -> list[str]:
+        """The nodes whose connection died (keepalives unanswered), in the order seen."""
+        return []
+
+    def stacks(self, pids: dict[str, list[Any]], lost: Sequence[str]) -> dict[str, str]:
+        """Every reachable node's dumps of its ranks (rank -> text), for a hang."""
+        return {}
+
+    def end_step(self, stopped: bool, launcher_exit: int | None) -> None:
+        """After the launcher: what else ends the job where a scheduler started it."""
+
+    def sweep(self, lost: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every node swept of the run's processes: (what was ended, what stays), each
+        by node; a node in ``lost`` is named as not checked."""
+        raise NotImplementedError
+
+
+class _Stop:
+    """The reason a stop signal gave, noted by the handler (the main thread's)."""
+
+    def __init__(self, side: Side) -> None:
+        self.reason: str | None = None
+        self.side = side
+
+    def note(self, signum: int, frame: Any) -> None:
+        if self.reason is None:
+            self.reason = "interrupted" if signum == signal.SIGINT else "terminated"
+            self.side.say("warning", "ending the job on every node...")
+
+
+class _Handlers:
+    """SIGINT and SIGTERM handled by ``handler`` for a block, then given back; nothing
+    outside the main thread, whose handlers they are (tests drive the loop from others)."""
+
+    def __init__(self, handler: Callable[[int, Any], None]) -> None:
+        self.handler = handler
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self.handler)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def watch(
+    side: Side,
+    output: Output,
+    timeout: float | None,
+) -> Outcome:
+    """Attempt: launch.sh started, watched to its end, the job ended everywhere."""
+    started = time.monotonic()
+    stop = _Stop(side)
+    lost: list[str] = []
+    hung: list[dict[str, Any]] = []
+    launched = side.start()
+    reader = threading.Thread(target=_pump, args=(launched, output), daemon=True)
+    try:
+        with _Handlers(stop.note):
+            reader.start()
+            reason = _until_done(side, output, reader, started, timeout, stop, lost, hung)
+            launcher_exit = launched.wait(LAUNCHER_WAIT)
+            launched.close()
+            _notice_lost(side, lost)
+            side.end_step(reason is not None, launcher_exit)
+            swept, left = side.sweep(lost)
+            reader.join(GRACE)  # its last lines, before the logs close
+    finally:
+        output.close()
+    return _outcome(
+        reason, launcher_exit, time.monotonic() - started, swept, left, lost, output, hung
+    )
+
+
+def _pump(launched: Launched, output: Output) -> None:
+    for stream, line in launched.lines():
+        output.feed(stream, line)
+
+
+def _until_done(
+    side: Side,
+    output: Output,
+    reader: threading.Thread,
+    started: float,
+    timeout: float | None,
+    stop: _Stop,
+    lost: list[str],
+    hung: list[dict[str, Any]],
+) -> str | None:
+    """Until the launcher's output ends, watch for a reason to end the job; then signal
+    the launcher's process group, SIGTERM, then SIGKILL. The reason, None for none."""
+    reason: str | None = None
+    while reader.is_alive():
+        reader.join(0.2)
+        if timeout is not None and time.monotonic() - started > timeout:
+            reason = reason or "timeout"
+        if output.failed.is_set():
+            reason = reason or "failed"
+        if _notice_lost(side, lost):
+            reason = reason or "lost"
+        if reason is None and stop.reason is None and _stalled(output):
+            reason = "hang"
+            hung.extend(_declare_hang(side, output, lost))
+        reason = stop.reason or reason
+        if reason:
+            output.quiet = True
+            side.signal_launcher(signal.SIGTERM, lost)
+            reader.join(GRACE)
+            if reader.is_alive():
+                side.signal_launcher(signal.SIGKILL, lost)
+                # A process outside the group (an MPI proxy whose peer was lost) can
+                # hold the output open: the sweep ends it; no need to wait more.
+                reader.join(GRACE)
+            return reason
+    return stop.reason
+
+
+def _notice_lost(side: Side, lost: list[str]) -> bool:
+    """Nodes whose connection died end the job: each named once. True when one is new."""
+    new = [name for name in side.lost() if name not in lost]
+    for name in new:
+        lost.append(name)
+        side.say(
+            "error",
+            f"lost the connection to {name} (no answer to keepalives): ending the job on "
+            "the other nodes",
+        )
+    return bool(new)
+
+
+def _stalled(output: Output) -> bool:
+    return output.progress is not None and output.progress.stalled(time.monotonic())
+
+
+def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[str, Any]]:
+    """Say the job hung (a line a rank) and keep each rank's stacks (py-spy's, where it
+    is installed) as hang-<rank>.txt; the ranks' state, for status.json's "hang"."""
+    found = output.progress
+    assert found is not None
+    now = time.monotonic()
+    side.say(
+        "error",
+        f"hang: no rank made progress for {found.idle(now):.1f} s "
+        f"(--hang-timeout {found.timeout:g}): ending the job on every node",
+    )
+    for line in found.report(now):
+        side.say("note", f"  {line}")
+    pids = found.pids()
+    written = write_stacks(side.run_dir, side.stacks(pids, lost) if pids else {})
+    if written:
+        paths = ", ".join(os.path.join(side.run_dir, n) for n in written)
+        side.say("note", f"  stacks (py-spy): {paths}")
+    return [p.to_json(now) for p in found.stuck_first()]
+
+
+def _outcome(
+    reason: str | None,
+    launcher_exit: int | None,
+    seconds: float,
+    swept: dict[str, Any],
+    left: dict[str, Any],
+    lost: list[str],
+    output: Output,
+    hung: list[dict[str, Any]],
+) -> Outcome:
+    first = cause(output.failures)
+    if reason == "interrupted":
+        code, reason = EXIT_INTERRUPTED, "interrupted"
+    elif reason == "terminated":
+        code = EXIT_TERMINATED
+    elif reason in ("timeout", "hang"):
+        code = EXIT_TIMEOUT
+    elif lost and (reason == "lost" or launcher_exit != 0):
+        # Ranks on the other nodes fail because one was lost: name the cause.
+        code, reason = EXIT_LOST, "lost"
+    elif first is not None:
+        code, reason = first.code, "failed"
+    elif reason == "failed":
+        code = launcher_exit or 1
+    elif launcher_exit != 0:
+        code, reason = 1 if launcher_exit is None else launcher_exit, "failed"
     else:
-        raise SystemExit(f"unknown mode {mode}")
-    sys.stdout.write(json.dumps(result) + "\n")
+        code, reason = 0, "completed"
+    return Outcome(
+        code, reason, seconds, launcher_exit, first, swept, left, list(lost), output.codes,
+        hung,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- the attempts
+
+
+@dataclass
+class Attempt:
+    """One line of attempts.jsonl."""
+
+    attempt: int
+    started: float
+    ended: float
+    reason: str
+    exit_code: int | None
+    rank: int | None
+    host: str | None
+    hosts: list[str]
+    resume: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def why(self) -> str:
+        """The failure in words: "exit code 3, rank 1 on node2"."""
+        words = [f"exit code {self.exit_code}" if self.reason == "failed" else self.reason]
+        if self.rank is not None:
+            words.append(f"rank {self.rank} on {self.host}")
+        elif self.host is not None:
+            words.append(f"node {self.host}")
+        return ", ".join(words)
+
+
+def attempt_of(
+    k: int,
+    started: float,
+    outcome: Outcome,
+    hosts: list[str],
+    resume: str | None,
+    placed: dict[int, str] | None = None,
+) -> Attempt:
+    """The record of attempt ``k`` from its outcome (the first failing rank, else the
+    first node lost). ``placed``: each rank's node by the plan, so that a rank is named
+    by its inventory name rather than by the hostname its label carries."""
+    first = outcome.first_failure
+    if first is not None:
+        host: str | None = (placed or {}).get(first.rank, first.host)
+    else:
+        host = outcome.lost[0] if outcome.lost else None
+    return Attempt(
+        attempt=k,
+        started=round(started, 3),
+        ended=round(time.time(), 3),
+        reason=outcome.reason,
+        exit_code=outcome.exit_code,
+        rank=first.rank if first else None,
+        host=host,
+        hosts=list(hosts),
+        resume=resume,
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    restart: bool
+    why: str | None = None  # the one line said when it stops for a reason of its own
+
+
+def decide(history: Sequence[Attempt], max_restarts: int, resume: str | None) -> Verdict:
+    """Restart after the last attempt of ``history``? ``resume``: the checkpoint the next
+    attempt would get (None: none complete). A failure that repeats identically (same
+    reason, rank, node and exit code) with no checkpoint before either would repeat
+    forever: it stops the run."""
+    last = history[-1]
+    if last.reason not in RETRIED:
+        return Verdict(False)
+    if len(history) > max_restarts:
+        if not max_restarts:
+            return Verdict(False)  # restarts were not asked for: nothing to say
+        return Verdict(False, f"attempt {last.attempt} failed ({last.why()}): no restart left")
+    if len(history) >= 2:
+        before = history[-2]
+        same = (before.reason, before.rank, before.host, before.exit_code) == (
+            last.reason,
+            last.rank,
+            last.host,
+            last.exit_code,
+        )
+        if same and last.resume is None and resume is None:
+            return Verdict(
+                False,
+                f"attempt {last.attempt} failed as attempt {before.attempt} did "
+                f"({last.why()}) before any checkpoint: not restarting it again",
+            )
+    return Verdict(True)
+
+
+class AttemptLog:
+    """The run folder's record of the attempts. With restarts off, attempts.jsonl alone:
+    the logs stay as they are."""
+
+    def __init__(self, run_dir: str, world: int, restarts: bool) -> None:
+        self.run_dir = run_dir
+        self.world = world
+        self.restarts = restarts
+        self.history: list[Attempt] = []
+        self._offsets: dict[str, int] = {}
+
+    def _names(self) -> list[str]:
+        return [f"rank-{r}.log" for r in range(self.world)] + ["launcher.log"]
+
+    def begin(self, k: int, world: int | None = None) -> None:
+        """Attempt ``k`` starts (with ``world`` ranks, when that changed)."""
+        self.world = world if world is not None else self.world
+        if not self.restarts:
+            return
+        for name in self._names():
+            fd = os.open(os.path.join(self.run_dir, name), _APPEND, 0o600)
+            try:
+                if name.startswith("rank-"):
+                    os.write(fd, (MARKER.format(k) + "\n").encode())
+                self._offsets[name] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+
+    def end(self, attempt: Attempt) -> None:
+        self.history.append(attempt)
+        if self.restarts:
+            folder = os.path.join(self.run_dir, f"attempt-{attempt.attempt}")
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            for name in self._names():
+                try:
+                    fd = os.open(
+                        os.path.join(self.run_dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    )
+                except FileNotFoundError:
+                    continue
+                with os.fdopen(fd, "rb") as log:
+                    log.seek(self._offsets.get(name, 0))
+                    data = log.read()
+                write_atomic(os.path.join(folder, name), data, 0o600)
+        fd = os.open(os.path.join(self.run_dir, ATTEMPTS), _APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(attempt.to_json()) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+class Attempts:
+    """What the loop needs of a run's side between attempts."""
+
+    hosts: list[str]  # the next attempt's nodes, head first
+
+    def run(self, k: int, resume: str | None) -> Outcome:
+        """Attempt ``k``: its files in place, started, watched, ended everywhere."""
+        raise NotImplementedError
+
+    def preflight(self) -> bool:
+        """The nodes checked again, failing ones left out while --nodes MIN remain;
+        False (the problems said) when the run cannot go on."""
+        raise NotImplementedError
+
+    def prepare(self, k: int, resume: str | None) -> bool:
+        """Attempt ``k``'s files on every node (its CPUACCEL_RESTART and CPUACCEL_RESUME);
+        False (said) when a node cannot take them."""
+        return True
+
+    def newest_checkpoint(self) -> str | None:
+        """The newest checkpoint every node of ``hosts`` holds whole."""
+        raise NotImplementedError
+
+    def recorded(self, history: Sequence[Attempt]) -> None:
+        """Attempt records so far, for the side's own copy (the controller's run.json)."""
+
+    def placed(self) -> dict[int, str]:
+        """Each rank's node by the current plan (none when not known)."""
+        return {}
+
+
+@dataclass
+class Settings:
+    max_restarts: int
+    delay: float
+    say: Callable[[str, str], None]  # (level, line), as Side.say
+    stop: list[str] = field(default_factory=list)  # the signal that ended the wait
+
+
+def run_attempts(job: Attempts, log: AttemptLog, settings: Settings) -> Outcome:
+    """Attempt after attempt until one ends for good; the last one's outcome."""
+    resume: str | None = None
+    k = 0
+    while True:
+        started = time.time()
+        log.begin(k)
+        outcome = job.run(k, resume)
+        log.end(attempt_of(k, started, outcome, job.hosts, resume, job.placed()))
+        job.recorded(log.history)
+        if outcome.reason not in RETRIED or k >= settings.max_restarts:
+            verdict = decide(log.history, settings.max_restarts, None)
+        else:
+            resume = job.newest_checkpoint()
+            verdict = decide(log.history, settings.max_restarts, resume)
+        if not verdict.restart:
+            if verdict.why:
+                settings.say("error", verdict.why)
+            return outcome
+        last = log.history[-1]
+        settings.say(
+            "warning",
+            f"attempt {k} failed ({last.why()}): restarting in {settings.delay:g} s"
+            + (f" from {resume}" if resume else ""),
+        )
+        with _Handlers(lambda signum, frame: _note(settings.stop, signum)):
+            ready = _wait(settings) and job.preflight()
+        if settings.stop:
+            return _stopped(outcome, settings.stop[0], settings)
+        if not ready:
+            settings.say("error", f"not restarting: attempt {k + 1}'s preflight failed")
+            return outcome
+        if job.hosts != last.hosts:  # nodes left out (--nodes MIN:MAX): theirs only
+            resume = job.newest_checkpoint()
+            settings.say(
+                "note",
+                f"attempt {k + 1} on {len(job.hosts)} node(s): {', '.join(job.hosts)}"
+                + (f", from {resume}" if resume else ", from the start"),
+            )
+        if not job.prepare(k + 1, resume):
+            return outcome
+        k += 1
+
+
+def _note(stop: list[str], signum: int) -> None:
+    """Between attempts, Ctrl-C and SIGTERM (`cpuaccel stop`) note the stop; the wait
+    and the preflight end with it, not with a traceback."""
+    if not stop:
+        stop.append("interrupted" if signum == signal.SIGINT else "terminated")
+
+
+def _wait(settings: Settings) -> bool:
+    """The delay, cut short by a stop signal: False when one came."""
+    deadline = time.monotonic() + settings.delay
+    while not settings.stop and time.monotonic() < deadline:
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    return not settings.stop
+
+
+def _stopped(outcome: Outcome, reason: str, settings: Settings) -> Outcome:
+    """Ctrl-C or SIGTERM between attempts: the job is already ended everywhere."""
+    settings.say("warning", f"{reason} before the restart: no further attempt")
+    code = EXIT_INTERRUPTED if reason == "interrupted" else EXIT_TERMINATED
+    return dataclasses.replace(outcome, exit_code=code, reason=reason)
+
+
+# ---------------------------------------------------------------- a run
+
+
+@dataclass
+class Limits:
+    """What bounds a run: --timeout (each attempt's), --hang-timeout, --max-restarts and
+    --restart-delay; and what says where its ranks run (ranks per node)."""
+
+    timeout: float | None = None
+    hang_timeout: float | None = None
+    max_restarts: int = 0
+    restart_delay: float = 0.0
+    ppn: int | None = None
+
+
+class Supervised(Attempts):
+    """A run's attempts on one side: each is :func:`watch`-ed, with the status.json of
+    the run kept up to date; :meth:`supervise` runs them all and writes the final one."""
+
+    def __init__(self, side: Side, limits: Limits, doc: dict[str, Any]) -> None:
+        self.side = side
+        self.limits = limits
+        self.doc = doc  # status.json, written as the run goes
+        self.show: Callable[[str, int | None, str, str], None] | None = None
+
+    @property
+    def hosts(self) -> list[str]:  # type: ignore[override]
+        return self.side.hosts
+
+    @property
+    def world(self) -> int:
+        ppn = self.limits.ppn
+        return ppn * len(self.side.hosts) if ppn else len(self.doc["ranks"])
+
+    def run(self, k: int, resume: str | None) -> Outcome:
+        if k:  # a fresh watch: every rank running again
+            self.doc.update(ranks={str(r): None for r in range(self.world)}, attempt=k)
+            write_status(self.side.run_dir, self.doc)
+        outcome = watch(self.side, Output(self.side.run_dir, self.show, self._tracker()),
+                        self.limits.timeout)  # fmt: skip
+        self.doc["ranks"].update({str(r): c for r, c in outcome.codes.items()})
+        return outcome
+
+    def placed(self) -> dict[int, str]:
+        return planned_hosts(self.side.hosts, self.limits.ppn, self.world)
+
+    def _tracker(self) -> ProgressTracker | None:
+        timeout = self.limits.hang_timeout
+        if timeout is None:
+            return None
+        return ProgressTracker(
+            self.side.run_id, timeout, self.world, time.monotonic(), self.placed()
+        )
+
+    def recorded(self, history: Sequence[Attempt]) -> None:
+        if self.limits.max_restarts:
+            self.doc["attempts"] = [a.to_json() for a in history]
+            write_status(self.side.run_dir, self.doc)
+
+    def supervise(self) -> tuple[Outcome, list[Attempt]]:
+        """Every attempt, then the final status.json; the last outcome and the record."""
+        write_status(self.side.run_dir, self.doc)
+        log = AttemptLog(self.side.run_dir, self.world, self.limits.max_restarts > 0)
+        settings = Settings(self.limits.max_restarts, self.limits.restart_delay, self.side.say)
+        try:
+            outcome = run_attempts(self, log, settings)
+        except BaseException:  # no outcome (the head refused the launch): not "running"
+            mark_ended(self.side.run_dir, "failed", "error")
+            raise
+        self.finish(outcome)
+        return outcome, log.history
+
+    def finish(self, outcome: Outcome) -> None:
+        """The final status.json: the state for the outcome's reason."""
+        clean = outcome.reason == "completed" and outcome.launcher_exit == 0
+        ranks = {r: outcome.codes.get(int(r), 0 if clean else None) for r in self.doc["ranks"]}
+        self.doc.update(
+            state=STATES[outcome.reason],
+            exit_code=outcome.exit_code,
+            ended_by=self.ended_by(outcome),
+            ended=time.time(),
+            ranks=ranks,
+            launcher_exit=outcome.launcher_exit,
+            left=outcome.left,
+        )
+        if outcome.hang:  # --hang-timeout: each rank's last step and silence
+            self.doc["hang"] = outcome.hang
+        write_status(self.side.run_dir, self.doc)
+
+    def ended_by(self, outcome: Outcome) -> str:
+        return ended_by(outcome)

@@ -113,7 +113,7 @@ class _Head:
 
     def call(self, words: list[str], timeout: float = 60.0) -> dict[str, Any]:
         return programs.call(
-            self.conn, "supervisor", words, what="reaching the run's supervisor", timeout=timeout
+            self.conn, "detached", words, what="reaching the run's supervisor", timeout=timeout
         )
 
     def status(self) -> dict[str, Any] | None:

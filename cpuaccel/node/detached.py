@@ -1,0 +1,440 @@
+"""A detached run on its head node: the node program ``detached``.
+
+Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+.
+``cpuaccel run --detach`` writes this program into the run folder (``supervisor.py``, with
+``supervisor.json``: the run's id, hosts, ranks per node and limits) and starts it there
+with ``start``. It then supervises the run on the head with the supervisor every run has
+(node/supervisor.py), so that the job outlives the controller's connection; this module
+is that supervisor's side on the head: launch.sh as a child process, and the other
+nodes reached through the run's ssh.sh, as MPI reaches them.
+
+  start RUN_DIR           run ``watch`` in a session of its own (it survives the
+                          connection closing), its environment carrying
+                          CPUACCEL_SUPERVISES=<run id>; answer its pid
+  watch RUN_DIR           supervise the run to its end (node/supervisor.py)
+  stop RUN_ID PID GRACE   SIGTERM the supervisor PID once its environment shows it is
+                          this run's (never a pattern), wait up to GRACE s for its end
+  status RUN_DIR          the run's status.json, null when there is none
+  ended RUN_DIR STATE BY  a status.json still "running" whose supervisor is gone, marked
+                          ended (after `cpuaccel stop` swept the nodes itself)
+  end RUN_ID GRACE [RUN_DIR]
+                          the jobctl program's sweep, run on another node through ssh.sh
+                          (every node has this file in its run folder)
+  stacks RUN_ID TIMEOUT RANKS
+                          py-spy's dumps of this node's ranks (RANKS: JSON {rank:
+                          [host, pid]}) for --hang-timeout, also through ssh.sh
+  ready RUN_DIR           this node's listing and checkpoints.jsonl tail, between two
+                          attempts: whether it answers, and its checkpoints
+  attempt RUN_DIR K [RESUME]
+                          env.sh with attempt K's CPUACCEL_RESTART and CPUACCEL_RESUME
+
+Between two attempts every other node is asked through ssh.sh, bounded. A node that does
+not answer is left out while --nodes MIN remain (supervisor.json's ``min_nodes``): the
+controller rendered launch.sh for each smaller count of nodes (``launch_files``) and
+each node's hostfile line (``hostfile_lines``), so the head rewrites the hostfile and
+starts the launch.sh of the remaining count; the head itself is never left out (the
+supervisor runs there). Without MIN, such a node ends the run as failed, named.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from cpuaccel.node.checkpoints import HostCheckpoints, choose, gather_here, host_of
+from cpuaccel.node.common import write_atomic
+from cpuaccel.node.jobctl import end, job_pids, signal_launcher
+from cpuaccel.node.progress import DUMP_TIMEOUT, stacks
+from cpuaccel.node.supervisor import (
+    RESTART_ENV,
+    RESUME_ENV,
+    Launched,
+    Limits,
+    Outcome,
+    Side,
+    Supervised,
+    mark_ended,
+    read_status,
+    start_time,
+    status_doc,
+    write_status,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import Any
+
+MARK = "CPUACCEL_SUPERVISES"  # not CPUACCEL_RUN_ID: the sweep must not end the supervisor
+REACH_TIMEOUT = 30.0  # a node's answer through ssh.sh: ssh's connect, the program, room
+SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
+ENV_MARK = "# cpuaccel: this attempt's"  # env.sh's lines from here on are rewritten
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def on_nodes(
+    run_dir: str, nodes: dict[str, str], words: list[str], timeout: float
+) -> dict[str, Any]:
+    """``supervisor.py - WORDS`` on every node of ``nodes`` (name -> its python) through
+    the run's ssh.sh, at once; node -> its JSON answer, or a str: why there is none."""
+    ssh = os.path.join(run_dir, "ssh.sh")
+    program = os.path.join(run_dir, "supervisor.py")
+    procs = {}
+    for name, python in nodes.items():
+        remote = [python, program, "-", *words]
+        procs[name] = subprocess.Popen(
+            ["/bin/sh", ssh, name, " ".join(shlex.quote(w) for w in remote)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    answers: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    for name, p in procs.items():
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            answers[name] = json.loads(out.decode().strip().splitlines()[-1])
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            answers[name] = f"no answer within {timeout:g} s"
+        except (ValueError, IndexError, RecursionError):
+            why = err.decode(errors="replace").strip()[-200:]
+            answers[name] = why or f"no answer (exit code {p.returncode})"
+    return answers
+
+
+def set_attempt_env(run_dir: str, k: int, resume: str | None) -> dict[str, Any]:
+    """env.sh with attempt ``k``'s variables at its end (a previous attempt's replaced).
+    Without a checkpoint, a CPUACCEL_RESUME the user gave (--env) stays, as in the
+    foreground."""
+    folder = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open("env.sh", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+        with os.fdopen(fd, "rb") as f:
+            text = f.read(1 << 20).decode()
+        kept = text.split("\n" + ENV_MARK, 1)[0].rstrip("\n") + "\n"
+        lines = [f"{ENV_MARK} (attempt {k}, written by the supervisor)"]
+        lines.append(f"export {RESTART_ENV}={shlex.quote(str(k))}")
+        if resume is not None:
+            lines.append(f"export {RESUME_ENV}={shlex.quote(resume)}")
+        write_atomic("env.sh", (kept + "\n".join(lines) + "\n").encode(), dir_fd=folder)
+    finally:
+        os.close(folder)
+    return {"attempt": k}
+
+
+def gather(
+    run_id: str, run_dir: str, pids: dict[str, list[Any]], nodes: dict[str, str], ours: set[int]
+) -> dict[str, str]:
+    """The ranks' stacks for a hang: this node's (``ours``: the job's pids here), and
+    every other node's (name -> its python) through the run's ssh.sh, as its sweep
+    reaches them; rank -> dump. A node that does not answer in time gives none."""
+    procs = {}
+    for name, python in nodes.items():
+        program = os.path.join(run_dir, "supervisor.py")
+        words = [python, program, "-", "stacks", run_id, f"{DUMP_TIMEOUT:g}", json.dumps(pids)]
+        procs[name] = subprocess.Popen(
+            ["/bin/sh", os.path.join(run_dir, "ssh.sh"), name, shlex.join(words)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    found = stacks(pids, ours, DUMP_TIMEOUT)  # the head's own, while the others dump
+    deadline = time.monotonic() + DUMP_TIMEOUT + 10
+    for proc in procs.values():
+        try:
+            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            found.update(json.loads(out.decode().strip().splitlines()[-1])["stacks"])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError):
+            continue  # no answer from that node: its ranks' stacks are missing, no more
+    return found
+
+
+# ---------------------------------------------------------------- the supervisor's side
+
+
+class _Child(Launched):
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+
+    def lines(self) -> Iterator[tuple[str, str]]:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            yield "out", raw.decode(errors="replace").rstrip("\n")
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+
+
+class HeadSide(Side):
+    """The run seen from its head: launch.sh a child, the other nodes through ssh.sh."""
+
+    def __init__(self, run_dir: str, config: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.run_id: str = config["run_id"]
+        self.head: str = config.get("head") or socket.gethostname()
+        self.all_hosts: list[str] = list(config.get("hosts") or [self.head])
+        self.hosts = list(self.all_hosts)
+        self.pythons: dict[str, str] = dict(config.get("nodes", {}))  # other node -> python
+        self.launch_files: dict[str, str] = dict(config.get("launch_files") or {})
+        self.forget = not config.get("max_restarts")  # a one-attempt run's sweep forgets
+
+    @property
+    def nodes(self) -> dict[str, str]:
+        """The current attempt's other nodes, name -> python."""
+        return {h: self.pythons[h] for h in self.hosts[1:] if h in self.pythons}
+
+    def say(self, level: str, text: str) -> None:
+        print(text, flush=True)  # the supervisor's stdout: supervisor.log
+
+    def start(self) -> Launched:
+        name = "launch.sh"
+        if len(self.hosts) < len(self.all_hosts):  # nodes left out: fewer ranks
+            name = self.launch_files[str(len(self.hosts))]
+        # stdin a pipe held here: launch.sh ends the job when it closes (this process died).
+        proc = subprocess.Popen(
+            ["setsid", "-w", "/bin/sh", os.path.join(self.run_dir, name)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=self.run_dir,
+        )
+        return _Child(proc)
+
+    def signal_launcher(self, signum: int, lost: Sequence[str]) -> None:
+        signal_launcher(self.run_id, os.path.join(self.run_dir, "launcher.pid"), signum)
+
+    def stacks(self, pids: dict[str, list[Any]], lost: Sequence[str]) -> dict[str, str]:
+        others = {h: p for h, p in self.nodes.items() if h not in lost}
+        return gather(self.run_id, self.run_dir, pids, others, set(job_pids(self.run_id)))
+
+    def sweep(
+        self, lost: Sequence[str], forget: bool | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The run's processes ended here and on the other nodes (through ssh.sh);
+        ``forget``: its secret.env removed too (the job is over)."""
+        forget = self.forget if forget is None else forget
+        words = ["end", self.run_id, "2"] + ([self.run_dir] if forget else [])
+        others = {h: p for h, p in self.nodes.items() if h not in lost}
+        answers = on_nodes(self.run_dir, others, words, SWEEP_TIMEOUT)
+        swept: dict[str, Any] = {}
+        left: dict[str, Any] = {n: "not checked: the connection to it was lost" for n in lost}
+        here = end(self.run_id, 2, self.run_dir if forget else None)
+        for name, found in {self.head: here, **answers}.items():
+            if not isinstance(found, dict) or "left" not in found:
+                left[name] = "could not check: " + str(found)
+                continue
+            ended = list(found.get("terminated", [])) + list(found.get("killed", []))
+            if ended:
+                swept[name] = ended
+            if found["left"]:
+                left[name] = found["left"]
+        return swept, left
+
+
+class HeadRun(Supervised):
+    """A detached run's attempts, supervised on its head."""
+
+    side: HeadSide
+
+    def __init__(self, run_dir: str, config: dict[str, Any]) -> None:
+        side = HeadSide(run_dir, config)
+        limits = Limits(
+            timeout=config.get("timeout"),
+            hang_timeout=config.get("hang_timeout"),
+            max_restarts=int(config.get("max_restarts") or 0),
+            restart_delay=float(config.get("restart_delay") or 0.0),
+            ppn=config.get("ppn"),
+        )
+        me = {"host": side.head, "pid": os.getpid(), "start_time": start_time(os.getpid())}
+        doc = status_doc(side.run_id, time.time(), True, me, int(config["world"]))
+        super().__init__(side, limits, doc)
+        self.min_nodes: int | None = config.get("min_nodes")
+        self.lines: dict[str, str] = dict(config.get("hostfile_lines") or {})
+        self.unreachable: dict[str, str] = {}
+        self.answers: dict[str, Any] | None = None  # the last asking, between two attempts
+
+    def run(self, k: int, resume: str | None) -> Outcome:
+        self.answers = None
+        return super().run(k, resume)
+
+    def _ask(self) -> dict[str, Any]:
+        """Every node of the attempt asked for its checkpoints (whether it answers)."""
+        answers = on_nodes(self.side.run_dir, self.side.nodes, ["ready", self.side.run_dir],
+                           REACH_TIMEOUT)  # fmt: skip
+        self.answers = {self.side.head: gather_here(self.side.run_dir), **answers}
+        return self.answers
+
+    def newest_checkpoint(self) -> str | None:
+        told = []
+        for name, answer in self._ask().items():
+            if not isinstance(answer, dict):
+                continue  # preflight() says why
+            try:
+                told.append(host_of(name, self.side.run_dir, answer["files"], answer["tail"]))
+            except (KeyError, TypeError, ValueError):  # a host that cannot be read has none
+                told.append(HostCheckpoints(name, reasons=[f"not read: {answer!r:.200}"]))
+        found = choose(told, self.side.run_dir)
+        for host, why in found.reasons:
+            self.side.say("note", f"  {host}: {why}")
+        return found.path
+
+    def preflight(self) -> bool:
+        answers = self.answers if self.answers is not None else self._ask()
+        silent = {n: str(a) for n, a in answers.items() if not isinstance(a, dict)}
+        if not silent:
+            return True
+        kept = [h for h in self.side.hosts if h not in silent]
+        if self.min_nodes is None or len(kept) < self.min_nodes:
+            for name, why in silent.items():
+                self.unreachable[name] = why
+                self.side.say(
+                    "error", f"not restarting: {name} did not answer from the head ({why})"
+                )
+            return False
+        for name, why in silent.items():
+            self.side.say(
+                "warning",
+                f"leaving out {name}: did not answer from the head ({why}) "
+                f"({len(kept)} node(s) remain, --nodes allows {self.min_nodes})",
+            )
+        self.side.hosts = kept
+        hostfile = "".join(self.lines.get(h, h + "\n") for h in kept)
+        write_atomic(os.path.join(self.side.run_dir, "hostfile"), hostfile.encode(), 0o600)
+        self.answers = None  # the remaining nodes' checkpoints are asked again
+        return True
+
+    def prepare(self, k: int, resume: str | None) -> bool:
+        problems: dict[str, str] = {}
+        try:
+            set_attempt_env(self.side.run_dir, k, resume)
+        except (OSError, UnicodeError) as exc:
+            problems[self.side.head] = f"env.sh not written: {exc}"
+        words = ["attempt", self.side.run_dir, str(k)] + ([resume] if resume else [])
+        for name, answer in on_nodes(self.side.run_dir, self.side.nodes, words,
+                                     REACH_TIMEOUT).items():  # fmt: skip
+            if not isinstance(answer, dict):
+                problems[name] = str(answer)
+        for name, why in problems.items():
+            self._unreachable(name, why)
+        if problems:
+            return False
+        self.side.say("note", f"attempt {k}" + (f" from {resume}" if resume else " from the start"))
+        return True
+
+    def _unreachable(self, name: str, why: str) -> None:
+        self.unreachable[name] = why
+        self.side.say("error", f"not restarting: {name} did not answer from the head ({why})")
+
+    def ended_by(self, outcome: Outcome) -> str:
+        if self.unreachable:
+            return "unreachable: " + ", ".join(self.unreachable)
+        return super().ended_by(outcome)
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.limits.max_restarts:  # the last sweep: secret.env off every node now
+            _, left = self.side.sweep([], forget=True)
+            outcome.left = left or outcome.left
+        if self.unreachable:
+            self.doc["unreachable"] = self.unreachable
+        super().finish(outcome)
+        if self.unreachable:
+            self.doc["state"] = "failed"
+            write_status(self.side.run_dir, self.doc)
+
+
+# ---------------------------------------------------------------- the program
+
+
+def start(run_dir: str) -> dict[str, Any]:
+    with open(os.path.join(run_dir, "supervisor.json")) as f:
+        run_id = json.load(f)["run_id"]
+    log = os.open(os.path.join(run_dir, "supervisor.log"), _APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(run_dir, "supervisor.py"), "-", "watch", run_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=run_dir,
+            env={**os.environ, MARK: run_id},
+            start_new_session=True,  # no hangup when the connection that started it closes
+        )
+    finally:
+        os.close(log)
+    return {"pid": proc.pid, "start_time": start_time(proc.pid), "host": socket.gethostname()}
+
+
+def is_supervisor(pid: int, run_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return (MARK + "=" + run_id).encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def stop(run_id: str, pid: int, grace: float) -> dict[str, Any]:
+    """SIGTERM this run's supervisor; {"signalled", "alive"} (alive: still there after grace)."""
+    if not is_supervisor(pid, run_id):
+        return {"signalled": False, "alive": False}
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return {"signalled": False, "alive": False}
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and is_supervisor(pid, run_id):
+        time.sleep(0.1)
+    return {"signalled": True, "alive": is_supervisor(pid, run_id)}
+
+
+def watch(run_dir: str) -> dict[str, Any]:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    with open(os.path.join(run_dir, "supervisor.json")) as f:
+        config = json.load(f)
+    HeadRun(run_dir, config).supervise()
+    return {}
+
+
+def main() -> None:
+    mode, args = sys.argv[2], sys.argv[3:]  # after BOOT's LENGTH, or "-" when run as a file
+    if mode == "start":
+        result = start(args[0])
+    elif mode == "watch":
+        result = watch(args[0])
+    elif mode == "stop":
+        result = stop(args[0], int(args[1]), float(args[2]))
+    elif mode == "ended":
+        result = {"status": mark_ended(args[0], args[1], args[2])}
+    elif mode == "status":
+        result = {"status": read_status(args[0])}
+    elif mode == "end":
+        result = end(args[0], float(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "ready":
+        result = gather_here(args[0])
+    elif mode == "attempt":
+        result = set_attempt_env(args[0], int(args[1]), args[2] if len(args) > 2 else None)
+    elif mode == "stacks":
+        ours = set(job_pids(args[0]))
+        result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    sys.stdout.write(json.dumps(result) + "\n")
