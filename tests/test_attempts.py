@@ -244,9 +244,7 @@ def test_attempt_k_tells_its_ranks_which_it_is() -> None:
     given = dataclasses.replace(plan, env={**plan.env, "CPUACCEL_RESUME": "/w/runs/r0/c.pt"})
     assert plan_for(given, 0, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
     assert plan_for(given, 1, None).env["CPUACCEL_RESUME"] == "/w/runs/r0/c.pt"
-    assert plan_for(given, 1, "/w/runs/r1/c.pt").env["CPUACCEL_RESUME"] == (
-        "/w/runs/r1/c.pt"
-    )
+    assert plan_for(given, 1, "/w/runs/r1/c.pt").env["CPUACCEL_RESUME"] == ("/w/runs/r1/c.pt")
 
 
 # ---------------------------------------------------------------- report
