@@ -50,15 +50,15 @@ test: lint system-deps wheelhouse
 unit: $(STAMP)
 	$(BIN)/pytest -q -m "not cluster"
 
-# Precision auto: bf16 where the CPU has AMX or AVX512-BF16, fp32 elsewhere (under a
-# minute on 2 cores either way).
+# Precision auto: bf16 where the CPU has AMX or AVX512-BF16, fp32 elsewhere (a short
+# run either way: docs/benchmarks.md, "The demo").
 demo: $(STAMP)
 	$(BIN)/cpuaccel check
 	$(BIN)/cpuaccel run --nodes 1 --ppn 2 examples/train.py --steps 200
 	$(BIN)/cpuaccel report "$$(ls -1d runs/*/ | sort | tail -n 1)"
 
 # No-op re-run of the default playbook: cpuaccel provision vs ansible-playbook on 1 and 8
-# namespace nodes (needs root; the warm-up installs torch on 8 nodes, ~3 min).
+# namespace nodes (needs root; the warm-up installs torch on 8 nodes, which takes minutes).
 bench-provision: wheelhouse
 	$(BIN)/python bench/provision.py
 
@@ -71,7 +71,7 @@ bench-sync: $(STAMP)
 bench-launch: $(STAMP)
 	$(BIN)/python bench/launch.py
 
-# The same at 16 nodes x 2 (issue 17): a trivial rank script, and where cpuaccel's time goes.
+# The same at 16 nodes x 2: a trivial rank script, and where cpuaccel's time goes.
 bench-launch16: $(STAMP)
 	$(BIN)/python bench/launch.py --scale
 

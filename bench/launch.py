@@ -64,13 +64,13 @@ CLUSTER_ID = 11  # apart from the tests' (0), the fan-out bench's (9) and the sy
 PPN = 2
 TARGET_OVERHEAD = 1.5  # seconds of cpuaccel run over bare mpirun, at 3 nodes
 TARGET_NODES = 3
-# Issue 17: at 16 nodes x 2, at most +2 s over bare mpirun, preflight included.
+# At scale, 16 nodes x 2: at most +2 s over bare mpirun, preflight included.
 TARGETS = {TARGET_NODES: TARGET_OVERHEAD, 16: 2.0}
 PHASES_PY = Path(__file__).with_name("launch_phases.py")
 TOOLS = ("bare mpirun", "cpuaccel run", "accelerate launch")
 # A fresh master port for every run, of every tool, so that no run can meet the previous
 # job's sockets on it: cpuaccel's preflight tests the port with a plain bind() (no
-# SO_REUSEADDR), and it once refused a run started right after a job on the same port.
+# SO_REUSEADDR), which refuses a port whose last job's connections are in TIME_WAIT.
 MASTER_PORTS = iter(range(29700, 30700))
 VENV_BIN = Path(sys.executable).parent
 SUMMARY = re.compile(r"^completed: (\d+) rank\(s\) on (\d+) node\(s\), ([\d.]+) s", re.M)

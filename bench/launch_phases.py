@@ -145,7 +145,7 @@ def breakdown(stamps: dict[str, Any], wall_start: float, elapsed: float) -> dict
 
 
 def cpu_name() -> str:
-    """The CPU model and the flags that matter for training, as the README names it."""
+    """The CPU model and the flags that matter for training, as docs/benchmarks.md says."""
     text = Path("/proc/cpuinfo").read_text()
     model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
     flags = set((re.search(r"^flags\s*:\s*(.+)$", text, re.M) or ["", ""])[1].split())

@@ -40,7 +40,7 @@ from cpuaccel.testing.cluster import Cluster
 
 CLUSTER_ID = 53  # ft-restart's, apart from the other benches' and helpers'
 NODES, PPN = 3, 2
-TARGET = 10.0  # seconds from death to the first resumed step (issue 15)
+TARGET = 10.0  # seconds from death to the first resumed step
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 MASTER_PORTS = iter(range(31700, 32700))

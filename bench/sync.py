@@ -151,10 +151,10 @@ class Tools:
     def wipe(self, dest: Path) -> None:
         """Move the tree aside, not remove it: ext4 without a journal (this machine's)
         skips every inode freed in the last 30 s when it allocates one, re-reading each,
-        so 2,000 files created a second after 2,000 were removed cost 1-1.5 s of kernel
-        CPU a node (perf: recently_deleted, find_inode_bit), whichever tool creates them:
-        rsync's own first sync moved from 1.6 s to 4.0 s at 4 nodes. A first sync to a
-        new node pays none of that."""
+        so thousands of files created right after as many were removed cost much kernel
+        CPU a node (perf: recently_deleted, find_inode_bit), whichever tool creates them,
+        and would be timed as the tool's own. A first sync to a new node pays none of
+        that."""
         self.wipes += 1
         if self.tmpfs:  # no inode bookkeeping to wait out: removed at once
             for node in self.cluster.nodes:
@@ -234,8 +234,8 @@ class Tools:
 
 def mount_tmpfs(cluster: Cluster) -> None:
     """A tmpfs at DEST_ROOT in every node's own mount namespace (--tmpfs): both tools'
-    cost without the ext4 state of Tools.wipe, which moves a 4-node first sync of rsync
-    itself between 1.6 and 4 s from one run to the next. Gone with the node."""
+    cost without the ext4 state of Tools.wipe, which makes even rsync's own first sync
+    vary widely from one run to the next. Gone with the node."""
     for node in cluster.nodes:
         script = f"mkdir -p {shlex.quote(str(DEST_ROOT))} && mount -t tmpfs -o size=1g tmpfs "
         proc = cluster.exec(node.name, ["sh", "-c", script + shlex.quote(str(DEST_ROOT))])

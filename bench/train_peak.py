@@ -1,10 +1,10 @@
 """bench/train.py's parts that are not runs: the CPU named, the matmul peak of the
 precision in use (sized by time), and one rank's per-op profile.
 
-The peak once took 15 minutes: a fixed 4096^2 bf16 matmul on a CPU without native bf16
-(emulated, ~100x slower than fp32). Now the matrix grows from 256 until one call takes
-PEAK_CALL_S, so the measure takes seconds on any CPU, and its dtype is the one the runs
-train in (fp32 where auto picks fp32), so "of peak" compares like with like.
+A fixed large bf16 matmul would take minutes on a CPU without native bf16 (emulated,
+far slower than fp32), so the matrix grows from 256 until one call takes PEAK_CALL_S:
+the measure takes seconds on any CPU. Its dtype is the one the runs train in (fp32
+where auto picks fp32), so "of peak" compares like with like.
 """
 
 from __future__ import annotations

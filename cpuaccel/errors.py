@@ -7,7 +7,7 @@ escapes is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-# Documented exit codes (README, "Exit codes").
+# Documented exit codes (docs/cli.md, "Exit codes").
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command ran and found problems of error severity
 # Codes no training script is likely to use (argparse exits 2, an exception 1), so that a

@@ -164,9 +164,9 @@ def fan_out(
     if not items:
         return []
     if one_inline and len(items) == 1:
-        # No pool: its thread and concurrent.futures (with logging, which it imports) were
-        # ~4 ms of a one-node check, whose cost is its start-up (issue 17). Opt-in: a
-        # Ctrl-C then ends the work itself, where the pool let it finish first.
+        # No pool: its thread and concurrent.futures (with logging, which it imports)
+        # would weigh on a one-node check, whose cost is its start-up. Opt-in: a
+        # Ctrl-C then ends the work itself, where the pool lets it finish first.
         result = work(items[0])
         if on_done is not None:
             on_done(result)

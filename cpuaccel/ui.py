@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-# rich is imported where it is first used, not with this module: its ~30 ms are most of
-# a one-node `check`'s start-up, which check spends while its probes are out (issue 17).
+# rich is imported where it is first used, not with this module: its import is most of
+# a one-node `check`'s start-up, which check spends while its probes are out.
 
 
 def escape(markup: str) -> str:
@@ -77,7 +77,7 @@ def set_verbosity(level: int) -> None:
     global verbosity
     verbosity = level
     if level >= 3:
-        import logging  # -vvv's alone: logging is ~3 ms of every command's start-up
+        import logging  # -vvv's alone: logging's import would slow every command's start-up
 
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
@@ -127,7 +127,8 @@ def progress(description: str, total: int) -> Iterator[Tracker]:
         yield Tracker(None, None)
         return
     console = stderr()
-    # Imported only to draw a bar (~30 ms): scripts, benches and -v never need it.
+    # Imported only to draw a bar (rich is slow to import): scripts, benches and -v never
+    # need it.
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

@@ -184,10 +184,10 @@ def _wait_for_script(child: int, label: str, report: bool = True) -> int:
 
     The signals are taken synchronously (``sigwaitinfo``), not by handlers: a Python
     handler runs between bytecodes, so a SIGTERM from MPI landing just before a blocking
-    ``waitpid`` waited there until the script ended by itself, and one landing between
-    the fork and the handlers' installation killed this process, and the script by
-    PDEATHSIG, the script's own handler never run. Blocked from the fork on, each one
-    waits in the kernel until taken here.
+    ``waitpid`` would wait there until the script ended by itself, and one landing
+    between the fork and the handlers' installation would kill this process, and the
+    script by PDEATHSIG, the script's own handler never run. Blocked from the fork on,
+    each one waits in the kernel until taken here.
 
     A rank killed by a signal (the OOM killer, a segfault, kill -9) cannot say so
     itself, and MPI launchers report it only when the whole job has ended (Intel MPI's

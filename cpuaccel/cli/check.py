@@ -52,7 +52,7 @@ from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.jobs.preflight import head_problems, readiness
 from cpuaccel.ui import escape
 
-if TYPE_CHECKING:  # rich (~30 ms) loads while the probes are out, for the table only
+if TYPE_CHECKING:  # rich loads while the probes are out, for the table only
     from rich.console import Console
     from rich.table import Table
 
@@ -139,7 +139,7 @@ def _gather(
             options=target.connect,
             pool=pool,
             on_result=on_result,
-            one_inline=True,  # one node: no thread pool to start (its start-up, issue 17)
+            one_inline=True,  # one node: no thread pool to start, off check's start-up
         )
     by_name = {r.host.name: r for r in gathered} | held
     return [by_name[host.name] for host in hosts]
@@ -202,7 +202,7 @@ def check_command(
     without cpuaccel or its cpuaccel_setvars, and a head without the chosen launcher,
     before any job can hang on them.
     """
-    # The table's modules (rich, ~30 ms) load while the probes are out: at one node,
+    # The table's modules (rich, slow to import) load while the probes are out: at one node,
     # where check is mostly its own start-up, this thread overlaps them with the wait.
     table = threading.Thread(target=_import_table, name="import-table", daemon=True)
     if not as_json:
@@ -308,7 +308,7 @@ def row(r: HostResult[Facts]) -> dict[str, str]:
 def _width(columns: Sequence[str], rows: Sequence[dict[str, str]], gap: int) -> int:
     """The table's width in cells when nothing wraps."""
     # emoji=False, as ui's consoles print: `:smile:` in a name is 7 cells, not a picture's
-    # 2, and rich's 140 kB emoji table stays unloaded (2 ms after the probes, issue 17).
+    # 2, and rich's large emoji table stays unloaded: its load would follow the probes.
     from rich.text import Text
 
     widths = [
@@ -382,7 +382,7 @@ def print_report(
 NOT_ALLOWED = "SSH to Slurm nodes is not allowed here: use cpuaccel run inside salloc/sbatch"
 # What a refusal looks like from paramiko and sshd: no sshd listening, the key or the
 # account refused (pam_slurm_adopt's "Access denied ... you have no active jobs"). A
-# pattern compiled by re on first use: only an unreachable node's error is read (issue 17).
+# pattern compiled by re on first use: only an unreachable node's error is read.
 _REFUSED = (
     r"connection refused|authentication failed|access denied|permission denied|"
     r"pam_slurm|no active jobs"
@@ -392,7 +392,7 @@ _REFUSED = (
 def unavailable(state: str) -> bool:
     """Slurm's verdict on a node state (slurm.partition); imported on first use, as
     inventory_choice does, so that a check of a file inventory, whose hosts have no
-    Slurm state, does not load the Slurm modules before its probe goes out (issue 17)."""
+    Slurm state, does not load the Slurm modules before its probe goes out."""
     from cpuaccel.slurm.partition import unavailable as slurm_unavailable
 
     return slurm_unavailable(state)

@@ -1,10 +1,11 @@
 """Modules loaded with the cyclic garbage collector paused, their heap then frozen.
 
-A command's start-up allocates ~30 000 objects that live as long as the process
-(classes, functions, dataclasses' generated methods, compiled regexes): the ~50
-collections those allocations set off find nothing to free (~5 ms of a one-node check,
-issue 17), and the exit's collections would walk them all again (~20 ms). Frozen, every
-later collection skips them; finalizers, atexit hooks and flushes still run at exit.
+A command's start-up allocates tens of thousands of objects that live as long as the
+process (classes, functions, dataclasses' generated methods, compiled regexes): the
+collections those allocations set off find nothing to free, yet cost a visible part of a
+one-node check, whose time is mostly start-up; and the exit's collections would walk
+them all again. Frozen, every later collection skips them; finalizers, atexit hooks and
+flushes still run at exit.
 
 Only the command's own process freezes (``start_command``, from ``cli.main.main``): a
 test that drives the click group in its own process keeps its heap collectable, as a

@@ -91,7 +91,7 @@ def main() -> None:
         _main()
     finally:
         # The exit's collections walk the whole heap, over and over while the interpreter
-        # tears its modules down: ~20 ms of a one-node check's ~170 (cli/gc_pause.py).
+        # tears its modules down, a visible share of a short command (cli/gc_pause.py).
         gc.freeze()
 
 

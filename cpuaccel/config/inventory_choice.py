@@ -57,7 +57,7 @@ SLURM_JOB_ID = "SLURM_JOB_ID"  # slurm/allocation.JOB_ID (tests/test_lazy_import
 
 def _allocation_here() -> Allocation | None:
     """The Slurm allocation this runs in; its reader (and Slurm's hostlist syntax) loads
-    only inside one, off the start-up of every command run outside (issue 17)."""
+    only inside one, off the start-up of every command run outside."""
     if not os.environ.get(SLURM_JOB_ID):
         return None  # as allocation.detect says outside one
     from cpuaccel.slurm import allocation

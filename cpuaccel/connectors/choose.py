@@ -38,7 +38,7 @@ def keeps_connection(host: Host, options: ConnectOptions) -> bool:
         return False  # checked at load (inventory/variables.py): a typo keeps the default
     from cpuaccel.connectors.controlpath import folder_fits
     from cpuaccel.node.common import which  # not shutil's: its import, with bz2 and lzma,
-    # cost check's start-up ~5 ms (issue 17)
+    # would weigh on check's start-up
 
     return folder_fits() and which("ssh") is not None
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from cpuaccel.connectors.openssh import MUX_PREFIX
 
 try:  # CPython's own SHA-256, as random.py takes its sha512: hashlib's import loads
-    # OpenSSL's libcrypto, ~3 ms of every check's and sync's start-up (issue 17).
+    # OpenSSL's libcrypto, a cost in every check's and sync's start-up.
     from _sha2 import sha256  # type: ignore[import-not-found,unused-ignore]  # 3.12+
 except ImportError:
     try:

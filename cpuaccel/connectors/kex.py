@@ -1,10 +1,10 @@
 """The key exchange a master of cpuaccel's own OpenSSH connections offers (check's and
 sync's, connectors/openssh_session.py).
 
-OpenSSH 9.0-9.8 start every connection with sntrup761x25519, whose client side costs
-~80 ms of CPU and sshd's ~30 ms: at 4 nodes on 2 cores, 0.39 s of a first contact's
-0.20 s without it (four handshakes in parallel, measured here). A master opened by
-cpuaccel leaves sntrup761 out, as the head's launcher-reach masters already do
+OpenSSH 9.0-9.8 start every connection with sntrup761x25519, whose CPU cost on both
+sides is most of a handshake's: with several handshakes in parallel on few cores, it is
+most of a first contact (docs/benchmarks.md, "SSH key exchange"). A master opened by
+cpuaccel leaves sntrup761 out, as the head's launcher-reach masters do
 (node/mux.fast_kex): what remains first is mlkem768x25519 (OpenSSH 9.9+, post-quantum
 too) or curve25519, which is what cpuaccel's paramiko connections (run, provision) use
 to the same nodes, carrying the same files, so the tool's weakest link is unchanged.

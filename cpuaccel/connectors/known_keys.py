@@ -2,10 +2,10 @@
 
 paramiko's ``SSHClient.load_system_host_keys`` parses the whole file for every client,
 and its parser checks each line against every earlier one: with one line per node, a
-check of N nodes parsed N files of N lines, O(N^2) lines and O(N^3) comparisons (5.7 ms
-a host at 64 nodes, 146 ms a host at 1,000). Here each file is parsed once and the
-parsed keys are shared, read-only, by every connection of the process; a file that
-changed (its size, mtime or inode) is parsed again.
+check of N nodes would parse N files of N lines, O(N^2) lines and O(N^3) comparisons,
+a cost per host that grows with the square of the nodes. Here each file is parsed once
+and the parsed keys are shared, read-only, by every connection of the process; a file
+that changed (its size, mtime or inode) is parsed again.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _hashed_match(field: str, name: str) -> bool:
         salt, digest = base64.b64decode(parts[2]), base64.b64decode(parts[3])
     except ValueError:
         return False
-    # Here, not at the top: hmac loads OpenSSL's libcrypto (~3 ms of every check's
+    # Here, not at the top: hmac loads OpenSSL's libcrypto (a cost in every check's
     # start-up), and only a hashed known_hosts line (HashKnownHosts) needs it.
     import hashlib
     import hmac

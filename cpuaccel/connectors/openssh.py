@@ -101,7 +101,7 @@ _INCLUDE = re.compile(r"^\s*include\b", re.I | re.M)
 
 def config_may_set(keyword: str) -> bool:
     """False only when no ssh_config file the lookups read sets ``keyword``: Fabric,
-    paramiko and cryptography (0.1-0.3 s to import) are then not needed to learn that
+    paramiko and cryptography (slow to import) are then not needed to learn that
     it is unset. Conservative: an unreadable file or an unknown
     Include says True, and the full lookup decides."""
     files = [os.path.expanduser(path) for path in _CONFIG_FILES]
@@ -165,7 +165,7 @@ def _jump_command(hops: list[Hop], policy: list[str], options: ConnectOptions) -
 
 
 # OpenSSH's words when strict checking refuses a key (ssh's sshconnect.c); a pattern
-# compiled by re on first use, as only a refused connection reads it (issue 17).
+# compiled by re on first use, as only a refused connection reads it.
 _REFUSED = (
     r"^(?:Host key for (?P<changed>\S+) has changed"
     r"|No (?:\S+ )?host key is known for (?P<unknown>\S+))"

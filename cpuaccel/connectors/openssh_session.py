@@ -39,7 +39,7 @@ PERSIST = controlpath.PERSIST_SECONDS
 SSH_FAILED = 255  # ssh's own exit status; a remote command's 255 has none of its words
 # ssh's words when it could not connect, log in, or lost its connection (ssh.c,
 # sshconnect.c, clientloop.c, mux.c): a 255 without them is the remote command's own.
-# Patterns, compiled by re on first use: only a failed command reads them (issue 17).
+# Patterns, compiled by re on first use: only a failed command reads them.
 _SSH_WORDS = (
     r"^(?:ssh: |kex_exchange_identification: |Connection (?:closed|reset|timed out)"
     r"|(?:\S+: )?Permission denied \(|Host key verification failed|Timeout, server "

@@ -115,7 +115,7 @@ class KeptGone(HostError):
 class Kept:
     """A node program that stays after its first answer for more requests on its
     channel, an answer a JSON line: the one home of that channel for every program
-    kept so (the ``preflight`` program's ``--keep``, which then answers ``jobs``
+    kept so (the ``prelaunch`` program's ``--keep``, which then answers ``jobctl``
     requests; the sync's ``treesession``). A request costs a message, not an sshd
     session and an interpreter start. Every wait for an answer is bounded; one that
     fails leaves the program closed (``alive``)."""
@@ -203,7 +203,7 @@ class Kept:
     def request(
         self, words: Sequence[str], payload: bytes, *, what: str, timeout: float
     ) -> dict[str, Any]:
-        """The answer to ``words`` (with ``payload``), as ``call`` on the ``jobs``
+        """The answer to ``words`` (with ``payload``), as ``call`` on the ``jobctl``
         program would give it (cpuaccel.node.prelaunch.serve)."""
         message = {"words": list(words), "payload": payload.decode()}
         if not self._asking.acquire(timeout=timeout):
@@ -239,8 +239,8 @@ def call_kept(
     what: str,
     timeout: float,
 ) -> dict[str, Any]:
-    """``call`` of the ``jobs`` program with ``words``, through ``kept`` (a kept
-    preflight program on the same node) while it lives: a gone one gives way to a fresh
+    """``call`` of the ``jobctl`` program with ``words``, through ``kept`` (a kept
+    prelaunch program on the same node) while it lives: a gone one gives way to a fresh
     call; a timeout or a refusal is the answer."""
     if kept is not None and kept.alive:
         try:

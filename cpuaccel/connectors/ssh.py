@@ -41,8 +41,8 @@ from cpuaccel.errors import CommandTimeout, HostKeyError, Unreachable
 _READ_CHUNK = 1 << 16
 # What paramiko raises when a channel or its connection is gone: EOFError, not OSError,
 # when its socket closed under it (a node that dropped the connection, e.g. after sudo
-# refused a password); uncaught, it escaped a failed become's clean-up and masked its
-# error as exit 130 (click takes an EOFError for an aborted prompt).
+# refused a password); uncaught, it would escape a failed become's clean-up and mask
+# its error as exit 130 (click takes an EOFError for an aborted prompt).
 _CHANNEL_ERRORS = (OSError, paramiko.SSHException, EOFError)
 
 

@@ -1,4 +1,4 @@
-"""A local run folder as the dashboard's JSON (docs: /work's DASHBOARD contract).
+"""A local run folder as the dashboard's JSON (its routes: dashboard/server.py).
 
 Polled every second by each open page, so each poll must cost what changed, not the
 run's size: metrics.jsonl is parsed incrementally (``Metrics`` keeps the parsed columns
@@ -107,8 +107,9 @@ class Metrics:
             os.close(fd)
 
     def _parse(self, data: bytes) -> None:
-        """Whole lines: parsed as one JSON array (one C call: about twice as fast as
-        a call a line), or line by line when one of them is not JSON."""
+        """Whole lines: parsed as one JSON array (one C call, where a call a line
+        pays the parser's entry each time), or line by line when one of them is not
+        JSON."""
         try:
             values = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
         except ValueError:

@@ -60,7 +60,7 @@ def gather_and_look(
     conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str]
 ) -> tuple[Facts, dict[str, Any]]:
     """The fact probe and the ``tree`` program's request ``look`` (its words after the
-    mode) in one round trip and one interpreter (the ``preflight`` node program):
+    mode) in one round trip and one interpreter (the ``prelaunch`` node program):
     (facts, the look's answer)."""
     words = _preflight_words(conn, resolve, port, look, 0)
     sent = time.time()

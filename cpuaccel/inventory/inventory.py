@@ -179,7 +179,7 @@ class Inventory:
 def _unnamed_kind(text: str, source: str, warnings: list[str]) -> InventoryBuilder:
     """A file named neither .ini nor .yaml: an MPI hostfile, an INI inventory without a
     section, else YAML. The hostfile reader loads only here, off the start-up of a
-    command given a .yaml inventory (issue 17)."""
+    command given a .yaml inventory."""
     from cpuaccel.inventory import hostfile
 
     if hostfile.looks_like_hostfile(text):

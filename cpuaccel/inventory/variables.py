@@ -168,7 +168,7 @@ def folder(value: Any) -> str | None:
     """A folder on the nodes that cpuaccel writes below (the workdir): absolute or in the
     login folder (``~/...``), with no ``..``. A relative path would be resolved from
     wherever each node's login lands, and ``..`` climbs out of what was meant (a
-    workdir of ``../../etc`` put a run's files in /etc)."""
+    workdir of ``../../etc`` would put a run's files in /etc)."""
     path = text(value)
     if path is None:
         return None

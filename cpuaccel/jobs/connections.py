@@ -44,7 +44,7 @@ class Nodes:
 
 
 def copy_files(plan: RunPlan, files: JobFiles, nodes: Nodes) -> None:
-    """The run's files written on every node (by its kept preflight program where open),
+    """The run's files written on every node (by its kept prelaunch program where open),
     or none started: a node that failed is said with the fix."""
     payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
     words, what = ["write", plan.run_dir], "writing the run's files"

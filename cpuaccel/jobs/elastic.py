@@ -1,4 +1,4 @@
-"""``run --nodes MIN:MAX`` (issue 15 item 2): a job that goes on without lost nodes.
+"""``run --nodes MIN:MAX``: a job that goes on without lost nodes.
 
 MAX nodes are taken as for ``--nodes MAX`` (the first MAX selected hosts, head first).
 A preflight (the first one, and each restart's) that finds nodes unreachable or failing

@@ -78,8 +78,8 @@ class IntelMPI(Launcher):
             "I_MPI_PIN_CELL": "core",
             "I_MPI_PIN_ORDER": "compact",
             # Polling ranks on cores other ranks also run on stall them by whole
-            # scheduler slices: a 40-120 ms floor under every allreduce, measured on
-            # namespace nodes of one 2-core machine. Wait mode sleeps instead.
+            # scheduler slices: a floor under every allreduce far above its own cost.
+            # Wait mode sleeps instead.
             **({"I_MPI_WAIT_MODE": "1"} if spec.shared_cores else {}),
         }
 
@@ -146,8 +146,8 @@ class Slurm(Launcher):
     every rank itself, so no ssh between nodes is needed.
 
     Chosen over Intel MPI's ``mpirun`` with ``I_MPI_HYDRA_BOOTSTRAP=slurm``: both start
-    impi-rt's ranks as fast (median 1.54 s for 3 nodes x 2 on the test bed; README,
-    Slurm), but srun works from anywhere in the allocation (hydra's proxies must reach
+    impi-rt's ranks as fast (docs/benchmarks.md, "Launch under Slurm"), but srun
+    works from anywhere in the allocation (hydra's proxies must reach
     back to mpirun's host: from the login side they could not) and Slurm then accounts
     and cancels every rank. The step is named after the run (``cpuaccel-<id>``) so that
     the teardown can scancel exactly it (slurm/steps.py)."""

@@ -171,7 +171,7 @@ def build_plan(
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
     computed = _computed_env(settings, head, run_id, run_dir, threads)
     if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
-        from cpuaccel.node import progress  # only then: off check's start-up (issue 17)
+        from cpuaccel.node import progress  # only then: off check's start-up
 
         computed[progress.ENV] = f"{progress.marker_interval(settings.hang_timeout.value):g}"
     precision = choose_precision(settings.mixed_precision.value, chosen, facts)

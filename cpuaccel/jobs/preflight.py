@@ -40,10 +40,10 @@ if TYPE_CHECKING:
     from cpuaccel.sync.manifest import SourceManifest
 # The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
 # run's preflight uses them: `check`, which shares this module, needs neither on one
-# node, and its whole cost there is start-up (issue 17).
+# node, and its whole cost there is start-up.
 
 
-# Seconds a node's kept preflight program waits for each next request (the files, then
+# Seconds a node's kept prelaunch program waits for each next request (the files, then
 # the sweep at the job's end) before it leaves by itself; a request after that is a
 # fresh call (fanout.call_all), so this bounds an orphan, not a job.
 KEEP_IDLE = 3600

@@ -126,7 +126,7 @@ def render_job_files(
 
     ``ssh_files=False`` (a dry run) leaves out ssh.sh and its ssh_config: a host without
     ansible_port or ansible_user is looked up in ~/.ssh/config through Fabric, whose
-    import (with paramiko's) costs a third of a second, and a dry run shows neither."""
+    import (with paramiko's) is slow, and a dry run shows neither."""
     env = _environment(plan)
     context = _context(plan)
     files: dict[str, tuple[int, str]] = {}

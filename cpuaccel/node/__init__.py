@@ -12,20 +12,24 @@ tested and type-checked one by one:
               nofollow (paths reached by descriptors, never through a link),
               entries (how an entry is described, a tree hashed: the controller's too)
               and unfinished (a destination the sync made, until it is verified)
-  jobs        a run's files and processes on a node (``cpuaccel run``), with runfiles
+  treesession the sync receiver kept open for a whole sync: ``tree``'s modes as
+              requests on one channel
+  jobctl      a run's files and processes on a node (``cpuaccel run``), with runfiles
               (reading a run's files: ``ps``, ``logs``, ``fetch``) and mux (the head's
               ssh masters of a run: made, ended, stale ones removed)
   supervisor  a detached run's supervisor on the head (``run --detach``, ``cpuaccel stop``)
               with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
               checkpoint complete on every node) and restarts (the restart rule), the
               last two shared with the controller's foreground loop
-  preflight   run's fact probe and look at the project's copy in one interpreter; with
-              ``--keep``, then the run's ``jobs`` requests on the same channel (with jobs)
+  prelaunch   run's fact probe and look at the project's copy in one interpreter; with
+              ``--keep``, then the run's ``jobctl`` requests on the same channel (with
+              jobctl)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
-``jobs``, ``supervisor``, ``preflight`` (one request each) and ``agent`` (resident).
+``jobctl``, ``supervisor``, ``prelaunch`` (one request each), ``treesession`` and
+``agent`` (resident).
 ``program(name)`` bundles that part with the parts it imports, and no other: the fact
 probe, for one, carries ``common`` and nothing of the agent. On the node each part becomes
 the module it is here, so the parts import each other as usual.

@@ -15,8 +15,8 @@ work, and this runs once per node, on nodes that may share their CPUs.
 
 from __future__ import annotations
 
-# _socket, the C module under socket: socket.py pulls in enum and selectors, which
-# cost a third of the probe's run time on a node that shares its CPU.
+# _socket, the C module under socket: socket.py pulls in enum and selectors, whose
+# import would be a large share of the probe's run time on a node that shares its CPU.
 import _socket as socket
 import os
 import sys
@@ -118,7 +118,7 @@ def find_setvars(configured: str | None, workdir: str | None = None) -> dict[str
     ]
     # oneCCL's own, beside its package: found on sys.path as the import system would
     # find a regular package, without importing importlib.util (with contextlib and
-    # collections, a fifth of the probe's run time on a node sharing its CPU).
+    # collections, a large share of the probe's run time on a node sharing its CPU).
     for entry in sys.path:
         package = os.path.join(entry or ".", "oneccl_bindings_for_pytorch")
         if os.path.isfile(os.path.join(package, "__init__.py")):
@@ -313,7 +313,7 @@ def to_json(value: Any) -> str:
 
 
 def request_of(words: list[str]) -> dict[str, Any]:
-    """WORKDIR SETVARS PORT NAME...: the probe's request (also the ``preflight``
+    """WORKDIR SETVARS PORT NAME...: the probe's request (also the ``prelaunch``
     program's first words)."""
     args = [*words, "", "", ""]
     return {

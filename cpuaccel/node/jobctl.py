@@ -1,4 +1,4 @@
-"""Node-side operations of ``cpuaccel run``: the node program ``jobs`` (with ``common``).
+"""Node-side operations of ``cpuaccel run``: the node program ``jobctl`` (with ``common``).
 
 Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs):
 
@@ -317,7 +317,7 @@ def refused(exc: LinkRefused) -> str:
 
 def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
     """The answer to one request (MODE ARG...; its payload on ``stdin``): ``main``'s,
-    and the kept preflight program's (cpuaccel.node.prelaunch) for its later requests."""
+    and the kept prelaunch program's (cpuaccel.node.prelaunch) for its later requests."""
     if mode == "write":
         try:
             return write(args[0], json.loads(stdin.read()))

@@ -1,8 +1,8 @@
-"""The head's ssh masters of a run (part of the ``jobs`` program, see ``cpuaccel.node``).
+"""The head's ssh masters of a run (part of the ``jobctl`` program, see ``cpuaccel.node``).
 
-The preflight's launcher check (``jobs reach --mux``) leaves its ssh connections open as
+The preflight's launcher check (``jobctl reach --mux``) leaves its ssh connections open as
 masters in ``/tmp/cpuaccel-mux-<run id>``, which MPI's ssh then reuses; the sweep ends
-them (``end_masters``). ``cpuaccel check``'s (``jobs reach --keep``) stay in a folder
+them (``end_masters``). ``cpuaccel check``'s (``jobctl reach --keep``) stay in a folder
 named by what they were opened with (connectors/controlpath.head_folder), for the next
 check, and end by themselves (ControlPersist). Here: making those folders, the check's
 cheaper key exchange, the ending, and the removal of the folders whose masters ended
@@ -83,8 +83,8 @@ WITHOUT_SNTRUP = "-sntrup761x25519-sha512*"
 def fast_kex(ssh: str = "ssh") -> str:
     """The ssh_config block that leaves out the sntrup761 key exchange, or "" where the
     head's ssh has none. sntrup761x25519 (OpenSSH 9.0-9.8's first choice) costs its
-    client ~80 ms of CPU a handshake, which made most of the check's 15 handshakes on
-    2 cores. What remains first is mlkem768x25519 (OpenSSH 9.9+, post-quantum too) or
+    client most of a handshake's CPU, and the check makes a handshake to every node at
+    once. What remains first is mlkem768x25519 (OpenSSH 9.9+, post-quantum too) or
     curve25519: what the controller's own connections to the same nodes use (paramiko
     has no sntrup761), and they carry the same files, so the run is no weaker. OpenSSH
     knows the "-" form since 7.5; a client that lists sntrup761 (8.5+) has it."""

@@ -141,8 +141,8 @@ def sweep(
 
     Depth first, a folder entered where it is met: only the folders on the way down are
     held open (each listed whole first), so a folder of thousands of subfolders needs no
-    more descriptors than the tree is deep (a stack of every subfolder met ran out of
-    them, EMFILE, past the node's limit of open files)."""
+    more descriptors than the tree is deep (a stack of every subfolder met would run
+    out of them, EMFILE, past the node's limit of open files)."""
     stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = []
     try:
         _enter(stack, os.dup(root), "")

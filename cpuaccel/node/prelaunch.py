@@ -1,8 +1,8 @@
-"""The node program ``preflight`` (see ``cpuaccel.node``): ``cpuaccel run``'s fact probe
+"""The node program ``prelaunch`` (see ``cpuaccel.node``): ``cpuaccel run``'s fact probe
 and its look at the node's copy of the project in ONE interpreter, rather than the
-``facts`` and ``tree`` programs one after the other. On the 2-core test bed at 16 nodes
-each call is an sshd session and an interpreter start on every node, all on the same
-cores as the launcher check's handshakes.
+``facts`` and ``tree`` programs one after the other: each call is an sshd session and
+an interpreter start on every node, which at scale compete for the same cores as the
+launcher check's handshakes.
 
 Run as ``python -c BOOT LENGTH --keep=IDLE WORKDIR SETVARS PORT [NAME...] --look DEST
 [OPTION...]``: the words before ``--look`` are the fact probe's (``facts.request_of``; no
@@ -11,7 +11,7 @@ name to resolve starts with ``-``), those after it the ``tree`` program's look
 
 With ``--keep=IDLE`` above 0 the program stays after its answer (``serve``): the run's later
 requests to this node (its files written, its sweep) come on the same channel as the
-``jobs`` program's requests, one JSON line each way, rather than as a new sshd session
+``jobctl`` program's requests, one JSON line each way, rather than as a new sshd session
 and interpreter each. Nothing is written before such a request: a preflight that fails
 on any node ends every kept program by EOF, having changed no node.
 """
@@ -43,7 +43,7 @@ def main() -> None:
 
 
 def serve(idle: int) -> None:
-    """Answer ``{"words": [MODE, ARG...], "payload": TEXT}`` lines as the ``jobs`` program
+    """Answer ``{"words": [MODE, ARG...], "payload": TEXT}`` lines as the ``jobctl`` program
     would answer MODE ARG... (its payload on stdin), until EOF (the controller is done
     with this node, or no job starts) or ``idle`` seconds without a request: SIGALRM's
     default action then ends the program, which never waits on a controller for good."""
@@ -61,7 +61,7 @@ def serve(idle: int) -> None:
             asked = json.loads(line)
             payload = io.BytesIO(str(asked.get("payload", "")).encode())
             result = request(str(asked["words"][0]), [str(w) for w in asked["words"][1:]], payload)
-        except SystemExit as exc:  # the jobs program's one-line refusals
+        except SystemExit as exc:  # the jobctl program's one-line refusals
             result = {"error": str(exc.code)}
         except Exception as exc:  # said to the controller, which decides
             result = {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,4 +1,4 @@
-"""Reading a run's files on a node: the ``list`` and ``read`` operations of ``jobs``.
+"""Reading a run's files on a node: the ``list`` and ``read`` operations of ``jobctl``.
 
 Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+.
 
@@ -127,7 +127,7 @@ def read_file(run_dir: str, name: str, offset: int, limit: int) -> dict[str, Any
 
 
 def operation(mode: str, args: list[str]) -> dict[str, Any]:
-    """The ``jobs`` program's ``list`` and ``read`` (its main() dispatches here)."""
+    """The ``jobctl`` program's ``list`` and ``read`` (its main() dispatches here)."""
     if mode == "list":
         return list_files(args[0])
     try:

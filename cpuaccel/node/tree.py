@@ -374,7 +374,7 @@ def answer(
     mode: str, raw: str, options: list[str], stdin: BinaryIO, keep: Any = None, by: Any = apply
 ) -> dict[str, Any]:
     """MODE DEST [--expect=H] [--workdir=W] [PRUNE...]: the request's answer (``look``
-    also from the ``preflight`` program); ``keep`` goes to scan, ``by`` applies."""
+    also from the ``prelaunch`` program); ``keep`` goes to scan, ``by`` applies."""
     expect = next((a[9:] for a in options if a.startswith("--expect=")), None)
     workdir = next((a[10:] for a in options if a.startswith("--workdir=")), None)
     prune = {a for a in options if not a.startswith("--")}

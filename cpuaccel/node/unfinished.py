@@ -3,12 +3,13 @@
 
 rsync into a folder cpuaccel already knows writes its temporary files in the state
 folder (``--temp-dir``), so that an interrupted sync never leaves names of rsync's
-choosing in the user's tree; that costs rsync ~12 more system calls a file (it opens
-the temporary path component by component), 30% of its CPU on a first sync of 2,000
-files. A destination the sync itself has just made holds nothing of the user's, so
-rsync writes there with its default: ``.NAME.XXXXXX`` beside NAME, renamed into place
-(a file still reaches its real path only whole). The scan that makes the folder marks
-it (``MARK`` in the state folder); the apply that verifies the tree removes the mark.
+choosing in the user's tree; that costs rsync several more system calls a file (it
+opens the temporary path component by component), a large share of its CPU on a first
+sync of many files. A destination the sync itself has just made holds nothing of the
+user's, so rsync writes there with its default: ``.NAME.XXXXXX`` beside NAME, renamed
+into place (a file still reaches its real path only whole). The scan that makes the
+folder marks it (``MARK`` in the state folder); the apply that verifies the tree removes
+the mark.
 A later apply that still finds the mark (the first sync was cut: a node crashed, or
 rsync was killed before it could remove its file) removes, with the interrupted sync's
 other leftovers, the files named as rsync names its temporary ones beside a file of

@@ -3,7 +3,7 @@
 Every keyword a play or task may hold is here: supported (PLAY_KEYS, TASK_KEYS) or
 refused with the reason and what to write instead (REFUSED, TASK_ONLY). The loader
 checks every key against these tables, so that nothing in a playbook is silently
-ignored; README's "Playbook subset" table is this module in prose.
+ignored; docs/provision.md's "Playbook subset" table is this module in prose.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def call_all(
     kept: Kept | None = None,
 ) -> list[HostResult[Answer]]:
     """``program`` with ``words`` (and ``payload`` on stdin) on every host; one result
-    a host, in the order given. A ``jobs`` request goes to a host's program in ``kept``
+    a host, in the order given. A ``jobctl`` request goes to a host's program in ``kept``
     while it lives; one that is gone gives way to a fresh call."""
     if not in_one_step(hosts):
 

@@ -81,7 +81,7 @@ class Homecoming:
         kept: Callable[[], programs.Kept | None] = lambda: None,
     ) -> None:
         self.conn = conn
-        self.kept = kept  # a foreground run's: the head's kept preflight program
+        self.kept = kept  # a foreground run's: the head's kept prelaunch program
         self.head_run_dir = head_run_dir
         self.home = home
         # The head writes the logs and status.json only when it supervises the job;
@@ -215,7 +215,7 @@ def brought_home(
 ) -> Iterator[None]:
     """Around a foreground job's supervision: copy what changed on the head every
     INTERVAL s while it runs, and everything at its end; each call through ``kept``
-    (the head's kept preflight program) while it lives."""
+    (the head's kept prelaunch program) while it lives."""
     if is_local(plan, run_dir):
         yield
         return

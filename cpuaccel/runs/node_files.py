@@ -1,4 +1,4 @@
-"""A run's files on a node, from the controller: the ``jobs`` program's ``list`` and
+"""A run's files on a node, from the controller: the ``jobctl`` program's ``list`` and
 ``read`` (cpuaccel.node.runfiles), each call bounded by a timeout."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def list_files(
     kept: programs.Kept | None = None,
 ) -> list[RemoteFile] | None:
     """The files of the run folder on the node; None when it has no such folder.
-    ``kept``: the node's kept preflight program, asked first (a run's own passes)."""
+    ``kept``: the node's kept prelaunch program, asked first (a run's own passes)."""
     what = "listing the run's files"
     found = programs.call_kept(kept, conn, ["list", run_dir], what=what, timeout=timeout)
     files = found.get("files")

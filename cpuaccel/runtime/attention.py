@@ -1,11 +1,10 @@
 """Attention's precision under bf16 autocast: measured on the CPU at hand, per kind.
 
 Autocast runs ``scaled_dot_product_attention`` in bf16. Whether that is the fast choice
-depends on the CPU and on the shape: on a 2-core AMD EPYC with AVX512-BF16 and no AMX
-(forward and backward, 1 thread, causal), PyTorch's flash attention took 38 ms in bf16
-and 24 ms in fp32 at 128 tokens (batch 16, 4 heads of 96), about the same at 512-1024
-tokens, and 1.3x *less* in bf16 at 2048 (716 against 949 ms, 16 heads of 128). No fixed
-rule fits both, so ``auto`` (the default) measures: the first call of each kind
+depends on the CPU and on the shape: on a CPU with AVX512-BF16 and no AMX, PyTorch's
+flash attention can be slower in bf16 than in fp32 at short sequences and faster at long
+ones (docs/benchmarks.md, "Training"). No fixed rule fits both, so ``auto`` (the
+default) measures: the first call of each kind
 (sequence lengths rounded up to a power of two, head size, causal, masked, with or
 without gradients) times its forward and backward both ways on copies of its own
 inputs, and every later call of that kind takes the faster; fp32 must win by
@@ -18,7 +17,7 @@ precision of the same attention, and DDP averages them as always, so the replica
 identical. Measuring draws no random numbers (the user's seeded stream is untouched)
 and is bounded: :data:`BUDGET_S` seconds a kind, :data:`KINDS` kinds a process, and a
 kind whose one call takes over :data:`LONG_S` stays bf16 unmeasured (long sequences,
-where bf16 was the faster). ``CPUACCEL_ATTENTION`` (or ``init(attention=...)``):
+where bf16 tends to be the faster). ``CPUACCEL_ATTENTION`` (or ``init(attention=...)``):
 ``auto``, ``autocast`` (bf16, as autocast runs it) or ``fp32``.
 """
 

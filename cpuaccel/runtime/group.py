@@ -59,7 +59,7 @@ def leave(together: bool = True) -> None:
             if together and dist.get_backend() == "gloo":
                 # Ranks leave together: a rank that tears down its gloo connections
                 # while a peer still reads from them can abort that peer (SIGABRT at
-                # exit, seen in about 1 run in 15). Bounded, in case a peer is gone.
+                # exit). Bounded, in case a peer is gone.
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
         with contextlib.suppress(Exception):
             dist.destroy_process_group()

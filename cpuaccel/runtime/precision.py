@@ -1,14 +1,14 @@
 """Mixed precision: the autocast dtype a name stands for, and the CPU's native bf16.
 
 ``auto`` (the default) is bf16 where the CPU computes it natively (AMX or AVX512-BF16)
-and fp32 elsewhere: without those instructions bf16 is emulated and slower than fp32 (a
-200-step demo took six minutes instead of one). An explicit ``bf16`` is honoured anyway.
+and fp32 elsewhere: without those instructions bf16 is emulated and slower than fp32.
+An explicit ``bf16`` is honoured anyway.
 
 bf16 means ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward and,
 besides attention's precision (:mod:`cpuaccel.runtime.attention`), nothing more:
 parameters, gradients and the optimizer's update stay fp32, with no bf16 weight copies
-kept across steps (the casts they would save were 0.66% of the training bench's step,
-measured by ``bench/train.py --profile``).
+kept across steps (the casts they would save are a negligible share of a step:
+docs/benchmarks.md, "Training").
 """
 
 from __future__ import annotations

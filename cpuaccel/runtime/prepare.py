@@ -74,9 +74,9 @@ def wrap_ddp(
 
     ``bucket_view``: each parameter's ``.grad`` is a view into DDP's gradient bucket, so
     the averaged bucket *is* the gradients: DDP skips copying every bucket back into the
-    ``.grad`` tensors after each sync: one pass over all gradients a step (29 MB for the
-    training bench's 7.3M parameters, ~1-2% of its step). The values are the same bit
-    for bit; only ``grad.detach_()`` on such a view is refused by torch.
+    ``.grad`` tensors after each sync, one pass over all gradients a step. The values
+    are the same bit for bit; only ``grad.detach_()`` on such a view is refused by
+    torch.
     """
     wrapped = nn.parallel.DistributedDataParallel(
         model, find_unused_parameters=find_unused, gradient_as_bucket_view=bucket_view

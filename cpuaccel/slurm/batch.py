@@ -51,8 +51,8 @@ def sbatch_quote(value: Any) -> str:
     ends a word at a blank unless inside quotes (a backslash does not keep a blank: it
     is tested first), ends the line at an unquoted ``#``, and inside quotes keeps the
     character after a backslash. So: a plain word as it is, else in double quotes with
-    ``\\`` and ``"`` backslash-escaped. Newlines are refused earlier (slurm/batch.py):
-    nothing can continue a line."""
+    ``\\`` and ``"`` backslash-escaped. A newline is refused: nothing can continue a
+    line."""
     text = str(value)
     if "\n" in text or "\r" in text:
         raise ValueError(f"{text!r}: a #SBATCH value cannot hold a newline")

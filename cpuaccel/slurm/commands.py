@@ -25,7 +25,7 @@ class SlurmError(CpuaccelError):
 
 def available(command: str = "sbatch") -> bool:
     """True when Slurm's ``command`` is on this machine's PATH."""
-    import shutil  # here: with bz2 and lzma, ~5 ms of check's start-up without Slurm
+    import shutil  # here: with bz2 and lzma, a cost to check's start-up without Slurm
 
     return shutil.which(command) is not None
 

@@ -196,7 +196,8 @@ class _Builder:
             return "" if rel == "." else rel + "/"
 
         # Relative names are built by concatenation as the walk descends: os.path.relpath
-        # for each of thousands of files was half of a no-change sync's controller time.
+        # for each of thousands of files would be much of a no-change sync's controller
+        # time.
         stack = [(top, prefix(root), prefix(rules.root))]
         while stack:
             folder, rel_prefix, tree_prefix = stack.pop()

@@ -23,8 +23,8 @@ from cpuaccel.sync.manifest import SourceManifest
 # Below this many changed bytes the tar stream on the already-open connection wins: rsync
 # costs another SSH handshake and its own file list before the first byte moves.
 RSYNC_MIN_BYTES = 4 << 20
-# rsync reads --files-from one byte a system call, a poll before each (54,000 of both
-# for 2,000 paths: ~50 ms of CPU a node, 0.8 s of a 16-node sync's on two cores). The
+# rsync reads --files-from one byte a system call, a poll before each: tens of thousands
+# of calls a node for a few thousand paths, which add up across a sync's nodes. The
 # same entries named as its arguments cost no list to read; they may take this share of
 # the system's argument space (ARG_MAX), beyond which the list goes on stdin again.
 ARGV_SHARE = 4
@@ -99,7 +99,7 @@ def as_arguments(root: str, rels: Sequence[str]) -> list[str] | None:
 
 def tar_stream(source: SourceManifest, changed: Sequence[str], header: bytes) -> BinaryIO:
     """The header line then a tar of the changed entries, spooled (memory, then disk)."""
-    import tarfile  # here: 20 ms of start-up that a no-change sync never needs
+    import tarfile  # here: start-up time that a no-change sync never needs
 
     spool = tempfile.SpooledTemporaryFile(max_size=64 << 20)  # noqa: SIM115 - the caller closes it
     spool.write(header)

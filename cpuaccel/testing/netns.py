@@ -149,7 +149,7 @@ def _node_prelude(node: Node, hosts_path: Path, fresh_bashrc: bool) -> str:
         f"mount --bind {shlex.quote(str(node.private_dir))} {shlex.quote(str(NODE_DIR))}"
     )
     # A fresh node has Debian's default root ~/.bashrc, not this controller's (which
-    # here runs `pyenv init`, ~100 ms of CPU in every SSH command). bash reads
+    # may run `pyenv init`, a cost in every SSH command). bash reads
     # ~/.bashrc for commands run by sshd, so without this every node would pay the
     # developer machine's shell set-up.
     bashrc = Path.home() / ".bashrc"

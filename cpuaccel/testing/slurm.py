@@ -72,7 +72,7 @@ SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
 # Node states that come back to idle by themselves once the jobs are gone.
 OK_STATES = ("idle", "allocated", "mixed", "completing")
-START_TIMEOUT = 30.0  # seconds for each daemon to answer: they take well under 2 s here
+START_TIMEOUT = 30.0  # seconds for each daemon to answer: far above a healthy start
 
 
 def unavailable_reason() -> str | None:

@@ -3,8 +3,8 @@ answers for finished jobs as on a real cluster.
 
 The database is the bed's own: ``mariadbd`` on an empty datadir in the bed's directory,
 on loopback at a port of this cluster id, started and ended by pid like the other daemons.
-It runs with ``--skip-grant-tables``: no ``mariadb-install-db`` (3 s of the bed's start on
-2 cores, against 0.4 s without), no password; anyone on this machine may reach it, as
+It runs with ``--skip-grant-tables``: no ``mariadb-install-db`` (most of the bed's start
+otherwise), no password; anyone on this machine may reach it, as
 anyone may reach the bed's Slurm, and it is gone with the bed. slurmdbd creates its own
 database and tables.
 """
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 MARIADBD = "/usr/sbin/mariadbd"
 SLURMDBD = "/usr/sbin/slurmdbd"
-# Small enough to start in a second on a 2-core machine; slurmdbd would like more, and
+# Small enough to start quickly on a small shared machine; slurmdbd would like more, and
 # says so in its log, but a test bed holds a few hundred jobs. Nothing is kept across a
 # crash, so no flush at each commit and no doublewrite: less I/O on a shared machine.
 _INNODB = [
