@@ -219,10 +219,6 @@ def test_config_show_names_the_spelling_typed(proj: Path) -> None:
          "--max-restarts 2 and --max_restarts 3 set the same thing differently",
          "give --max-restarts once"),
         (["--restart-delay", "-2"], "'--restart-delay': -2.0 is not in the range", "run --help"),
-        # A detached run is restarted on its node set: leaving nodes out stays refused.
-        (["--max-restarts", "1", "--detach", "--nodes", "2:4"],
-         "--detach with max_restarts 1 (--max-restarts) and --nodes 2:4 (--nodes): a detached "
-         "run is restarted on the nodes it started with", "give --nodes 4 (every node)"),
         (["--config_file", "x.yaml"], "--config_file: no such option", "--config FILE"),
         (["--frobnicate"], "--frobnicate: no such option of cpuaccel run", "cpuaccel run --help"),
         (["--frobnicate=1", "--ppn", "2"], "--frobnicate: no such option", "go after SCRIPT"),

@@ -81,8 +81,9 @@ now unless --no-sync, master port free). Output of each rank is labelled and log
 runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
 every node.
 With --detach a supervisor on the head node does that instead (the job outlives this
-command and the connection): it writes runs/<id>/status.json there, restarts the job
-(--max-restarts) on the nodes it started with; `cpuaccel stop RUN` ends the job.
+command and the connection): it writes runs/<id>/status.json there and restarts the job
+(--max-restarts), leaving out nodes that stop answering while --nodes MIN remain;
+`cpuaccel stop RUN` ends the job.
 
 \b
 Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
@@ -411,26 +412,14 @@ def _print_report(report: JobReport, as_json: bool) -> None:
 
 
 def _refuse_detached_elastic(settings: LaunchSettings) -> None:
-    """A detached run is restarted by its supervisor on the head, on the nodes it started
-    with: leaving a lost node out (--nodes MIN:MAX) needs a new plan, which only this
-    machine makes (the inventory, a preflight, the files rendered anew). Nor can that
-    supervisor sweep a Slurm allocation's nodes (it reaches them by ssh)."""
+    """A detached run's supervisor on the head reaches the other nodes by ssh, which the
+    nodes of a Slurm allocation may refuse: there, `cpuaccel submit` outlives the shell."""
     if settings.chosen[0].slurm_job is not None:
         raise UsageError(
             f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
             "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
             hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
         )
-    low, restarts = settings.min_nodes, settings.max_restarts
-    if restarts.value and low.value is not None and low.value < len(settings.chosen):
-        raise UsageError(
-            f"--detach with max_restarts {restarts.value} ({restarts.where}) and --nodes "
-            f"{low.value}:{len(settings.chosen)} ({low.where}): a detached run is restarted "
-            "on the nodes it started with, none left out",
-            hint=f"give --nodes {len(settings.chosen)} (every node), or leave out --detach "
-            "to have lost nodes left out",
-        )
-
 
 def _inventory_file(target: Target) -> str | None:
     """The inventory file, absolute, for run.json (stop, ps and logs reach the nodes)."""

@@ -230,11 +230,13 @@ class HeadSide(Side):
     def sweep(
         self, lost: Sequence[str], forget: bool | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The run's processes ended here and on the other nodes (through ssh.sh);
-        ``forget``: its secret.env removed too (the job is over)."""
+        """The run's processes ended here and on the attempt's other nodes (through
+        ssh.sh); ``forget``: its secret.env removed too, the job being over, and then on
+        every node the run started with, those left out included."""
         forget = self.forget if forget is None else forget
         words = ["end", self.run_id, "2"] + ([self.run_dir] if forget else [])
-        others = {h: p for h, p in self.nodes.items() if h not in lost}
+        nodes = self.pythons if forget else self.nodes
+        others = {h: p for h, p in nodes.items() if h not in lost}
         answers = on_nodes(self.run_dir, others, words, SWEEP_TIMEOUT)
         swept: dict[str, Any] = {}
         left: dict[str, Any] = {n: "not checked: the connection to it was lost" for n in lost}
