@@ -14,18 +14,18 @@ from cpuaccel import ui
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import (
     PRECISION_CHOICES,
+    FlagValues,
     Target,
     host_options,
-    launch_options,
-    launcher_and_env_options,
     list_hosts_and_exit,
-    parse_env,
+    setting_options,
     warn,
 )
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
+from cpuaccel.config.settings import SHOW, TABLE
 from cpuaccel.config.writer import default_paths, inventory_text, project_text, write_files
 from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.hostfile import looks_like_hostfile
@@ -196,28 +196,16 @@ def config_command(
 
 
 @config_command.command("show", epilog=ALIASES_EPILOG)
-@launch_options
+@setting_options(SHOW)
 @host_options(settles_hosts=True)
-@launcher_and_env_options(
-    "MPI launcher, as run's.  [default: auto]",
-    "Set in every rank, as run's (NAME: this shell's value).",
-)
-@click.option(
-    "--exclude", multiple=True, metavar="PATTERN", help="Sync: leave these paths out (repeatable)."
-)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
-def show_command(
-    target: Target, launch_flags: dict[str, Any], env_items: tuple[str, ...],
-    exclude: tuple[str, ...], as_json: bool, **flags: Any,
-) -> None:  # fmt: skip
+def show_command(target: Target, flags: FlagValues, as_json: bool) -> None:
     """Print the effective settings of `cpuaccel run` here, and where each came from
     (flag, project file, inventory, default). Contacts no host.
 
     Takes the same options as `cpuaccel run`, so `cpuaccel config show --ppn 8`
     shows what `cpuaccel run --ppn 8 ...` would use.
     """
-    env = parse_env(env_items)
-    flags.update(launch_flags, env=env, secret_env=env.secret, exclude=exclude)
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}
@@ -227,10 +215,13 @@ def show_command(
         rows["config"] = {"value": project.path, "source": kind, "where": None}
     else:
         rows["config"] = {"value": None, "source": "default", "where": "no ./cpuaccel.yaml"}
-    if target.inventory_setting is not None:
-        rows["inventory"] = target.inventory_setting.to_json()
-    if target.limit is not None:
-        rows["limit"] = target.limit.to_json()
+    # The table's shown rows: the hosts' options as the target settled them, then the
+    # settings (LaunchSettings.shown()).
+    targeted = {"inventory": target.inventory_setting, "limit": target.limit}
+    for entry in TABLE:
+        setting = targeted.get(entry.name) if entry.shown and not entry.field else None
+        if setting is not None:
+            rows[entry.name] = setting.to_json()
     rows.update({name: s.to_json() for name, s in settings.shown().items()})
     if as_json:
         ui.print_json(rows)

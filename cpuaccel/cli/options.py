@@ -2,9 +2,9 @@
 
 - the host options of every verb that talks to hosts, with Ansible's names (``-i -l -e
   -f -T -c -u --private-key``), turned into one :class:`Target`;
-- the job options ``run`` and ``submit`` both take (``--timeout``, ``--hang-timeout``,
-  ``-m``, ...), and run's world-size flags with the spellings Accelerate and torchrun
-  users type (``--nproc_per_node``, ``--num_processes``, ...);
+- the options of the settings table (config/settings.py) that run, submit, tune and
+  config show take, with the spellings Accelerate and torchrun users type
+  (``--nproc_per_node``, ``--num_processes``, ...), collected into one mapping;
 - how ``ps``, ``logs``, ``fetch`` and ``dashboard`` reach a recorded run's head;
 - the check that SCRIPT is a Python script, for ``run``, ``submit`` and ``tune``.
 """
@@ -18,23 +18,34 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
+from click.core import ParameterSource
 
 from cpuaccel import ui
 from cpuaccel.config.inventory_choice import choose_inventory
+from cpuaccel.config.kinds import UNSET_WORD, Duration, OneOf, Switch, WholeNumber
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
-from cpuaccel.config.settings import Setting
+from cpuaccel.config.settings import (
+    ALIAS_VERBS,
+    SUBMIT,
+    TABLE,
+    Entry,
+    Flag,
+    Setting,
+    for_verb,
+)
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.connectors.hostkeys import opt_out_warnings
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import env_name_problem, user_name_problem
@@ -387,159 +398,73 @@ def warn(messages: list[str]) -> None:
         err.print(f"[yellow]warning:[/] {escape(message)}")
 
 
-# ---------------------------------------------------------------- the job options of run and submit
-# ``run``'s job options that ``submit`` also takes and hands to the run inside the job:
-# one declaration each, so the two commands cannot drift apart (a type, a bound, a name).
+# ---------------------------------------------------------------- the settings' options
+# The options of the settings table (config/settings.py) for run, submit, tune and
+# config show: each verb declares those the table gives it, from the entry's flag (its
+# spellings, metavar and help) and kind (the click type: the same bounds and choices as
+# the project file's check). run, tune and config show also take the spellings that
+# ``accelerate launch`` and torchrun users type (--num_machines, --nproc_per_node,
+# --master_addr, ...), hidden from the option list and named in the epilog. The command
+# receives them all as one ``flags`` mapping, the one ``config.effective.resolve`` reads,
+# whose ``flag_names`` entry keeps the spelling typed, so that config show and errors
+# name it.
 #
-# The world-size ones (--master-port, --mixed-precision, --max-restarts) live with their
-# aliases in ``launch_aliases.OWN_OPTIONS``; ``--launcher`` and ``--env`` differ on
-# purpose between the two (inside a Slurm job, and no secret's value in a batch script),
-# so each command declares its own.
-JOB_OPTIONS: dict[str, Callable[[Any], Any]] = {
-    "job_timeout": click.option(
-        "--timeout",
-        "job_timeout",
-        type=Seconds(0.1),
-        metavar="SECONDS",
-        help="End the job after this long.",
-    ),
-    "hang_timeout": click.option(
-        "--hang-timeout",
-        "hang_timeout",
-        type=Seconds(1),
-        metavar="SECONDS",
-        help="End the job as hung (exit 124) when no rank made progress (a step, an output "
-        "line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.  "
-        "[default: off]",
-    ),
-    "restart_delay": click.option(
-        "--restart-delay",
-        type=Seconds(0, 3600),
-        metavar="SECONDS",
-        help="Wait this long before a restart (--max-restarts).  [default: 3]",
-    ),
-    "as_module": click.option(
-        "-m",
-        "--module",
-        "as_module",
-        is_flag=True,
-        help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
-    ),
-    "no_python": click.option(
-        "--no-python",
-        is_flag=True,
-        help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each rank, "
-        "with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
-    ),
-    "launcher_args": click.option(
-        "--launcher-args",
-        metavar="'WORDS'",
-        help="Extra mpirun options, split as a shell would, placed before the program.",
-    ),
-}
+# An option-looking SCRIPT is refused before anything is read: run passes unknown
+# options through (everything after SCRIPT is the script's), so an option it does not
+# know, typed before SCRIPT, would otherwise be taken as the script.
+
+PRECISION_CHOICES = variables.PRECISION_CHOICES  # the same words in config and run
+_EPILOG_COLUMN = 28
 
 
-def job_options(func: Any) -> Any:
-    """Declare every option of :data:`JOB_OPTIONS` on a command, in that order."""
-    for declare in reversed(JOB_OPTIONS.values()):
-        func = declare(func)
-    return func
+def _aliases_epilog() -> str:
+    lines = ["\b", "accelerate launch / torchrun spellings (the same settings):"]
+    for entry in TABLE:
+        if entry.flag is None or entry.flag.aliases_help is None:
+            continue
+        typed, meaning = entry.flag.aliases_help
+        gap = " " * (_EPILOG_COLUMN - len(typed) + 1) if len(typed) < _EPILOG_COLUMN else "   "
+        lines.append(f"  {typed}{gap}{meaning}")
+    return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- world-size flags, aliases
-# The world-size flags of ``run`` and ``config show``, with the spellings that
-# ``accelerate launch`` and torchrun users type (issue 13, item 1).
-#
-# ``launch_options`` declares cpuaccel's own flags (--nodes, --ppn, --master-port,
-# --mixed-precision) and, hidden from the option list but named in the epilog, their
-# aliases: --num_machines/--nnodes, --nproc-per-node, --num_processes (a total),
-# --master_addr/--main_process_ip (the head), --master_port, --mixed_precision. The command
-# receives one ``launch_flags`` mapping for ``config.effective.resolve``, whose
-# ``flag_names`` entry keeps the spelling typed, so that ``config show`` and errors name it.
-#
-# It also stops an option-looking SCRIPT before anything is read: ``run`` passes unknown
-# options through (everything after SCRIPT is the script's), so an option it does not know,
-# typed before SCRIPT, would otherwise be taken as the script.
-
-PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")  # the same words in config and run
-# "auto" and torchrun's "cpu": what cpuaccel does without --ppn (ranks per node from the
-# nodes' sockets). Kept apart from None until the spellings are compared, so that
-# `--ppn 4 --nproc-per-node auto` is a contradiction, not one of them silently lost.
-_DEFAULT = "default"
-
-EPILOG = """\b
-accelerate launch / torchrun spellings (the same settings):
-  --num_processes N            N ranks in all: --ppn N/nodes
-  --num_machines, --nnodes N|MIN:MAX   --nodes N|MIN:MAX
-  --nproc-per-node, --nproc_per_node N|auto|cpu   --ppn N (auto, cpu: the default)
-  --master_addr, --master-addr, --main_process_ip HOST   the head: rank 0 and mpirun
-  --master_port, --main_process_port PORT   --master-port PORT
-  --mixed_precision P          --mixed-precision P
-  --max_restarts N             --max-restarts N
-"""
+EPILOG = _aliases_epilog()
 
 
-def _whole(flag: str, text: str) -> int:
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()) or int(digits) < 1:
-        raise UsageError(
-            f"{flag} {text}: expected a whole number of 1 or more", hint=f"e.g. {flag} 2"
-        )
-    return int(digits)
+class FlagValues(dict[str, Any]):
+    """The flags mapping ``config.effective.resolve`` reads: each setting's value by name
+    (None: not given), ``flag_names`` (the spelling each was typed with), and ``env`` and
+    ``secret_env`` from --env. ``typed`` holds each given flag's value as click read it,
+    before any conversion, for a verb that hands it on (submit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.typed: dict[str, Any] = {}
 
 
-def _nodes(flag: str, text: Any) -> int | tuple[int, int]:
-    """N, or torchrun's MIN:MAX (issue 15 item 2): MAX nodes are taken, and a restart
-    may go on with as few as MIN when nodes are lost. N:N is just N."""
-    low, sep, high = str(text).partition(":")
-    if not sep:
-        return _whole(flag, str(text))
-    try:
-        first, last = _whole(flag, low), _whole(flag, high)
-    except UsageError:
-        raise UsageError(
-            f"{flag} {text}: expected MIN:MAX, whole numbers of 1 or more",
-            hint=f"e.g. {flag} 2:3 (at least 2 nodes, at most 3)",
-        ) from None
-    if first > last:
-        raise UsageError(
-            f"{flag} {text}: MIN is above MAX",
-            hint=f"give MIN:MAX with MIN <= MAX, e.g. {flag} {last}:{first}",
-        )
-    return first if first == last else (first, last)
+def setting_options(verb: str, *, hidden: Collection[str] = ()) -> Callable[[F], F]:
+    """Declare the options the settings table gives ``verb`` (run, submit, tune or show);
+    the command receives them as one ``flags: FlagValues``. ``hidden``: settings whose
+    flag is taken but left out of --help (tune refuses them, naming why)."""
+
+    def apply(func: F) -> F:
+        @functools.wraps(func)
+        def command(**kwargs: Any) -> Any:
+            script = kwargs.get("script")
+            if script is not None and verb != SUBMIT:  # submit says it in its own words
+                refuse_option_as_script(script)
+            flags = collect(verb, kwargs, click.get_current_context())
+            return func(flags=flags, **kwargs)
+
+        for declare in reversed(_declarations(verb, hidden)):
+            command = declare(command)
+        return command  # type: ignore[return-value]
+
+    return apply
 
 
-def _ppn(flag: str, text: str) -> int | str:
-    word = text.strip().lower()
-    if word in ("auto", "cpu"):
-        return _DEFAULT
-    if word == "gpu":
-        raise UsageError(
-            f"{flag} gpu: cpuaccel runs its ranks on CPUs",
-            hint=f"give a number of ranks per node ({flag} 2), or leave it out (sockets per node)",
-        )
-    return _whole(flag, text)
-
-
-def _as_is(flag: str, value: Any) -> Any:
-    return value
-
-
-# setting -> (its own flag, or None when run has none; the aliases; how an alias's text
-# becomes the value). An alias of one setting never conflicts with another's.
-_Convert = Callable[[str, Any], Any]
-ALIASES: dict[str, tuple[str | None, tuple[str, ...], _Convert]] = {
-    "nodes": ("--nodes", ("--num_machines", "--num-machines", "--nnodes"), _nodes),
-    "ppn": ("--ppn", ("--nproc-per-node", "--nproc_per_node"), _ppn),
-    "num_processes": (None, ("--num_processes", "--num-processes"), _as_is),
-    "head": (None, ("--master_addr", "--master-addr", "--main_process_ip",
-                    "--main-process-ip"), _as_is),
-    "master_port": ("--master-port", ("--master_port", "--main_process_port",
-                                      "--main-process-port"), _as_is),
-    "mixed_precision": ("--mixed-precision", ("--mixed_precision",), _as_is),
-    "max_restarts": ("--max-restarts", ("--max_restarts",), _as_is),
-}  # fmt: skip
-MAX_RESTARTS = 1000  # as config/project.py bounds max_restarts: a typo (30000) is caught
+def _own_dest(entry: Entry) -> str:
+    return f"setting_{entry.name}"  # apart from the other options' names (-T's timeout)
 
 
 def _dest(spelling: str) -> str:
@@ -547,117 +472,133 @@ def _dest(spelling: str) -> str:
     return "alias_" + spelling.lstrip("-").replace("-", "_h_")
 
 
-def _alias_type(setting: str) -> Any:
-    if setting == "num_processes":
-        return click.IntRange(1)
-    if setting == "master_port":
-        return click.IntRange(1, 65535)
-    if setting == "max_restarts":
-        return click.IntRange(0, MAX_RESTARTS)
-    if setting == "mixed_precision":
-        return click.Choice(PRECISION_CHOICES, case_sensitive=False)
-    return str
+def _declarations(verb: str, hidden: Collection[str]) -> list[Callable[[Any], Any]]:
+    """Each entry's own option (shown), then every alias (hidden: the epilog lists them)."""
+    own: list[Callable[[Any], Any]] = []
+    aliases: list[Callable[[Any], Any]] = []
+    for entry in for_verb(verb):
+        flag = entry.flag
+        assert flag is not None
+        if flag.decls:
+            own.append(_option(entry, flag, verb, entry.name in hidden))
+        if verb in ALIAS_VERBS:
+            kind = None if flag.aliases_take_text else _click_type(entry, verb)
+            aliases += [
+                click.option(spelling, _dest(spelling), type=kind, hidden=True)
+                for spelling in flag.aliases
+            ]
+    return [*own, *aliases]
 
 
-# cpuaccel's own world-size options, by setting name; ``submit`` declares some of them
-# from here too (cli/submit.py), so each has one declaration.
-OWN_OPTIONS: dict[str, Callable[[Any], Any]] = {
-    "nodes": click.option(
-        "--nodes",
-        metavar="N|MIN:MAX",
-        help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
-        "without lost nodes while MIN remain.",
-    ),
-    "ppn": click.option(
-        "--ppn", type=click.IntRange(1), help="Ranks per node (default: sockets, or 1)."
-    ),
-    "master_port": click.option(
-        "--master-port",
-        type=click.IntRange(1, 65535),
-        help="Rendezvous port.  [default: 29500]",
-    ),
-    "mixed_precision": click.option(
-        "--mixed-precision",
-        type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
-        help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
-        "CPUACCEL_MIXED_PRECISION.",
-    ),
-    "max_restarts": click.option(
-        "--max-restarts",
-        type=click.IntRange(0, MAX_RESTARTS),
-        metavar="N",
-        help="Restart a failed job up to N times, from its newest checkpoint.  [default: 0]",
-    ),
-}
+def _option(entry: Entry, flag: Flag, verb: str, hidden: bool) -> Callable[[Any], Any]:
+    worded = flag.per_verb.get(verb)
+    text = worded.help if worded is not None else flag.help
+    show = flag.show_default
+    if worded is not None and worded.show_default is not None:
+        show = worded.show_default
+    dest = _own_dest(entry)
+    if isinstance(entry.kind, Switch):  # click names a switch's default side itself
+        two_sided = "/" in flag.decls[0]
+        return click.option(
+            *flag.decls,
+            dest,
+            is_flag=True,
+            default=entry.default,
+            show_default=show and two_sided,
+            help=text,
+            hidden=hidden,
+        )
+    if show:
+        text += f"  [default: {entry.default_text()}]"
+    kind = None if flag.takes_text else _click_type(entry, verb)
+    return click.option(
+        *flag.decls,
+        dest,
+        type=kind,
+        multiple=flag.multiple,
+        metavar=flag.metavar,
+        help=text,
+        hidden=hidden,
+    )
 
 
-def _declarations() -> list[Callable[[Any], Any]]:
-    """cpuaccel's own options (shown), then every alias (hidden: the epilog lists them)."""
-    aliases = [
-        click.option(spelling, _dest(spelling), type=_alias_type(setting), hidden=True)
-        for setting, (_, spellings, _) in ALIASES.items()
-        for spelling in spellings
-    ]
-    return [*OWN_OPTIONS.values(), *aliases]
+def _click_type(entry: Entry, verb: str) -> Any:
+    """The click type of the entry's kind (None: the text as typed)."""
+    kind = entry.kind
+    if isinstance(kind, WholeNumber):
+        return click.IntRange(kind.low, kind.high)
+    if isinstance(kind, Duration):
+        return Seconds(kind.low, kind.high)
+    if isinstance(kind, OneOf):
+        worded = entry.flag.per_verb.get(verb) if entry.flag else None
+        choices = worded.choices if worded is not None and worded.choices else kind.choices
+        return click.Choice(choices, case_sensitive=False)
+    return None
 
 
-def launch_options(func: F) -> F:
-    """Declare the world-size flags and their aliases; the command receives them merged
-    as ``launch_flags`` (values by setting name, and ``flag_names``: the spelling typed).
-    With a ``script`` argument, an option-looking SCRIPT is refused first."""
-
-    @functools.wraps(func)
-    def command(**kwargs: Any) -> Any:
-        script = kwargs.get("script")
-        if script is not None:
-            refuse_option_as_script(script)
-        return func(launch_flags=merge(kwargs), **kwargs)
-
-    for decorator in reversed(_declarations()):
-        command = decorator(command)
-    return command  # type: ignore[return-value]
-
-
-def merge(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Pop this module's options from click's keyword arguments: each setting's value and
-    the spelling it was given with; two spellings with different values are an error."""
-    merged: dict[str, Any] = {}
+def collect(verb: str, kwargs: dict[str, Any], ctx: click.Context) -> FlagValues:
+    """Pop the table's options from click's keyword arguments into one FlagValues: each
+    setting's value and the spelling it was given with; two spellings with different
+    values are an error."""
+    flags = FlagValues()
     names: dict[str, str] = {}
-    for setting, (own, spellings, convert) in ALIASES.items():
-        given: list[tuple[str, Any, Any]] = []  # (spelling, as typed, value)
-        if own is not None and kwargs.get(setting) is not None:
-            typed = kwargs[setting]
-            own_value = convert(own, typed) if setting == "nodes" else typed
-            given.append((own, typed, own_value))
-        kwargs.pop(setting, None)
-        for spelling in spellings:
-            raw = kwargs.pop(_dest(spelling))
-            if raw is not None:
-                given.append((spelling, raw, convert(spelling, raw)))
+    for entry in for_verb(verb):
+        given = _given(entry, verb, kwargs, ctx)
         for spelling, typed, value in given[1:]:
-            if _normal(value) != _normal(given[0][2]):
+            if _normal(entry, value) != _normal(entry, given[0][2]):
+                first = entry.flag.spelling if entry.flag and entry.flag.decls else given[0][0]
                 raise UsageError(
                     f"{given[0][0]} {given[0][1]} and {spelling} {typed} set the same "
                     "thing differently",
-                    hint=f"give {own or given[0][0]} once",
+                    hint=f"give {first} once",
                 )
-        value = given[0][2] if given else None
-        merged[setting] = None if value == _DEFAULT else value
+        flags[entry.name] = None
         if given:
-            names[setting] = given[0][0]
-    merged["min_nodes"] = None
-    if isinstance(merged["nodes"], tuple):  # MIN:MAX: MAX nodes taken, MIN the floor
-        merged["min_nodes"], merged["nodes"] = merged["nodes"]
-        names["min_nodes"] = names["nodes"]
-    if merged["mixed_precision"] is not None:  # fp32 is written "no", as Accelerate reads it
-        merged["mixed_precision"] = _normal(merged["mixed_precision"])
-    merged["flag_names"] = names
-    return merged
+            spelling, typed, value = given[0]
+            names[entry.name] = spelling
+            flags.typed[entry.name] = typed
+            if isinstance(entry.kind, OneOf):
+                value = _normal(entry, value)
+            flags[entry.name] = None if value == UNSET_WORD else value
+    if "nodes" in flags:  # --nodes MIN:MAX: MAX nodes taken, MIN the floor
+        flags["min_nodes"] = None
+        if isinstance(flags["nodes"], tuple):
+            flags["min_nodes"], flags["nodes"] = flags["nodes"]
+            names["min_nodes"] = names["nodes"]
+    if "env" in flags:  # --env: the plain variables, and the credentials passed by name
+        env = parse_env(tuple(flags.typed.get("env", ())))
+        flags["env"], flags["secret_env"] = env, env.secret
+    flags["flag_names"] = names
+    return flags
 
 
-def _normal(value: Any) -> Any:
-    word = str(value).lower()
-    return "no" if word == "fp32" else word
+def _given(
+    entry: Entry, verb: str, kwargs: dict[str, Any], ctx: click.Context
+) -> list[tuple[str, Any, Any]]:
+    """(spelling, as typed, value) for each spelling of the setting given."""
+    flag = entry.flag
+    assert flag is not None
+    given: list[tuple[str, Any, Any]] = []
+    if flag.decls:
+        dest = _own_dest(entry)
+        typed = kwargs.pop(dest)
+        source = ctx.get_parameter_source(dest)
+        if typed not in (None, ()) and source not in (None, ParameterSource.DEFAULT):
+            value = entry.kind.parse_text(flag.spelling, typed) if flag.takes_text else typed
+            given.append((flag.spelling, typed, value))
+    if verb in ALIAS_VERBS:
+        for spelling in flag.aliases:
+            raw = kwargs.pop(_dest(spelling))
+            if raw is not None:
+                value = entry.kind.parse_text(spelling, raw) if flag.aliases_take_text else raw
+                given.append((spelling, raw, value))
+    return given
+
+
+def _normal(entry: Entry, value: Any) -> Any:
+    if isinstance(entry.kind, OneOf):
+        return entry.kind.normal(value)
+    return str(value).lower()
 
 
 # ---------------------------------------------------------------- an option as SCRIPT
@@ -694,25 +635,6 @@ def refuse_option_as_script(script: str) -> None:
     if not instead:
         hint += f" (a script named {script} is ./{script})"
     raise UsageError(f"{option}: no such option of cpuaccel run", hint=hint)
-
-
-def launcher_and_env_options(launcher_help: str, env_help: str) -> Callable[[F], F]:
-    """``--launcher`` and ``--env``, declared once for ``run`` and ``config show`` (which
-    shows what run would settle), each verb with its own help wording. No click
-    defaults: None means "not given", so the project file or the inventory may set them
-    (config/effective.py)."""
-
-    def apply(func: F) -> F:
-        func = click.option(
-            "--env", "env_items", multiple=True, metavar="KEY=VALUE|NAME", help=env_help
-        )(func)
-        return click.option(
-            "--launcher",
-            type=click.Choice(["auto", "impi", "mpich", "openmpi", "slurm"]),
-            help=launcher_help,
-        )(func)
-
-    return apply
 
 
 # ---------------------------------------------------------------- a recorded run's head

@@ -24,20 +24,15 @@ from cpuaccel.cli.dashboard import (
 )
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import (
-    EnvFlags,
+    FlagValues,
     Target,
     check_script_kind,
     host_options,
-    job_options,
-    launch_options,
-    launcher_and_env_options,
     list_hosts_and_exit,
-    parse_env,
+    setting_options,
 )
 from cpuaccel.config.effective import resolve
-from cpuaccel.config.launcher_args import OwnedWord
-from cpuaccel.config.launcher_args import split as split_launcher_args
-from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.jobs import entry, given_id
 from cpuaccel.jobs import launch as job
@@ -264,29 +259,32 @@ def start(target: Target) -> RunPage:
         return RunPage(target, 0)
 
 
+def json_failures(func: Callable[..., None]) -> Callable[..., None]:
+    """With --json, an error on the way (a flag's value, the hosts, the script) is the
+    one object on stdout too; ``cli/main.py`` prints it on stderr as for any error."""
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> None:
+        started = time.monotonic()
+        try:
+            func(**kwargs)
+        except (CpuaccelError, KeyboardInterrupt) as exc:
+            if kwargs.get("as_json"):
+                ui.print_json(failure(exc, time.monotonic() - started).to_json())
+            raise
+
+    return command
+
+
 @click.command(
     cls=RunCommand,  # --json: the one object on a bad flag too
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@launch_options
+@json_failures
+@setting_options(RUN)
 @host_options(settles_hosts=True)
-# No click defaults below: a value that is None was not given, so the project file or
-# the inventory may set it (cpuaccel.config.effective).
-@launcher_and_env_options(
-    "MPI launcher.  [default: auto]",
-    "Set in every rank; NAME alone passes this shell's value (secret when NAME has "
-    "TOKEN, KEY, SECRET or PASSWORD in it).",
-)
-@click.option(
-    "--sync/--no-sync",
-    "allow_sync",
-    default=True,
-    show_default=True,
-    help="Sync a stale project first.",
-)
 @click.option("--dry-run", is_flag=True, help="Print hostfile, env and command; contact no node.")
-@job_options
 @click.option(
     "--json",
     "as_json",
@@ -308,17 +306,8 @@ def start(target: Target) -> RunPage:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def run_command(
     target: Target,
-    launch_flags: dict[str, Any],
-    launcher: str | None,
-    env_items: tuple[str, ...],
-    allow_sync: bool,
+    flags: FlagValues,
     dry_run: bool,
-    job_timeout: float | None,
-    hang_timeout: float | None,
-    restart_delay: float | None,
-    as_module: bool,
-    no_python: bool,
-    launcher_args: str | None,
     as_json: bool,
     detach: bool,
     dashboard: bool,
@@ -326,55 +315,37 @@ def run_command(
     script_args: tuple[str, ...],
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
-    started = time.monotonic()
-    try:
-        project = Path.cwd().resolve()
-        if not as_module:  # a module name is no file (-m config.yaml is module yaml)
-            check_script_kind(script, no_python=no_python)
-        _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
-        flags = _run_flags(
-            launch_flags,
-            launcher=launcher,
-            env=parse_env(env_items),
-            launcher_args=_launcher_words(launcher_args),
-            hang_timeout=hang_timeout,
-            restart_delay=restart_delay,
-        )
-        settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
-        list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
-        if detach:
-            _refuse_detached_elastic(settings)
-        what = script_entry(script, script_args, project, as_module, no_python)
-        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
-        if dry_run:
-            _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
-            return
-        page = _run_page(target) if dashboard else None
-        launch = functools.partial(
-            job.launch,
-            settings,
-            what,
-            project,
-            connect=target.connect,
-            forks=target.forks,
-            allow_sync=allow_sync,
-            timeout=job_timeout,
-            ranks_to_stderr=as_json,
-            detach=detach,
-            inventory=_inventory_file(target),
-            run_id=run_id,
-        )
-        report = page.around(launch, detach) if page is not None else launch()
-    except (CpuaccelError, KeyboardInterrupt) as exc:
-        if as_json:  # the one object, with the error (main() prints it on stderr too)
-            ui.print_json(failure(exc, time.monotonic() - started).to_json())
-        raise
+    project = Path.cwd().resolve()
+    as_module, no_python = bool(flags.get("module")), bool(flags.get("no_python"))
+    if not as_module:  # a module name is no file (-m config.yaml is module yaml)
+        check_script_kind(script, no_python=no_python)
+    _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
+    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
+    if detach:
+        _refuse_detached_elastic(settings)
+    what = script_entry(script, script_args, project, as_module, no_python)
+    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
+    if dry_run:
+        _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
+        return
+    page = _run_page(target) if dashboard else None
+    launch = functools.partial(
+        job.launch,
+        settings,
+        what,
+        project,
+        connect=target.connect,
+        forks=target.forks,
+        allow_sync=settings.sync.value,
+        timeout=settings.timeout.value,
+        ranks_to_stderr=as_json,
+        detach=detach,
+        inventory=_inventory_file(target),
+        run_id=run_id,
+    )
+    report = page.around(launch, detach) if page is not None else launch()
     _finish(report, as_json, page if detach else None)
-
-
-def _run_flags(launch_flags: dict[str, Any], env: EnvFlags, **given: Any) -> dict[str, Any]:
-    """The flags mapping config/effective.resolve reads (secrets apart from the env)."""
-    return {**launch_flags, **given, "env": env, "secret_env": env.secret}
 
 
 def _finish(report: JobReport, as_json: bool, page: RunPage | None) -> None:
@@ -427,25 +398,7 @@ def _inventory_file(target: Target) -> str | None:
     return job.inventory_path(setting.value if setting else None)
 
 
-# ---------------------------------------------------------------- -m, --no-python,
-# --launcher-args, --json
-
-
-def _launcher_words(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    try:
-        return split_launcher_args(text)
-    except OwnedWord as exc:
-        raise UsageError(
-            f"--launcher-args {text!r}: {exc}",
-            hint=f"leave it out of --launcher-args; cpuaccel sets it from {exc.flag}",
-        ) from None
-    except ValueError as exc:
-        raise UsageError(
-            f"--launcher-args {text!r}: {exc}",
-            hint="close the quote, e.g. --launcher-args '-genv I_MPI_DEBUG 5'",
-        ) from None
+# ---------------------------------------------------------------- -m, --no-python
 
 
 def script_entry(

@@ -8,18 +8,19 @@ the allocation under the run id printed here, so that ``ps``, ``logs``, ``stop``
 from __future__ import annotations
 
 import os
-import shlex
 import sys
-from collections.abc import Callable
+import textwrap
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import JOB_OPTIONS, OWN_OPTIONS, SECRET_NAME, check_script_kind, parse_env
+from cpuaccel.cli.options import SECRET_NAME, FlagValues, check_script_kind, setting_options
+from cpuaccel.config.kinds import Switch
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
+from cpuaccel.config.settings import SUBMIT, Entry, for_verb
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import new_run_id
 from cpuaccel.runs.records import runs_folder
@@ -36,10 +37,7 @@ Examples:
   cpuaccel submit --nodes 2 --max-restarts 3 --mixed-precision fp32 --env HF_TOKEN train.py
 
 \b
-run's options given here reach the run inside the job, checked now: --mixed-precision,
---max-restarts, --master-port, --launcher, --timeout, --hang-timeout, --restart-delay,
---launcher-args, -m, --no-python, --env (a secret only by NAME: sbatch hands the job
-this shell's environment, so its value never enters the batch script).
+{run_options}
 
 \b
 Then: cpuaccel ps (Slurm's state and the run's), cpuaccel logs -f RUN, cpuaccel stop RUN
@@ -96,7 +94,7 @@ def _request(
     nodes: int,
     ppn: int,
     config: str | None,
-    run_words: list[str],
+    words: list[str],
     script: str,
     args: tuple[str, ...],
 ) -> batch.BatchRequest:
@@ -104,7 +102,7 @@ def _request(
     command = [sys.executable, "-m", "cpuaccel", "run", "--nodes", str(nodes), "--ppn", str(ppn)]
     if config:
         command += ["--config", os.path.abspath(config)]
-    command += run_words  # run's own options, checked when queued (submit_run_flags.py)
+    command += words  # run's own options, checked when queued (run_words)
     return batch.BatchRequest(
         run_id=run_id,
         nodes=nodes,
@@ -121,7 +119,8 @@ def _request(
 
 
 # ---------------------------------------------------------------- the run options submit hands on
-# ``cpuaccel run``'s options that ``submit`` takes and hands to the run inside the job.
+# ``cpuaccel run``'s options that ``submit`` takes and hands to the run inside the job:
+# the settings table's entries for submit (config/settings.py).
 #
 # Each is checked here, when the job is queued, with the same types ``run`` uses: a typo
 # found only when Slurm starts the job (hours later, perhaps) would cost the user the wait.
@@ -131,81 +130,38 @@ def _request(
 # A secret's value never enters the batch script (it is a run record, and sbatch's files
 # are readable by Slurm's admins): ``--env NAME`` passes it by name instead, and the job
 # reads it from the environment sbatch hands it (sbatch's default ``--export=ALL``).
-F = TypeVar("F", bound=Callable[..., Any])
-
-# click's parameter name -> run's flag. Flags without a value are booleans.
-FORWARDED: dict[str, str] = {
-    "mixed_precision": "--mixed-precision",
-    "max_restarts": "--max-restarts",
-    "master_port": "--master-port",
-    "launcher": "--launcher",
-    "job_timeout": "--timeout",
-    "hang_timeout": "--hang-timeout",
-    "restart_delay": "--restart-delay",
-    "launcher_args": "--launcher-args",
-    "as_module": "--module",
-    "no_python": "--no-python",
-}
-SWITCHES = ("as_module", "no_python")
 
 
-def run_flag_options(func: F) -> F:
-    """Declare the forwarded options on ``submit``: run's own declarations
-    (launch_aliases.OWN_OPTIONS, run_options.JOB_OPTIONS), and submit's --launcher
-    (inside the job: auto is srun) and --env (a secret only by NAME)."""
-    declarations = [
-        OWN_OPTIONS["mixed_precision"],
-        OWN_OPTIONS["max_restarts"],
-        OWN_OPTIONS["master_port"],
-        click.option(
-            "--launcher",
-            type=click.Choice(["auto", "impi", "slurm"]),
-            help="As run (inside the job: auto is srun).",
-        ),
-        *JOB_OPTIONS.values(),
-        click.option(
-            "--env",
-            "env_items",
-            multiple=True,
-            metavar="KEY=VALUE|NAME",
-            help="As run; a secret (TOKEN, KEY, SECRET, PASSWORD) only by NAME.",
-        ),
-    ]
-    for declare in reversed(declarations):
-        func = declare(func)
-    return func
+def _handed_on() -> list[Entry]:
+    """submit's entries of the table: single values in the table's order, then the
+    repeatable ones (--env), as the inner run's words are written."""
+    entries = for_verb(SUBMIT)
+    return [e for e in entries if not _repeated(e)] + [e for e in entries if _repeated(e)]
 
 
-def pop_run_words(kwargs: dict[str, Any]) -> list[str]:
-    """Pop the forwarded options from click's keyword arguments; return them as the
-    inner run's argv words (``--flag=value``, one word each), checked."""
+def _repeated(entry: Entry) -> bool:
+    return entry.flag is not None and entry.flag.multiple
+
+
+def run_words(flags: FlagValues) -> list[str]:
+    """The run options given to submit as the inner run's argv words (``--flag=value``,
+    one word each), as typed: checked when they were read."""
     words: list[str] = []
-    for name, flag in FORWARDED.items():
-        value = kwargs.pop(name, None)
-        if name in SWITCHES:
-            words += [flag] if value else []
-        elif value is not None:
-            words.append(f"{flag}={_checked(flag, value)}")
-    for item in kwargs.pop("env_items", ()) or ():
-        words.append(f"--env={_env_item(item)}")
+    for entry in _handed_on():
+        if entry.name not in flags.typed or entry.flag is None:
+            continue
+        typed, spelling = flags.typed[entry.name], entry.flag.spelling
+        if _repeated(entry):
+            words += [f"{spelling}={_env_item(item)}" for item in typed]
+        elif isinstance(entry.kind, Switch):
+            words += [spelling] if typed else []
+        else:
+            words.append(f"{spelling}={typed}")
     return words
-
-
-def _checked(flag: str, value: Any) -> str:
-    if flag == "--launcher-args":
-        try:
-            shlex.split(str(value))
-        except ValueError as exc:
-            raise UsageError(
-                f"--launcher-args {value!r}: {exc}",
-                hint="quote it as one shell word, e.g. --launcher-args '-genv X 1'",
-            ) from None
-    return str(value).lower() if flag == "--mixed-precision" else str(value)
 
 
 def _env_item(item: str) -> str:
     key, sep, _ = item.partition("=")
-    parse_env((item,))  # the name's form, and NAME set here: run's own rules
     if sep and SECRET_NAME.search(key):
         raise UsageError(
             f"--env {key}=...: a secret's value would be written into the batch script",
@@ -215,8 +171,19 @@ def _env_item(item: str) -> str:
     return item
 
 
+def _epilog() -> str:
+    """EPILOG, with the run options submit hands on named from the table."""
+    names = [e.flag.decls[0] for e in _handed_on() if e.flag is not None]
+    said = (
+        "run's options given here reach the run inside the job, checked now: "
+        f"{', '.join(names)} (a secret only by NAME: sbatch hands the job this shell's "
+        "environment, so its value never enters the batch script)."
+    )
+    return EPILOG.replace("{run_options}", "\n".join(textwrap.wrap(said, 88)))
+
+
 @click.command(
-    epilog=EPILOG,
+    epilog=_epilog(),
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.option("-p", "--partition", metavar="NAME", help="Slurm partition.  [default: Slurm's]")
@@ -236,7 +203,7 @@ def _env_item(item: str) -> str:
 @click.option("--config", "config_path", metavar="FILE", help="The project file (./cpuaccel.yaml).")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; queue nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (ids, folder).")
-@run_flag_options
+@setting_options(SUBMIT)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def submit_command(
@@ -251,22 +218,22 @@ def submit_command(
     as_json: bool,
     script: str,
     script_args: tuple[str, ...],
-    **run_flags: Any,
+    flags: FlagValues,
 ) -> None:
     """Queue SCRIPT as a Slurm batch job that runs `cpuaccel run` on its nodes; print the
     Slurm job id and the run id, and return."""
     if script.startswith("-"):
         raise UsageError(f"{script}: not an option of submit", hint="see 'cpuaccel submit --help'")
-    run_words = pop_run_words(run_flags)
+    handed_on = run_words(flags)
     # A module (-m) or a program (--no-python) is found by the run on the nodes.
-    if not {"--module", "--no-python"} & set(run_words):
+    if not (flags.get("module") or flags.get("no_python")):
         check_script_kind(script)
         if not os.path.isfile(script):
             raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
     batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
     settings = _settings(project, partition, time_limit, account, sbatch_args)
-    request = _request(settings, nodes, ppn, config_path, run_words, script, script_args)
+    request = _request(settings, nodes, ppn, config_path, handed_on, script, script_args)
     run_dir = runs_folder() / request.run_id
     text = batch.render(request, run_dir)
     if dry_run:

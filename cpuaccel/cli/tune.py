@@ -8,26 +8,24 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
 from cpuaccel import ui
 from cpuaccel.cli.options import (
+    FlagValues,
     Seconds,
     Target,
     check_script_kind,
     host_options,
-    launch_options,
-    launcher_and_env_options,
     list_hosts_and_exit,
-    parse_env,
+    setting_options,
 )
 from cpuaccel.cli.run import script_entry
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import PROJECT_FILE
 from cpuaccel.config.project_choice import accelerate_default
-from cpuaccel.config.settings import LaunchSettings
+from cpuaccel.config.settings import TUNE, LaunchSettings
 from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.jobs import launch as job
@@ -75,17 +73,17 @@ REFUSED = {  # run's flags that the grid sets itself
 }
 
 
-def _refuse_grid_flags(launch_flags: dict[str, Any], env: dict[str, str]) -> None:
-    names = launch_flags.get("flag_names") or {}
+def _refuse_grid_flags(flags: FlagValues) -> None:
+    names = flags.get("flag_names") or {}
     for setting, why in REFUSED.items():
-        if launch_flags.get(setting) is not None:
+        if flags.get(setting) is not None:
             raise UsageError(f"{names.get(setting, '--' + setting)}: not for tune", hint=why)
-    if launch_flags.get("min_nodes") is not None:
+    if flags.get("min_nodes") is not None:
         raise UsageError(
             "--nodes MIN:MAX: not for tune",
             hint="every trial runs on the same nodes: give --nodes N",
         )
-    if "OMP_NUM_THREADS" in env:
+    if "OMP_NUM_THREADS" in (flags.get("env") or {}):
         raise UsageError(
             "--env OMP_NUM_THREADS: the grid tries threads per rank",
             hint="give them with --grid threads=4,8",
@@ -115,9 +113,8 @@ def _write_path(target: Target) -> Path:
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@launch_options
+@setting_options(TUNE, hidden=REFUSED)  # run's flags that tune refuses: not in its --help
 @host_options(settles_hosts=True)
-@launcher_and_env_options("MPI launcher.  [default: auto]", "Set in every rank of every trial.")
 @click.option(
     "--steps",
     type=click.IntRange(0, 1_000_000),
@@ -146,9 +143,7 @@ def _write_path(target: Target) -> Path:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def tune_command(
     target: Target,
-    launch_flags: dict[str, Any],
-    launcher: str | None,
-    env_items: tuple[str, ...],
+    flags: FlagValues,
     steps: int,
     trial_timeout: float,
     grid_items: tuple[str, ...],
@@ -161,9 +156,7 @@ def tune_command(
     _refuse_axis_as_script(script)
     check_script_kind(script, no_python=False)
     spec = grid.parse_grid(grid_items)
-    env = parse_env(env_items)
-    _refuse_grid_flags(launch_flags, env)
-    flags = {**launch_flags, "launcher": launcher, "env": env, "secret_env": env.secret}
+    _refuse_grid_flags(flags)
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     list_hosts_and_exit(target, settings.hosts.value)
     project = Path.cwd().resolve()
@@ -189,11 +182,6 @@ def tune_command(
         sys.exit(EXIT_INTERRUPTED)
     if ranking.best is None:
         sys.exit(EXIT_PROBLEMS)
-
-
-for _param in tune_command.params:  # run's flags that tune refuses: not in its --help
-    if isinstance(_param, click.Option) and _param.name in REFUSED:
-        _param.hidden = True
 
 
 class _Tuner:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
-from cpuaccel.config.settings import DEFAULT, FLAG, PROJECT, Setting
+from cpuaccel.config.settings import BY_NAME, FLAG, PROJECT, Setting
 from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.host import Host
 
@@ -44,12 +44,16 @@ def _line(where: str | None) -> int | None:
 
 
 def head_setting(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[str | None]:
-    if flags.get("head") is not None:  # --master_addr and its spellings
-        where = str((flags.get("flag_names") or {}).get("head", "--master_addr"))
-        return Setting("head", str(flags["head"]), FLAG, where)
+    """--master_addr (any of its spellings), else the project file's head, else none:
+    the first selected host."""
+    entry = BY_NAME["head"]
+    if flags.get("head") is not None:
+        where = (flags.get("flag_names") or {}).get("head")
+        spelling = entry.flag.spelling if entry.flag else "--master_addr"
+        return Setting("head", str(flags["head"]), FLAG, str(where or spelling))
     if project is not None and project.get("head"):
         return Setting("head", project.get("head"), PROJECT, project.where("head"))
-    return Setting("head", None, DEFAULT, "the first selected host")
+    return entry.default_setting()
 
 
 def choose(

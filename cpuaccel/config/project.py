@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpuaccel.config import launcher_args
+from cpuaccel.config.settings import TABLE
 from cpuaccel.config.yamlfile import Field, parse_mapping
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import variables
@@ -21,28 +21,11 @@ from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
 
 PROJECT_FILE = "cpuaccel.yaml"
 LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
-PRECISIONS = ("auto", "bf16", "no")  # fp32 is read as "no"
-MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught; the flag checks the same
-MAX_RESTART_DELAY = 3600
-# The key written in the file -> what it means, for --help-like hints and `config show`.
-KEYS: dict[str, str] = {
-    "inventory": "the inventory (or MPI hostfile), relative to this file",
-    "limit": "host pattern selecting hosts (like --limit)",
-    "head": "the host that runs rank 0 and mpirun (default: the first host)",
-    "nodes": 'how many hosts (N, or "MIN:MAX": see run --nodes)',
-    "ppn": "ranks per node",
-    "launcher": "auto, impi, mpich or openmpi",
-    "master_port": "the rendezvous port on the head node",
-    "mixed_precision": "auto, bf16 or no (fp32)",
-    "ccl_workers": "oneCCL worker threads per rank (CCL_WORKER_COUNT)",
-    "env": "variables set in every rank (a mapping)",
-    "exclude": "sync: patterns left out (a list, gitignore syntax)",
-    "launcher_args": "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
-    "hang_timeout": "seconds without progress of any rank that end the job (like --hang-timeout)",
-    "max_restarts": "attempts after a failed one (like --max-restarts), e.g. 3",
-    "restart_delay": "seconds to wait before a restart (like --restart-delay), e.g. 3",
-    "slurm": "cpuaccel submit's defaults: partition, time, account, sbatch_args, templates",
-    "allocator": "auto, none, tcmalloc or jemalloc: preloaded in every rank (cpuaccel tune)",
+# The key written in the file -> what it means (the hint of a bad value), and its check:
+# the keys of the settings table (config/settings.py), in its order.
+KEYS: dict[str, str] = {entry.key: entry.help for entry in TABLE if entry.key is not None}
+CHECKS: dict[str, Callable[[Any], Any]] = {
+    entry.key: entry.kind.check for entry in TABLE if entry.key is not None
 }
 
 
@@ -90,110 +73,6 @@ class ProjectConfig:
             self.lines[key] = line
         if name is not None and name != key:
             self.names[key] = name
-
-
-def _int(low: int, high: int | None = None) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"must be a whole number, got {value!r}")
-        if value < low or (high is not None and value > high):
-            upper = f" to {high}" if high is not None else " or more"
-            raise ValueError(f"must be {low}{upper}, got {value}")
-        return value
-
-    return check
-
-
-def _nodes(value: Any) -> Any:
-    """N, or "MIN:MAX" (run --nodes MIN:MAX, issue 15 item 2), kept as written."""
-    if isinstance(value, str) and ":" in value:
-        low, high = value.split(":", 1)
-        if not (low.strip().isdigit() and high.strip().isdigit()):
-            raise ValueError(f"must be N or MIN:MAX (whole numbers), got {value!r}")
-        first, last = int(low), int(high)
-        if not 1 <= first <= last:
-            raise ValueError(f"must be MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
-        return last if first == last else f"{first}:{last}"
-    return _int(1)(value)
-
-
-def _seconds(low: float, high: float | None = None) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"must be a number of seconds, got {value!r}")
-        if high is not None and not low <= value <= high:  # NaN too
-            raise ValueError(f"must be {low:g} to {high:g} seconds, got {value}")
-        if not value >= low:
-            raise ValueError(f"must be at least {low:g} s, got {value}")
-        return float(value)
-
-    return check
-
-
-def _text(value: Any) -> Any:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        text = str(value).strip().lower()
-        if text == "fp32" and "no" in options:
-            text = "no"
-        if text not in options:
-            raise ValueError(f"is {value!r}; use one of {', '.join(options)}")
-        return text
-
-    return check
-
-
-def _env(value: Any) -> Any:
-    # The same rules as the inventory's cpuaccel_env: a name a shell accepts.
-    return variables.env_mapping(value)
-
-
-def _patterns(value: Any) -> Any:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ValueError("must be a list of patterns, e.g. [data/, '*.bin']")
-    from cpuaccel.sync.ignore import pattern_error  # pathspec: only for a file that has some
-
-    for pattern in value:
-        said = pattern_error(pattern)
-        if said is not None:
-            raise ValueError(f"holds {pattern!r}, not a gitignore pattern ({said})")
-    return list(value)
-
-
-def _slurm_block(value: Any) -> dict[str, Any]:
-    """slurm/batch.check_block, loaded only for a project file with a ``slurm:`` block:
-    off the start-up of every other command (issue 17)."""
-    from cpuaccel.slurm import batch
-
-    return batch.check_block(value)
-
-
-CHECKS: dict[str, Callable[[Any], Any]] = {
-    "inventory": _text,
-    "limit": _text,
-    "head": _text,
-    "nodes": _nodes,
-    "ppn": _int(1),
-    "launcher": _choice(LAUNCHERS),
-    "master_port": _int(1, 65535),
-    "mixed_precision": _choice(PRECISIONS),
-    "ccl_workers": _int(0, 64),
-    "env": _env,
-    "exclude": _patterns,
-    "launcher_args": launcher_args.split,
-    "hang_timeout": _seconds(1),
-    "max_restarts": _int(0, MAX_RESTARTS),
-    "restart_delay": _seconds(0, MAX_RESTART_DELAY),
-    "slurm": _slurm_block,
-    "allocator": _choice(variables.ALLOCATOR_CHOICES),
-}
 
 
 def parse_project(text: str, source: str) -> ProjectConfig:

@@ -1,18 +1,46 @@
-"""The settings of a run: one frozen object, every value with its source.
+"""The settings of a run: the table that declares each one once, and ``LaunchSettings``,
+one frozen object holding every value with its source.
 
-``config.effective.resolve`` builds it; ``launch.plan.build_plan`` reads it (and no
-inventory variable); ``config show`` prints it. Keeping the types here, apart from the
-precedence rules, lets both sides import them without importing each other.
+``TABLE`` is to cpuaccel's run settings what an Ansible module's argument spec is to its
+parameters: each entry says what the setting is (its kind and check), how it is given (a
+flag of run, submit, tune or ``config show``, with the spellings Accelerate and torchrun
+users type; a project-file key; the head node's inventory variables), what it defaults
+to, and whether ``config show`` prints it. Everything else is derived from it: the click
+options (``cli/options.py``), the project file's keys and checks (``config/project.py``),
+``config.effective.resolve``, ``config show``'s rows and the settings table of
+docs/run.md (``config/settings_doc.py``).
+
+``config.effective.resolve`` builds a ``LaunchSettings``; ``jobs.plan.build_plan`` reads
+it (and no inventory variable); ``config show`` prints it. Keeping the types here, apart
+from the precedence rules, lets both sides import them without importing each other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from cpuaccel.config.kinds import (
+    Derived,
+    Duration,
+    EnvVars,
+    Folder,
+    Kind,
+    MpirunWords,
+    NodeCount,
+    NonEmptyText,
+    OneOf,
+    Patterns,
+    PlainText,
+    RanksPerNode,
+    SlurmBlock,
+    Switch,
+    WholeNumber,
+)
 from cpuaccel.inventory import variables
-from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
+from cpuaccel.rank_settings import BACKEND_ENV, KNOWN_BACKENDS
 
 FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
     "flag",
@@ -24,6 +52,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_CCL_WORKERS = 1
 DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
+MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
 ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
 
@@ -70,62 +99,565 @@ class SecretEnv(Mapping[str, str]):
         return f"SecretEnv({', '.join(self._values)}; values hidden)"
 
 
-# What `config show` prints, in its order. The launch details below them (mpirun,
-# backend, ...) are left out so that its output stays what it was before they moved here.
-SHOWN = (
-    "head",
-    "nodes",
-    "ppn",
-    "launcher",
-    "master_port",
-    "mixed_precision",
-    "ccl_workers",
-    "hosts",
-    "python",
-    "workdir",
-    "env",
-    "exclude",
-    "min_nodes",
-    "max_restarts",
-    "restart_delay",
-    "hang_timeout",
+# ---------------------------------------------------------------- the table's shape
+
+RUN, SUBMIT, TUNE, SHOW = "run", "submit", "tune", "show"  # SHOW: `config show`
+# The verbs that take Accelerate's and torchrun's spellings. submit asks Slurm for its
+# own --nodes and hands cpuaccel's own spellings on to the run inside the job.
+ALIAS_VERBS = frozenset({RUN, TUNE, SHOW})
+
+
+@dataclass(frozen=True)
+class VerbFlag:
+    """How one verb words a flag otherwise: its help (and the choices it allows)."""
+
+    help: str
+    choices: tuple[str, ...] | None = None
+    show_default: bool | None = None  # None: as the flag's
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A setting's command-line option."""
+
+    decls: tuple[str, ...]  # its own spellings: ("-m", "--module"); () for aliases only
+    help: str = ""
+    metavar: str | None = None
+    # "  [default: X]" after the help, X the entry's default (or its note when None).
+    show_default: bool = False
+    takes_text: bool = False  # the text typed goes through the kind's parse_text
+    multiple: bool = False  # repeatable: the values as typed, in order
+    # Accelerate's and torchrun's spellings (hidden; run's epilog lists them).
+    aliases: tuple[str, ...] = ()
+    aliases_take_text: bool = False  # e.g. --nproc_per_node auto: the kind's parse_text
+    aliases_help: tuple[str, str] | None = None  # the epilog's line: typed, meaning
+    per_verb: Mapping[str, VerbFlag] = field(default_factory=dict)
+
+    @property
+    def spelling(self) -> str:
+        """The name used in messages and handed on: the long form of its own, else the
+        first alias."""
+        own = [d for d in self.decls if d.startswith("--")] or list(self.decls)
+        return (own[-1] if own else self.aliases[0]).split("/")[0]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One setting: every way it is given, and what it is when none is."""
+
+    name: str  # the LaunchSettings field (or, with field=False, the flags mapping's key)
+    kind: Kind  # its type and check (config/kinds.py)
+    help: str  # one line: the project file's hint for its key
+    label: str | None = None  # its row in docs/run.md's table; None: no row of its own
+    flag: Flag | None = None
+    verbs: frozenset[str] = frozenset()  # the verbs whose options include the flag
+    key: str | None = None  # the project file's key (cpuaccel.yaml)
+    variables: tuple[str, ...] = ()  # the head node's inventory variables, first wins
+    env: tuple[str, ...] = ()  # the variables the ranks get it as
+    default: Any = None
+    note: str | None = None  # what the default means, when it is computed
+    shown: bool = False  # a row of `config show`
+    field: bool = True  # a field of LaunchSettings
+    also: str | None = None  # docs: another way to give it, when it has no flag
+
+    def default_text(self) -> str:
+        """The default as help and docs print it: the value, else the note."""
+        if self.default is None or self.default in ((), [], {}):
+            return self.note or "none"
+        return self.kind.show(self.default)
+
+    def default_setting(self) -> Setting[Any]:
+        default = self.default
+        if isinstance(default, (list, dict)):
+            default = type(default)(default)  # never one list shared by two runs
+        return Setting(self.name, default, DEFAULT, self.note)
+
+    def takes(self, verb: str) -> bool:
+        return self.flag is not None and verb in self.verbs
+
+
+def _verbs(*names: str) -> frozenset[str]:
+    return frozenset(names)
+
+
+_ALL = _verbs(RUN, SUBMIT, TUNE, SHOW)
+_TEXT = PlainText()
+
+# ---------------------------------------------------------------- the table
+# In `config show`'s order; the options of each verb follow it too.
+TABLE: tuple[Entry, ...] = (
+    # The hosts: -i and -l are every verb's (cli/options.py's host options); config show
+    # prints what they said first.
+    Entry(
+        "inventory",
+        NonEmptyText(),
+        "the inventory (or MPI hostfile), relative to this file",
+        label="inventory",
+        key="inventory",
+        also="`-i`",
+        note="`$CPUACCEL_INVENTORY`, else `./inventory.yaml`, else this machine",
+        shown=True,
+        field=False,
+    ),
+    Entry(
+        "limit",
+        NonEmptyText(),
+        "host pattern selecting hosts (like --limit)",
+        label="hosts selected",
+        key="limit",
+        also="`-l`",
+        note="every host of the inventory",
+        shown=True,
+        field=False,
+    ),
+    Entry(
+        "head",
+        NonEmptyText(),
+        "the host that runs rank 0 and mpirun (default: the first host)",
+        label="head (rank 0, mpirun)",
+        flag=Flag(
+            (),
+            aliases=("--master_addr", "--master-addr", "--main_process_ip", "--main-process-ip"),
+            aliases_help=(
+                "--master_addr, --master-addr, --main_process_ip HOST",
+                "the head: rank 0 and mpirun",
+            ),
+        ),
+        verbs=_verbs(RUN, TUNE, SHOW),
+        key="head",
+        env=("MASTER_ADDR",),
+        note="the first selected host",
+        shown=True,
+    ),
+    # Accelerate's total over all machines: --ppn N/nodes (config/effective.py).
+    Entry(
+        "num_processes",
+        WholeNumber(1),
+        "ranks in all, split evenly over the nodes",
+        flag=Flag(
+            (),
+            aliases=("--num_processes", "--num-processes"),
+            aliases_help=("--num_processes N", "N ranks in all: --ppn N/nodes"),
+        ),
+        verbs=_verbs(RUN, TUNE, SHOW),
+        field=False,
+    ),
+    Entry(
+        "nodes",
+        NodeCount(),
+        'how many hosts (N, or "MIN:MAX": see run --nodes)',
+        label="nodes",
+        flag=Flag(
+            ("--nodes",),
+            help="How many hosts (default: all selected). MIN:MAX: a restart goes on "
+            "without lost nodes while MIN remain.",
+            metavar="N|MIN:MAX",
+            takes_text=True,
+            aliases=("--num_machines", "--num-machines", "--nnodes"),
+            aliases_take_text=True,
+            aliases_help=("--num_machines, --nnodes N|MIN:MAX", "--nodes N|MIN:MAX"),
+        ),
+        verbs=_verbs(RUN, TUNE, SHOW),
+        key="nodes",
+        note="every selected host",
+        shown=True,
+    ),
+    Entry(
+        "ppn",
+        RanksPerNode(1),
+        "ranks per node",
+        label="ranks per node",
+        flag=Flag(
+            ("--ppn",),
+            help="Ranks per node (default: sockets, or 1).",
+            aliases=("--nproc-per-node", "--nproc_per_node"),
+            aliases_take_text=True,
+            aliases_help=(
+                "--nproc-per-node, --nproc_per_node N|auto|cpu",
+                "--ppn N (auto, cpu: the default)",
+            ),
+        ),
+        verbs=_verbs(RUN, TUNE, SHOW),
+        key="ppn",
+        variables=("cpuaccel_ppn", variables.SLOTS_VAR),
+        note="sockets per node, from the nodes' facts",
+        shown=True,
+    ),
+    Entry(
+        "launcher",
+        OneOf(variables.LAUNCHER_CHOICES),
+        "auto, impi, mpich or openmpi",
+        label="launcher",
+        flag=Flag(
+            ("--launcher",),
+            help="MPI launcher.",
+            show_default=True,
+            per_verb={
+                SHOW: VerbFlag("MPI launcher, as run's."),
+                SUBMIT: VerbFlag(
+                    "As run (inside the job: auto is srun).",
+                    choices=("auto", "impi", "slurm"),
+                    show_default=False,
+                ),
+            },
+        ),
+        verbs=_ALL,
+        key="launcher",
+        variables=("cpuaccel_launcher",),
+        default="auto",
+        note="picked from the head node's MPI",
+        shown=True,
+    ),
+    Entry(
+        "master_port",
+        WholeNumber(1, 65535),
+        "the rendezvous port on the head node",
+        label="master port",
+        flag=Flag(
+            ("--master-port",),
+            help="Rendezvous port.",
+            show_default=True,
+            aliases=("--master_port", "--main_process_port", "--main-process-port"),
+            aliases_help=("--master_port, --main_process_port PORT", "--master-port PORT"),
+        ),
+        verbs=_ALL,
+        key="master_port",
+        variables=("cpuaccel_master_port",),
+        env=("MASTER_PORT",),
+        default=DEFAULT_MASTER_PORT,
+        shown=True,
+    ),
+    Entry(
+        "mixed_precision",
+        OneOf(variables.PRECISION_CHOICES, same={"fp32": "no"}),
+        "auto, bf16 or no (fp32)",
+        label="precision",
+        flag=Flag(
+            ("--mixed-precision",),
+            help="auto, bf16, or fp32 (= no). Exported as ACCELERATE_MIXED_PRECISION / "
+            "CPUACCEL_MIXED_PRECISION.",
+            aliases=("--mixed_precision",),
+            aliases_help=("--mixed_precision P", "--mixed-precision P"),
+        ),
+        verbs=_ALL,
+        key="mixed_precision",
+        variables=("cpuaccel_mixed_precision",),
+        env=("ACCELERATE_MIXED_PRECISION", "CPUACCEL_MIXED_PRECISION"),
+        default="auto",
+        note="bf16 if every node has AMX-BF16 or AVX512-BF16, else fp32",
+        shown=True,
+    ),
+    Entry(
+        "ccl_workers",
+        WholeNumber(0, 64),
+        "oneCCL worker threads per rank (CCL_WORKER_COUNT)",
+        label="oneCCL workers",
+        key="ccl_workers",
+        variables=("cpuaccel_ccl_workers",),
+        env=("CCL_WORKER_COUNT",),
+        default=DEFAULT_CCL_WORKERS,
+        note="used with the ccl backend",
+        shown=True,
+    ),
+    Entry("hosts", Derived(), "the chosen hosts' names, head first", default=[], shown=True),
+    Entry(
+        "python",
+        _TEXT,
+        "Python on the nodes: an interpreter, or the venv cpuaccel provision creates",
+        label="Python on the nodes",
+        variables=("cpuaccel_python", "cpuaccel_venv"),
+        default=DEFAULT_PYTHON,
+        shown=True,
+    ),
+    Entry(
+        "workdir",
+        Folder(),
+        "the nodes' folder for code and runs",
+        label="work folder on the nodes",
+        variables=("cpuaccel_workdir",),
+        default=DEFAULT_WORKDIR,
+        shown=True,
+    ),
+    Entry(
+        "env",
+        EnvVars(),
+        "variables set in every rank (a mapping)",
+        label="environment",
+        flag=Flag(
+            ("--env",),
+            help="Set in every rank; NAME alone passes this shell's value (secret when NAME "
+            "has TOKEN, KEY, SECRET or PASSWORD in it).",
+            metavar="KEY=VALUE|NAME",
+            multiple=True,
+            per_verb={
+                SHOW: VerbFlag("Set in every rank, as run's (NAME: this shell's value)."),
+                TUNE: VerbFlag("Set in every rank of every trial."),
+                SUBMIT: VerbFlag("As run; a secret (TOKEN, KEY, SECRET, PASSWORD) only by NAME."),
+            },
+        ),
+        verbs=_ALL,
+        key="env",
+        variables=("cpuaccel_env",),
+        default={},
+        shown=True,
+    ),
+    Entry(
+        "exclude",
+        Patterns(),
+        "sync: patterns left out (a list, gitignore syntax)",
+        label="paths left out of the sync",
+        flag=Flag(
+            ("--exclude",),
+            help="Sync: leave these paths out (repeatable).",
+            metavar="PATTERN",
+            multiple=True,
+        ),
+        verbs=_verbs(SHOW),
+        key="exclude",
+        default=[],
+        shown=True,
+    ),
+    # --nodes MIN:MAX's MIN: restarts (and the first preflight) leave out failing nodes
+    # while at least this many remain (jobs/elastic.py). None: none is left out.
+    Entry(
+        "min_nodes",
+        WholeNumber(1),
+        "the fewest nodes a restart goes on with",
+        label="fewest nodes to go on with",
+        also='`--nodes MIN:MAX` (`nodes: "MIN:MAX"`)',
+        note="every chosen node",
+        shown=True,
+    ),
+    # --max-restarts / --restart-delay: attempts after a failure (jobs/attempts.py).
+    Entry(
+        "max_restarts",
+        WholeNumber(0, MAX_RESTARTS),
+        "attempts after a failed one (like --max-restarts), e.g. 3",
+        label="restarts",
+        flag=Flag(
+            ("--max-restarts",),
+            help="Restart a failed job up to N times, from its newest checkpoint.",
+            metavar="N",
+            show_default=True,
+            aliases=("--max_restarts",),
+            aliases_help=("--max_restarts N", "--max-restarts N"),
+        ),
+        verbs=_ALL,
+        key="max_restarts",
+        default=0,
+        note="a failed job is not restarted",
+        shown=True,
+    ),
+    Entry(
+        "restart_delay",
+        Duration(0, 3600),
+        "seconds to wait before a restart (like --restart-delay), e.g. 3",
+        label="delay before a restart",
+        flag=Flag(
+            ("--restart-delay",),
+            help="Wait this long before a restart (--max-restarts).",
+            metavar="SECONDS",
+            show_default=True,
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        key="restart_delay",
+        default=DEFAULT_RESTART_DELAY,
+        shown=True,
+    ),
+    # Seconds without progress of any rank that end the job as hung (jobs/hang.py);
+    # None: no hang detection.
+    Entry(
+        "hang_timeout",
+        Duration(1),
+        "seconds without progress of any rank that end the job (like --hang-timeout)",
+        label="hang timeout",
+        flag=Flag(
+            ("--hang-timeout",),
+            help="End the job as hung (exit 124) when no rank made progress (a step, an "
+            "output line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.",
+            metavar="SECONDS",
+            show_default=True,
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        key="hang_timeout",
+        note="off",
+        shown=True,
+    ),
+    # Words appended to the mpirun line, checked (config/launcher_args.py).
+    Entry(
+        "launcher_args",
+        MpirunWords(),
+        "extra mpirun options, e.g. '-genv I_MPI_DEBUG 5' (like --launcher-args)",
+        label="extra `mpirun` words",
+        flag=Flag(
+            ("--launcher-args",),
+            help="Extra mpirun options, split as a shell would, placed before the program.",
+            metavar="'WORDS'",
+            takes_text=True,
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        key="launcher_args",
+        default=(),
+    ),
+    Entry(
+        "mpirun",
+        _TEXT,
+        "the mpirun to run on the head node",
+        label="`mpirun` to use",
+        variables=("cpuaccel_mpirun",),
+        note="the head node's, from its facts",
+    ),
+    # CPUACCEL_BACKEND in the env (any source) wins over cpuaccel_backend.
+    Entry(
+        "backend",
+        OneOf(KNOWN_BACKENDS),
+        "the process group's backend",
+        label="process group backend",
+        also=f"`--env {BACKEND_ENV}=...`",
+        variables=("cpuaccel_backend",),
+        env=(BACKEND_ENV,),
+        note="ccl when the head node has oneccl_bindings_for_pytorch",
+    ),
+    Entry(
+        "fi_provider",
+        _TEXT,
+        "libfabric's provider for oneCCL",
+        label="`FI_PROVIDER`",
+        variables=("cpuaccel_fi_provider",),
+        env=("FI_PROVIDER",),
+        note="unset",
+    ),
+    # Credentials: only in a 0600 file on the nodes, never a command line or a log.
+    Entry(
+        "secret_env",
+        EnvVars(),
+        "variables set in every rank from a 0600 file (credentials)",
+        label="secret environment",
+        also="`--env NAME` (a NAME with TOKEN, KEY, SECRET or PASSWORD)",
+        variables=("cpuaccel_secret_env",),
+        default=SecretEnv(),
+    ),
+    Entry(
+        "allocator",
+        OneOf(ALLOCATOR_CHOICES),
+        "auto, none, tcmalloc or jemalloc: preloaded in every rank (cpuaccel tune)",
+        label="allocator",
+        key="allocator",
+        variables=("cpuaccel_allocator",),
+        default="auto",
+    ),
+    Entry(
+        "templates",
+        _TEXT,
+        "a folder of your own run templates",
+        label="templates",
+        variables=("cpuaccel_templates",),
+        note="cpuaccel's own templates/",
+    ),
+    Entry(
+        "timeout",
+        Duration(0.1),
+        "seconds after which the job is ended",
+        label="job time limit",
+        flag=Flag(("--timeout",), help="End the job after this long.", metavar="SECONDS"),
+        verbs=_verbs(RUN, SUBMIT),
+    ),
+    Entry(
+        "sync",
+        Switch(),
+        "sync a stale project before the launch",
+        label="sync a stale project first",
+        flag=Flag(("--sync/--no-sync",), help="Sync a stale project first.", show_default=True),
+        verbs=_verbs(RUN),
+        default=True,
+    ),
+    # How SCRIPT is run (jobs/entry.py): read from the flags before any setting is.
+    Entry(
+        "module",
+        Switch(),
+        "SCRIPT is a module, run as python -m runs it",
+        label="SCRIPT is a module",
+        flag=Flag(
+            ("-m", "--module"),
+            help="SCRIPT is a module name, run as `python -m SCRIPT` from the project folder.",
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        default=False,
+        field=False,
+    ),
+    Entry(
+        "no_python",
+        Switch(),
+        "SCRIPT is a program, run as each rank",
+        label="SCRIPT is a program",
+        flag=Flag(
+            ("--no-python",),
+            help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each "
+            "rank, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        default=False,
+        field=False,
+    ),
+    Entry(
+        "slurm",
+        SlurmBlock(),
+        "cpuaccel submit's defaults: partition, time, account, sbatch_args, templates",
+        key="slurm",
+        field=False,
+    ),
 )
+BY_NAME: dict[str, Entry] = {entry.name: entry for entry in TABLE}
+# What `config show` prints, in its order.
+SHOWN = tuple(entry.name for entry in TABLE if entry.shown and entry.field)
+
+
+def for_verb(verb: str) -> list[Entry]:
+    """The entries whose flag ``verb`` takes, in the table's order."""
+    return [entry for entry in TABLE if entry.takes(verb)]
+
+
+# Each field's default: the table's (a Setting from DEFAULT, with the note on it).
+_DEFAULTS = {entry.name: entry.default_setting for entry in TABLE if entry.field}
 
 
 @dataclass(frozen=True)
 class LaunchSettings:
     """Everything ``run`` was told, settled once: a flag, else the project file, else the
-    inventory (the head node's ``cpuaccel_<name>``), else the default."""
+    inventory (the head node's ``cpuaccel_<name>``), else the default. One field for
+    each entry of ``TABLE`` with field=True, which says what each one means."""
 
-    head: Setting[str | None]
-    nodes: Setting[int | None]
-    ppn: Setting[int | None]  # None: sockets per node, from the facts
-    launcher: Setting[str]  # "auto": picked from the head node's facts
-    master_port: Setting[int]
-    mixed_precision: Setting[str | None]
-    ccl_workers: Setting[int]
-    hosts: Setting[list[str]]  # the chosen hosts' names, head first
-    python: Setting[str]
-    workdir: Setting[str]
-    env: Setting[dict[str, str]]  # what the user sets in every rank
-    exclude: Setting[list[str]]  # sync's patterns
-    mpirun: Setting[str | None]  # None: from the facts, else the launcher's default
-    backend: Setting[str | None]  # None: ccl when the head node has oneCCL's bindings
-    fi_provider: Setting[str | None]
-    secret_env: Setting[SecretEnv]
-    allocator: Setting[str]  # one of ALLOCATOR_CHOICES
-    templates: Setting[str | None]  # a folder of the user's own run templates
-    # --launcher-args / launcher_args: words appended to the mpirun line, checked.
-    launcher_args: Setting[tuple[str, ...]] = Setting("launcher_args", (), DEFAULT)
-    # --hang-timeout / hang_timeout: seconds without progress of any rank that end the
-    # job as hung (jobs/hang.py); None: no hang detection.
-    hang_timeout: Setting[float | None] = Setting("hang_timeout", None, DEFAULT, "off")
-    # --max-restarts / --restart-delay: attempts after a failure (jobs/attempts.py).
-    max_restarts: Setting[int] = Setting("max_restarts", 0, DEFAULT)
-    restart_delay: Setting[float] = Setting("restart_delay", DEFAULT_RESTART_DELAY, DEFAULT)
-    # --nodes MIN:MAX's MIN: restarts (and the first preflight) leave out failing nodes
-    # while at least this many remain (jobs/elastic.py). None: none is left out.
-    min_nodes: Setting[int | None] = Setting("min_nodes", None, DEFAULT)
+    head: Setting[str | None] = field(default_factory=_DEFAULTS["head"])
+    nodes: Setting[int | None] = field(default_factory=_DEFAULTS["nodes"])
+    # None: sockets per node, from the facts
+    ppn: Setting[int | None] = field(default_factory=_DEFAULTS["ppn"])
+    # "auto": picked from the head node's facts
+    launcher: Setting[str] = field(default_factory=_DEFAULTS["launcher"])
+    master_port: Setting[int] = field(default_factory=_DEFAULTS["master_port"])
+    mixed_precision: Setting[str | None] = field(default_factory=_DEFAULTS["mixed_precision"])
+    ccl_workers: Setting[int] = field(default_factory=_DEFAULTS["ccl_workers"])
+    # The chosen hosts' names, head first.
+    hosts: Setting[list[str]] = field(default_factory=_DEFAULTS["hosts"])
+    python: Setting[str] = field(default_factory=_DEFAULTS["python"])
+    workdir: Setting[str] = field(default_factory=_DEFAULTS["workdir"])
+    # What the user sets in every rank.
+    env: Setting[dict[str, str]] = field(default_factory=_DEFAULTS["env"])
+    exclude: Setting[list[str]] = field(default_factory=_DEFAULTS["exclude"])  # sync's
+    min_nodes: Setting[int | None] = field(default_factory=_DEFAULTS["min_nodes"])
+    max_restarts: Setting[int] = field(default_factory=_DEFAULTS["max_restarts"])
+    restart_delay: Setting[float] = field(default_factory=_DEFAULTS["restart_delay"])
+    hang_timeout: Setting[float | None] = field(default_factory=_DEFAULTS["hang_timeout"])
+    launcher_args: Setting[tuple[str, ...]] = field(default_factory=_DEFAULTS["launcher_args"])
+    # None: the launcher's, from the head node's facts
+    mpirun: Setting[str | None] = field(default_factory=_DEFAULTS["mpirun"])
+    # None: ccl where the head node has oneCCL's bindings
+    backend: Setting[str | None] = field(default_factory=_DEFAULTS["backend"])
+    fi_provider: Setting[str | None] = field(default_factory=_DEFAULTS["fi_provider"])
+    secret_env: Setting[SecretEnv] = field(default_factory=_DEFAULTS["secret_env"])
+    allocator: Setting[str] = field(default_factory=_DEFAULTS["allocator"])
+    templates: Setting[str | None] = field(default_factory=_DEFAULTS["templates"])
+    timeout: Setting[float | None] = field(default_factory=_DEFAULTS["timeout"])
+    sync: Setting[bool] = field(default_factory=_DEFAULTS["sync"])
     # The chosen hosts themselves, in the same order as ``hosts``: rank 0 and mpirun
     # run on the first.
     chosen: tuple[Host, ...] = ()

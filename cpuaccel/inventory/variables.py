@@ -4,7 +4,8 @@ A value reaches an argv, a rendered shell script, an ssh option or a path on a n
 each has a type, checked when the inventory (and ``-e``) loads (``builder.validate``),
 for every host and every verb: ``cpuaccel_ppn: four`` or ``ansible_host_key_checking:
 ture`` is then one error naming the line that wrote it, before anything connects.
-``config/effective.py`` converts run settings with the same checks.
+The run settings' own checks (config/kinds.py, named in config/settings.py's table) take
+the same values as the declarations here of the variables that set them.
 
 A check takes the value and returns it converted, or raises :class:`BadValue` with the
 complaint (the caller adds where it was written). None means "not set" and is never
@@ -23,7 +24,7 @@ from cpuaccel.rank_settings import KNOWN_BACKENDS, value_problem
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
-PRECISION_CHOICES = ("auto", "bf16", "no", "fp32")
+PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")
 # An MPI hostfile's slots (inventory/hostfile.py): --ppn's last source (config/effective.py).
 SLOTS_VAR = "cpuaccel_slots"
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
@@ -260,13 +261,13 @@ VARIABLES: dict[str, Check] = {
     "ansible_sudo_exe": sudo_exe,
     "cpuaccel_ppn": whole(1),
     "cpuaccel_slots": whole(1),
-    "cpuaccel_launcher": choice(LAUNCHER_CHOICES),
+    "cpuaccel_launcher": choice(LAUNCHER_CHOICES, fold=True),
     "cpuaccel_master_port": whole(1, 65535),
     "cpuaccel_mixed_precision": precision,
-    "cpuaccel_ccl_workers": whole(0),
+    "cpuaccel_ccl_workers": whole(0, 64),
     "cpuaccel_mpirun": text,
     "cpuaccel_fi_provider": text,
-    "cpuaccel_allocator": choice(ALLOCATOR_CHOICES),
+    "cpuaccel_allocator": choice(ALLOCATOR_CHOICES, fold=True),
     "cpuaccel_templates": text,
     "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
     "cpuaccel_env": env_mapping,
