@@ -725,7 +725,7 @@ def node_failed(exc: HostError) -> HostError:
 
 
 # ---------------------------------------------------------------- SCRIPT
-# Is SCRIPT a Python script? (issue 13, item 8)
+# Is SCRIPT a Python script?
 #
 # `cpuaccel run inventory.yaml train.py` (the inventory named as `provision` takes it)
 # used to launch the YAML file as the script on every rank. A SCRIPT that is a config or

@@ -323,7 +323,7 @@ def run_command(
     settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     if detach:
-        _refuse_detached_elastic(settings)
+        _refuse_detached_in_slurm(settings)
     what = script_entry(script, script_args, project, as_module, no_python)
     run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
     if dry_run:
@@ -382,7 +382,7 @@ def _print_report(report: JobReport, as_json: bool) -> None:
         )
 
 
-def _refuse_detached_elastic(settings: LaunchSettings) -> None:
+def _refuse_detached_in_slurm(settings: LaunchSettings) -> None:
     """A detached run's supervisor on the head reaches the other nodes by ssh, which the
     nodes of a Slurm allocation may refuse: there, `cpuaccel submit` outlives the shell."""
     if settings.chosen[0].slurm_job is not None:
@@ -391,6 +391,7 @@ def _refuse_detached_elastic(settings: LaunchSettings) -> None:
             "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
             hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
         )
+
 
 def _inventory_file(target: Target) -> str | None:
     """The inventory file, absolute, for run.json (stop, ps and logs reach the nodes)."""

@@ -6,9 +6,6 @@ Every comment (found with ``tokenize``) and every docstring (found with ``ast``)
 Those belong in commit bodies and docs/benchmarks.md. A failure names file:line and
 the text.
 
-``NOT_YET_CLEAN`` names files whose prose is being rewritten elsewhere and still fails;
-each must still fail (so that the list shrinks as they are cleaned, and ends empty).
-
 Plain files only: no cluster, no network.
 """
 
@@ -24,15 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "cpuaccel"
 
 HISTORY = re.compile(r"\bissue\s+#?\d+|\bround\s+\d+|20\d\d-\d\d-\d\d", re.IGNORECASE)
-
-# Files (relative to the repository's root) that still carry history in their prose
-# while another change rewrites them. Remove a file from here once it is clean.
-NOT_YET_CLEAN: frozenset[str] = frozenset(
-    {
-        "cpuaccel/cli/options.py",
-        "cpuaccel/config/project.py",
-    }
-)
 
 
 def python_files() -> list[Path]:
@@ -86,20 +74,8 @@ def test_the_scan_finds_comments_and_docstrings() -> None:
 
 
 def test_prose_tells_no_history() -> None:
-    found = [
-        line
-        for path in python_files()
-        if path.relative_to(ROOT).as_posix() not in NOT_YET_CLEAN
-        for line in history_in(path)
-    ]
+    found = [line for path in python_files() for line in history_in(path)]
     assert not found, (
         "a comment or docstring tells history (an issue, a round, a date); say what "
         "the code does and why, and keep the history in the commit:\n" + "\n".join(found)
     )
-
-
-def test_allow_list_holds_only_files_that_still_fail() -> None:
-    for relative in sorted(NOT_YET_CLEAN):
-        path = ROOT / relative
-        assert path.is_file(), f"{relative} is gone: remove it from NOT_YET_CLEAN"
-        assert history_in(path), f"{relative} is clean now: remove it from NOT_YET_CLEAN"
