@@ -1,12 +1,16 @@
 """Shared fixtures: a real 3-node namespace cluster for tests marked `cluster`.
 
+The tests are laid out by what they test: ``tests/unit/<package>/`` (no cluster: one
+folder a package of cpuaccel, the top-level modules in ``tests/unit/`` itself),
+``tests/cluster/`` (real namespace nodes; what its files share is in
+``tests/cluster/fixtures.py``) and ``tests/docs/``. This file applies to all of them.
+
 The one rule for cluster tests: a test that needs root and namespace nodes is marked
 ``cluster`` explicitly, so that ``-m "not cluster"`` and a reader see it without following
-fixtures. A file of cluster tests only (``test_*_cluster.py``, ``test_scenario.py``) says so
-once with ``pytestmark = pytest.mark.cluster``; a file that mixes them with plain tests
-(``test_cluster.py``) puts ``@pytest.mark.cluster`` on each. A test that uses the
-``cluster`` fixture (directly or through another fixture) without the mark is a
-collection error.
+fixtures. A file of cluster tests only (every file of ``tests/cluster/``) says so once
+with ``pytestmark = pytest.mark.cluster``; a file that mixed them with plain tests would
+put ``@pytest.mark.cluster`` on each. A test that uses the ``cluster`` fixture (directly
+or through another fixture) without the mark is a collection error.
 
 Cluster tests need root. Off root they are skipped with the reason; with
 ``CPUACCEL_REQUIRE_CLUSTER=1`` (set by CI) they fail with it instead, so a CI run cannot pass
@@ -20,9 +24,13 @@ two test sessions on one machine do not fight over the same names.
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +156,44 @@ def _cluster_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
             "(use `with cluster.sshd_stopped(name):`)",
             stacklevel=1,
         )
+
+
+# ---------------------------------------------------------------- moved, not yet edited
+# Files that another change was editing when the tests were laid out by component were
+# moved as they were (git mv, content untouched). Until they are edited to say so
+# themselves, two things of their old place are kept true here:
+# - the helpers they import by their old module names (``from tests.test_run import
+#   ...``) are found under those names;
+# - the repository they compute from their old depth (``Path(__file__).parent.parent``,
+#   one folder too shallow now) is set right for each of their tests.
+# Remove an entry once its file imports from the new place, or computes REPO with
+# ``parents[3]`` (tests/unit/<package>/) or ``parents[2]`` (tests/cluster/).
+ROOT = Path(__file__).resolve().parent.parent
+OLD_MODULE_NAMES = {
+    "tests.test_supervisor": "tests.unit.node.test_supervisor",
+    "tests.test_run": "tests.unit.jobs.test_run",
+    "tests.test_detach_cluster": "tests.cluster.test_detach",
+    "tests.test_resume_cluster": "tests.cluster.test_resume",
+}
+_EXAMPLE_INVENTORY = ROOT / "inventory.example.yaml"
+OLD_DEPTH_PATHS: dict[str, dict[str, Any]] = {
+    "tests.unit.jobs.test_run": {"REPO": ROOT, "EXAMPLE_INVENTORY": _EXAMPLE_INVENTORY},
+    "tests.unit.jobs.test_elastic": {"REPO": ROOT, "INVENTORY": _EXAMPLE_INVENTORY},
+    "tests.unit.cli.test_run_flags": {"REPO": ROOT, "INVENTORY": str(_EXAMPLE_INVENTORY)},
+    "tests.unit.cli.test_run_launch_options": {"EXAMPLE_INVENTORY": _EXAMPLE_INVENTORY},
+    "tests.cluster.test_restart": {"REPO": ROOT},
+    "tests.cluster.test_resume": {"REPO": ROOT},
+    "tests.cluster.test_elastic": {"REPO": ROOT},
+    "tests.cluster.test_detach_restart": {"REPO": ROOT},
+}
+for _old, _new in OLD_MODULE_NAMES.items():
+    sys.modules.setdefault(_old, importlib.import_module(_new))
+
+
+@pytest.fixture(autouse=True)
+def _old_depth_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repository's paths, for the tests of a moved file that computes them from its
+    old place (OLD_DEPTH_PATHS)."""
+    module = getattr(request, "module", None)
+    for name, value in OLD_DEPTH_PATHS.get(getattr(module, "__name__", ""), {}).items():
+        monkeypatch.setattr(module, name, value)

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_launch_scripts import plan_of
 
 from cpuaccel.connectors import controlpath, openssh
 from cpuaccel.connectors.connect_options import ConnectOptions
@@ -25,6 +24,7 @@ from cpuaccel.jobs import launcher_reach
 from cpuaccel.jobs.rundir import render_job_files
 from cpuaccel.node import jobctl as jobs
 from cpuaccel.node import mux
+from tests.test_launch_scripts import plan_of
 
 FAKE_SSH = "#!/bin/sh\nexit 0\n"
 

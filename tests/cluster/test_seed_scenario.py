@@ -43,7 +43,7 @@ def test_four_machines_sixteen_processes_bf16_is_one_line(tmp_path: Path) -> Non
     project.mkdir()
     (project / "train.py").write_text(SCRIPT)
     # The seed's file names /home/user/hostfile; cpuaccel takes the hostfile beside it.
-    seed = Path(__file__).parent / "data" / "default_config.multi-cpu.yaml"
+    seed = Path(__file__).parents[1] / "unit/config/data/default_config.multi-cpu.yaml"
     (project / "default_config.yaml").write_text(seed.read_text())
     with Cluster(4, cluster_id=cluster_id) as cluster:
         (project / "hostfile").write_text("".join(f"{n}  # {n} ip\n" for n in cluster.names))

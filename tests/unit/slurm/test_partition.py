@@ -1,7 +1,7 @@
 """Slurm as an inventory source (``-i slurm:PARTITION``, ``check --slurm``) on scontrol's
-output: a capture from the test bed's Slurm (tests/data/slurm/) and hostile variants of
-it, read by a stand-in ``scontrol`` on PATH so that the whole command line is exercised.
-The same against the real slurmctld: tests/test_slurm_inventory_cluster.py."""
+output: a capture from the test bed's Slurm (data/ beside this file) and hostile variants
+of it, read by a stand-in ``scontrol`` on PATH so that the whole command line is exercised.
+The same against the real slurmctld: tests/cluster/test_slurm_inventory.py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from cpuaccel.slurm import partition
 from cpuaccel.slurm.partition import describe, fields, read_partition, unavailable
 from cpuaccel.testing.command import cpuaccel, inherited_env
 
-DATA = Path(__file__).parent / "data" / "slurm"
+DATA = Path(__file__).parent / "data"
 CAPTURED_NODES = (DATA / "scontrol-show-nodes.txt").read_text()
 CAPTURED_PARTITIONS = (DATA / "scontrol-show-partitions.txt").read_text()
 # The capture with a second partition "big" (node2, node3), node2 busy, and a partition

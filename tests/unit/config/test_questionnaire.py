@@ -1,6 +1,6 @@
-"""`cpuaccel config` driven through a real pseudo-terminal: answers typed one by one
-(wrong ones first, which are asked again), files written, then `cpuaccel run --dry-run`
-uses them."""
+"""`cpuaccel config`'s questionnaire driven through a real pseudo-terminal: answers typed
+one by one (wrong ones first, which are asked again), files written, then
+`cpuaccel run --dry-run` uses them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
-from tests.test_config import command, env_of, section
+from tests.unit.config.test_config_files import command, env_of, section
 
 
 class Terminal:

@@ -1,10 +1,9 @@
-"""Ansible INI inventories (issue 13, item 9) and comma lists of hosts (item 11).
+"""Ansible INI inventories and comma lists of hosts (``-i a,b,``).
 
-The corpus under tests/inventories/ini/ exercises each form of Ansible's documentation
+The corpus under data/ini/ exercises each form of Ansible's documentation
 ("How to build your inventory") and of its ini plugin; each file has a YAML twin written
 by hand, and ``ansible-inventory --list`` gave the two the same output when they were
-written. Here both must load to the same hosts, groups and variables.
-"""
+written. Here both must load to the same hosts, groups and variables."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.command import cpuaccel
 
-CORPUS = Path(__file__).parent / "inventories" / "ini"
+CORPUS = Path(__file__).parent / "data" / "ini"
 INI_FILES = sorted(CORPUS.glob("*.ini"))
 
 
