@@ -172,6 +172,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OLD_MODULE_NAMES = {
     "tests.test_supervisor": "tests.unit.node.test_supervisor",
     "tests.test_run": "tests.unit.jobs.test_run",
+    "tests.test_conn_cluster": "tests.cluster.fixtures",  # link_down
     "tests.test_detach_cluster": "tests.cluster.test_detach",
     "tests.test_resume_cluster": "tests.cluster.test_resume",
 }

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.command import cpuaccel_argv
 from cpuaccel.testing.runs import ENV, make_project
 
 pytestmark = pytest.mark.cluster
 
-WORKDIR = NODE_DIR / "work"
 SCRIPT = "import os\nprint('rank', os.environ['RANK'], 'done', flush=True)\n"
 
 

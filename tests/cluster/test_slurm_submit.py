@@ -1,7 +1,7 @@
-"""`cpuaccel submit` against the real Slurm of the test cluster (issue 16, items 3, 4):
-a batch job runs `cpuaccel run` on 3 nodes to COMPLETED with every rank's log, the
-metrics and a report; a failing rank's exit code reaches sacct and ps; `stop` cancels
-a running job. Each time no process of the run is left on any node."""
+"""`cpuaccel submit` against the real Slurm of the test cluster: a batch job runs
+`cpuaccel run` on 3 nodes to COMPLETED with every rank's log, the metrics and a report;
+a failing rank's exit code reaches sacct and ps; `stop` cancels a running job. Each time
+no process of the run is left on any node."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
 from cpuaccel.testing.runs import job_processes, make_project
 from cpuaccel.testing.slurm import SlurmBed
+from tests.cluster.fixtures import REPO
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 TINY = ("--width", "32", "--layers", "1", "--heads", "2", "--context", "16", "--batch", "4")
 TINY += ("--corpus-bytes", "20000", "--log-every", "5", "--precision", "fp32")

@@ -14,6 +14,7 @@ from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.relay import Relay, relayed_hosts
 
 pytestmark = pytest.mark.cluster
+
 PORT_BASE = 31000
 
 

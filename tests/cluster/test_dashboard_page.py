@@ -1,11 +1,11 @@
-"""The live run page (issue 14 item 6) in a real headless browser on a real job: a
-detached 2 nodes x 2 training on the namespace cluster (a tiny model trained with
-cpuaccel's runtime, ctx.log every step, slowed so the page watches it), served by
-``cpuaccel dashboard``. The page shows the 4 ranks running, its loss chart gains points
-while the job runs, and its Stop button (confirmed) ends the job: the page says stopped,
-``ps --json`` says stopped, and no process of the job is left on any node.
-Screenshots: artifacts/dashboard/cluster-*.png. The data behind the page on real nodes:
-test_dashboard_backend_cluster.py; the page's cases on fake runs: test_dashboard_page.py.
+"""The live run page in a real headless browser on a real job: a detached 2 nodes x 2
+training on the namespace cluster (a tiny model trained with cpuaccel's runtime, ctx.log
+every step, slowed so the page watches it), served by ``cpuaccel dashboard``. The page
+shows the 4 ranks running, its loss chart gains points while the job runs, and its Stop
+button (confirmed) ends the job: the page says stopped, ``ps --json`` says stopped, and
+no process of the job is left on any node. Screenshots: artifacts/dashboard/cluster-*.png.
+The data behind the page on real nodes: test_dashboard_server.py; the page's cases on
+fake runs: tests/unit/dashboard/test_page.py.
 """
 
 from __future__ import annotations

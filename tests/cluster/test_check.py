@@ -1,20 +1,20 @@
-"""`cpuaccel check` and the SSH core against real nodes (namespaces with their own sshd)."""
+"""`cpuaccel check` against real nodes (namespaces with their own sshd): each node's own
+facts and the table, a node that cannot be reached, the head's kept masters, version
+drift, a missing interpreter, host keys unknown or changed, what run's preflight refuses,
+and two inventory names that are one account."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from cpuaccel.connectors.connect_options import ConnectOptions
-from cpuaccel.connectors.ssh import SSHConnector
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, CommandTimeout
-from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
 
@@ -165,36 +165,6 @@ def test_changed_host_key_is_refused(cluster: Cluster, tmp_path: Path) -> None:
     assert "CHANGED" in proc.stdout
 
 
-def _ssh(cluster: Cluster, name: str) -> SSHConnector:
-    host = Inventory.load(cluster.inventory_path).hosts[name]
-    return SSHConnector(host, ConnectOptions(command_timeout=30))
-
-
-def test_remote_arguments_and_env_arrive_literally(cluster: Cluster) -> None:
-    marker = f"/tmp/cpxl-test-{uuid.uuid4().hex}"
-    words = [f"$(touch {marker})", f"`touch {marker}`", 'it\'s "q"', "a b\nc", "*", "$HOME"]
-    value = f"'$(touch {marker})' \"x\" $HOME"
-    code = "import os, sys, json; print(json.dumps([sys.argv[1:], os.environ['V']]))"
-    with _ssh(cluster, "node2") as conn:
-        result = conn.run([sys.executable, "-c", code, *words], env={"V": value})
-    assert result.ok, result.stderr
-    assert json.loads(result.stdout) == [words, value]
-    assert not Path(marker).exists()
-    inside = cluster.exec("node2", ["test", "-e", marker])
-    assert inside.returncode != 0
-
-
-def test_remote_stdin_exit_code_and_timeout(cluster: Cluster) -> None:
-    with _ssh(cluster, "node3") as conn:
-        echoed = conn.run(["cat"], stdin=b"payload\n" * 10000)
-        assert echoed.stdout == "payload\n" * 10000
-        failed = conn.run(["sh", "-c", "echo oops >&2; exit 5"])
-        assert (failed.exit_code, failed.stderr.strip()) == (5, "oops")
-        with pytest.raises(CommandTimeout):
-            conn.run(["sleep", "5"], timeout=0.5)
-        assert conn.run(["hostname"]).stdout.strip() == "node3"
-
-
 def test_check_refuses_what_runs_preflight_refuses_on_a_node(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -220,3 +190,21 @@ def test_check_refuses_what_runs_preflight_refuses_on_a_node(
     # The launcher a run would take by itself (auto): nothing to say about it.
     code, report = check_json("-i", str(inv))
     assert not [p for p in report["problems"] if "launcher" in p["message"]], report
+
+
+def test_check_notes_two_names_for_one_account(cluster: Cluster, tmp_path: Path) -> None:
+    inv = cluster.write_inventory(tmp_path / "twice.yaml", only=["node1"])
+    document = yaml.safe_load(inv.read_text())
+    hosts = document["all"]["hosts"]
+    address = cluster.nodes[0].address
+    hosts[address] = dict(hosts["node1"])  # the same node by its address: it resolves
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+    proc = cpuaccel("check", "--json", "-i", str(inv), env=clean_env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["problems"] == []
+    (note,) = report["notes"]
+    assert note["severity"] == "note"
+    assert note["message"].startswith(f"node1, {address} are one machine and one user")
+    table = cpuaccel("check", "-i", str(inv), env=clean_env(), timeout=120)
+    assert table.returncode == 0 and "note" in table.stdout and "0 warning(s)" in table.stdout

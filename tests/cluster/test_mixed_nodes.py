@@ -1,6 +1,6 @@
-"""`cpuaccel run` on a mixed cluster (issue 12 items 7 and 7b): one node reached on
-another sshd port as another user, host keys recorded by address only, and a worker
-that the controller reaches but the head node cannot.
+"""`cpuaccel run` and `check` on a mixed cluster: one node reached on another sshd port as
+another user, host keys recorded by address only, and a worker that the controller
+reaches but the head node cannot.
 
 node2 gets a second sshd (port 2222) that lets in only ``cpxuser``, a user that exists
 on node2 alone (its own /etc/passwd line, uid 0, its home in node2's private folder).
@@ -10,87 +10,26 @@ ssh on the head uses node2's own port and user: the head's would be refused.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
-from cpuaccel.testing import sshd
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.netns import SSHD, _descendants
 from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
+from tests.cluster.fixtures import PORT, USER, second_sshd
 
 pytestmark = pytest.mark.cluster
 
-PORT = 2222
-USER = "cpxuser"
-HOME = NODE_DIR / "home-cpx"
 SCRIPT = (
     "import json, os, socket\n"
     "print(json.dumps({'rank': os.environ['RANK'], 'host': socket.gethostname()}))\n"
 )
-
-
-def _wait_for_port(address: str, port: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((address, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def second_sshd(cluster: Cluster, name: str, allow: str) -> Iterator[None]:
-    """Another sshd in node ``name`` on PORT, letting in ``allow`` (AllowUsers) only,
-    with USER added to that node's /etc/passwd (a bind mount in its namespace)."""
-    node = cluster.node(name)
-    state = cluster.state_dir
-    passwd = state / f"passwd-{name}"
-    passwd.write_text(
-        Path("/etc/passwd").read_text() + f"{USER}:x:0:0:cpuaccel test:{HOME}:/bin/sh\n"
-    )
-    (node.private_dir / HOME.name).mkdir(exist_ok=True)
-    pid_file = state / f"sshd-{name}-{PORT}.pid"
-    config = state / "sshd" / f"{name}-{PORT}.conf"
-    text = sshd.sshd_config(
-        node, cluster.cluster_id, cluster.host_key_path(name), Path(f"{cluster.key_path}.pub")
-    )
-    text = text.replace("Port 22\n", f"Port {PORT}\n").replace(
-        "PidFile none", f"PidFile {pid_file}"
-    )
-    config.write_text(text + f"AllowUsers {allow}\n")
-    mounted = cluster.exec(name, ["mount", "--bind", str(passwd), "/etc/passwd"])
-    assert mounted.returncode == 0, mounted.stderr
-    try:
-        started = cluster.exec(name, [SSHD, "-f", str(config)])  # it forks into the background
-        assert started.returncode == 0, started.stderr
-        _wait_for_port(node.address, PORT)
-        yield
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            listener = int(pid_file.read_text())
-            # Its sessions too: a master kept from a check (the controller's, or the
-            # head's for the launcher reach) would outlive the listener, and a later
-            # test's sshd that refuses the head would still be reached through it.
-            for pid in [listener, *_descendants(listener)]:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGTERM)
-        if node.pid is not None:  # the node's own namespace (sshd_stopped replaces it)
-            cluster.exec(name, ["umount", "/etc/passwd"])
 
 
 def _known_by_address(cluster: Cluster, path: Path) -> Path:

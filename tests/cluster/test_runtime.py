@@ -22,16 +22,12 @@ from typing import Any
 
 import pytest
 
-import cpuaccel
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
+from tests.cluster.fixtures import REPO, TREE
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
-# Ranks import cpuaccel from the tree under test (a worktree's, when it is one).
-TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
-WORKDIR = NODE_DIR / "work"  # the nodes' own (not shared) folder for projects and runs
 _ports = iter(range(random.randrange(30000, 39000, 100), 65000))
 
 

@@ -1,4 +1,8 @@
-"""Tests of the multi-node test bed itself (cpuaccel.testing.cluster)."""
+"""The multi-node test bed itself (cpuaccel.testing.cluster) on real namespaces: the
+shared cluster's nodes (hostnames, private folders, ssh between them, sshd stopped and
+started, stray processes seen), and clusters of their own (``down`` leaves nothing, an id
+taken once, the ``up``/``status``/``down`` commands). Its checks without root:
+tests/unit/testing/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -17,14 +21,14 @@ from cpuaccel.testing.cluster import (
     NODE_DIR,
     Cluster,
     ClusterError,
-    bridge_name,
     lock_path_for,
-    namespace_name,
     veth_name,
 )
 from cpuaccel.testing.state import leftovers
+from tests.cluster.fixtures import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.cluster
+
 SCRATCH_ID = 7  # a throw-away cluster, so the shared session cluster stays up
 CLI_ID = 8
 
@@ -50,91 +54,9 @@ def _ssh(cluster: Cluster, name: str, *command: str) -> subprocess.CompletedProc
     )
 
 
-# --------------------------------------------------------------------------- no root needed
-
-
-def test_names_fit_linux_limits() -> None:
-    assert bridge_name(255) == "cpxl255br"
-    assert namespace_name(0, 3) == "cpxl0-node3"
-    assert veth_name(0, 3) == "cpxl0v3"
-    assert len(veth_name(255, 253)) <= 15
-    assert len(bridge_name(255)) <= 15
-    with pytest.raises(ValueError):
-        Cluster(3, cluster_id=256)
-    with pytest.raises(ValueError):
-        Cluster(0)
-
-
-def test_inventory_format(tmp_path: Path) -> None:
-    cluster = Cluster(3, cluster_id=9, state_root=tmp_path)
-    path = cluster.write_inventory(tmp_path / "default.yaml")
-    inventory = yaml.safe_load(path.read_text())
-    group_vars = inventory["all"]["vars"]
-    assert group_vars == {
-        "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(tmp_path / "cpxl-9" / "id_ed25519"),
-        "ansible_ssh_common_args": (
-            f"-o UserKnownHostsFile={tmp_path}/cpxl-9/known_hosts -o StrictHostKeyChecking=yes"
-        ),
-        "ansible_python_interpreter": sys.executable,
-        "cpuaccel_python": sys.executable,
-        "cpuaccel_workdir": "/srv/cpuaccel-node/work",
-    }
-    assert inventory["all"]["hosts"] == {
-        "node1": {"ansible_host": "10.77.9.1"},
-        "node2": {"ansible_host": "10.77.9.2"},
-        "node3": {"ansible_host": "10.77.9.3"},
-    }
-    assert "node1: {ansible_host: 10.77.9.1}" in path.read_text()
-
-    variant = cluster.write_inventory(
-        tmp_path / "variant.yaml",
-        host_overrides={"node2": {"cpuaccel_python": "/opt/other/bin/python"}},
-        only=["node1", "node2"],
-        cpuaccel_workdir="/srv/cpuaccel-node/other",
-    )
-    inventory = yaml.safe_load(variant.read_text())
-    assert inventory["all"]["vars"]["cpuaccel_workdir"] == "/srv/cpuaccel-node/other"
-    assert inventory["all"]["hosts"] == {
-        "node1": {"ansible_host": "10.77.9.1"},
-        "node2": {"ansible_host": "10.77.9.2", "cpuaccel_python": "/opt/other/bin/python"},
-    }
-    with pytest.raises(KeyError):
-        cluster.write_inventory(tmp_path / "bad.yaml", host_overrides={"node9": {}})
-
-
-def test_cluster_tests_skip_off_root_and_fail_when_required() -> None:
-    """The marker logic, checked by running one cluster test without root."""
-    target = "tests/test_cluster.py::test_each_node_has_its_own_hostname"
-    argv = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", target]
-    if os.geteuid() == 0:
-        # A new user namespace makes the inner run uid 65534 without root's powers, yet it
-        # still reads the same files (unlike switching to a user who cannot reach the venv).
-        argv = ["unshare", "--user", *argv]
-    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_REQUIRE_CLUSTER"}
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-
-    skipped = subprocess.run(
-        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
-    assert "1 skipped" in skipped.stdout
-    assert "needs root" in skipped.stdout
-
-    env["CPUACCEL_REQUIRE_CLUSTER"] = "1"
-    required = subprocess.run(
-        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert required.returncode != 0, required.stdout
-    assert "skipped" not in required.stdout
-    assert "CPUACCEL_REQUIRE_CLUSTER=1 but the cluster tests cannot run" in required.stdout
-    assert "needs root" in required.stdout
-
-
 # --------------------------------------------------------------------------- the shared cluster
 
 
-@pytest.mark.cluster
 def test_each_node_has_its_own_hostname(cluster: Cluster) -> None:
     for node in cluster.nodes:
         result = cluster.exec(node.name, ["hostname"], check=True)
@@ -142,7 +64,6 @@ def test_each_node_has_its_own_hostname(cluster: Cluster) -> None:
     assert cluster.exec("node1", ["hostname"]).stdout != socket.gethostname()
 
 
-@pytest.mark.cluster
 def test_private_dir_is_private(cluster: Cluster) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     inside = f"{NODE_DIR}/{marker}"
@@ -160,7 +81,6 @@ def test_private_dir_is_private(cluster: Cluster) -> None:
         (cluster.node("node2").private_dir / marker).unlink()
 
 
-@pytest.mark.cluster
 def test_ssh_with_strict_host_key_checking(cluster: Cluster, tmp_path: Path) -> None:
     for node in cluster.nodes:
         result = _ssh(cluster, node.name, "hostname")
@@ -183,7 +103,6 @@ def test_ssh_with_strict_host_key_checking(cluster: Cluster, tmp_path: Path) -> 
     assert len({line.split()[2] for line in lines}) == len(lines)  # one host key per node
 
 
-@pytest.mark.cluster
 def test_nodes_resolve_each_other(cluster: Cluster) -> None:
     for node in cluster.nodes:
         result = cluster.exec("node1", ["getent", "hosts", node.name], check=True)
@@ -194,7 +113,6 @@ def test_nodes_resolve_each_other(cluster: Cluster) -> None:
     assert "node1" not in Path("/etc/hosts").read_text().split()
 
 
-@pytest.mark.cluster
 def test_nodes_ssh_each_other_by_name(cluster: Cluster) -> None:
     """What Intel MPI's hydra does: from one node, ssh to another by its hostname."""
     command = ["ssh", *cluster.ssh_args(), "root@node3", "hostname"]
@@ -203,7 +121,6 @@ def test_nodes_ssh_each_other_by_name(cluster: Cluster) -> None:
     assert result.stdout.strip() == "node3"
 
 
-@pytest.mark.cluster
 def test_stop_and_start_sshd(cluster: Cluster) -> None:
     node = cluster.node("node2")
     old_pid = node.pid
@@ -221,7 +138,6 @@ def test_stop_and_start_sshd(cluster: Cluster) -> None:
     assert result.stdout.strip() == "node2", result.stderr
 
 
-@pytest.mark.cluster
 def test_pids_sees_stray_processes(cluster: Cluster) -> None:
     assert cluster.wait_idle("node3") == []
     sshd_pid = cluster.node("node3").pid
@@ -269,7 +185,6 @@ def _machine_leftovers(cluster_id: int) -> list[str]:
     return found
 
 
-@pytest.mark.cluster
 def test_down_leaves_nothing_behind() -> None:
     hosts_before = Path("/etc/hosts").read_text()
     scratch = Cluster(2, cluster_id=SCRATCH_ID).up()
@@ -294,7 +209,6 @@ def test_down_leaves_nothing_behind() -> None:
     assert Path("/etc/hosts").read_text() == hosts_before
 
 
-@pytest.mark.cluster
 def test_a_live_cluster_id_cannot_be_taken_twice() -> None:
     with Cluster(1, cluster_id=SCRATCH_ID) as first:
         with pytest.raises(ClusterError, match="in use"):
@@ -303,7 +217,6 @@ def test_a_live_cluster_id_cannot_be_taken_twice() -> None:
     assert _machine_leftovers(SCRATCH_ID) == []
 
 
-@pytest.mark.cluster
 def test_cli_up_status_down_and_stale_cleanup() -> None:
     cli = [sys.executable, "-m", "cpuaccel.testing"]
 

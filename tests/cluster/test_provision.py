@@ -14,10 +14,10 @@ import pytest
 from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env
+from tests.cluster.fixtures import REPO
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
 NODE_DIR = "/srv/cpuaccel-node"
 # Filled by `make wheelhouse` (part of `make test`'s install step): the controller's
 # wheels for offline nodes. The tests never reach an index.

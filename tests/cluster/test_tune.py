@@ -17,16 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-import cpuaccel
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
 from cpuaccel.testing.command import start_cpuaccel
 from cpuaccel.testing.runs import ENV, job_processes, make_project
+from tests.cluster.fixtures import TREE
 
 pytestmark = pytest.mark.cluster
-
-# Ranks import cpuaccel from the tree under test (a worktree's, when it is one).
-TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
 
 LOOP = """\
 import argparse, os, sys

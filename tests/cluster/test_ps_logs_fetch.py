@@ -1,8 +1,8 @@
-"""ps, logs, fetch and results brought home on real nodes (issue 14, items 2, 3, 5).
+"""ps, logs, fetch and results brought home on real nodes.
 
-2 nodes x 2 ranks, Intel MPI, node1 the head. Detached runs (part 1's supervisor) are
-stood in for by a run folder made by hand on the head, with its status.json, and the
-controller's record of it, as the contract between the parts describes them.
+2 nodes x 2 ranks, Intel MPI, node1 the head. A detached run is also stood in for by a
+run folder made by hand on the head, with its status.json, and the controller's record
+of it, as the contract between the two describes them.
 """
 
 from __future__ import annotations
@@ -17,16 +17,14 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
+from tests.cluster.fixtures import REPO, TWO_BY_TWO
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parent.parent
-WORKDIR = NODE_DIR / "work"
 _ports = iter(range(random.randrange(40000, 49000, 100), 65000))
-TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
 
 
 def port() -> str:

@@ -18,13 +18,11 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
+from cpuaccel.testing.cluster import WORKDIR, Cluster
+from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
+from tests.cluster.fixtures import NODES, assert_nothing_left
 
 pytestmark = pytest.mark.cluster
-
-NODES = ("node1", "node2", "node3")
-WORKDIR = NODE_DIR / "work"
 
 # Prints "started", then: RANK 3 leaves with code 3 once all six ranks have started
 # (each leaves a flag file in a folder every node shares); the others sleep.
@@ -43,16 +41,6 @@ if str(rank) == os.environ.get("FAIL_RANK"):
     os.kill(os.getpid(), 9)
 time.sleep(60)
 """
-
-
-def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
-    """No process of the job on any node at once, and soon no process at all but sshd."""
-    for node in NODES:
-        assert job_processes(cluster, node, run_id) == [], node
-    for node in NODES:
-        # Only the sessions of cpuaccel's own connections may take a moment to close.
-        left = cluster.wait_idle(node, timeout=5)
-        assert left == [], (node, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left])
 
 
 # ---------------------------------------------------------------- ranks start

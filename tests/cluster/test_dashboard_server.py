@@ -1,10 +1,9 @@
-"""The dashboard's backend on real nodes (issue 14 item 6): a detached 2 nodes x 2 job
-whose head (node1) is not the controller is served with every rank and its metrics
-while it runs (its folder kept live from the head: runs/homecoming.Homecoming), and the
-page's POST stop ends it with nothing left; ``run --detach --dashboard`` keeps serving
-after the start until Ctrl-C and the job goes on; a foreground ``run --dashboard``'s
-page closes with the run. The browser's side is tests/test_dashboard_cluster.py.
-"""
+"""The dashboard's server on real nodes: a detached 2 nodes x 2 job whose head (node1) is
+not the controller is served with every rank and its metrics while it runs (its folder
+kept live from the head: runs/homecoming.Homecoming), and the page's POST stop ends it
+with nothing left; ``run --detach --dashboard`` keeps serving after the start until
+Ctrl-C and the job goes on; a foreground ``run --dashboard``'s page closes with the run.
+The browser's side: test_dashboard_page.py."""
 
 from __future__ import annotations
 
@@ -26,10 +25,10 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
+from tests.cluster.fixtures import TWO_BY_TWO
 
 pytestmark = pytest.mark.cluster
 
-TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
 URL = re.compile(r"dashboard: (http://[^/\s]+)(?:/run/([^?\s]+)|/)\?token=(\S+)")
 # Each rank ticks; rank 0 also logs a metric line a tick, as ctx.log would.
 TICKER = """\

@@ -1,7 +1,7 @@
-"""Issue 13, item 11 on real nodes: -u/--private-key with an inventory that names no user
-and no key, as an Ansible user's often does. cpuaccel's own connections (check), rsync
-(sync of a large file) and MPI's ssh from the head to the other nodes (run) must all log
-in with them; a host's own ansible_user still wins, as in Ansible."""
+"""-u and --private-key on real nodes, with an inventory that names no user and no key,
+as an Ansible user's often does. cpuaccel's own connections (check), rsync (sync of a
+large file) and MPI's ssh from the head to the other nodes (run) must all log in with
+them; a host's own ansible_user still wins, as in Ansible."""
 
 from __future__ import annotations
 

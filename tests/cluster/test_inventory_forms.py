@@ -1,5 +1,5 @@
-"""An Ansible user's inventory habits against real nodes (issue 13, items 9-11): the
-cluster's inventory written as INI with its key in group_vars/, and as ``-i a,b,``."""
+"""Inventories as Ansible users write them, against real nodes: the cluster's inventory
+written as INI with its key in group_vars/, and as a comma list ``-i a,b,``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""rsync through a ProxyJump hop (issue 12, item 4's leftover): the hop's key is checked by
-rsync's ssh with the same policy and known_hosts files as the target's, as on the paramiko
-path (tests/test_conn_cluster.py).
+"""Nodes reached through a ProxyJump hop (from ~/.ssh/config in a HOME of the test's
+own), on the namespace cluster: the hop's host key is checked with the same policy and
+known_hosts files as the target's, by paramiko's path (check) and by rsync's ssh (sync)
+alike, a wrong or unknown one refused naming the hop, and two hops taken in OpenSSH's
+order.
 
-node2 is reached only through node1: the inventory names node2's second sshd (port 2222),
-which lets root in from node1's address alone, so a connection that skipped the hop
-would be refused. The hops come from ~/.ssh/config in a HOME of the test's own, and the
-keys from the inventory's known_hosts file alone (that HOME holds no known_hosts): the
-hop's key is found only where the target's is.
+For rsync, node2 is reached only through node1: the inventory names node2's second sshd
+(port 2222), which lets root in from node1's address alone, so a connection that skipped
+the hop would be refused. The keys come from the inventory's known_hosts file alone
+(that HOME holds no known_hosts): the hop's key is found only where the target's is.
 """
 
 from __future__ import annotations
@@ -25,10 +26,69 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import make_project
-from tests.test_conn_cluster import proxyjump_home
-from tests.test_run_mixed_cluster import PORT, second_sshd
+from tests.cluster.fixtures import PORT, second_sshd
 
 pytestmark = pytest.mark.cluster
+
+
+def proxyjump_home(cluster: Cluster, tmp_path: Path) -> Path:
+    """A HOME whose ~/.ssh/config reaches node2 only through node1 (ProxyJump)."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True, exist_ok=True)
+    node1, node2 = cluster.node("node1"), cluster.node("node2")
+    (home / ".ssh" / "config").write_text(
+        f"Host {node2.address}\n    ProxyJump root@{node1.address}\n"
+        f"Host {node1.address}\n    IdentityFile {cluster.key_path}\n"
+    )
+    return home
+
+
+def through_jump(
+    cluster: Cluster, tmp_path: Path, known_hosts: str
+) -> subprocess.CompletedProcess[str]:
+    """`check` of node2 through node1, host keys checked against `known_hosts` alone."""
+    inv = cluster.write_inventory(
+        tmp_path / "jump.yaml",
+        only=["node2"],
+        cpuaccel_known_hosts=None,
+        ansible_ssh_common_args=f"-o UserKnownHostsFile={tmp_path / 'known_hosts'}",
+    )
+    (tmp_path / "known_hosts").write_text(known_hosts)
+    env = clean_env(HOME=str(proxyjump_home(cluster, tmp_path)))
+    return cpuaccel("check", "-i", str(inv), env=env, timeout=60)
+
+
+def test_a_proxyjump_hop_with_a_wrong_recorded_key_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    node1, node2, node3 = (cluster.node(name) for name in ("node1", "node2", "node3"))
+    good = cluster.known_hosts_path.read_text().splitlines()
+    by_name = {line.split()[0].split(",")[0]: line.split(None, 1)[1] for line in good}
+    # node1 (the hop) recorded with node3's key; node2 (the target) with its own.
+    wrong = f"{node1.address} {by_name['node3']}\n{node2.address} {by_name['node2']}\n"
+    proc = through_jump(cluster, tmp_path, wrong)
+    assert proc.returncode == EXIT_NODE_FAILED, proc
+    assert f"host key of the ProxyJump hop {node1.address} has CHANGED" in proc.stdout, proc
+    assert "Traceback" not in proc.stderr
+    assert node3.address not in proc.stdout  # the message names the hop, not the key's owner
+
+    unknown = f"{node2.address} {by_name['node2']}\n"  # the hop not recorded at all
+    proc = through_jump(cluster, tmp_path, unknown)
+    assert proc.returncode == EXIT_NODE_FAILED, proc
+    assert f"host key of the ProxyJump hop {node1.address} is not known" in proc.stdout, proc
+
+
+def test_a_proxyjump_hop_with_the_right_key_works(cluster: Cluster, tmp_path: Path) -> None:
+    proc = through_jump(cluster, tmp_path, cluster.known_hosts_path.read_text())
+    assert proc.returncode == 0, proc
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("node2 "))
+    assert row.split()[1:3] == ["ok", "="], proc.stdout  # "=": the hostname is node2
+    # The way to node2 goes through node1: without node1's sshd there is none.
+    with cluster.sshd_stopped("node1"):
+        proc = through_jump(cluster, tmp_path, cluster.known_hosts_path.read_text())
+    assert proc.returncode == EXIT_NODE_FAILED, proc
+    assert f"via ProxyJump {cluster.node('node1').address}" in proc.stdout, proc
+
 
 MB = 1 << 20
 

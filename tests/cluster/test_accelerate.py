@@ -18,10 +18,11 @@ import pytest
 
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.runs import LABELLED, Run, cpuaccel_run
+from tests.cluster.fixtures import REPO
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accelerate_train.py"
+EXAMPLE = REPO / "examples" / "accelerate_train.py"
 
 
 def json_lines(run: Run) -> dict[int, tuple[str, dict[str, Any]]]:
