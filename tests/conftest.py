@@ -192,9 +192,12 @@ for _old, _new in OLD_MODULE_NAMES.items():
 
 
 @pytest.fixture(autouse=True)
-def _old_depth_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _old_depth_paths(request: pytest.FixtureRequest) -> None:
     """The repository's paths, for the tests of a moved file that computes them from its
-    old place (OLD_DEPTH_PATHS)."""
+    old place (OLD_DEPTH_PATHS); other tests get nothing, not even a monkeypatch."""
     module = getattr(request, "module", None)
-    for name, value in OLD_DEPTH_PATHS.get(getattr(module, "__name__", ""), {}).items():
-        monkeypatch.setattr(module, name, value)
+    paths = OLD_DEPTH_PATHS.get(getattr(module, "__name__", ""))
+    if paths:
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        for name, value in paths.items():
+            monkeypatch.setattr(module, name, value)
