@@ -1,12 +1,16 @@
 """Shared fixtures: a real 3-node namespace cluster for tests marked `cluster`.
 
+The tests are laid out by what they test: ``tests/unit/<package>/`` (no cluster: one
+folder a package of cpuaccel, the top-level modules in ``tests/unit/`` itself),
+``tests/cluster/`` (real namespace nodes; what its files share is in
+``tests/cluster/fixtures.py``) and ``tests/docs/``. This file applies to all of them.
+
 The one rule for cluster tests: a test that needs root and namespace nodes is marked
 ``cluster`` explicitly, so that ``-m "not cluster"`` and a reader see it without following
-fixtures. A file of cluster tests only (``test_*_cluster.py``, ``test_scenario.py``) says so
-once with ``pytestmark = pytest.mark.cluster``; a file that mixes them with plain tests
-(``test_cluster.py``) puts ``@pytest.mark.cluster`` on each. A test that uses the
-``cluster`` fixture (directly or through another fixture) without the mark is a
-collection error.
+fixtures. A file of cluster tests only (every file of ``tests/cluster/``) says so once
+with ``pytestmark = pytest.mark.cluster``; a file that mixed them with plain tests would
+put ``@pytest.mark.cluster`` on each. A test that uses the ``cluster`` fixture (directly
+or through another fixture) without the mark is a collection error.
 
 Cluster tests need root. Off root they are skipped with the reason; with
 ``CPUACCEL_REQUIRE_CLUSTER=1`` (set by CI) they fail with it instead, so a CI run cannot pass

@@ -52,7 +52,7 @@ class InventoryChoice:
         return f"{self.setting.where} {self.path}"
 
 
-SLURM_JOB_ID = "SLURM_JOB_ID"  # slurm/allocation.JOB_ID (tests/test_lazy_imports.py)
+SLURM_JOB_ID = "SLURM_JOB_ID"  # slurm/allocation.JOB_ID (tests/unit/cli/test_lazy_imports.py)
 
 
 def _allocation_here() -> Allocation | None:

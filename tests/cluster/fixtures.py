@@ -1,0 +1,127 @@
+"""What the cluster tests share, beyond the session fixtures of tests/conftest.py and
+cpuaccel.testing (the nodes, ``make_project``, ``cpuaccel_run``, ``job_processes``):
+
+- the checkout: REPO (its examples/ are copied into projects) and TREE, the ``--env``
+  that makes the ranks import cpuaccel from the tree under test (a worktree's, when it
+  is one) rather than from the nodes' venv;
+- the job shapes and ends: TWO_BY_TWO, and ``assert_nothing_left`` of a job on NODES;
+- a node cut off: ``link_down`` and the longest a run may take to end without it
+  (DEAD_NODE_BOUND);
+- a node reached on another port as another user: ``second_sshd`` (PORT, USER).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import cpuaccel
+from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
+from cpuaccel.node.supervisor import GRACE
+from cpuaccel.runs.fanout import TEARDOWN
+from cpuaccel.testing import sshd
+from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testing.netns import SSHD, _descendants
+from cpuaccel.testing.runs import job_processes
+
+REPO = Path(__file__).resolve().parents[2]
+# Ranks import cpuaccel from the tree under test (a worktree's, when it is one).
+TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
+
+# ---------------------------------------------------------------- jobs
+
+TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
+NODES = ("node1", "node2", "node3")
+
+
+def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
+    """No process of the job on any node at once, and soon no process at all but sshd."""
+    for node in NODES:
+        assert job_processes(cluster, node, run_id) == [], node
+    for node in NODES:
+        # Only the sessions of cpuaccel's own connections may take a moment to close.
+        left = cluster.wait_idle(node, timeout=5)
+        assert left == [], (node, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left])
+
+
+# ---------------------------------------------------------------- a node cut off
+
+
+@contextlib.contextmanager
+def link_down(cluster: Cluster, name: str) -> Iterator[None]:
+    """Within the block, node `name` neither sends nor receives a packet."""
+    namespace = cluster.node(name).namespace
+    subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "down"], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "-n", namespace, "link", "set", "eth0", "up"], check=True)
+
+
+# The longest a dead node may take to end a run: the keepalive window (plus the interval
+# before the first unanswered probe), the launcher's SIGTERM grace, and the teardown bound.
+DEAD_NODE_BOUND = KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 1) + GRACE + TEARDOWN
+
+# ---------------------------------------------------------------- a second sshd
+
+PORT = 2222
+USER = "cpxuser"
+HOME = NODE_DIR / "home-cpx"
+
+
+def _wait_for_port(address: str, port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def second_sshd(cluster: Cluster, name: str, allow: str) -> Iterator[None]:
+    """Another sshd in node ``name`` on PORT, letting in ``allow`` (AllowUsers) only,
+    with USER added to that node's /etc/passwd (a bind mount in its namespace)."""
+    node = cluster.node(name)
+    state = cluster.state_dir
+    passwd = state / f"passwd-{name}"
+    passwd.write_text(
+        Path("/etc/passwd").read_text() + f"{USER}:x:0:0:cpuaccel test:{HOME}:/bin/sh\n"
+    )
+    (node.private_dir / HOME.name).mkdir(exist_ok=True)
+    pid_file = state / f"sshd-{name}-{PORT}.pid"
+    config = state / "sshd" / f"{name}-{PORT}.conf"
+    text = sshd.sshd_config(
+        node, cluster.cluster_id, cluster.host_key_path(name), Path(f"{cluster.key_path}.pub")
+    )
+    text = text.replace("Port 22\n", f"Port {PORT}\n").replace(
+        "PidFile none", f"PidFile {pid_file}"
+    )
+    config.write_text(text + f"AllowUsers {allow}\n")
+    mounted = cluster.exec(name, ["mount", "--bind", str(passwd), "/etc/passwd"])
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        started = cluster.exec(name, [SSHD, "-f", str(config)])  # it forks into the background
+        assert started.returncode == 0, started.stderr
+        _wait_for_port(node.address, PORT)
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            listener = int(pid_file.read_text())
+            # Its sessions too: a master kept from a check (the controller's, or the
+            # head's for the launcher reach) would outlive the listener, and a later
+            # test's sshd that refuses the head would still be reached through it.
+            for pid in [listener, *_descendants(listener)]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGTERM)
+        if node.pid is not None:  # the node's own namespace (sshd_stopped replaces it)
+            cluster.exec(name, ["umount", "/etc/passwd"])

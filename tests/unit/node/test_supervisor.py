@@ -1,0 +1,142 @@
+"""A detached run's supervisor (the ``detached`` node program, node/detached.py, running
+node/supervisor.py's loop) on this machine, with a stand-in launch.sh, and `cpuaccel
+stop`'s run lookup. The real thing on nodes: tests/cluster/test_detach.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpuaccel import node, worker
+from cpuaccel.errors import EXIT_USAGE, UsageError
+from cpuaccel.node import detached, progress, supervisor
+from cpuaccel.runs import teardown as stop
+from cpuaccel.testing.command import clean_env, cpuaccel
+
+RUN_ID = "20260101-000000-abcdef"
+
+
+def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:
+    run_dir = tmp_path / "runs" / RUN_ID
+    run_dir.mkdir(parents=True)
+    config = {"run_id": RUN_ID, "head": "here", "world": 2, "timeout": timeout, "nodes": {}}
+    (run_dir / "supervisor.json").write_text(json.dumps(config))
+    (run_dir / "supervisor.py").write_bytes(node.program("detached"))
+    (run_dir / "launch.sh").write_text(
+        f"export CPUACCEL_RUN_ID={RUN_ID}\necho $$ > {run_dir}/launcher.pid\n{launch}"
+    )
+    return str(run_dir)
+
+
+def final_status(run_dir: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = supervisor.read_status(run_dir)
+        if status and status["state"] != "running":
+            return status
+        time.sleep(0.1)
+    raise AssertionError(supervisor.read_status(run_dir))
+
+
+def test_a_job_that_completes_is_logged_per_rank_and_succeeds(tmp_path: Path) -> None:
+    run_dir = make_run(
+        tmp_path,
+        "echo '[rank 0 h] hello'\necho '[rank 1 h] world' >&2\necho 'launcher words'\n"
+        "echo '[rank 0 h] [cpuaccel] exit code 0'\necho '[rank 1 h] [cpuaccel] exit code 0'\n",
+    )
+    started = detached.start(run_dir)
+    assert started["pid"] > 0
+    status = final_status(run_dir)
+    assert status["state"] == "succeeded" and status["exit_code"] == 0
+    assert status["ranks"] == {"0": 0, "1": 0} and status["ended_by"] == "completed"
+    assert status["detached"] is True and status["supervisor"]["pid"] == started["pid"]
+    assert Path(run_dir, "rank-0.log").read_text() == "hello\n"
+    assert Path(run_dir, "rank-1.log").read_text() == "world\n"
+    assert Path(run_dir, "launcher.log").read_text() == "launcher words\n"
+    assert Path(run_dir, "status.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_failing_rank_ends_the_job_with_its_code(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "echo '[rank 1 h] [cpuaccel] exit code 7'\nexec sleep 60\n")
+    detached.start(run_dir)
+    status = final_status(run_dir)
+    assert status["state"] == "failed" and status["exit_code"] == 7
+    assert status["ended_by"] == "rank 1" and status["ranks"] == {"0": None, "1": 7}
+    assert status["ended"] - status["started"] < 15  # the sleep was ended, not waited for
+
+
+def test_timeout_and_stop(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path / "a", "exec sleep 60\n", timeout=1)
+    detached.start(run_dir)
+    status = final_status(run_dir)
+    assert status["state"] == "timeout" and status["exit_code"] == 124
+
+    run_dir = make_run(tmp_path / "b", "exec sleep 60\n")
+    pid = detached.start(run_dir)["pid"]
+    time.sleep(0.5)
+    assert detached.stop("some-other-run", pid, 5) == {"signalled": False, "alive": False}
+    assert detached.is_supervisor(pid, RUN_ID)
+    assert detached.stop(RUN_ID, pid, 30) == {"signalled": True, "alive": False}
+    status = final_status(run_dir)
+    assert status["state"] == "stopped" and status["exit_code"] == 143
+    assert status["ended_by"] == "stop" and status["left"] == {}
+
+
+def test_mark_ended_changes_only_a_running_status(tmp_path: Path) -> None:
+    run_dir = str(tmp_path)
+    supervisor.write_status(run_dir, supervisor.status_doc("r", 1.0, True, None, 1))
+    assert supervisor.mark_ended(run_dir, "stopped", "stop")["state"] == "stopped"  # type: ignore[index]
+    assert supervisor.mark_ended(run_dir, "lost", "x")["state"] == "stopped"  # type: ignore[index]
+
+
+def test_the_supervisor_reads_the_lines_the_worker_writes() -> None:
+    assert worker.EXIT_MARKER is progress.EXIT_MARKER
+    assert worker.KILLED_MARKER is progress.KILLED_MARKER
+    label = f"[rank 3 node-2.example] {worker.EXIT_MARKER} 7"  # as worker.py labels it
+    found = supervisor.LABEL.match(label)
+    assert found is not None and (found[1], found[2]) == ("3", "node-2.example")
+    assert supervisor._reported_code(found[3]) == 7
+    assert supervisor.STATES.keys() >= {"completed", "failed", "terminated", "timeout", "lost"}
+
+
+def test_find_run_takes_an_id_a_prefix_or_last(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for name in ("20260101-000000-aaaaaa", "20260102-000000-bbbbbb", "20260102-000000-bbbccc"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text("{}")
+    (runs / "20270101-notarun").mkdir()  # no run.json: not a run
+    assert stop.find_run(runs, "last").name == "20260102-000000-bbbccc"
+    assert stop.find_run(runs, "20260101").name == "20260101-000000-aaaaaa"
+    assert stop.find_run(runs, "20260102-000000-bbbbbb").name == "20260102-000000-bbbbbb"
+    with pytest.raises(UsageError, match="ambiguous"):
+        stop.find_run(runs, "20260102")
+    with pytest.raises(UsageError, match="no run"):
+        stop.find_run(runs, "2027")
+    with pytest.raises(UsageError, match="no run"):
+        stop.find_run(tmp_path / "none", "last")
+
+
+def test_stop_of_an_unknown_run_is_a_usage_error(tmp_path: Path) -> None:
+    done = cpuaccel("stop", "nosuchrun", cwd=tmp_path, env=clean_env(), timeout=60)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "no run 'nosuchrun'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_detach_with_dry_run_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text("print(1)\n")
+    done = cpuaccel(
+        "run", "--detach", "--dry-run", "t.py", cwd=tmp_path, env=clean_env(), timeout=60
+    )
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert "--detach and --dry-run together" in done.stderr
+
+
+def test_supervisor_program_is_bundled_with_what_it_imports() -> None:
+    parts = node.parts("detached")
+    assert parts[-1] == "detached" and {"supervisor", "jobctl", "common"} <= set(parts)
+    assert os.environ.get(detached.MARK) is None
