@@ -187,6 +187,7 @@ def supervisor_files(plan: RunPlan, limits: Limits, min_nodes: int | None) -> Jo
         "head": plan.head.name,
         "world": plan.world or 0,
         "timeout": limits.timeout,
+        "python": plan.head.python,  # the other nodes' guards call it on the head
         "nodes": {h.name: h.python for h in plan.hosts[1:]},  # swept through ssh.sh
         "hang_timeout": limits.hang_timeout,
         "hosts": [h.name for h in plan.hosts],

@@ -27,6 +27,20 @@ nodes reached through the run's ssh.sh, as MPI reaches them.
                           attempts: whether it answers, and its checkpoints
   attempt RUN_DIR K [RESUME]
                           env.sh with attempt K's CPUACCEL_RESTART and CPUACCEL_RESUME
+  guard RUN_ID RUN_DIR HEAD PYTHON PID
+                          on every other node, in a session of its own: hold an ssh
+                          session to the head (``alive``) while the supervisor PID
+                          lives; answer its pid
+  alive RUN_ID PID        on the head: say so, then return once the supervisor ends
+
+A lost head is handled as a foreground run handles it. When the controller loses its
+connection to a foreground run's head, it names the node and ends the job on the
+others; here the supervisor is lost with the head, so each other node's guard does
+it: its session to the head stops answering keepalives (ssh exits 255 after the run's
+ServerAlive window), and the guard says "lost the connection to HEAD (no answer to
+keepalives): ending the job on the other nodes" in its node's guard.log and
+``lost.json``, and sweeps the run's processes (and secret.env) off its node. A guard
+that never reached the head (no key for it there) says so and ends nothing.
 
 Between two attempts every other node is asked through ssh.sh, bounded. A node that does
 not answer is left out while --nodes MIN remain (supervisor.json's ``min_nodes``): the
@@ -45,6 +59,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from cpuaccel.node.checkpoints import HostCheckpoints, choose, gather_here, host_of
@@ -72,6 +87,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 MARK = "CPUACCEL_SUPERVISES"  # not CPUACCEL_RUN_ID: the sweep must not end the supervisor
+ALIVE = "alive"  # the head's first word to a guard: the session is up
+SSH_FAILED = 255  # ssh's own exit code: the connection, not the command, failed
 REACH_TIMEOUT = 30.0  # a node's answer through ssh.sh: ssh's connect, the program, room
 SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
 ENV_MARK = "# cpuaccel: this attempt's"  # env.sh's lines from here on are rewritten
@@ -364,6 +381,80 @@ class HeadRun(Supervised):
             write_status(self.side.run_dir, self.doc)
 
 
+# ---------------------------------------------------------------- the head, lost
+
+
+def lost_words(head: str) -> str:
+    """How a lost head is named, in a foreground run's words."""
+    return (
+        f"lost the connection to {head} (no answer to keepalives): ending the job on the "
+        "other nodes"
+    )
+
+
+def guard(run_id: str, run_dir: str, head: str, python: str, pid: int) -> dict[str, Any]:
+    """Start :func:`watch_head` in a session of its own; answer its pid."""
+    log = os.open(os.path.join(run_dir, "guard.log"), _APPEND, 0o600)
+    try:
+        program = os.path.join(run_dir, "supervisor.py")
+        proc = subprocess.Popen(
+            [sys.executable, program, "-", "watchhead", run_id, run_dir, head, python, str(pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=run_dir,
+            env={**os.environ, MARK: run_id},
+            start_new_session=True,
+        )
+    finally:
+        os.close(log)
+    return {"pid": proc.pid}
+
+
+def watch_head(run_id: str, run_dir: str, head: str, python: str, pid: int) -> dict[str, Any]:
+    """Hold a session to the head while its supervisor lives; when the session breaks
+    after the head said it was up, the head is lost: the job ends on this node."""
+    program = os.path.join(run_dir, "supervisor.py")
+    remote = [python, program, "-", "alive", run_id, str(pid)]
+    proc = subprocess.Popen(
+        ["/bin/sh", os.path.join(run_dir, "ssh.sh"), head, shlex.join(remote)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    reached = proc.stdout.readline().decode(errors="replace").strip() == ALIVE
+    if reached:
+        print(f"watching {head}'s supervisor (pid {pid})", flush=True)
+    _, err = proc.communicate()
+    if proc.returncode != SSH_FAILED:
+        return {"head": "ended"}  # the supervisor ended: so did the run, there
+    if not reached:
+        why = err.decode(errors="replace").strip()[-300:]
+        print(f"cannot watch {head} from here: {why or 'ssh failed'}", flush=True)
+        return {"head": "not reached"}
+    words = lost_words(head)
+    print(words, flush=True)
+    record = {"lost": head, "said": words, "time": time.time()}
+    folder = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        write_atomic("lost.json", (json.dumps(record) + "\n").encode(), 0o600, dir_fd=folder)
+    finally:
+        os.close(folder)
+    ended = end(run_id, 2, run_dir)
+    print(f"ended here: {ended}", flush=True)
+    return {"head": "lost"}
+
+
+def alive(run_id: str, pid: int) -> dict[str, Any]:
+    """On the head: ALIVE at once, then wait while the supervisor lives."""
+    sys.stdout.write(ALIVE + "\n")
+    sys.stdout.flush()
+    while is_supervisor(pid, run_id):
+        time.sleep(1.0)
+    return {}
+
+
 # ---------------------------------------------------------------- the program
 
 
@@ -412,8 +503,22 @@ def watch(run_dir: str) -> dict[str, Any]:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     with open(os.path.join(run_dir, "supervisor.json")) as f:
         config = json.load(f)
-    HeadRun(run_dir, config).supervise()
+    run = HeadRun(run_dir, config)
+    python = config.get("python") or sys.executable
+    guards = threading.Thread(target=_start_guards, args=(run.side, python), daemon=True)
+    guards.start()  # beside attempt 0's launch, not before it
+    run.supervise()
+    guards.join(REACH_TIMEOUT)
     return {}
+
+
+def _start_guards(side: HeadSide, python: str) -> None:
+    """Every other node's guard of the head (see the module's docstring); a node that
+    cannot start one is said in supervisor.log, and the run goes on without it."""
+    words = ["guard", side.run_id, side.run_dir, side.head, python, str(os.getpid())]
+    for name, answer in on_nodes(side.run_dir, side.pythons, words, REACH_TIMEOUT).items():
+        if not isinstance(answer, dict):
+            side.say("warning", f"{name} does not guard against the head's loss: {answer}")
 
 
 def main() -> None:
@@ -437,6 +542,12 @@ def main() -> None:
     elif mode == "stacks":
         ours = set(job_pids(args[0]))
         result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}
+    elif mode == "guard":
+        result = guard(args[0], args[1], args[2], args[3], int(args[4]))
+    elif mode == "watchhead":
+        result = watch_head(args[0], args[1], args[2], args[3], int(args[4]))
+    elif mode == "alive":
+        result = alive(args[0], int(args[1]))
     else:
         raise SystemExit(f"unknown mode {mode}")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -222,3 +222,40 @@ def test_stop_after_the_supervisor_was_killed_sweeps_and_records_stopped(
     assert status is not None and status["state"] == "stopped" and status["ended"], status
     assert json.loads((proj / "runs" / run_id / "status.json").read_text())["state"] == "stopped"
     assert_nothing_left(cluster, run_id)
+
+
+def test_a_lost_head_ends_the_job_on_the_other_nodes_in_the_foregrounds_words(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """The head's link drops: its supervisor is lost with it, so node2's guard names the
+    head as a foreground run does, ends the job there and keeps a record of why."""
+    from tests.cluster.fixtures import DEAD_NODE_BOUND, link_down
+
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    sleeps_long = SLEEPER.replace("time.sleep(60)", "time.sleep(600)")
+    proj = make_project(tmp_path, {"job.py": sleeps_long})
+    run = cpuaccel_run(proj, "-i", inventory, "--nodes", "2", "--ppn", "2", "--detach",
+                       "job.py", str(flags))  # fmt: skip
+    assert run.code == EXIT_OK, run
+    run_id = run.stdout.strip()
+    assert wait_until(lambda: started_ranks(cluster, run_id) == {0, 1, 2, 3}), run_id
+    guarded = f"{WORKDIR}/runs/{run_id}/guard.log"
+    assert wait_until(lambda: "watching node1" in cluster.exec("node2", ["cat", guarded]).stdout)
+    lost_record = f"{WORKDIR}/runs/{run_id}/lost.json"
+    with link_down(cluster, "node1"):
+        gone = wait_until(lambda: job_processes(cluster, "node2", run_id) == [],
+                          timeout=DEAD_NODE_BOUND + 15)  # fmt: skip
+        record = cluster.exec("node2", ["cat", lost_record])
+    assert gone, job_processes(cluster, "node2", run_id)
+    assert record.returncode == 0, record
+    lost = json.loads(record.stdout)
+    assert lost["lost"] == "node1"
+    assert lost["said"] == (
+        "lost the connection to node1 (no answer to keepalives): ending the job on the other nodes"
+    )
+    said = cluster.exec("node2", ["cat", f"{WORKDIR}/runs/{run_id}/guard.log"]).stdout
+    assert lost["said"] in said
+    # The head back: its supervisor ends the job there; stop finds nothing left.
+    cpuaccel("stop", run_id, cwd=proj, env=ENV, timeout=120)
+    assert_nothing_left(cluster, run_id)
