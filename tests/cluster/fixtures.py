@@ -36,6 +36,21 @@ TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}"
 
 # ---------------------------------------------------------------- jobs
 
+
+def train_args(
+    steps: int, save_every: int, log_every: int, seed: int = 5, corpus_bytes: int = 20000
+) -> tuple[str, ...]:
+    """examples/train.py's flags for the tiny fp32 model the cluster tests train (one
+    layer of width 32, a 32-token context, batches of 4), checkpointed every
+    ``save_every`` steps."""
+    return (
+        "--steps", str(steps), "--precision", "fp32", "--seed", str(seed),
+        "--save-every", str(save_every), "--log-every", str(log_every),
+        "--corpus-bytes", str(corpus_bytes), "--context", "32", "--batch", "4",
+        "--width", "32", "--layers", "1", "--heads", "2",
+    )  # fmt: skip
+
+
 TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
 NODES = ("node1", "node2", "node3")
 

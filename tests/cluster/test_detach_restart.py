@@ -22,17 +22,13 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
-from tests.cluster.fixtures import link_down
+from tests.cluster.fixtures import REPO, TREE, link_down, train_args
 from tests.cluster.test_detach import WORKDIR, assert_nothing_left, head_file, wait_until
-from tests.cluster.test_resume import REPO, TREE, node_path
+from tests.cluster.test_resume import node_path
 
 pytestmark = pytest.mark.cluster
 
-TRAIN = (
-    "--steps", "30", "--precision", "fp32", "--seed", "5", "--save-every", "5",
-    "--log-every", "1", "--corpus-bytes", "20000", "--context", "32", "--batch", "4",
-    "--width", "32", "--layers", "1", "--heads", "2",
-)  # fmt: skip
+TRAIN = train_args(steps=30, save_every=5, log_every=1)
 
 # Rank 1 dies (SIGKILL, as the OOM killer does it) right after ctx.log at step DIE_AT
 # of the first attempt only (tests/cluster/test_resume.py's DIE dies in every attempt).

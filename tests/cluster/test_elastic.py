@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import cpuaccel
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.node.supervisor import GRACE
@@ -25,17 +24,11 @@ from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import BackgroundRun, make_project
-from tests.cluster.fixtures import link_down
+from tests.cluster.fixtures import REPO, TREE, link_down, train_args
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
-TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
-TRAIN = (
-    "--steps", "60", "--precision", "fp32", "--seed", "5", "--save-every", "10",
-    "--log-every", "5", "--corpus-bytes", "20000", "--context", "32", "--batch", "4",
-    "--width", "32", "--layers", "1", "--heads", "2",
-)  # fmt: skip
+TRAIN = train_args(steps=60, save_every=10, log_every=5)
 # Attempt 0 slows down after step 20 (a second per logged step), so that the link is cut
 # mid-run with checkpoints behind it; the example itself has no test hook.
 SLOW = """\

@@ -17,15 +17,14 @@ from typing import Any
 
 import pytest
 
-import cpuaccel
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_cli
 from cpuaccel.testing.runs import ENV, cpuaccel_run, job_processes, make_project
+from tests.cluster.fixtures import TREE
 
 pytestmark = pytest.mark.cluster
 
-TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
 WORKDIR = NODE_DIR / "work"
 EXIT_HANG = 124
 _ports = iter(range(random.randrange(30000, 39000, 100), 65000))

@@ -25,6 +25,7 @@ from cpuaccel.testing.runs import (
     job_processes,
     make_project,
 )
+from tests.cluster.fixtures import REPO, train_args
 
 pytestmark = pytest.mark.cluster
 
@@ -152,7 +153,6 @@ def test_a_rank_killed_mid_run_is_restarted(
 
 # ---------------------------------------------------------------- resumed exactly
 
-REPO = Path(__file__).resolve().parents[2]
 WORKDIR = NODE_DIR / "work"  # the nodes' own folder for projects and runs
 # examples/train.py as it is, but in attempt 0 rank 3 (on node2) dies by SIGKILL as soon
 # as it has finished step 43 (steps 40's checkpoint is saved): a death at a known step.
@@ -168,11 +168,7 @@ if os.environ["CPUACCEL_RESTART"] == "0" and os.environ["RANK"] == "3":
     Context.log = dying
 runpy.run_path("train.py", run_name="__main__")
 """
-TRAIN = (
-    "--steps", "100", "--save-every", "10", "--log-every", "1", "--precision", "fp32",
-    "--seed", "7", "--width", "32", "--layers", "1", "--heads", "2", "--context", "32",
-    "--batch", "4", "--corpus-bytes", "100000",
-)  # fmt: skip
+TRAIN = train_args(steps=100, save_every=10, log_every=1, seed=7, corpus_bytes=100000)
 # The largest relative difference between two checkpoints' model parameters.
 COMPARE = """\
 import sys, torch

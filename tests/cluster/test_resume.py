@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import torch
 
-import cpuaccel
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
@@ -35,18 +34,13 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
+from tests.cluster.fixtures import REPO, TREE, train_args
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
 # Ranks import cpuaccel from the tree under test.
-TREE = ("--env", f"PYTHONPATH={Path(cpuaccel.__file__).resolve().parent.parent}")
 # 20000 bytes in windows of 32: 39 batches of 4 a rank and epoch; 100 steps cross 2 ends.
-TRAIN = (
-    "--steps", "100", "--precision", "fp32", "--seed", "5", "--save-every", "10",
-    "--log-every", "5", "--corpus-bytes", "20000", "--context", "32", "--batch", "4",
-    "--width", "32", "--layers", "1", "--heads", "2",
-)  # fmt: skip
+TRAIN = train_args(steps=100, save_every=10, log_every=5)
 
 # Rank 1 dies (SIGKILL, as the OOM killer does it) right after ctx.log at a step: the
 # example itself has no test hook.
