@@ -15,6 +15,7 @@ Scenarios (3 namespace nodes, each with its own sshd; the venv is shared):
     run --dry-run       the controller's whole path from flags to the mpirun argv
     run 1 x 2 (local)   `cpuaccel run --nodes 1 --ppn 2 init.py` on this machine
     run 3 x 1           the same across the 3 nodes: preflight, copy, launch, sweep
+    run 3 x 2           the same with 2 ranks a node (bench/launch.py's 3-node case)
 
 Both trees ship their own node programs (probe, sync receiver, job operations), read
 from their own source. Inside the ranks, both import the installed cpuaccel (its
@@ -120,6 +121,9 @@ def scenarios(inventory: Path, project: Path, local: Path) -> dict[str, Scenario
         ),
         "run 3 x 1": lambda t: t.run(
             ["run", *inv, *run_args(3, 1), "init.py"], project, expect="init-ok 2 3"
+        ),
+        "run 3 x 2": lambda t: t.run(
+            ["run", *inv, *run_args(3, 2), "init.py"], project, expect="init-ok 5 6"
         ),
     }
 

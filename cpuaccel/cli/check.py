@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli import gc_pause
+from cpuaccel.cli import main as gc_pause
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings

@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import sys
+from collections.abc import Iterator
 
-from cpuaccel.cli import gc_pause
+# ---------------------------------------------------------------- the GC while loading
+# Modules loaded with the cyclic garbage collector paused, their heap then frozen.
+#
+# A command's start-up allocates tens of thousands of objects that live as long as the
+# process (classes, functions, dataclasses' generated methods, compiled regexes): the
+# collections those allocations set off find nothing to free, yet cost a visible part of a
+# one-node check, whose time is mostly start-up; and the exit's collections would walk
+# them all again. Frozen, every later collection skips them; finalizers, atexit hooks and
+# flushes still run at exit.
+#
+# Only the command's own process freezes (``start_command``, from ``cli.main.main``): a
+# test that drives the click group in its own process keeps its heap collectable, as a
+# frozen object left over from one test would never be freed.
+_command = False  # this process is one command, whose heap ends with it
 
-with gc_pause.paused():  # click and what every verb shares (cli/gc_pause.py)
+
+def start_command() -> None:
+    """Marks this process as the command's and freezes what is alive (click's modules,
+    loaded paused); later pauses freeze what loaded in them."""
+    global _command
+    _command = True
+    gc.freeze()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Pauses the cyclic GC for the block (if it was on); then, in the command's own
+    process, freezes what is alive."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if _command:
+            gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+with paused():  # click and what every verb shares
     import click
 
     from cpuaccel import __version__
@@ -67,7 +106,7 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, _, attr = target.partition(":")
-        with gc_pause.paused():  # the verb's modules (cli/gc_pause.py)
+        with paused():  # the verb's modules
             loaded = importlib.import_module(module)
         command = getattr(loaded, attr)
         assert isinstance(command, click.Command)
@@ -86,12 +125,12 @@ def cli() -> None:
 
 
 def main() -> None:
-    gc_pause.start_command()
+    start_command()
     try:
         _main()
     finally:
         # The exit's collections walk the whole heap, over and over while the interpreter
-        # tears its modules down, a visible share of a short command (cli/gc_pause.py).
+        # tears its modules down, a visible share of a short command (cli/main.py).
         gc.freeze()
 
 

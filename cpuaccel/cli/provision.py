@@ -20,10 +20,9 @@ from cpuaccel.inventory.variables import user_name_problem
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.become import CliBecome
 from cpuaccel.playbook.display import Display, ProgressBar
-from cpuaccel.playbook.model import Playbook
+from cpuaccel.playbook.loader import Playbook
 from cpuaccel.playbook.modules import MODULES
-from cpuaccel.playbook.stats import HostStats
-from cpuaccel.playbook.strategy import LinearStrategy, Listener, default_playbook
+from cpuaccel.playbook.strategy import HostStats, LinearStrategy, Listener, default_playbook
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -13,8 +13,7 @@ from cpuaccel import ui
 from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.runs import node_files as runfiles
-from cpuaccel.runs.records import ENDED, RunRecord, load, run_ids, runs_folder, with_slurm
-from cpuaccel.runs.rows import row
+from cpuaccel.runs.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -12,8 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from cpuaccel.config.project import ProjectConfig
-from cpuaccel.config.yamlfile import Field
+from cpuaccel.config.project import Field, ProjectConfig
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import hostfile
 

@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cpuaccel.config.project import PROJECT_FILE, ProjectConfig, is_accelerate, parse_project
-from cpuaccel.config.yamlfile import parse_mapping
+from cpuaccel.config.project import (
+    PROJECT_FILE,
+    ProjectConfig,
+    is_accelerate,
+    parse_mapping,
+    parse_project,
+)
 from cpuaccel.errors import ProjectFileError
 from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV

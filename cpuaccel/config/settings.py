@@ -483,7 +483,7 @@ TABLE: tuple[Entry, ...] = (
         note="off",
         shown=True,
     ),
-    # Words appended to the mpirun line, checked (config/launcher_args.py).
+    # Words appended to the mpirun line, checked (config/kinds.py).
     Entry(
         "launcher_args",
         MpirunWords(),
@@ -571,7 +571,7 @@ TABLE: tuple[Entry, ...] = (
         verbs=_verbs(RUN),
         default=True,
     ),
-    # How SCRIPT is run (jobs/entry.py): read from the flags before any setting is.
+    # How SCRIPT is run (jobs/plan.py): read from the flags before any setting is.
     Entry(
         "module",
         Switch(),

@@ -37,8 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from cpuaccel.dashboard.remote import Watcher
 from cpuaccel.dashboard.snapshot import DEFAULT_TAIL, MAX_TAIL, RunView
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
-from cpuaccel.runs.records import load, run_ids
-from cpuaccel.runs.rows import row
+from cpuaccel.runs.records import load, row, run_ids
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "x-cpuaccel-token"

@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.runs.records import ENDED, RunRecord, load
-from cpuaccel.runs.rows import row
+from cpuaccel.runs.records import ENDED, RunRecord, load, row
 
 MAX_POINTS = 2000  # points per response, whatever the run's length
 MAX_TAIL = 50  # log lines per rank a page may ask for

@@ -56,7 +56,7 @@ from cpuaccel.node.supervisor import (
 from cpuaccel.runs import fanout, homecoming
 from cpuaccel.runs import node_files as runfiles
 from cpuaccel.runs.fanout import TEARDOWN
-from cpuaccel.slurm import steps
+from cpuaccel.slurm import queue
 from cpuaccel.ui import escape
 
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red")
@@ -174,7 +174,7 @@ class ControllerSide(Side):
         from cpuaccel.jobs.launchers import step_name
 
         try:
-            steps.cancel(job, step_name(self.plan.run_id))
+            queue.cancel_step(job, step_name(self.plan.run_id))
         except CpuaccelError as exc:
             self.say("warning", f"could not end the job step: {exc}")
 

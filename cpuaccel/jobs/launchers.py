@@ -31,7 +31,7 @@ class LaunchSpec:
     # share its cores, so MPI must not spin on them.
     shared_cores: bool = False
     # --launcher-args: the user's own words for mpirun, each one argv word, placed after
-    # cpuaccel's options and before the program (config/launcher_args.py checked them).
+    # cpuaccel's options and before the program (config/kinds.py checked them).
     extra: tuple[str, ...] = ()
     run_id: str = ""  # names the Slurm launcher's job step (its teardown finds it so)
 
@@ -150,7 +150,7 @@ class Slurm(Launcher):
     works from anywhere in the allocation (hydra's proxies must reach
     back to mpirun's host: from the login side they could not) and Slurm then accounts
     and cancels every rank. The step is named after the run (``cpuaccel-<id>``) so that
-    the teardown can scancel exactly it (slurm/steps.py)."""
+    the teardown can scancel exactly it (slurm/queue.py)."""
 
     name = flavour = "slurm"
     # srun binds a task only where the cluster's TaskPlugin does (task/affinity,

@@ -16,13 +16,15 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from cpuaccel.config.settings import LaunchSettings, SecretEnv
+from cpuaccel.errors import UsageError
 from cpuaccel.facts.gather import Facts
+from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launchers
 from cpuaccel.jobs.launchers import Launcher, LaunchSpec
-from cpuaccel.jobs.precision_choice import PrecisionChoice, choose_precision
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -290,3 +292,118 @@ def allocator_candidates(plan: RunPlan) -> list[str]:
 def iomp_candidates(plan: RunPlan) -> list[str]:
     prefix = posixpath.dirname(posixpath.dirname(plan.python))
     return [c.format(prefix=prefix) for c in IOMP]
+
+
+# ---------------------------------------------------------------- the precision every rank gets
+# What ``--mixed-precision`` becomes in every rank's environment.
+#
+# ``auto`` (the runtime's default) is settled here, once for the whole job, from the
+# chosen nodes' facts: bf16 only when *every* node has AMX-BF16 or AVX512-BF16, since a
+# job runs at the pace of its slowest rank and emulated bf16 is slower than fp32. Settling
+# it on the controller (rather than letting each rank look at its own CPU) keeps every
+# rank of a mixed cluster on the same precision and lets the choice be printed once.
+#
+# Accelerate knows ``no``/``bf16`` (not ``fp32`` or ``auto``), so what is exported is
+# always one of those two once the nodes are known; a dry run, which asks no node,
+# shows ``auto`` and a placeholder.
+PLACEHOLDER = "<bf16 if every node has AMX-BF16 or AVX512-BF16, else no>"
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    accelerate: str | None  # ACCELERATE_MIXED_PRECISION (None: not exported)
+    cpuaccel: str | None  # CPUACCEL_MIXED_PRECISION
+    note: str | None = None  # one line saying what auto chose and why
+
+
+def choose_precision(
+    value: str | None, hosts: Sequence[Host], facts: Mapping[str, Facts] | None
+) -> PrecisionChoice:
+    """The exported values for ``value`` (a settled ``--mixed-precision``) on ``hosts``."""
+    if value is None:
+        return PrecisionChoice(None, None)
+    if value in ("no", "fp32"):
+        return PrecisionChoice("no", "no")
+    known = {h.name: facts[h.name] for h in hosts if facts and h.name in facts}
+    lacking = [name for name, f in known.items() if native_bf16(f) is None]
+    if value != "auto":  # an explicit bf16 is honoured, with a warning where it is emulated
+        note = None
+        if lacking:
+            note = (
+                f"warning: mixed precision bf16 without native bf16 on {_shown(lacking)} "
+                "(emulated, may be slower than fp32; --mixed-precision auto would pick fp32)"
+            )
+        return PrecisionChoice(value, value, note)
+    if len(known) < len(hosts):
+        return PrecisionChoice(PLACEHOLDER, "auto")
+    if not lacking:
+        flags = sorted({native_bf16(f) or "" for f in known.values()})
+        return PrecisionChoice(
+            "bf16", "bf16", f"precision auto -> bf16: every node has {' or '.join(flags)}"
+        )
+    return PrecisionChoice(
+        "no",
+        "no",
+        f"precision auto -> fp32: no AMX-BF16 or AVX512-BF16 on {_shown(lacking)} "
+        "(bf16 would be emulated; pass --mixed-precision bf16 to use it anyway)",
+    )
+
+
+def _shown(names: Sequence[str]) -> str:
+    """The first three names, and how many more."""
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+# ---------------------------------------------------------------- what a rank runs
+# What each rank runs when it is not a Python script: ``-m MODULE`` or ``--no-python``.
+#
+# As ``python -m``, ``torchrun -m`` and ``accelerate launch -m``: a module name, run from
+# the synced project folder as ``__main__``. As ``torchrun --no-python``: a program run
+# as each rank, with the rank's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+# ...) derived by the worker first. Both are checked here, on the controller, so that a
+# mistake is one line before any node is contacted.
+def module_script(name: str, args: tuple[str, ...], project: Path) -> Script:
+    """``-m pkg.train``: dotted identifiers only (it reaches the nodes as one word, and
+    anything else could not be imported)."""
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise UsageError(
+            f"-m {name}: not a module name",
+            hint="give a dotted module name, e.g. -m pkg.train (as python -m takes it); "
+            "a script file is run without -m",
+        )
+    return Script(name, args, project.name, MODULE)
+
+
+def program_script(program: str, args: tuple[str, ...], project: Path) -> Script:
+    """``--no-python PROGRAM``: a path (relative to the project, or absolute on the nodes)
+    or a bare command name. A bare name of a file in the project is that file (run as
+    ./NAME, as torchrun runs it from its folder); any other bare name is looked up on
+    the node's PATH."""
+    if "/" not in program and not (project / program).is_file():
+        if not program or program.startswith("-"):
+            raise UsageError(
+                f"--no-python {program!r}: not a program",
+                hint="give the program to run, e.g. --no-python ./train.sh",
+            )
+        return Script(program, args, project.name, EXECUTABLE)  # on the node's PATH
+    if program.startswith("/") and not Path(program).resolve().is_relative_to(project):
+        return Script(program, args, project.name, EXECUTABLE)  # the node's own program
+    path = (project / program).resolve()
+    if not path.is_file():
+        raise UsageError(
+            f"--no-python {program}: no such file in the project folder {project}",
+            hint="give a path relative to the project folder, or a command on the nodes' PATH",
+        )
+    if not path.is_relative_to(project):
+        raise UsageError(
+            f"--no-python {program} is outside the project folder {project}",
+            hint="run cpuaccel from the folder that holds it (it is what gets synced)",
+        )
+    if not os.access(path, os.X_OK):
+        raise UsageError(
+            f"--no-python {program} is not executable",
+            hint=f"chmod +x {program} (the nodes run it as it is synced)",
+        )
+    return Script(f"./{path.relative_to(project).as_posix()}", args, project.name, EXECUTABLE)

@@ -22,9 +22,9 @@ from typing import Any
 from cpuaccel import templating
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.playbook import templar
+from cpuaccel.playbook.modules import find_source, search_path
 from cpuaccel.playbook.session import HostContext as HostContext  # re-exported
 from cpuaccel.playbook.session import Result as Result
-from cpuaccel.playbook.sources import find_source, search_path
 
 
 class ActionError(CpuaccelError):

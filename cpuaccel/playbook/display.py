@@ -20,9 +20,8 @@ from rich.console import Console
 
 from cpuaccel import ui
 from cpuaccel.playbook.actions import Result
-from cpuaccel.playbook.model import Play, Task
-from cpuaccel.playbook.stats import HostStats
-from cpuaccel.playbook.strategy import Listener, status_of
+from cpuaccel.playbook.loader import Play, Task
+from cpuaccel.playbook.strategy import HostStats, Listener, status_of
 from cpuaccel.ui import escape
 
 _STYLE = {

@@ -11,6 +11,7 @@ loader. How each module runs is in ``actions.py``; what runs on the node is
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from cpuaccel.playbook import templar
@@ -24,7 +25,7 @@ from cpuaccel.playbook.argspec import (
     normalise,
     unknown_arg_message,
 )
-from cpuaccel.playbook.sources import find_source
+from cpuaccel.resources import data_dir
 
 # The spec's machinery lives in argspec; callers know it as the catalogue's.
 __all__ = ["MODULES", "Arg", "ArgError", "Module", "coerce", "normalise", "unknown_arg_message"]
@@ -225,3 +226,28 @@ def keyword_takers(keyword: str) -> str:
     """The modules that take a task keyword, for the message when another has it."""
     names = [m.name for m in MODULES.values() if keyword in m.task_keywords]
     return f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+
+
+# ---------------------------------------------------------------- where a task's src is looked for
+# Where a task's ``src`` is looked for on the controller, in Ansible's order.
+def search_path(name: str, playbook_dir: Path, kind: str) -> list[Path]:
+    """Candidates for ``src: name``: ``kind`` is "templates" (template) or "files" (copy).
+
+    Like Ansible: the playbook's own ``templates/`` or ``files/`` folder, then the
+    playbook's folder; then the current directory; templates also fall back to
+    cpuaccel's shipped ones, so the default playbook works from an installed wheel.
+    """
+    path = Path(name).expanduser()
+    if path.is_absolute():
+        return [path]
+    candidates = [playbook_dir / kind / path, playbook_dir / path, Path.cwd() / path]
+    if kind == "templates":
+        candidates.append(data_dir("templates") / path)
+    return candidates
+
+
+def find_source(name: str, playbook_dir: Path, kind: str) -> Path | None:
+    for candidate in search_path(name, playbook_dir, kind):
+        if candidate.exists():
+            return candidate
+    return None

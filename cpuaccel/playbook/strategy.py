@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,43 @@ from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
-from cpuaccel.playbook.model import Play, Playbook, Task
-from cpuaccel.playbook.stats import HostStats
+from cpuaccel.playbook.loader import Play, Playbook, Task
 
 FACTS_VAR = "cpuaccel_facts"
+
+
+# ---------------------------------------------------------------- the recap's counts
+# Per-host counts for the recap, in Ansible's shape.
+@dataclass
+class HostStats:
+    # Ansible counts a changed task under ok too: ok=12 changed=3 is 12 tasks that
+    # ended well, 3 of which changed something.
+    ok: int = 0
+    changed: int = 0
+    unreachable: int = 0
+    failed: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+
+    def count(self, status: str, changed: bool) -> None:
+        if status in ("ok", "changed"):
+            self.ok += 1
+            self.changed += int(changed)
+        elif status == "ignored":
+            self.ignored += 1
+        else:
+            setattr(self, status, getattr(self, status) + 1)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.failed == 0 and self.unreachable == 0
+
+    def line(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
 
 
 @dataclass

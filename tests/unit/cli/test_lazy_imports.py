@@ -180,7 +180,7 @@ def test_checks_table_loads_no_emoji_table() -> None:
 def test_a_commands_modules_load_without_collections_and_its_exit_walks_none(
     tmp_path: Path,
 ) -> None:
-    """cli/gc_pause.py: click and the verb's modules load with the cyclic GC paused (a
+    """cli/main.py: click and the verb's modules load with the cyclic GC paused (a
     one-node check's start-up set off ~40 collections that found nothing to free) and
     the heap is frozen when the command ends, so the exit's collections skip it; the
     exit itself is untouched: an atexit hook still runs, after the command's output."""

@@ -30,8 +30,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
-from cpuaccel.jobs.plan import Script, build_plan
-from cpuaccel.jobs.precision_choice import PLACEHOLDER
+from cpuaccel.jobs.plan import PLACEHOLDER, Script, build_plan
 from cpuaccel.testing.command import cpuaccel, inherited_env
 from cpuaccel.testing.command import output_section as section
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs.precision_choice import PLACEHOLDER, choose_precision
+from cpuaccel.jobs.plan import PLACEHOLDER, choose_precision
 
 HOSTS = [Host(name) for name in ("n1", "n2", "n3")]
 

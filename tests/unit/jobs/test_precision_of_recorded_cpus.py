@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs.precision_choice import choose_precision
+from cpuaccel.jobs.plan import choose_precision
 from cpuaccel.node import facts as node_facts
 from cpuaccel.runtime.precision import cpu_flags, resolve_precision
 

@@ -302,7 +302,7 @@ def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
     [(None, "succeeded", 0), (1, "failed", 0), (2, "succeeded", 1), (1, "running", 1)],
 )
 def test_ps_counts_the_restarts(count: int | None, state: str, restarts: int) -> None:
-    from cpuaccel.runs import rows as run_rows
+    from cpuaccel.runs import records as run_rows
 
     record = {} if count is None else {"attempts": [attempt(k).to_json() for k in range(count)]}
     assert run_rows.restarts(record, state) == restarts

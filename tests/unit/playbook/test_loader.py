@@ -10,7 +10,7 @@ from cpuaccel import templating
 from cpuaccel.errors import PlaybookError
 from cpuaccel.playbook import loader, templar
 from cpuaccel.playbook.argspec import Where
-from cpuaccel.playbook.model import Task
+from cpuaccel.playbook.loader import Task
 from cpuaccel.playbook.modules import MODULES, normalise
 from cpuaccel.playbook.strategy import default_playbook, selected
 

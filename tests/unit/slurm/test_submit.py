@@ -18,8 +18,7 @@ import pytest
 from cpuaccel.cli.logs import _check_known
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
-from cpuaccel.runs.records import find_run, load, with_slurm
-from cpuaccel.runs.rows import row
+from cpuaccel.runs.records import find_run, load, row, with_slurm
 from cpuaccel.slurm import batch
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
