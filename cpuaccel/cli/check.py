@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli import main as gc_pause
+from cpuaccel.cli.main import paused
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings
@@ -226,7 +226,7 @@ def check_command(
 def _import_table() -> None:
     """Imports the table's modules; any failure (a concurrent import's lock cycle) is
     left to the import where the table is printed, which raises it as usual."""
-    with contextlib.suppress(Exception), gc_pause.paused():
+    with contextlib.suppress(Exception), paused():
         import rich.console
         import rich.table
         import rich.text  # noqa: F401

@@ -428,7 +428,7 @@ TABLE: tuple[Entry, ...] = (
         note="every chosen node",
         shown=True,
     ),
-    # --max-restarts / --restart-delay: attempts after a failure (jobs/attempts.py).
+    # --max-restarts / --restart-delay: attempts after a failure (node/supervisor.py).
     Entry(
         "max_restarts",
         WholeNumber(0, MAX_RESTARTS),
@@ -464,7 +464,7 @@ TABLE: tuple[Entry, ...] = (
         default=DEFAULT_RESTART_DELAY,
         shown=True,
     ),
-    # Seconds without progress of any rank that end the job as hung (jobs/hang.py);
+    # Seconds without progress of any rank that end the job as hung (node/supervisor.py);
     # None: no hang detection.
     Entry(
         "hang_timeout",

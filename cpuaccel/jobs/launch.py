@@ -6,13 +6,14 @@ The line a value follows, e.g. ``--ppn 4``:
 2. ``config.effective.resolve`` settles them into ``LaunchSettings`` (flag, else project
    file, else inventory, else default; each value with its source), with the chosen
    hosts, head first: ``settings.ppn.value == 4``;
-3. ``launch.plan.build_plan(settings, script, facts)`` decides the ``RunPlan``:
+3. ``jobs.plan.build_plan(settings, script, facts)`` decides the ``RunPlan``:
    ``plan.ppn == 4``, the world size, threads per rank;
 4. ``RunPlan.command()`` is the mpirun argv (``jobs/launchers.py``: ``-ppn 4``),
    rendered into the run's launch.sh (``jobs/rundir.py``);
 5. here: every node is checked (and synced when stale), the files are copied to the
-   nodes, launch.sh starts on the head node (``jobs/supervise.py`` watches it), and
-   the run's record and summary are written.
+   nodes, and the supervisor (``node/supervisor.py``) starts launch.sh on the head node
+   and watches it, from here (jobs/foreground.py) or, detached, from the head
+   (node/detached.py); the run's record and summary are written.
 """
 
 from __future__ import annotations

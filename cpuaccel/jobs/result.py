@@ -32,9 +32,9 @@ class JobReport:
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> its exit code
     error: str | None = None
     fix: str | None = None  # the error's hint, as the `fix:` line says it
-    # run --detach: state, head, head_run_dir and supervisor (jobs/detached.py)
+    # run --detach: state, head, head_run_dir and supervisor (node/detached.py)
     detached: dict[str, Any] | None = None
-    # run --max-restarts: attempts.jsonl's lines (jobs/attempts.py); [] before any job
+    # run --max-restarts: attempts.jsonl's lines (node/supervisor.py); [] before any job
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod

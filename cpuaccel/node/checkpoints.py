@@ -1,9 +1,9 @@
 """Which checkpoint a restarted job resumes from: the newest one every node has whole.
 
-Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. Shared
-by the controller (jobs/resume.py, a foreground run's restarts, reading each node
-through its connection) and a detached run's supervisor on the head
-(node/reattempt.py, reading each node through the run's ssh.sh): one judgement.
+Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. One
+judgement for both sides of the supervisor: a foreground run's (jobs/foreground.py,
+reading each node through its connection) and a detached run's on the head
+(node/detached.py, reading each node through the run's ssh.sh).
 
 Each node's local rank 0 saves its own copy (``ctx.save``) and appends a line to the run
 folder's ``checkpoints.jsonl`` on its node (path, step, sha256, size, time, rank, host).

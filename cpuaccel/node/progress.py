@@ -1,8 +1,8 @@
 """Hang detection (``run --hang-timeout``): each rank's progress, and its stacks on a hang.
 
-Shared by both supervisors, the controller's (jobs/supervise.py, through jobs/hang.py)
-and the detached one on the head (node/supervisor.py), and by the rank side
-(cpuaccel/_progress.py writes the markers parsed here). Stdlib only, Python 3.8+.
+Used by the supervisor (node/supervisor.py), on the controller for a foreground run and
+on the head for a detached one, and by the rank side (cpuaccel/_progress.py writes the
+markers parsed here, the worker the exit markers). Stdlib only, Python 3.8+.
 
 Progress is any labelled output line of a rank, and cpuaccel's progress marker: the
 runtime (ctx.backward, ctx.log, a prepared optimizer's step) writes

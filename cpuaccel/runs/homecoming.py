@@ -111,7 +111,7 @@ class Homecoming:
 
     def _whole_wanted(self, name: str, checkpoints: bool) -> bool:
         if self.supervised_there and name in ("status.json", "attempts.jsonl"):
-            return True  # attempts.jsonl: a detached run's restarts (node/reattempt.py)
+            return True  # attempts.jsonl: a detached run's restarts (node/detached.py)
         if self.supervised_there and name.startswith("hang-") and name.endswith(".txt"):
             return True  # run --hang-timeout's stack dumps (cpuaccel/node/progress.py)
         return checkpoints and is_checkpoint(name) and "/" not in name

@@ -26,7 +26,7 @@ from cpuaccel.slurm.queue import JobState
 RUNS = "runs"
 MAX_JSON = 1024 * 1024  # a record larger than this is not one of cpuaccel's
 TAIL = 8192  # bytes of metrics.jsonl read for the last step
-# run.json's reason (jobs/supervise.py) as a state of the contract (status.json).
+# run.json's reason (node/supervisor.py) as a state of the contract (status.json).
 _REASONS = {
     "completed": "succeeded",
     "failed": "failed",
