@@ -78,7 +78,6 @@ from cpuaccel.node.supervisor import (
     read_status,
     start_time,
     status_doc,
-    write_status,
 )
 
 TYPE_CHECKING = False
@@ -376,9 +375,9 @@ class HeadRun(Supervised):
         if self.unreachable:
             self.doc["unreachable"] = self.unreachable
         super().finish(outcome)
-        if self.unreachable:
-            self.doc["state"] = "failed"
-            write_status(self.side.run_dir, self.doc)
+
+    def state_of(self, outcome: Outcome) -> str:
+        return "failed" if self.unreachable else super().state_of(outcome)
 
 
 # ---------------------------------------------------------------- the head, lost

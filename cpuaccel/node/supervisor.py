@@ -829,7 +829,7 @@ class Supervised(Attempts):
         clean = outcome.reason == "completed" and outcome.launcher_exit == 0
         ranks = {r: outcome.codes.get(int(r), 0 if clean else None) for r in self.doc["ranks"]}
         self.doc.update(
-            state=STATES[outcome.reason],
+            state=self.state_of(outcome),
             exit_code=outcome.exit_code,
             ended_by=self.ended_by(outcome),
             ended=time.time(),
@@ -840,6 +840,10 @@ class Supervised(Attempts):
         if outcome.hang:  # --hang-timeout: each rank's last step and silence
             self.doc["hang"] = outcome.hang
         write_status(self.side.run_dir, self.doc)
+
+    def state_of(self, outcome: Outcome) -> str:
+        """status.json's state for the run's last outcome."""
+        return STATES[outcome.reason]
 
     def ended_by(self, outcome: Outcome) -> str:
         return ended_by(outcome)
