@@ -178,11 +178,11 @@ class ControllerSide(Side):
         except CpuaccelError as exc:
             self.say("warning", f"could not end the job step: {exc}")
 
-    def sweep(self, lost: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def sweep(self, lost: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         plan, nodes = self.plan, self.nodes
         return fanout.sweep_hosts(
-            plan.hosts, plan.run_id, plan.run_dir, nodes.pool, nodes.forks,
-            lost if isinstance(lost, list) else list(lost), timeout=TEARDOWN, kept=nodes.kept,
+            plan.hosts, plan.run_id, plan.run_dir, nodes.pool, nodes.forks, lost,
+            timeout=TEARDOWN, kept=nodes.kept,
         )  # fmt: skip
 
 

@@ -244,7 +244,7 @@ class HeadSide(Side):
         return gather(self.run_id, self.run_dir, pids, others, set(job_pids(self.run_id)))
 
     def sweep(
-        self, lost: Sequence[str], forget: bool | None = None
+        self, lost: list[str], forget: bool | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The run's processes ended here and on the attempt's other nodes (through
         ssh.sh); ``forget``: its secret.env removed too, the job being over, and then on

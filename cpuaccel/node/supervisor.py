@@ -321,9 +321,10 @@ class Side:
     def end_step(self, stopped: bool, launcher_exit: int | None) -> None:
         """After the launcher: what else ends the job where a scheduler started it."""
 
-    def sweep(self, lost: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    def sweep(self, lost: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every node swept of the run's processes: (what was ended, what stays), each
-        by node; a node in ``lost`` is named as not checked."""
+        by node; a node in ``lost`` is named as not checked, and one found unreachable
+        is added to it."""
         raise NotImplementedError
 
 
