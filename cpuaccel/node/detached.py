@@ -99,18 +99,29 @@ def on_nodes(
 ) -> dict[str, Any]:
     """``supervisor.py - WORDS`` on every node of ``nodes`` (name -> its python) through
     the run's ssh.sh, at once; node -> its JSON answer, or a str: why there is none."""
+    return _answers(_ask(run_dir, nodes, words), timeout)
+
+
+def _ask(
+    run_dir: str, nodes: dict[str, str], words: list[str]
+) -> dict[str, subprocess.Popen[bytes]]:
+    """``supervisor.py - WORDS`` started on every node of ``nodes`` through ssh.sh."""
     ssh = os.path.join(run_dir, "ssh.sh")
     program = os.path.join(run_dir, "supervisor.py")
-    procs = {}
-    for name, python in nodes.items():
-        remote = [python, program, "-", *words]
-        procs[name] = subprocess.Popen(
-            ["/bin/sh", ssh, name, " ".join(shlex.quote(w) for w in remote)],
+    return {
+        name: subprocess.Popen(
+            ["/bin/sh", ssh, name, shlex.join([python, program, "-", *words])],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
+        for name, python in nodes.items()
+    }
+
+
+def _answers(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> dict[str, Any]:
+    """Each started node's JSON answer within ``timeout`` s from now, or why none."""
     answers: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
     for name, p in procs.items():
@@ -153,28 +164,12 @@ def gather(
     """The ranks' stacks for a hang: this node's (``ours``: the job's pids here), and
     every other node's (name -> its python) through the run's ssh.sh, as its sweep
     reaches them; rank -> dump. A node that does not answer in time gives none."""
-    procs = {}
-    for name, python in nodes.items():
-        program = os.path.join(run_dir, "supervisor.py")
-        words = [python, program, "-", "stacks", run_id, f"{DUMP_TIMEOUT:g}", json.dumps(pids)]
-        procs[name] = subprocess.Popen(
-            ["/bin/sh", os.path.join(run_dir, "ssh.sh"), name, shlex.join(words)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    asked = _ask(run_dir, nodes, ["stacks", run_id, f"{DUMP_TIMEOUT:g}", json.dumps(pids)])
     found = stacks(pids, ours, DUMP_TIMEOUT)  # the head's own, while the others dump
-    deadline = time.monotonic() + DUMP_TIMEOUT + 10
-    for proc in procs.values():
-        try:
-            out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            found.update(json.loads(out.decode().strip().splitlines()[-1])["stacks"])
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError):
-            continue  # no answer from that node: its ranks' stacks are missing, no more
+    for answer in _answers(asked, DUMP_TIMEOUT + 10).values():
+        dumps = answer.get("stacks") if isinstance(answer, dict) else None
+        if isinstance(dumps, dict):
+            found.update({str(rank): str(text) for rank, text in dumps.items()})
     return found
 
 
