@@ -18,6 +18,10 @@ BACKEND_ENV = "CPUACCEL_BACKEND"
 KNOWN_BACKENDS = ("gloo", "ccl", "mpi")
 GRAD_SYNC_ENV = "CPUACCEL_GRAD_SYNC"
 GRAD_SYNC_MODES = ("mpi", "pg")
+GRAD_REDUCE_ENV = "CPUACCEL_GRAD_REDUCE"
+GRAD_REDUCE_MODES = ("ordered", "library")
+DETERMINISTIC_ENV = "CPUACCEL_DETERMINISTIC"
+SWITCH_VALUES = ("1", "0", "true", "false", "yes", "no", "on", "off")
 TRACKERS_ENV = "CPUACCEL_TRACKERS"
 TRACKERS = ("tensorboard",)
 
@@ -26,6 +30,8 @@ CHOICES: dict[str, tuple[tuple[str, ...], bool, str]] = {
     ATTENTION_ENV: (ATTENTION_POLICIES, False, "attention's precision under bf16"),
     BACKEND_ENV: (KNOWN_BACKENDS, False, "the process group's backend"),
     GRAD_SYNC_ENV: (GRAD_SYNC_MODES, False, "how gradients are averaged"),
+    GRAD_REDUCE_ENV: (GRAD_REDUCE_MODES, False, "in what order gradients are summed"),
+    DETERMINISTIC_ENV: (SWITCH_VALUES, False, "whether timing may choose anything"),
     TRACKERS_ENV: (TRACKERS, True, "where ctx.log also writes"),
 }
 
@@ -48,6 +54,11 @@ def value_problem(name: str, value: str) -> str | None:
     choices = f"{', '.join(allowed[:-1])} or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
     verdict = "is not a choice" if len(wrong) == 1 else "are not choices"
     return f"{', '.join(map(repr, wrong))} {verdict} ({meaning}); use {choices}"
+
+
+def switch(value: str) -> bool:
+    """A checked switch's value: ``1``, ``true``, ``yes``, ``on`` are True."""
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def check(name: str, value: str, origin: str) -> None:

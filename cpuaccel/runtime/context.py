@@ -39,7 +39,8 @@ class Context:
 
     Created by :func:`init`. Attributes: ``rank``, ``world_size``, ``local_rank``,
     ``local_world_size``, ``is_main`` (rank 0), ``backend``, ``grad_sync`` ("mpi", "pg"
-    or "none"), ``dtype`` (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
+    or "none"), ``grad_reduce`` ("ordered" or "library"), ``deterministic``, ``dtype``
+    (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
     ``sync_gradients`` (whether this micro-step syncs and should step the optimizer),
     ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``,
     ``trackers`` (the names of the trackers ``log`` also writes to, e.g. tensorboard),
@@ -64,6 +65,8 @@ class Context:
         owns_group: bool = False,
         trackers: Sequence[str] = (),
         attention: str = "auto",
+        ordered: bool = True,
+        deterministic: bool = False,
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise SettingError("init(gradient_accumulation_steps=...) must be at least 1")
@@ -80,6 +83,8 @@ class Context:
         self.backend_reason = backend.reason
         self.grad_sync = sync.mode
         self.grad_sync_reason = sync.reason
+        self.grad_reduce = "ordered" if ordered else "library"
+        self.deterministic = deterministic
         self.dtype = dtype
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.seed = seed
@@ -103,9 +108,11 @@ class Context:
         self._owns_group = owns_group
         self._mpi: gradsync.MpiState | None = None
         if sync.mode == "mpi":
-            self._mpi = gradsync.mpi_state(sync.comm, env.world_size)
+            self._mpi = gradsync.mpi_state(sync.comm, env.world_size, ordered=ordered)
             self._mpi.timer = self.timer
-        self._pg = gradsync.PgState(env.world_size, timer=self.timer)
+        self._pg = gradsync.PgState(
+            env.world_size, rank=env.rank, ordered=ordered, timer=self.timer
+        )
         self.metrics_path = Path(metrics_path) if metrics_path else default_path(env.run_dir)
         self.trackers = tuple(trackers)
         # Beside metrics.jsonl: runs/<id>/tensorboard/ under cpuaccel run.

@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import atexit
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
+from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import DETERMINISTIC_ENV, check, switch
 from cpuaccel.runtime import gradsync, group
 from cpuaccel.runtime.attention import attention_policy
 from cpuaccel.runtime.backend import BackendChoice
 from cpuaccel.runtime.context import Context
 from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
 from cpuaccel.runtime.trackers import TENSORBOARD_DIR, choose_trackers
+
+CBWR_ENV = "I_MPI_CBWR"  # Intel MPI's conditional numerical reproducibility
 
 
 def init(
@@ -49,6 +53,8 @@ def init(
     verbose: bool = True,
     trackers: str | Sequence[str] | None = None,
     attention: str | None = None,
+    grad_reduce: str | None = None,
+    deterministic: bool | None = None,
 ) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
@@ -74,7 +80,18 @@ def init(
     - ``attention``: under bf16, ``"auto"`` runs each kind of attention
       (``scaled_dot_product_attention``) in bf16 or fp32, whichever its first call
       measured faster on this CPU; ``"autocast"`` leaves it in bf16; ``"fp32"`` always
-      upcasts it; default $CPUACCEL_ATTENTION, else ``"auto"``.
+      upcasts it; default $CPUACCEL_ATTENTION, else ``"auto"``. Rank 0 measures and
+      every rank takes its choice; a checkpoint saved by ``ctx.save`` records the
+      choices and ``ctx.load`` reuses them;
+    - ``grad_reduce``: ``"ordered"`` sums every gradient element in rank order, so a
+      resumed run matches an uninterrupted one bit for bit; ``"library"`` uses the MPI
+      library's or process group's allreduce as it is (its order can change with the
+      bucket layout); default $CPUACCEL_GRAD_REDUCE, else ``"ordered"``;
+    - ``deterministic``: True makes no choice by timing (attention stays as autocast
+      runs it unless ``attention="fp32"``), asks Intel MPI for reproducible reductions
+      (``I_MPI_CBWR=1`` unless set) and turns on
+      ``torch.use_deterministic_algorithms`` (warning, not failing, on an op without a
+      deterministic kernel); default $CPUACCEL_DETERMINISTIC, else False.
 
     Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
@@ -84,7 +101,19 @@ def init(
         mixed_precision = os.environ.get(PRECISION_ENV) or AUTO
     precision = resolve_precision(mixed_precision)
     tracker_names = choose_trackers(trackers, os.environ)  # before joining: fail early
+    fixed = deterministic_setting(deterministic, os.environ)
     attention_name = attention_policy(attention, os.environ)
+    ordered = gradsync.reduce_in_order(grad_reduce, os.environ)
+    if fixed:
+        if not ordered:
+            raise SettingError(
+                "deterministic=True needs grad_reduce='ordered' (the library's allreduce "
+                "sums in an order its algorithm picks): drop grad_reduce='library'"
+            )
+        if attention_name == "auto":
+            attention_name = "autocast"
+        os.environ.setdefault(CBWR_ENV, "1")  # read by Intel MPI at MPI_Init, below
+        torch.use_deterministic_algorithms(True, warn_only=True)
     env, choice, owns = group.place(backend)
     sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
     if owns:
@@ -107,9 +136,20 @@ def init(
         owns_group=owns,
         trackers=tracker_names,
         attention=attention_name,
+        ordered=ordered,
+        deterministic=fixed,
     )
     _note_choices(ctx, choice, sync, precision)
     return ctx
+
+
+def deterministic_setting(value: bool | None, environ: Mapping[str, str]) -> bool:
+    """``init(deterministic=...)``, else $CPUACCEL_DETERMINISTIC (checked), else False."""
+    if value is not None:
+        return bool(value)
+    text = environ.get(DETERMINISTIC_ENV, "")
+    check(DETERMINISTIC_ENV, text, f"${DETERMINISTIC_ENV}")
+    return switch(text)
 
 
 def _note_choices(
@@ -118,7 +158,17 @@ def _note_choices(
     """One line per decision init made, with its reason (rank 0, unless ``verbose=False``)."""
     ctx.note(f"backend {choice.name}: {choice.reason} ({ctx.world_size} rank(s))")
     if ctx.world_size > 1:
-        ctx.note(f"gradient sync {sync.mode}: {sync.reason}")
+        order = (
+            "each element summed in rank order"
+            if ctx.grad_reduce == "ordered"
+            else "the library's allreduce"
+        )
+        ctx.note(f"gradient sync {sync.mode}: {sync.reason}; {order}")
+    if ctx.deterministic:
+        ctx.note(
+            "deterministic: no choice made by timing, "
+            f"{CBWR_ENV}={os.environ.get(CBWR_ENV)}, torch's deterministic algorithms"
+        )
     if precision.note is not None:
         ctx.note(precision.note)
     if ctx.trackers:
