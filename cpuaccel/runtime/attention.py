@@ -11,13 +11,18 @@ inputs, and every later call of that kind takes the faster; fp32 must win by
 :data:`MARGIN`, so a tie keeps autocast's bf16.
 
 fp32 means the attention alone: q, k and v are upcast, the kernel runs in fp32 and its
-output is cast back to bf16, so the layers around it see what they saw. Ranks measure
-for themselves; a rank that chose otherwise computes its gradients through another
-precision of the same attention, and DDP averages them as always, so the replicas stay
-identical. Measuring draws no random numbers (the user's seeded stream is untouched)
-and is bounded: :data:`BUDGET_S` seconds a kind, :data:`KINDS` kinds a process, and a
-kind whose one call takes over :data:`LONG_S` stays bf16 unmeasured (long sequences,
-where bf16 tends to be the faster). ``CPUACCEL_ATTENTION`` (or ``init(attention=...)``):
+output is cast back to bf16, so the layers around it see what they saw. Every rank takes
+the same choice, so that the job trains one way: rank 0 measures and publishes it in the
+process group's store (:class:`StoreAgreement`), the others read it without measuring; a
+kind rank 0 does not meet within :data:`AGREE_WAIT_S` is left to autocast for every
+rank. ``ctx.save`` records the choices in the checkpoint and ``ctx.load`` takes them
+back (:meth:`AttentionChoice.reuse`), so a resumed run computes as the run it continues
+did. A timing can still choose differently in two separate runs: ``deterministic``
+(``init(deterministic=True)``, $CPUACCEL_DETERMINISTIC) leaves the attention to autocast
+instead. Measuring draws no random numbers (the user's seeded stream is untouched) and
+is bounded: :data:`BUDGET_S` seconds a kind, :data:`KINDS` kinds a process, and a kind
+whose one call takes over :data:`LONG_S` stays bf16 unmeasured (long sequences, where
+bf16 tends to be the faster). ``CPUACCEL_ATTENTION`` (or ``init(attention=...)``):
 ``auto``, ``autocast`` (bf16, as autocast runs it) or ``fp32``.
 """
 
@@ -41,11 +46,14 @@ MARGIN = 0.9  # fp32 is taken when its time is under 90% of bf16's
 BUDGET_S = 2.0  # measuring one kind of attention stops after this many seconds
 LONG_S = 0.5  # a kind whose one call takes longer is left to autocast, unmeasured
 KINDS = 16  # kinds measured in a process; a bound for inputs of ever-new lengths
+AGREE_WAIT_S = 30.0  # how long a rank waits for rank 0's choice of a kind
+STORE_PREFIX = "cpuaccel/attention/"
 SDPA = F.scaled_dot_product_attention
 OPTIONS = ("attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")  # after q, k, v
 FLOATS = (torch.float32, torch.bfloat16)
 
 Kind = tuple[Any, ...]
+Agreement = Callable[[Kind, Callable[[], bool]], bool]  # (kind, measure) -> fp32 or not
 
 
 def attention_policy(value: str | None, environ: Mapping[str, str]) -> str:
@@ -63,6 +71,7 @@ class AttentionChoice:
     policy: str = "auto"
     report: Callable[[str], None] | None = None  # a line for each measured kind
     chosen: dict[Kind, bool] = field(default_factory=dict)
+    agree: Agreement | None = None  # the job's choice of a kind; None: this process's
 
     def wants_fp32(self, call: Call) -> bool:
         if self.policy != "auto":
@@ -71,8 +80,32 @@ class AttentionChoice:
         if kind not in self.chosen:
             if len(self.chosen) >= KINDS:
                 return False
-            self.chosen[kind] = self._measure(call)
+
+            def measure() -> bool:
+                return self._measure(call)
+
+            self.chosen[kind] = self.agree(kind, measure) if self.agree else measure()
         return self.chosen[kind]
+
+    def recorded(self) -> list[list[Any]]:
+        """The choices so far, as a checkpoint keeps them: ``[[kind...], fp32]`` pairs."""
+        return [[list(kind), fp32] for kind, fp32 in self.chosen.items()]
+
+    def reuse(self, recorded: Any) -> int:
+        """Take back choices :meth:`recorded` wrote (anything else is ignored); returns
+        how many were taken."""
+        taken = 0
+        for item in recorded if isinstance(recorded, list) else []:
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], list)
+                and all(isinstance(x, (int, bool)) for x in item[0])
+                and isinstance(item[1], bool)
+            ):
+                self.chosen[tuple(item[0])] = item[1]
+                taken += 1
+        return taken
 
     def _measure(self, call: Call) -> bool:
         low, high = call.time_both()
@@ -90,6 +123,34 @@ class AttentionChoice:
                 f"{ATTENTION_ENV}=autocast or fp32 fixes the choice)"
             )
         return fp32
+
+
+@dataclass
+class StoreAgreement:
+    """Rank 0's choice of each kind, for every rank, through the process group's store.
+
+    Rank 0 measures and sets the kind's key; the others poll for it (``check``, which
+    never blocks) for at most ``wait_s`` seconds. Whoever sets the key first wins
+    (``compare_set``): a rank that waited in vain sets autocast's bf16, and rank 0, when
+    it meets the kind later, takes that too."""
+
+    store: Any  # a torch.distributed Store
+    rank: int
+    wait_s: float = AGREE_WAIT_S
+
+    def __call__(self, kind: Kind, measure: Callable[[], bool]) -> bool:
+        key = STORE_PREFIX + ",".join(str(int(x)) for x in kind)
+        if self.rank == 0:
+            return self._settle(key, "fp32" if measure() else "bf16")
+        deadline = time.monotonic() + self.wait_s
+        while not self.store.check([key]):
+            if time.monotonic() >= deadline:
+                return self._settle(key, "bf16")
+            time.sleep(0.01)
+        return bool(self.store.get(key) == b"fp32")
+
+    def _settle(self, key: str, mine: str) -> bool:
+        return bool(self.store.compare_set(key, "", mine) == b"fp32")
 
 
 @dataclass

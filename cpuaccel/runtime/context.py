@@ -23,7 +23,7 @@ from cpuaccel import _progress
 from cpuaccel.errors import SettingError
 from cpuaccel.runtime import checkpoint, gradsync, group
 from cpuaccel.runtime._log import note
-from cpuaccel.runtime.attention import AttentionChoice, routed
+from cpuaccel.runtime.attention import AttentionChoice, StoreAgreement, routed
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
 from cpuaccel.runtime.data import ShardedLoader, shard_loader
 from cpuaccel.runtime.env import DistEnv
@@ -32,6 +32,19 @@ from cpuaccel.runtime.prepare import apply_ipex, needs_ddp, pair, wrap_ddp
 from cpuaccel.runtime.trackers import start_trackers
 
 LOADERS_KEY = "cpuaccel_loaders"  # the prepared loaders' positions, in a checkpoint
+ATTENTION_KEY = "cpuaccel_attention"  # the attention choices made, in a checkpoint
+
+
+def _agreement(env: DistEnv) -> StoreAgreement | None:
+    """Rank 0's attention choices for the whole job, through the group's store; None in a
+    world of one (or a group without a store, where each rank keeps its own)."""
+    if env.world_size == 1 or not dist.is_initialized():
+        return None
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:  # a group torch gives no store for
+        return None
+    return StoreAgreement(store, env.rank)
 
 
 class Context:
@@ -93,7 +106,7 @@ class Context:
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.verbose = verbose
         # fp32 attention where measured faster, for the context's life (runtime/attention.py)
-        self.attention = AttentionChoice(attention, report=self.note)
+        self.attention = AttentionChoice(attention, report=self.note, agree=_agreement(env))
         self._routing = contextlib.ExitStack()
         if dtype == torch.bfloat16 and attention != "autocast":
             self._routing.enter_context(routed(self.attention))
@@ -276,19 +289,21 @@ class Context:
     def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
         """Write ``state`` to ``path`` atomically on every node; all ranks wait for it.
 
-        Models (wrapped or not), optimizers and schedulers are saved as their
-        ``state_dict()``; other values (step, epoch, config) as they are; the prepared
-        loaders' positions too (:meth:`load` puts them back: the data order resumes
-        exactly). Every node's local rank 0 writes its own copy (in data parallel every
-        rank holds the same state: a local write, no network), so that a checkpoint
-        outlives a lost node; under ``cpuaccel run`` each copy gets its line in the run
-        folder's checkpoints.jsonl (``step`` is the ``step=`` value saved), which is how
-        a restarted job finds the newest checkpoint every node has. Save into
-        ``ctx.run_dir`` for that.
+        Models (wrapped or not), optimizers and schedulers are saved as their ``state_dict()``;
+        other values (step, epoch, config) as they are; the prepared loaders' positions
+        and the attention choices made by timing too (:meth:`load` puts them back: the
+        data order and the arithmetic resume exactly). Every node's local rank 0 writes
+        its own copy (in data parallel every rank holds the same state: a local write,
+        no network), so that a checkpoint outlives a lost node; under ``cpuaccel run``
+        each copy gets its line in the run folder's checkpoints.jsonl (``step`` is the
+        ``step=`` value saved), which is how a restarted job finds the newest checkpoint
+        every node has. Save into ``ctx.run_dir`` for that.
         """
         target = Path(path).absolute()
         if self._loaders and LOADERS_KEY not in state:
             state = {**state, LOADERS_KEY: [loader.state_dict() for loader in self._loaders]}
+        if self.attention.chosen and ATTENTION_KEY not in state:
+            state = {**state, ATTENTION_KEY: self.attention.recorded()}
         error = digest = None
         if self.local_rank == 0:
             try:
@@ -354,6 +369,10 @@ class Context:
         )
         state = checkpoint.from_bytes(data, weights_only=weights_only)
         checkpoint.restore(state, targets)
+        recorded = state.pop(ATTENTION_KEY, None)
+        if recorded is not None and self.attention.policy == "auto":
+            # The run this one continues chose these by timing: compute as it did.
+            self.attention.reuse(recorded)
         positions = state.pop(LOADERS_KEY, None)
         if isinstance(positions, list):
             # Loaders prepared after this load get theirs in prepare(), in the same order.

@@ -7,7 +7,9 @@ values and gradients, the routing's scope, the measuring's bounds and its random
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 import cpuaccel
+from cpuaccel.errors import SettingError
 from cpuaccel.runtime import attention
-from cpuaccel.runtime.attention import AttentionChoice, Call, attention_policy, routed
+from cpuaccel.runtime.attention import (
+    AttentionChoice,
+    Call,
+    StoreAgreement,
+    attention_policy,
+    routed,
+)
 
 
 @pytest.fixture
@@ -245,3 +254,90 @@ def test_a_long_call_is_left_to_autocast_unmeasured(
         r"autocast, not measured\)",
         lines[0],
     )
+
+
+# ---------------------------------------------------------------- one choice for the job
+
+
+def test_every_rank_takes_rank_0s_measured_choice_through_the_store() -> None:
+    store = torch.distributed.HashStore()
+    kind = (16, 32, 32, True, False, True)
+    measured: list[int] = []
+
+    def measure(rank: int, fp32: bool) -> Any:
+        def run() -> bool:
+            measured.append(rank)
+            return fp32
+
+        return run
+
+    peers: list[bool] = []
+    waiting = threading.Thread(
+        target=lambda: peers.append(StoreAgreement(store, 1)(kind, measure(1, False)))
+    )
+    waiting.start()  # rank 1 asks first and waits for rank 0's measurement
+    assert StoreAgreement(store, 0)(kind, measure(0, True)) is True
+    waiting.join(timeout=10)
+    assert peers == [True] and measured == [0]
+
+
+def test_a_kind_rank_0_does_not_meet_in_time_is_autocasts_on_every_rank() -> None:
+    store = torch.distributed.HashStore()
+    kind = (16, 64, 64, False, False, False)
+    late = StoreAgreement(store, 1, wait_s=0.05)
+    assert late(kind, lambda: pytest.fail("only rank 0 measures")) is False
+    # Rank 0 meets the kind afterwards, measures fp32 faster, and still takes bf16.
+    assert StoreAgreement(store, 0)(kind, lambda: True) is False
+
+
+def test_a_checkpoint_keeps_the_choices_and_a_load_reuses_them(
+    monkeypatch: pytest.MonkeyPatch, clean_env: None, tmp_path: Any
+) -> None:
+    monkeypatch.delenv("CPUACCEL_ATTENTION", raising=False)
+    measured = fixed_times(monkeypatch, bf16=2.0, fp32=1.0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 8, 16)
+    with cpuaccel.init("bf16", metrics_path=tmp_path / "a", verbose=False) as ctx:
+        with ctx.autocast():
+            layer(x)
+        chosen = dict(ctx.attention.chosen)
+        assert list(chosen.values()) == [True] and len(measured) == 1
+        ctx.save(tmp_path / "checkpoint.pt", model=layer, step=3)
+    measured.clear()
+    with cpuaccel.init("bf16", metrics_path=tmp_path / "b", verbose=False) as ctx:
+        state = ctx.load(tmp_path / "checkpoint.pt", model=layer)
+        assert "cpuaccel_attention" not in state and state["step"] == 3
+        assert ctx.attention.chosen == chosen
+        with ctx.autocast():
+            layer(x)
+    assert measured == []  # the recorded choice, not a new timing
+    fixed = AttentionChoice("auto")
+    assert fixed.reuse([[[16, 8], "yes"], "junk", [[1, 2, 3], False]]) == 1
+    assert fixed.chosen == {(1, 2, 3): False}
+
+
+def test_deterministic_makes_no_choice_by_timing(
+    monkeypatch: pytest.MonkeyPatch, clean_env: None, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("I_MPI_CBWR", "unset below")  # restored (removed) after the test
+    monkeypatch.delenv("I_MPI_CBWR")
+    monkeypatch.setenv("CPUACCEL_DETERMINISTIC", "1")
+    measured = fixed_times(monkeypatch, bf16=2.0, fp32=1.0)
+    lines: list[str] = []
+    monkeypatch.setattr("cpuaccel.runtime.context.Context.note", lambda _, line: lines.append(line))
+    try:
+        with cpuaccel.init("bf16", metrics_path=tmp_path / "a") as ctx:
+            assert ctx.deterministic and ctx.attention.policy == "autocast"
+            assert torch.are_deterministic_algorithms_enabled()
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            with ctx.autocast():
+                layer(torch.randn(2, 8, 16))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert measured == [] and os.environ["I_MPI_CBWR"] == "1"
+    assert any(line.startswith("deterministic: no choice made by timing") for line in lines)
+    with pytest.raises(SettingError, match="deterministic=True needs grad_reduce='ordered'"):
+        cpuaccel.init(grad_reduce="library", metrics_path=tmp_path / "b")
+    monkeypatch.setenv("CPUACCEL_DETERMINISTIC", "maybe")
+    with pytest.raises(SettingError, match=r"^\$CPUACCEL_DETERMINISTIC: 'maybe' is not a choice"):
+        cpuaccel.init(metrics_path=tmp_path / "c")
