@@ -154,7 +154,8 @@ def run_words(flags: FlagValues) -> list[str]:
         if _repeated(entry):
             words += [f"{spelling}={_env_item(item)}" for item in typed]
         elif isinstance(entry.kind, Switch):
-            words += [spelling] if typed else []
+            two_sided = "/" in entry.flag.decls[0]
+            words += [spelling] if typed else [f"--no-{spelling[2:]}"] if two_sided else []
         else:
             words.append(f"{spelling}={typed}")
     return words
@@ -179,7 +180,9 @@ def _epilog() -> str:
         f"{', '.join(names)} (a secret only by NAME: sbatch hands the job this shell's "
         "environment, so its value never enters the batch script)."
     )
-    return EPILOG.replace("{run_options}", "\n".join(textwrap.wrap(said, 88)))
+    return EPILOG.replace(
+        "{run_options}", "\n".join(textwrap.wrap(said, 88, break_on_hyphens=False))
+    )
 
 
 @click.command(

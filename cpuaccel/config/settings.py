@@ -40,7 +40,13 @@ from cpuaccel.config.kinds import (
 )
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
-from cpuaccel.rank_settings import BACKEND_ENV, KNOWN_BACKENDS
+from cpuaccel.rank_settings import (
+    BACKEND_ENV,
+    DETERMINISTIC_ENV,
+    GRAD_REDUCE_ENV,
+    GRAD_REDUCE_MODES,
+    KNOWN_BACKENDS,
+)
 
 FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
     "flag",
@@ -519,6 +525,43 @@ TABLE: tuple[Entry, ...] = (
         note="ccl when the head node has oneccl_bindings_for_pytorch",
     ),
     Entry(
+        "grad_reduce",
+        OneOf(GRAD_REDUCE_MODES),
+        "how gradients are summed: ordered (a resumed run is exact) or library",
+        label="gradient sum",
+        flag=Flag(
+            ("--grad-reduce",),
+            help="ordered: every gradient element summed in rank order, so a resumed run "
+            "matches an uninterrupted one bit for bit; library: the MPI library's or "
+            "gloo's allreduce (can be faster on 3+ ranks, not order-stable). Exported as "
+            f"{GRAD_REDUCE_ENV}.",
+        ),
+        verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
+        key="grad_reduce",
+        variables=("cpuaccel_grad_reduce",),
+        env=(GRAD_REDUCE_ENV,),
+        default="ordered",
+        shown=True,
+    ),
+    Entry(
+        "deterministic",
+        Switch(),
+        "no choice by timing; reproducible reductions (I_MPI_CBWR)",
+        label="deterministic",
+        flag=Flag(
+            ("--deterministic/--no-deterministic",),
+            help="No choice made by timing (attention stays as autocast runs it), Intel "
+            "MPI's reproducible reductions (I_MPI_CBWR=1) and torch's deterministic "
+            f"algorithms. Exported as {DETERMINISTIC_ENV}=1.",
+        ),
+        verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
+        key="deterministic",
+        variables=("cpuaccel_deterministic",),
+        env=(DETERMINISTIC_ENV,),
+        note="off",
+        shown=True,
+    ),
+    Entry(
         "fi_provider",
         _TEXT,
         "libfabric's provider for oneCCL",
@@ -652,6 +695,8 @@ class LaunchSettings:
     mpirun: Setting[str | None] = field(default_factory=_DEFAULTS["mpirun"])
     # None: ccl where the head node has oneCCL's bindings
     backend: Setting[str | None] = field(default_factory=_DEFAULTS["backend"])
+    grad_reduce: Setting[str] = field(default_factory=_DEFAULTS["grad_reduce"])
+    deterministic: Setting[bool | None] = field(default_factory=_DEFAULTS["deterministic"])
     fi_provider: Setting[str | None] = field(default_factory=_DEFAULTS["fi_provider"])
     secret_env: Setting[SecretEnv] = field(default_factory=_DEFAULTS["secret_env"])
     allocator: Setting[str] = field(default_factory=_DEFAULTS["allocator"])

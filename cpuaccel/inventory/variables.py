@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cpuaccel.rank_settings import KNOWN_BACKENDS, value_problem
+from cpuaccel.rank_settings import GRAD_REDUCE_MODES, KNOWN_BACKENDS, value_problem
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
@@ -270,6 +270,8 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_allocator": choice(ALLOCATOR_CHOICES, fold=True),
     "cpuaccel_templates": text,
     "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
+    "cpuaccel_grad_reduce": choice(GRAD_REDUCE_MODES, fold=True),
+    "cpuaccel_deterministic": boolean,
     "cpuaccel_env": env_mapping,
     "cpuaccel_secret_env": env_mapping,
     "cpuaccel_python": text,

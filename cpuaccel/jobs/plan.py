@@ -17,14 +17,16 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from cpuaccel.config.settings import LaunchSettings, SecretEnv
+from cpuaccel.config.settings import DEFAULT, LaunchSettings, SecretEnv, Setting
 from cpuaccel.errors import UsageError
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launchers
 from cpuaccel.jobs.launchers import Launcher, LaunchSpec
+from cpuaccel.rank_settings import DETERMINISTIC_ENV, GRAD_REDUCE_ENV, switch
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -252,6 +254,10 @@ def _rank_env(
         env["CCL_ATL_TRANSPORT"] = "ofi"
     if settings.fi_provider.value:
         env["FI_PROVIDER"] = settings.fi_provider.value
+    if settings.grad_reduce.source != DEFAULT:
+        env[GRAD_REDUCE_ENV] = settings.grad_reduce.value
+    if settings.deterministic.value is not None:
+        env[DETERMINISTIC_ENV] = "1" if settings.deterministic.value else "0"
     user = dict(settings.env.value)
     # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel.init() reads
     # CPUACCEL_MIXED_PRECISION. An explicit --env of either still wins.
@@ -262,7 +268,21 @@ def _rank_env(
     env.update(user)
     for key in settings.secret_env.value:
         env.pop(key, None)
+    if switch(env.get(DETERMINISTIC_ENV, "")) and env.get(GRAD_REDUCE_ENV) == "library":
+        raise UsageError(
+            f"{_named(settings.deterministic, DETERMINISTIC_ENV)} asks for reproducible sums, "
+            f"{_named(settings.grad_reduce, GRAD_REDUCE_ENV)} for the library's allreduce, "
+            "whose order its algorithm picks",
+            hint="drop one of the two (grad_reduce ordered is the default)",
+        )
     return env
+
+
+def _named(setting: Setting[Any], variable: str) -> str:
+    """Where a setting was given, or the --env variable when that set it."""
+    if setting.source == DEFAULT:
+        return f"--env {variable}"
+    return setting.where or setting.name
 
 
 def _launcher(name: str, head_facts: Facts | None, hosts: Sequence[Host]) -> Launcher:

@@ -110,6 +110,21 @@ def test_dry_run_prints_hostfile_env_and_command_quickly(tmp_path: Path) -> None
     assert not (proj / "runs").exists()
 
 
+def test_the_reproducibility_settings_reach_every_rank_only_when_given(tmp_path: Path) -> None:
+    proj = project(tmp_path)
+    (proj / "cpuaccel.yaml").write_text("grad_reduce: library\n")
+    common = ("run", "-i", str(EXAMPLE_INVENTORY), "--ppn", "1", "--dry-run")
+    given = cpuaccel(*common, "train.py", cwd=proj)
+    assert given.returncode == 0, given.stderr
+    assert "export CPUACCEL_GRAD_REDUCE=library" in section(given.stdout, "env.sh")
+    assert not any("DETERMINISTIC" in line for line in section(given.stdout, "env.sh"))
+    (proj / "cpuaccel.yaml").unlink()
+    fixed = cpuaccel(*common, "--deterministic", "train.py", cwd=proj)
+    env = section(fixed.stdout, "env.sh")
+    assert "export CPUACCEL_DETERMINISTIC=1" in env, fixed.stderr
+    assert not any("GRAD_REDUCE" in line for line in env)  # the runtime's default: ordered
+
+
 def test_dry_run_without_ppn_shows_placeholders(tmp_path: Path) -> None:
     proc, elapsed = timed_cpuaccel(
         "run", "-i", str(EXAMPLE_INVENTORY), "--nodes", "2", "--dry-run", "train.py",
