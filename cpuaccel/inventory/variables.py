@@ -35,6 +35,10 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Host names (letters, digits, '.', '-', '_' as Ansible aliases use it); never a leading
 # '-', which ssh and rsync would read as an option.
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+# An IPv6 address's scope id (fe80::1%eth0): an interface's name or number. Python's
+# ipaddress takes any characters after the '%', a newline or a ';' included, and an
+# address is written into the job's shell scripts and hostfile: only these are taken.
+SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # A login name: no space, no control character, no leading '-' (an ssh option).
 USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -149,20 +153,34 @@ def env_mapping(value: Any) -> dict[str, str]:
     return result
 
 
+def scope_id_problem(address: str) -> str | None:
+    """Why the IPv6 scope id of ``address`` (what follows its '%') is refused, or None
+    when it has none or one of :data:`SCOPE_ID`."""
+    _, percent, scope = address.partition("%")
+    if not percent or SCOPE_ID.fullmatch(scope):
+        return None
+    return (
+        f"{address!r} has the IPv6 scope id {scope!r}: use an interface's name or number "
+        "after the '%' (letters, digits, '.', '-' and '_')"
+    )
+
+
 def host_name_problem(name: Any) -> str | None:
-    """Why ``name`` cannot be a host's name or address, or None."""
+    """Why ``name`` cannot be a host's name or address, or None. Every host name and
+    address cpuaccel takes (inventories, hostfiles, ``-i a,b,``, Slurm's node lists,
+    ``ansible_host``) is checked here, as each is written into the job's files."""
     text_ = str(name)
     if isinstance(name, str) and HOST_NAME.fullmatch(text_):
         return None
     try:
         ipaddress.ip_address(text_)
-        return None
     except ValueError:
-        pass
-    lead = " and must not start with '-'" if text_.startswith("-") else ""
-    return (
-        f"{text_!r} is not a host name or IP address: use letters, digits, '.', '-' and '_'{lead}"
-    )
+        lead = " and must not start with '-'" if text_.startswith("-") else ""
+        return (
+            f"{text_!r} is not a host name or IP address: use letters, digits, '.', '-' "
+            f"and '_'{lead}"
+        )
+    return scope_id_problem(text_)
 
 
 def folder(value: Any) -> str | None:
@@ -321,4 +339,11 @@ def hint_for(name: str) -> str:
     return HINTS.get(name, f"fix the value of {name}")
 
 
-__all__ = ["VARIABLES", "BadValue", "env_name_problem", "host_name_problem", "parse_bool"]
+__all__ = [
+    "VARIABLES",
+    "BadValue",
+    "env_name_problem",
+    "host_name_problem",
+    "parse_bool",
+    "scope_id_problem",
+]

@@ -92,6 +92,14 @@ def host_with(var_line: str) -> str:
          "must not start with '-'"),
         ("all:\n  hosts:\n    n1:\n      ansible_host: \"a$(id)\"\n", 4, "not a host name"),
         ("all:\n  hosts:\n    n1:\n      ansible_ssh_host: \"a\\nb\"\n", 4, "not a host name"),
+        # an IPv6 scope id: an interface's name or number, never a second line or a command
+        ("all:\n  hosts:\n    \"fe80::1%x\\necho aWQK|base64 -d|sh #\":\n", 3,
+         "has the IPv6 scope id 'x\\necho aWQK|base64 -d|sh #'"),
+        ("all:\n  hosts:\n    \"fe80::1%$(id)\":\n", 3, "scope id '$(id)'"),
+        ("all:\n  hosts:\n    n1:\n      ansible_host: \"fe80::1%eth0;id\"\n", 4,
+         "ansible_host 'fe80::1%eth0;id' has the IPv6 scope id"),
+        ("all:\n  hosts:\n    n1:\n      ansible_ssh_host: \"fe80::1% x\"\n", 4, "scope id"),
+        ("all:\n  hosts:\n    n1:\n      ansible_host: \"fe80::1%\"\n", 4, "not a host name"),
     ],
 )  # fmt: skip
 def test_bad_values_are_errors_at_their_line(
@@ -107,7 +115,8 @@ def test_bad_values_are_errors_at_their_line(
 @pytest.mark.parametrize(
     ("name", "address"),
     [("node1", None), ("node-1.example.org", None), ("web_1", "10.0.0.2"),
-     ("n1", "fe80::1"), ("n1", "2001:db8::5"), ("10.1.2.3", None), ("n1", "host-2")],
+     ("n1", "fe80::1"), ("n1", "2001:db8::5"), ("10.1.2.3", None), ("n1", "host-2"),
+     ("n1", "fe80::1%eth0"), ("fe80::2%enp0s3.100", None), ("n1", "fe80::3%2")],
 )  # fmt: skip
 def test_good_names_and_addresses_load(tmp_path: Path, name: str, address: str | None) -> None:
     extra = f"\n      ansible_host: '{address}'" if address else ""
