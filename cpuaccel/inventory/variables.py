@@ -32,6 +32,9 @@ TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})
 # A shell variable name: anything else is code once written as `export NAME=...`.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names whose value is a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, wandb_api_key): see
+# secret_value_problem.
+SECRET_NAME = re.compile("TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 # Host names (letters, digits, '.', '-', '_' as Ansible aliases use it); never a leading
 # '-', which ssh and rsync would read as an option.
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
@@ -47,11 +50,13 @@ Check = Callable[[Any], Any]
 
 
 class BadValue(ValueError):
-    """A value of the wrong type; ``key`` names the bad key of a mapping value."""
+    """A value of the wrong type; ``key`` names the bad key of a mapping value, ``hint``
+    the fix when it is not the variable's usual one (:func:`hint_for`)."""
 
-    def __init__(self, message: str, key: str | None = None) -> None:
+    def __init__(self, message: str, key: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.hint = hint
 
 
 def parse_bool(value: Any) -> bool | None:
@@ -131,9 +136,51 @@ def env_name_problem(name: Any) -> str | None:
     return f"{name!r} is not a variable name (letters, digits and '_', not starting with a digit)"
 
 
+def secret_value_problem(name: str) -> str | None:
+    """Why ``name`` cannot be given its value in the ranks' plain environment, or None:
+    the one rule for ``--env NAME=VALUE`` (run, submit, tune, config show), an
+    inventory's or ``-e``'s ``cpuaccel_env`` and a project file's ``env``.
+
+    A name holding TOKEN, KEY, SECRET or PASSWORD (any case) is taken for a credential.
+    The plain environment is printed (config show, run --dry-run), kept in env.sh on
+    every node and written into a batch script; a credential reaches the ranks only
+    through secret.env (0600 on the nodes, removed by the sweep): ``--env NAME`` with
+    the value in the controller's environment, or ``cpuaccel_secret_env``."""
+    if SECRET_NAME.search(name) is None:
+        return None
+    return (
+        f"{name} looks like a credential (TOKEN, KEY, SECRET or PASSWORD in its name): "
+        "a secret's value would be written into the run's files and printed"
+    )
+
+
+def secret_value_hint(name: str) -> str:
+    """The fix for :func:`secret_value_problem`'s refusal."""
+    return (
+        f"export {name} here and pass --env {name} (no '='), or set it in the inventory's "
+        f"cpuaccel_secret_env: either way its value goes only to secret.env on the nodes"
+    )
+
+
 def env_mapping(value: Any) -> dict[str, str]:
-    """``NAME: value`` lines for the ranks' environment: names a shell accepts, plain
-    values (a boolean as YAML wrote it)."""
+    """``NAME: value`` lines for the ranks' plain environment (``cpuaccel_env``, a
+    project file's ``env``): names a shell accepts, plain values (a boolean as YAML
+    wrote it), no credential (:func:`secret_value_problem`)."""
+    result = _env_lines(value)
+    for key in result:
+        problem = secret_value_problem(key)
+        if problem is not None:
+            raise BadValue(problem, key=key, hint=secret_value_hint(key))
+    return result
+
+
+def secret_env_mapping(value: Any) -> dict[str, str]:
+    """``cpuaccel_secret_env``'s ``NAME: value`` lines: as :func:`env_mapping`'s, any
+    name (they go only to secret.env)."""
+    return _env_lines(value)
+
+
+def _env_lines(value: Any) -> dict[str, str]:
     if value is None or value == "" or value == {}:
         return {}
     if not isinstance(value, Mapping):
@@ -289,7 +336,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_templates": text,
     "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
     "cpuaccel_env": env_mapping,
-    "cpuaccel_secret_env": env_mapping,
+    "cpuaccel_secret_env": secret_env_mapping,
     "cpuaccel_python": text,
     "cpuaccel_venv": text,
     "cpuaccel_workdir": folder,
@@ -346,4 +393,6 @@ __all__ = [
     "host_name_problem",
     "parse_bool",
     "scope_id_problem",
+    "secret_value_hint",
+    "secret_value_problem",
 ]
