@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import math
 import os
-import re
 import stat
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -332,11 +331,6 @@ def list_hosts_and_exit(target: Target, names: Sequence[str]) -> None:
         raise click.exceptions.Exit(0)
 
 
-# Names whose value is a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, ...): `--env NAME`
-# passes them through secret.env (0600 on the nodes), never env.sh, argv or the logs.
-SECRET_NAME = re.compile("TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
-
-
 class EnvFlags(dict[str, str]):
     """``--env``'s plain variables; ``secret`` holds those passed by name whose name looks
     like a credential (their values must never be printed)."""
@@ -347,8 +341,10 @@ class EnvFlags(dict[str, str]):
 
 
 def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) -> EnvFlags:
-    """``--env KEY=VALUE`` items (of run and config show) as a mapping; ``--env NAME``
-    passes the controller's value of NAME, as ``mpirun -x NAME`` does."""
+    """``--env KEY=VALUE`` items (of run, submit, tune and config show) as a mapping;
+    ``--env NAME`` passes the controller's value of NAME, as ``mpirun -x NAME`` does,
+    through secret.env when NAME looks like a credential's (whose value is never given
+    here: ``variables.secret_value_problem``)."""
     here = os.environ if environ is None else environ
     env = EnvFlags()
     for item in items:
@@ -358,20 +354,22 @@ def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) 
                 f"--env {item!r}: expected KEY=VALUE or NAME, KEY a variable name",
                 hint="e.g. --env FI_PROVIDER=tcp, or --env HF_TOKEN (its value here)",
             )
+        secret = variables.secret_value_problem(key)
+        if sep and secret is not None:  # the value is not shown: it is the secret
+            raise UsageError(f"--env {key}=...: {secret}", hint=variables.secret_value_hint(key))
         problem = value_problem(key, value if sep else here.get(key, ""))
         if problem is not None:
             example = CHOICES[key][0][0]
             raise UsageError(f"--env {key}: {problem}", hint=f"e.g. --env {key}={example}")
         if sep:
             env[key] = value
-            env.secret.pop(key, None)
             continue
         if key not in here:
             raise UsageError(
                 f"--env {key}: {key} is not set here, so there is no value to pass",
                 hint=f"export {key} before running cpuaccel, or write --env {key}=VALUE",
             )
-        if SECRET_NAME.search(key):
+        if secret is not None:
             env.secret[key] = here[key]
             env.pop(key, None)
         else:

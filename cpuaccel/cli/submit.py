@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import SECRET_NAME, FlagValues, check_script_kind, setting_options
+from cpuaccel.cli.options import FlagValues, check_script_kind, setting_options
 from cpuaccel.config.kinds import Switch
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
@@ -128,8 +128,10 @@ def _request(
 # the template), so nothing the user typed is read by a shell twice.
 #
 # A secret's value never enters the batch script (it is a run record, and sbatch's files
-# are readable by Slurm's admins): ``--env NAME`` passes it by name instead, and the job
-# reads it from the environment sbatch hands it (sbatch's default ``--export=ALL``).
+# are readable by Slurm's admins): ``--env NAME=VALUE`` with a credential's name is
+# refused as run refuses it (cli/options.parse_env); ``--env NAME`` passes it by name,
+# and the job reads it from the environment sbatch hands it (sbatch's default
+# ``--export=ALL``).
 
 
 def _handed_on() -> list[Entry]:
@@ -152,24 +154,13 @@ def run_words(flags: FlagValues) -> list[str]:
             continue
         typed, spelling = flags.typed[entry.name], entry.flag.spelling
         if _repeated(entry):
-            words += [f"{spelling}={_env_item(item)}" for item in typed]
+            words += [f"{spelling}={item}" for item in typed]
         elif isinstance(entry.kind, Switch):
             two_sided = "/" in entry.flag.decls[0]
             words += [spelling] if typed else [f"--no-{spelling[2:]}"] if two_sided else []
         else:
             words.append(f"{spelling}={typed}")
     return words
-
-
-def _env_item(item: str) -> str:
-    key, sep, _ = item.partition("=")
-    if sep and SECRET_NAME.search(key):
-        raise UsageError(
-            f"--env {key}=...: a secret's value would be written into the batch script",
-            hint=f"export {key} here and pass --env {key}: the job reads it from the "
-            "environment sbatch hands it",
-        )
-    return item
 
 
 def _epilog() -> str:

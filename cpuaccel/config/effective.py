@@ -103,12 +103,12 @@ class _Sources:
         try:
             return Setting(entry.name, entry.kind.check(value), source, where)
         except ValueError as exc:
-            raise self._error(var, str(exc)) from None
+            raise self._error(var, str(exc), getattr(exc, "hint", None)) from None
 
-    def _error(self, var: str, message: str) -> CpuaccelError:
-        hint = f"fix {var} in the inventory (or its -e)"
+    def _error(self, var: str, message: str, fix: str | None = None) -> CpuaccelError:
+        hint = fix or f"fix {var} in the inventory (or its -e)"
         if var in self.extra:
-            return UsageError(f"-e {var}: {var} {message}", hint=f"fix -e {var}")
+            return UsageError(f"-e {var}: {var} {message}", hint=fix or f"fix -e {var}")
         origin = self.inventory.origin(self.head.name, var)
         if origin is None or origin.source is None:
             return InventoryError(f"{var} {message}", hint=hint)

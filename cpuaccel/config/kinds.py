@@ -184,9 +184,14 @@ class NonEmptyText(Kind):
 
 @dataclass(frozen=True)
 class EnvVars(Kind):
-    """``NAME: value`` lines for the ranks' environment (a name a shell accepts)."""
+    """``NAME: value`` lines for the ranks' environment (a name a shell accepts): the
+    plain one holds no credential, the ``secret`` one (secret.env) may."""
+
+    secret: bool = False
 
     def check(self, value: Any) -> Any:
+        if self.secret:
+            return variables.secret_env_mapping(value)
         return variables.env_mapping(value)
 
 

@@ -114,9 +114,8 @@ def _checked(key: str, item: Field, source: str) -> Any:
         bad = getattr(exc, "key", None)  # a bad key of a mapping: name its own line
         if bad is not None and item.children and bad in item.children:
             line = item.children[bad].line
-        raise ProjectFileError(
-            f"{key} {exc}", source=source, line=line, hint=f"{key}: {KEYS[key]}"
-        ) from None
+        hint = getattr(exc, "hint", None) or f"{key}: {KEYS[key]}"
+        raise ProjectFileError(f"{key} {exc}", source=source, line=line, hint=hint) from None
 
 
 def is_accelerate(fields: dict[str, Field]) -> bool:

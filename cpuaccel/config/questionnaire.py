@@ -69,9 +69,14 @@ def check_host(text: str) -> str:
     if re.fullmatch(r"[xX]+(\.[xX]+)+", text):
         raise ValueError(f"{text!r} is a placeholder: type the node's name or IP address")
     try:
-        return str(ipaddress.ip_address(text))
+        address = str(ipaddress.ip_address(text))
     except ValueError:
         pass
+    else:
+        problem = variables.scope_id_problem(address)
+        if problem is not None:
+            raise ValueError(problem)
+        return address
     if not _HOSTNAME.match(text):
         raise ValueError(f"{text!r} is not a host name or IP address")
     return text

@@ -573,7 +573,7 @@ TABLE: tuple[Entry, ...] = (
     # Credentials: only in a 0600 file on the nodes, never a command line or a log.
     Entry(
         "secret_env",
-        EnvVars(),
+        EnvVars(secret=True),
         "variables set in every rank from a 0600 file (credentials)",
         label="secret environment",
         also="`--env NAME` (a NAME with TOKEN, KEY, SECRET or PASSWORD)",

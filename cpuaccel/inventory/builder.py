@@ -333,10 +333,9 @@ def _check_variable(
         at = where.get(var, Origin(None, None))
         if exc.key is not None:
             at = where.get(f"{var}.{exc.key}", at)
+        hint = exc.hint or hint_for(var)
         if at.source == EXTRA_VARS_SOURCE:
-            raise InventoryError(
-                f"-e {var}: {var} {exc}", hint=f"fix -e {var}: {hint_for(var)}"
-            ) from None
+            raise InventoryError(f"-e {var}: {var} {exc}", hint=f"fix -e {var}: {hint}") from None
         raise InventoryError(
-            f"host {host!r}: {var} {exc}", source=at.source, line=at.line, hint=hint_for(var)
+            f"host {host!r}: {var} {exc}", source=at.source, line=at.line, hint=hint
         ) from None

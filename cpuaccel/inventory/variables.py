@@ -32,9 +32,16 @@ TRUE_WORDS = frozenset({"true", "yes", "on", "1", "y", "t"})
 FALSE_WORDS = frozenset({"false", "no", "off", "0", "n", "f"})
 # A shell variable name: anything else is code once written as `export NAME=...`.
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names whose value is a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, wandb_api_key): see
+# secret_value_problem.
+SECRET_NAME = re.compile("TOKEN|KEY|SECRET|PASSWORD", re.IGNORECASE)
 # Host names (letters, digits, '.', '-', '_' as Ansible aliases use it); never a leading
 # '-', which ssh and rsync would read as an option.
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+# An IPv6 address's scope id (fe80::1%eth0): an interface's name or number. Python's
+# ipaddress takes any characters after the '%', a newline or a ';' included, and an
+# address is written into the job's shell scripts and hostfile: only these are taken.
+SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # A login name: no space, no control character, no leading '-' (an ssh option).
 USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -43,11 +50,13 @@ Check = Callable[[Any], Any]
 
 
 class BadValue(ValueError):
-    """A value of the wrong type; ``key`` names the bad key of a mapping value."""
+    """A value of the wrong type; ``key`` names the bad key of a mapping value, ``hint``
+    the fix when it is not the variable's usual one (:func:`hint_for`)."""
 
-    def __init__(self, message: str, key: str | None = None) -> None:
+    def __init__(self, message: str, key: str | None = None, hint: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+        self.hint = hint
 
 
 def parse_bool(value: Any) -> bool | None:
@@ -127,9 +136,51 @@ def env_name_problem(name: Any) -> str | None:
     return f"{name!r} is not a variable name (letters, digits and '_', not starting with a digit)"
 
 
+def secret_value_problem(name: str) -> str | None:
+    """Why ``name`` cannot be given its value in the ranks' plain environment, or None:
+    the one rule for ``--env NAME=VALUE`` (run, submit, tune, config show), an
+    inventory's or ``-e``'s ``cpuaccel_env`` and a project file's ``env``.
+
+    A name holding TOKEN, KEY, SECRET or PASSWORD (any case) is taken for a credential.
+    The plain environment is printed (config show, run --dry-run), kept in env.sh on
+    every node and written into a batch script; a credential reaches the ranks only
+    through secret.env (0600 on the nodes, removed by the sweep): ``--env NAME`` with
+    the value in the controller's environment, or ``cpuaccel_secret_env``."""
+    if SECRET_NAME.search(name) is None:
+        return None
+    return (
+        f"{name} looks like a credential (TOKEN, KEY, SECRET or PASSWORD in its name): "
+        "a secret's value would be written into the run's files and printed"
+    )
+
+
+def secret_value_hint(name: str) -> str:
+    """The fix for :func:`secret_value_problem`'s refusal."""
+    return (
+        f"export {name} here and pass --env {name} (no '='), or set it in the inventory's "
+        f"cpuaccel_secret_env: either way its value goes only to secret.env on the nodes"
+    )
+
+
 def env_mapping(value: Any) -> dict[str, str]:
-    """``NAME: value`` lines for the ranks' environment: names a shell accepts, plain
-    values (a boolean as YAML wrote it)."""
+    """``NAME: value`` lines for the ranks' plain environment (``cpuaccel_env``, a
+    project file's ``env``): names a shell accepts, plain values (a boolean as YAML
+    wrote it), no credential (:func:`secret_value_problem`)."""
+    result = _env_lines(value)
+    for key in result:
+        problem = secret_value_problem(key)
+        if problem is not None:
+            raise BadValue(problem, key=key, hint=secret_value_hint(key))
+    return result
+
+
+def secret_env_mapping(value: Any) -> dict[str, str]:
+    """``cpuaccel_secret_env``'s ``NAME: value`` lines: as :func:`env_mapping`'s, any
+    name (they go only to secret.env)."""
+    return _env_lines(value)
+
+
+def _env_lines(value: Any) -> dict[str, str]:
     if value is None or value == "" or value == {}:
         return {}
     if not isinstance(value, Mapping):
@@ -149,20 +200,34 @@ def env_mapping(value: Any) -> dict[str, str]:
     return result
 
 
+def scope_id_problem(address: str) -> str | None:
+    """Why the IPv6 scope id of ``address`` (what follows its '%') is refused, or None
+    when it has none or one of :data:`SCOPE_ID`."""
+    _, percent, scope = address.partition("%")
+    if not percent or SCOPE_ID.fullmatch(scope):
+        return None
+    return (
+        f"{address!r} has the IPv6 scope id {scope!r}: use an interface's name or number "
+        "after the '%' (letters, digits, '.', '-' and '_')"
+    )
+
+
 def host_name_problem(name: Any) -> str | None:
-    """Why ``name`` cannot be a host's name or address, or None."""
+    """Why ``name`` cannot be a host's name or address, or None. Every host name and
+    address cpuaccel takes (inventories, hostfiles, ``-i a,b,``, Slurm's node lists,
+    ``ansible_host``) is checked here, as each is written into the job's files."""
     text_ = str(name)
     if isinstance(name, str) and HOST_NAME.fullmatch(text_):
         return None
     try:
         ipaddress.ip_address(text_)
-        return None
     except ValueError:
-        pass
-    lead = " and must not start with '-'" if text_.startswith("-") else ""
-    return (
-        f"{text_!r} is not a host name or IP address: use letters, digits, '.', '-' and '_'{lead}"
-    )
+        lead = " and must not start with '-'" if text_.startswith("-") else ""
+        return (
+            f"{text_!r} is not a host name or IP address: use letters, digits, '.', '-' "
+            f"and '_'{lead}"
+        )
+    return scope_id_problem(text_)
 
 
 def folder(value: Any) -> str | None:
@@ -273,7 +338,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_grad_reduce": choice(GRAD_REDUCE_MODES, fold=True),
     "cpuaccel_deterministic": boolean,
     "cpuaccel_env": env_mapping,
-    "cpuaccel_secret_env": env_mapping,
+    "cpuaccel_secret_env": secret_env_mapping,
     "cpuaccel_python": text,
     "cpuaccel_venv": text,
     "cpuaccel_workdir": folder,
@@ -323,4 +388,13 @@ def hint_for(name: str) -> str:
     return HINTS.get(name, f"fix the value of {name}")
 
 
-__all__ = ["VARIABLES", "BadValue", "env_name_problem", "host_name_problem", "parse_bool"]
+__all__ = [
+    "VARIABLES",
+    "BadValue",
+    "env_name_problem",
+    "host_name_problem",
+    "parse_bool",
+    "scope_id_problem",
+    "secret_value_hint",
+    "secret_value_problem",
+]

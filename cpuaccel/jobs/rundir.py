@@ -26,6 +26,7 @@ import jinja2
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
+from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.templating import file_environment
 
@@ -49,7 +50,24 @@ def _environment(plan: RunPlan) -> jinja2.Environment:
     return env
 
 
+def _check_names(plan: RunPlan) -> None:
+    """Each node's name and address as the inventory's check takes them: the hostfile
+    holds names unquoted (MPI reads no quoting), env.sh the head's, and a user's copy of
+    a template may write them anywhere. Checked again here, whichever source (an
+    inventory, Slurm's node list) gave the hosts."""
+    for host in plan.hosts:
+        for value in (host.name, host.address):
+            problem = host_name_problem(value)
+            if problem is not None:
+                raise UsageError(
+                    f"a host the run's files would name: {problem}",
+                    hint="name the host (and its ansible_host) with letters, digits, '.', "
+                    "'-' and '_', or an IP address",
+                )
+
+
 def _context(plan: RunPlan) -> dict[str, Any]:
+    _check_names(plan)
     return {
         "run_id": plan.run_id,
         "run_dir": plan.run_dir,

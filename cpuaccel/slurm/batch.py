@@ -203,7 +203,7 @@ def submit(run_dir: Path, script_text: str, request: BatchRequest) -> str:
         job = parse_job_id(commands.run(["sbatch", "--parsable", "--hold", str(script)]))
         record = json.dumps(submitted_record(request, job), indent=2) + "\n"
         write_private(run_dir / "run.json", record, PLAIN)
-        if not any(a in ("--hold", "-H") for a in request.sbatch_args):  # the user's own hold
+        if not holds(request.sbatch_args):  # the user's own hold
             commands.run(["scontrol", "release", job])
         return job
     except BaseException:
@@ -253,6 +253,10 @@ _SHORT = {
     "-a": "--array",
     "-W": "--wait",
 }
+# sbatch's short options that take a value (Slurm's src/common/slurm_opt.c: -k's is
+# optional). getopt reads "-vHN9" as -v, -H, -N 9: letters without a value can be
+# grouped in one word, and the first letter that takes one takes the rest of the word.
+_TAKES_VALUE = frozenset("ABCDFGJLMNSabcdeikmnopqtwx")
 
 
 def check_time(value: Any) -> str:
@@ -279,21 +283,37 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
-def owned_option(word: str) -> str | None:
-    """The long name of the cpuaccel-owned sbatch option ``word`` spells, if any."""
+def short_options(word: str) -> list[str]:
+    """The short options a word of one or more (``-vHN9``) spells, as sbatch's getopt
+    reads it: ``["-v", "-H", "-N"]``, the value (``9``) left out. A letter sbatch does
+    not know is read as one without a value, so that the letters after it are looked
+    at too; an option spelling ``-`` or ``--`` spells none."""
+    if not word.startswith("-") or word.startswith("--"):
+        return []
+    options: list[str] = []
+    for letter in word[1:]:
+        options.append(f"-{letter}")
+        if letter in _TAKES_VALUE:
+            break
+    return options
+
+
+def owned_option(word: str) -> tuple[str, str] | None:
+    """The cpuaccel-owned sbatch option that ``word`` sets, if any: as spelled in it
+    (``-N`` of ``-HN9``, ``--out``), and its long name."""
     if word.startswith("--"):
         name = word.split("=", 1)[0]
         matches = [o for o in OWNED if o.startswith(name) and len(name) > 3]
         # sbatch takes unambiguous prefixes (--out for --output): so does this check.
-        return name if name in OWNED else matches[0] if len(matches) == 1 else None
-    if word.startswith("-") and len(word) >= 2:
-        return _SHORT.get(word[:2])
-    return None
+        long = name if name in OWNED else matches[0] if len(matches) == 1 else None
+        return (name, long) if long is not None else None
+    return next(((o, _SHORT[o]) for o in short_options(word) if o in _SHORT), None)
 
 
 def check_sbatch_arg(value: Any) -> str:
     """One ``--sbatch-arg``: a single sbatch option word (``--mem=4G``,
-    ``--exclusive``, ``--constraint=skylake``), not one that cpuaccel sets."""
+    ``--exclusive``, ``--constraint=skylake``, ``-vc2``), setting nothing that
+    cpuaccel sets, in a group of short options too."""
     if not isinstance(value, str) or not value.startswith("-"):
         raise ValueError(f"{value!r} is not an sbatch option: give it as --name=value")
     bad = next((c for c in value if not c.isprintable()), None)
@@ -301,8 +321,18 @@ def check_sbatch_arg(value: Any) -> str:
         raise ValueError(f"{value!r} holds {bad!r}: an sbatch option is one line")
     owned = owned_option(value)
     if owned is not None:
-        raise ValueError(f"{value} is set by cpuaccel submit: {OWNED[owned]}")
+        spelled, long = owned
+        named = "" if spelled == long else f" ({long})"
+        raise ValueError(
+            f"{value} sets {spelled}{named}, an option set by cpuaccel submit: {OWNED[long]}"
+        )
     return value
+
+
+def holds(args: tuple[str, ...]) -> bool:
+    """Whether the user's own sbatch options ask for a held job (``--hold``, ``-H``,
+    also in a group such as ``-vH``): submit then leaves it held."""
+    return any(a == "--hold" or "-H" in short_options(a) for a in args)
 
 
 class BlockError(ValueError):

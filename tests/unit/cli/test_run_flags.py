@@ -268,12 +268,12 @@ def test_env_name_unset_here_is_an_error_naming_it(proj: Path) -> None:
 
 def test_env_secrets_reach_only_secret_env(tmp_path: Path) -> None:
     """In-process: the value goes to the plan's secret env (secret.env, 0600), never to
-    the plain environment, and a plain KEY=VALUE of the same name is not a secret."""
+    the plain environment."""
     env = parse_env(
-        ("HF_TOKEN", "MY_PASSWORD", "PLAIN", "DB_SECRET=given"),
+        ("HF_TOKEN", "MY_PASSWORD", "PLAIN", "GIVEN=g"),
         {"HF_TOKEN": "t0k", "MY_PASSWORD": "pw", "PLAIN": "p"},
     )
-    assert dict(env) == {"PLAIN": "p", "DB_SECRET": "given"}
+    assert dict(env) == {"PLAIN": "p", "GIVEN": "g"}
     assert env.secret == {"HF_TOKEN": "t0k", "MY_PASSWORD": "pw"}
     chosen = [Host("n1", {"cpuaccel_secret_env": {"OTHER_KEY": "o"}})]
     inventory = Inventory(None, {"n1": chosen[0]}, {})
@@ -287,6 +287,37 @@ def test_env_secrets_reach_only_secret_env(tmp_path: Path) -> None:
     assert "t0k" not in repr(settings.secret_env) + json.dumps(settings.secret_env.to_json())
     plan = build_plan(settings, Script("train.py", (), "proj"), None, "20260101-000000-abcdef")
     assert "HF_TOKEN" not in plan.env and plan.secret_env["HF_TOKEN"] == "t0k"
+
+
+@pytest.mark.parametrize("item", ["API_KEY=hunter2", "db_secret=hunter2", "HF_TOKEN=hunter2"])
+def test_a_secret_given_inline_is_refused_without_its_value(item: str) -> None:
+    """The one rule of submit, run, tune and config show: a credential's name takes its
+    value from the environment (--env NAME), never from the command line."""
+    name = item.split("=")[0]
+    with pytest.raises(UsageError) as caught:
+        parse_env((item,), {name: "from-here"})
+    said = str(caught.value)
+    assert said.startswith(f"--env {name}=...: {name} looks like a credential"), said
+    assert f"pass --env {name} (no '=')" in said and "cpuaccel_secret_env" in said
+    assert "hunter2" not in said
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ("config", "show"),
+        ("run", "--dry-run", "--ppn", "1"),
+        ("tune", "--list-hosts"),
+        ("submit", "--dry-run", "--nodes", "1"),
+    ],
+)
+def test_every_verb_refuses_a_secret_given_inline(proj: Path, verb: tuple[str, ...]) -> None:
+    script = () if verb[0] == "config" else ("train.py",)
+    proc = cpuaccel(*verb, "--env", "API_KEY=hunter2", *script, cwd=proj, env=env_for(proj.parent))
+    assert proc.returncode == EXIT_USAGE, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: --env API_KEY=...: API_KEY looks like a credential")
+    assert "hunter2" not in proc.stdout + proc.stderr
+    assert not (proj / "runs").exists()
 
 
 # ---------------------------------------------------------------- item 8: SCRIPT's kind

@@ -73,6 +73,11 @@ def host_with(var_line: str) -> str:
         (host_with("cpuaccel_secret_env:\n        1TOKEN: s"), 6, "'1TOKEN' is not a variable"),
         (host_with("cpuaccel_env: {A-B: 1}"), 5, "'A-B' is not a variable name"),
         (host_with("cpuaccel_env: {A: [1]}"), 5, "A: the value must be a plain"),
+        # a credential's name in the plain environment: its own line; secret_env takes it
+        (host_with("cpuaccel_env:\n        GOOD: 1\n        HF_TOKEN: hunter2"), 7,
+         "cpuaccel_env HF_TOKEN looks like a credential"),
+        ("all:\n  vars:\n    cpuaccel_env:\n      wandb_api_key: x\n  hosts:\n    n1:\n", 4,
+         "cpuaccel_env wandb_api_key looks like a credential"),
         # a CPUACCEL_* value the ranks' runtime would refuse, refused at its own line
         (host_with("cpuaccel_env:\n        GOOD: 1\n        CPUACCEL_ATTENTION: fastest"), 7,
          "CPUACCEL_ATTENTION: 'fastest' is not a choice (attention's precision under bf16); "
@@ -92,6 +97,14 @@ def host_with(var_line: str) -> str:
          "must not start with '-'"),
         ("all:\n  hosts:\n    n1:\n      ansible_host: \"a$(id)\"\n", 4, "not a host name"),
         ("all:\n  hosts:\n    n1:\n      ansible_ssh_host: \"a\\nb\"\n", 4, "not a host name"),
+        # an IPv6 scope id: an interface's name or number, never a second line or a command
+        ("all:\n  hosts:\n    \"fe80::1%x\\necho aWQK|base64 -d|sh #\":\n", 3,
+         "has the IPv6 scope id 'x\\necho aWQK|base64 -d|sh #'"),
+        ("all:\n  hosts:\n    \"fe80::1%$(id)\":\n", 3, "scope id '$(id)'"),
+        ("all:\n  hosts:\n    n1:\n      ansible_host: \"fe80::1%eth0;id\"\n", 4,
+         "ansible_host 'fe80::1%eth0;id' has the IPv6 scope id"),
+        ("all:\n  hosts:\n    n1:\n      ansible_ssh_host: \"fe80::1% x\"\n", 4, "scope id"),
+        ("all:\n  hosts:\n    n1:\n      ansible_host: \"fe80::1%\"\n", 4, "not a host name"),
     ],
 )  # fmt: skip
 def test_bad_values_are_errors_at_their_line(
@@ -107,7 +120,8 @@ def test_bad_values_are_errors_at_their_line(
 @pytest.mark.parametrize(
     ("name", "address"),
     [("node1", None), ("node-1.example.org", None), ("web_1", "10.0.0.2"),
-     ("n1", "fe80::1"), ("n1", "2001:db8::5"), ("10.1.2.3", None), ("n1", "host-2")],
+     ("n1", "fe80::1"), ("n1", "2001:db8::5"), ("10.1.2.3", None), ("n1", "host-2"),
+     ("n1", "fe80::1%eth0"), ("fe80::2%enp0s3.100", None), ("n1", "fe80::3%2")],
 )  # fmt: skip
 def test_good_names_and_addresses_load(tmp_path: Path, name: str, address: str | None) -> None:
     extra = f"\n      ansible_host: '{address}'" if address else ""
@@ -136,6 +150,7 @@ def test_hostfile_names_are_restricted_too(tmp_path: Path) -> None:
         ("ansible_host_key_checking=ture", "-e ansible_host_key_checking: "),
         ("ansible_host=-oProxyCommand=x", "-e ansible_host: "),
         ('{cpuaccel_env: {"A;B": 1}}', "-e cpuaccel_env: cpuaccel_env 'A;B' is not"),
+        ("{cpuaccel_env: {API_KEY: x}}", "-e cpuaccel_env: cpuaccel_env API_KEY looks like"),
     ],
 )
 def test_bad_extra_vars_name_the_e(tmp_path: Path, item: str, fragment: str) -> None:
@@ -186,6 +201,23 @@ def test_project_env_names_are_checked_at_their_line() -> None:
     with pytest.raises(ProjectFileError) as info:
         parse_project("ppn: 2\nenv:\n  GOOD: 1\n  'X;id': 2\n", "cpuaccel.yaml")
     assert str(info.value).startswith("cpuaccel.yaml:4: env 'X;id' is not a variable name")
+
+
+def test_project_env_refuses_a_credential_at_its_line() -> None:
+    with pytest.raises(ProjectFileError) as info:
+        parse_project("env:\n  GOOD: 1\n  DB_PASSWORD: hunter2\n", "cpuaccel.yaml")
+    said = str(info.value)
+    assert said.startswith("cpuaccel.yaml:3: env DB_PASSWORD looks like a credential"), said
+    assert "pass --env DB_PASSWORD" in said and "hunter2" not in said
+
+
+def test_secret_env_takes_credentials_and_the_plain_env_the_rest(tmp_path: Path) -> None:
+    text = (
+        "all:\n  hosts:\n    n1:\n  vars:\n    cpuaccel_env: {FI_PROVIDER: tcp}\n"
+        "    cpuaccel_secret_env: {HF_TOKEN: t0k}\n"
+    )
+    inv = Inventory.load(write(tmp_path, text))
+    assert inv.hosts["n1"].vars["cpuaccel_secret_env"] == {"HF_TOKEN": "t0k"}
 
 
 @pytest.mark.parametrize("item", ["X;id=1", "1A=2", "A B=3", "é=1", "=1", "A"])

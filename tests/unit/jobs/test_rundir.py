@@ -17,7 +17,7 @@ import pytest
 
 from cpuaccel.config.effective import resolve
 from cpuaccel.connectors.connect_options import ConnectOptions
-from cpuaccel.errors import HostError, InventoryError
+from cpuaccel.errors import HostError, InventoryError, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan
@@ -239,6 +239,31 @@ def test_every_rendered_script_passes_sh_n_with_hostile_values(tmp_path: Path, s
         syntax = subprocess.run([shell, "-n", "-c", files[name][1]], capture_output=True, text=True)
         assert syntax.returncode == 0, (name, syntax.stderr)
     assert not (tmp_path / "M").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "address"),
+    [("fe80::1%x\necho aWQK|base64 -d|sh #", None), ("n1", "fe80::1%eth0;id"), ("a b", None)],
+)
+def test_a_host_the_inventory_would_refuse_is_written_into_no_file(
+    name: str, address: str | None
+) -> None:
+    """Hosts made without the inventory's check (as any other source could make them):
+    the hostfile holds names unquoted, so rendering refuses them, in one line, also
+    where no ssh file is rendered (a dry run, the Slurm launcher)."""
+    head = Host(name, {"ansible_host": address} if address else {})
+    plan = plan_of([head, Host("n2", {})])
+    for ssh_files in (False, True):
+        with pytest.raises(UsageError) as caught:
+            render_job_files(plan, ConnectOptions(), ssh_files=ssh_files)
+        assert repr(address or name) in caught.value.message
+        assert "\n" not in caught.value.message and caught.value.hint
+
+
+def test_launch_sh_names_no_host_outside_its_quoted_words() -> None:
+    plan = plan_of(mixed())
+    text = render_job_files(plan, ConnectOptions(), ssh_files=False)["launch.sh"][1]
+    assert not [line for line in text.splitlines() if line.startswith("#") and "n1" in line]
 
 
 @pytest.mark.parametrize("shell", ["/bin/sh", "dash"])

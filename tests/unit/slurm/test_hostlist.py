@@ -37,6 +37,7 @@ def test_expand(text: str, hosts: list[str]) -> None:
         ("node[1-1000000]", "more than"),
         ("-oProxyCommand=x", "must not start with '-'"),
         ("node;rm", "not a host name"),
+        ("fe80::1%x;rm", "IPv6 scope id 'x;rm'"),
     ],
 )
 def test_bad_hostlists_name_the_origin_and_the_fault(text: str, said: str) -> None:

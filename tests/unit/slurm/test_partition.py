@@ -133,6 +133,7 @@ def test_states(state: str, word: str, down: bool) -> None:
         ({"NodeName": "-oProxyCommand=x"}, "must not start with '-'"),
         ({"NodeAddr": "$(reboot)"}, "NodeAddr '$(reboot)' is not a host name"),
         ({"NodeAddr": "-p2"}, "must not start with '-'"),
+        ({"NodeAddr": "fe80::1%eth0;reboot"}, "has the IPv6 scope id 'eth0;reboot'"),
         ({"CPUTot": "lots"}, "CPUTot 'lots' is not a number"),
         ({"State": "IDLE;rm"}, "is not a Slurm node state"),
     ],

@@ -123,6 +123,15 @@ def test_names_are_one_word(value: str, said: str) -> None:
         "--partition=x",
         "--wait",
         "--wrap=hostname",
+        # short options grouped in one word, as sbatch's getopt reads them
+        "-HN9",
+        "-vJevil",
+        "-Qo/tmp/x",
+        "-sHvW",
+        "-vvn4",
+        "-HD/tmp",
+        "-Oe/tmp/e",
+        "-Qpdebug",
     ],
 )
 def test_sbatch_arg_refuses_what_cpuaccel_sets(arg: str) -> None:
@@ -130,9 +139,42 @@ def test_sbatch_arg_refuses_what_cpuaccel_sets(arg: str) -> None:
         batch.check_sbatch_arg(arg)
 
 
-@pytest.mark.parametrize("arg", ["--mem=8G", "--exclusive", "--constraint=skylake", "-c2"])
+@pytest.mark.parametrize(
+    ("arg", "said"),
+    [
+        ("-HN9", "-HN9 sets -N (--nodes), an option set by cpuaccel submit: use submit --nodes"),
+        ("-vJevil", "-vJevil sets -J (--job-name), an option set by cpuaccel submit: the job is"),
+        ("-Qo/tmp/x", "-Qo/tmp/x sets -o (--output), an option set by cpuaccel submit: the batch"),
+    ],
+)
+def test_a_group_of_short_options_names_the_owned_one_and_the_fix(arg: str, said: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        batch.check_sbatch_arg(arg)
+    assert str(caught.value).startswith(said), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    # A letter that takes a value takes the rest of the word: -C's "intel" is no -n.
+    ["--mem=8G", "--exclusive", "--constraint=skylake", "-c2", "-Cintel", "-vc2", "-HcN",
+     "-kN9", "-Qs", "--constraint=-N"],
+)  # fmt: skip
 def test_sbatch_arg_takes_others(arg: str) -> None:
     assert batch.check_sbatch_arg(arg) == arg
+
+
+@pytest.mark.parametrize(
+    ("word", "options"),
+    [("-HN9", ["-H", "-N"]), ("-vJevil", ["-v", "-J"]), ("-Cintel", ["-C"]), ("-Hv", ["-H", "-v"]),
+     ("--nodes=2", []), ("-", [])],
+)  # fmt: skip
+def test_short_options_are_read_as_getopt_reads_them(word: str, options: list[str]) -> None:
+    assert batch.short_options(word) == options
+
+
+def test_a_hold_in_a_group_of_short_options_is_the_users_own() -> None:
+    assert batch.holds(("--mem=1G", "-vH")) and batch.holds(("--hold",))
+    assert not batch.holds(("-vC", "-CH"))  # -C's value "H" holds nothing
 
 
 @pytest.mark.parametrize("arg", ["mem=8G", "--mem=8G\n#SBATCH --exclusive"])
@@ -169,6 +211,7 @@ def test_project_slurm_block_is_read_and_checked(tmp_path: Path) -> None:
         ("slurm:\n  partition: cpu\n  time: '1:2:3:4'\n", 3, "not a Slurm time limit"),
         ("slurm:\n  time: 2:00:00\n", 2, "must be quoted"),  # YAML's base 60: 7200
         ("slurm:\n  sbatch_args: [--output=x]\n", 2, "set by cpuaccel submit"),
+        ("slurm:\n  sbatch_args:\n    - --mem=1G\n    - -HN9\n", 2, "-HN9 sets -N (--nodes)"),
         ("slurm:\n  partiton: cpu\n", 2, "not a key of slurm"),
         ("slurm: cpu\n", 1, "must be a mapping"),
         ('slurm:\n  account: "-x"\n', 2, "begins with '-'"),
