@@ -232,8 +232,10 @@ def _pg_ordered_mean(
 
 
 def _all_gather_single(output: torch.Tensor, mine: torch.Tensor, group: Any) -> Any:
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = gather(output, mine, group=group, async_op=True)
+    """Every rank's ``mine`` into ``output`` in rank order, asynchronously: the list form,
+    which every backend (gloo, ccl, mpi) implements."""
+    parts = list(output.view(-1, mine.numel()))
+    work = dist.all_gather(parts, mine, group=group, async_op=True)
     assert work is not None
     return work
 
