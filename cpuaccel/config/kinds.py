@@ -224,6 +224,8 @@ class MpirunWords(Kind):
     def parse_text(self, spelling: str, text: Any) -> Any:
         try:
             return split(text)
+        except SecretWord as exc:  # the text holds the value: not echoed
+            raise UsageError(f"{spelling}: {exc}", hint=exc.hint) from None
         except OwnedWord as exc:
             raise UsageError(
                 f"{spelling} {text!r}: {exc}",
@@ -313,6 +315,34 @@ class OwnedWord(ValueError):
         self.flag = flag
 
 
+class SecretWord(ValueError):
+    """A credential's value given to mpirun (``-genv API_KEY x``, ``-x API_KEY=x``): it
+    would be in launch.sh and the run's records on every node."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{variables.secret_value_problem(name)} (an mpirun -genv/-x value)")
+        self.hint = variables.secret_value_hint(name)
+
+
+# mpirun options that set a variable in the ranks: Intel MPI's and MPICH's take NAME VALUE
+# as two words, Open MPI's -x one NAME=VALUE word (a bare NAME passes the controller's).
+_ENV_PAIRS = ("-genv", "-env")
+_ENV_ASSIGN = ("-x",)
+
+
+def _secret_set(words: list[str]) -> str | None:
+    """The name of a credential ``words`` give a value to, if any."""
+    for i, word in enumerate(words):
+        name = ""
+        if word in _ENV_PAIRS and i + 1 < len(words):
+            name = words[i + 1].split("=", 1)[0]
+        elif word in _ENV_ASSIGN and i + 1 < len(words) and "=" in words[i + 1]:
+            name = words[i + 1].split("=", 1)[0]
+        if name and variables.secret_value_problem(name) is not None:
+            return name
+    return None
+
+
 def split(value: Any) -> tuple[str, ...]:
     """The words of a ``--launcher-args`` text (or a project file's list of words);
     ValueError saying what is wrong."""
@@ -329,4 +359,7 @@ def split(value: Any) -> tuple[str, ...]:
         owned = OWNED.get(word.split("=", 1)[0])
         if owned is not None:
             raise OwnedWord(word, owned)
+    secret = _secret_set(words)
+    if secret is not None:
+        raise SecretWord(secret)
     return tuple(words)

@@ -185,3 +185,5 @@ def test_hostile_input(case: Case, outcomes: dict[str, Future[Outcome]]) -> None
     assert names_place(case, message[0]), f"the error line does not name {case.names}\n{shown}"
     assert case.expect in out.stderr, shown
     assert out.changed == [], f"the folder changed: {out.changed}\n{shown}"
+    # The corpus spells every credential's value s3cr3t: no message may repeat it.
+    assert "s3cr3t" not in out.stdout + out.stderr, shown
