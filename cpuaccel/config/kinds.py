@@ -10,6 +10,7 @@ take different values. A kind whose flag takes text (``--nodes 2:4``, an alias's
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 from collections.abc import Mapping
@@ -332,12 +333,9 @@ _ENV_ASSIGN = ("-x",)
 
 def _secret_set(words: list[str]) -> str | None:
     """The name of a credential ``words`` give a value to, if any."""
-    for i, word in enumerate(words):
-        name = ""
-        if word in _ENV_PAIRS and i + 1 < len(words):
-            name = words[i + 1].split("=", 1)[0]
-        elif word in _ENV_ASSIGN and i + 1 < len(words) and "=" in words[i + 1]:
-            name = words[i + 1].split("=", 1)[0]
+    for word, following in itertools.pairwise(words):
+        sets = word in _ENV_PAIRS or (word in _ENV_ASSIGN and "=" in following)
+        name = following.split("=", 1)[0] if sets else ""
         if name and variables.secret_value_problem(name) is not None:
             return name
     return None
