@@ -41,13 +41,15 @@ if ctx.rank == 1:
     os.remove("ckpt.pt")  # a node without a copy: it gets rank 0's bytes
 state = ctx.load("ckpt.pt")
 params = [p.detach() for m in (a, b) for p in m.parameters()]
+# An attention kind each rank would time differently: every rank takes rank 0's choice.
+agreed = ctx.attention.agree((16, 8, 8, True, False, True), lambda: ctx.rank == 0)
 print(json.dumps({
     "rank": ctx.rank, "sync": ctx.grad_sync, "ddp": type(a).__name__,
     "same_optimizers": [oa.param_groups[0]["params"][0] is next(a.parameters())],
     "params": torch.cat([p.flatten() for p in params]).tolist(), "seen": seen,
     "loaded": all(torch.equal(state["a"][k], v) for k, v in ctx.unwrap(a).state_dict().items()),
     "step": state["step"], "has_file": os.path.exists("ckpt.pt"), "saved_here": saved_here,
-    "sync_calls": ctx.timer.calls,
+    "sync_calls": ctx.timer.calls, "agreed": agreed,
 }))
 """
 
@@ -105,6 +107,7 @@ def test_two_local_ranks_train_two_pairs_in_sync(tmp_path: Path) -> None:
         assert seen["same_optimizers"] == [True]
         assert seen["loaded"] and seen["step"] == 4
         assert seen["sync_calls"] >= 8  # two models, four steps
+        assert seen["agreed"] is True  # rank 0's measurement, through the group's store
     assert zero["params"] == one["params"]  # identical on both ranks, bit for bit
     assert len(zero["seen"]) == len(one["seen"]) == 16
     assert not set(zero["seen"]) & set(one["seen"])  # each rank its own shard
