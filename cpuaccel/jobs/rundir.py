@@ -27,6 +27,7 @@ from cpuaccel.connectors import openssh
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
+from cpuaccel.jsonsource import Refused, read_file
 from cpuaccel.templating import file_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
@@ -145,6 +146,9 @@ def render_job_files(
     return files
 
 
+_NOT_OURS = "move that run folder away: cpuaccel did not write that run.json"
+
+
 @dataclass
 class RunDir:
     """The controller's copy: runs/<id>/ with the rendered files, logs and the record."""
@@ -177,7 +181,12 @@ class RunDir:
     def record(self, **fields: Any) -> None:
         """Merge fields into run.json (no secrets: callers pass names, never values)."""
         target = self.path / "run.json"
-        data: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
+        try:
+            data = read_file(target) or {}
+            if not isinstance(data, dict):
+                raise Refused("not a JSON object")
+        except Refused as exc:
+            raise UsageError(f"{target}: not read: {exc}", hint=_NOT_OURS) from None
         data.update(fields, updated=time.time())
         self.write("run.json.tmp", json.dumps(data, indent=2, default=str) + "\n")
         (self.path / "run.json.tmp").replace(target)

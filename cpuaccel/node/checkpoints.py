@@ -22,12 +22,12 @@ with a reason; a path is never followed, only its name looked up in the run fold
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 
+from cpuaccel.node.boundedjson import Refused, loads
 from cpuaccel.node.runfiles import list_files, read_file
 
 TYPE_CHECKING = False
@@ -78,7 +78,9 @@ def parse_line(text: str, run_dir: str) -> Record | str:
     if len(text) > LINE_LIMIT:
         return f"longer than {LINE_LIMIT} bytes"
     try:
-        data = json.loads(text)
+        data = loads(text)
+    except Refused as exc:
+        return str(exc)
     except ValueError:
         return "not JSON"
     if not isinstance(data, dict):

@@ -106,6 +106,22 @@ def test_runs_list_is_ps_rows_newest_first(client: Client, runs: Path) -> None:
     assert rows[1]["state"] == "succeeded" and rows[1]["script"] == "train.py"
 
 
+def test_records_nested_too_deep_are_left_out_not_a_500(client: Client, runs: Path) -> None:
+    """A deep status.json (brought home by fetch) and a line of "[" x 3000 in
+    metrics.jsonl: the run list and the run's page still answer, saying what was left out."""
+    deep = make_run(runs, "20250101-000000-aaaaaa", metrics=5, state="succeeded")
+    (deep.path / "status.json").write_text("[" * 3000)
+    with (deep.path / "metrics.jsonl").open("a") as f:
+        f.write("[" * 3000 + "\n")
+    deep.append_metrics(2)
+    rows = client.json("/api/runs")["runs"]
+    why = "status.json: not read: values nested more than 200 levels deep"
+    assert rows[0]["id"] == deep.run_id and rows[0]["problems"] == [why]
+    assert rows[0]["state"] == "succeeded" and rows[0]["step"] == 6
+    doc = client.json(f"/api/runs/{deep.run_id}")
+    assert doc["metrics"]["step"] == list(range(7)) and doc["run"]["problems"] == [why]
+
+
 def test_an_update_returns_only_new_lines_and_ended_says_when_to_stop(
     client: Client, runs: Path
 ) -> None:
