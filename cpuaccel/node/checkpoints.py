@@ -40,8 +40,8 @@ MANIFEST = ".manifest.json"  # a recorded folder's: <folder>.manifest.json besid
 TAIL = 1024 * 1024  # bytes of checkpoints.jsonl read (its newest lines are at its end)
 LINE_LIMIT = 4096  # a longer line is no record cpuaccel wrote
 MTIME_SLACK = 5.0  # seconds a file's mtime may pass its record's time (clock skew)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")  # a file the node's `list` shows
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")  # a file the node's `list` shows
+_SHA = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
