@@ -28,7 +28,7 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
 from cpuaccel.jsonsource import Refused, read_file
-from cpuaccel.templating import file_environment
+from cpuaccel.templating import RenderLimit, file_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
 # script prints or an inventory sets, and secret.env is the secrets.
@@ -82,7 +82,9 @@ def _render(env: jinja2.Environment, name: str, context: dict[str, Any]) -> str:
         where = f"{getattr(exc, 'filename', None) or name + '.j2'}"
         line = getattr(exc, "lineno", None)
         hint = "fix the template (or remove it from cpuaccel_templates to use cpuaccel's)"
-        if "shquote" in str(exc):  # a copy of an older template
+        if isinstance(exc, RenderLimit):  # too large or too slow: the bound's own fix
+            hint = exc.hint
+        elif "shquote" in str(exc):  # a copy of an older template
             hint = "the shell-quoting filter is named quote now: write | quote"
         raise UsageError(
             f"template {where}{':' + str(line) if line else ''}: {exc}", hint=hint
