@@ -44,6 +44,12 @@ _BOMB_HINT = (
 )
 
 
+class NestedTooDeep(ComposerError):
+    """A value nested more than MAX_DEPTH levels deep: a YAMLError, so that a caller that
+    words YAML errors words this one too, and one that reads short texts as plain values
+    when they are not YAML (``safe_load``'s callers) can still tell it apart."""
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing values nested more than MAX_DEPTH deep (its composer
     is recursive: a deep enough file would end in a RecursionError, not a message)."""
@@ -55,13 +61,20 @@ class _BoundedLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 event = self.peek_event()  # type: ignore[no-untyped-call]
-                raise ComposerError(
+                raise NestedTooDeep(
                     None, None, f"values nested more than {MAX_DEPTH} levels deep",
                     event.start_mark,
                 )  # fmt: skip
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+def safe_load(text: str) -> Any:
+    """PyYAML's ``safe_load`` of a short text (an ``-e`` value, a value about to be
+    written): the same values, with the nesting bound of every file read here
+    (NestedTooDeep, never a RecursionError). Files go through YamlReader instead."""
+    return yaml.load(text, Loader=_BoundedLoader)
 
 
 class _BudgetSpent(Exception):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -15,6 +14,7 @@ from cpuaccel.cli.options import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.jobs.foreground import COLOURS
+from cpuaccel.jsonsource import Refused, loads
 from cpuaccel.runs import node_files as runfiles
 from cpuaccel.runs.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.slurm.commands import SlurmError
@@ -80,7 +80,13 @@ class HeadFiles:
     def state(self) -> str:
         data, _, _ = runfiles.read(self.conn(), self.where, "status.json")
         try:
-            status = json.loads(data) if data else None
+            status = loads(data) if data else None
+        except Refused as exc:  # too large or nested too deep: not the supervisor's
+            raise HostError(
+                self.run.head or "the head",
+                f"{self.where}/status.json: not read: {exc}",
+                hint="check the run folder on the head: cpuaccel never writes it so",
+            ) from None
         except ValueError:
             status = None  # being written: running still, as far as anyone knows
         return str(status.get("state", "running")) if isinstance(status, dict) else "running"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -12,6 +13,7 @@ from rich.table import Table
 from cpuaccel import ui
 from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.jsonsource import describe, loads
 from cpuaccel.runs import node_files as runfiles
 from cpuaccel.runs.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm
 from cpuaccel.ui import escape
@@ -37,17 +39,19 @@ def _live(run: RunRecord, heads: Heads) -> RunRecord:
     record as it is when the head cannot say (within LIVE_TIMEOUT)."""
     if not run.detached or run.head_run_dir is None or run.state() in ENDED:
         return run
-    import json
-
     try:
         conn = heads.connector(run)()
         data, _, _ = runfiles.read(conn, run.head_run_dir, "status.json", timeout=LIVE_TIMEOUT)
-        status = json.loads(data) if data else None
-    except (CpuaccelError, ValueError):
+    except CpuaccelError:
         return run
+    try:
+        status = loads(data) if data else None
+    except ValueError as exc:
+        problem = f"status.json on {run.head}: not read: {describe(exc)}"
+        return replace(run, problems=(*run.problems, problem))
     if not isinstance(status, dict):
         return run
-    return RunRecord(run.run_id, run.path, run.record, status)
+    return RunRecord(run.run_id, run.path, run.record, status, problems=run.problems)
 
 
 def _duration(seconds: float | None) -> str:
@@ -140,6 +144,9 @@ def ps_command(
     runs = _with_slurm(runs)
     now = time.time()
     rows = [row(run, now) for run in runs]
+    for r in rows:  # a record left out: the run is shown from the rest, with the reason
+        for problem in r["problems"]:
+            ui.stderr().print(f"[yellow]warning:[/] run {escape(r['id'])}: {escape(problem)}")
     if as_json:
         ui.print_json(rows)
     elif not rows:

@@ -15,6 +15,7 @@ import yaml
 
 from cpuaccel.config.project import KEYS, PROJECT_FILE
 from cpuaccel.errors import UsageError
+from cpuaccel.yamlsource import safe_load
 
 INVENTORY_FILE = "inventory.yaml"
 
@@ -24,7 +25,7 @@ def _plain(value: Any) -> str:
     if isinstance(value, str):
         text = value
         try:
-            if yaml.safe_load(text) == value and "#" not in text and text.strip() == text:
+            if safe_load(text) == value and "#" not in text and text.strip() == text:
                 return text
         except yaml.YAMLError:
             pass

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 from cpuaccel import node
 from cpuaccel.connectors.base import CommandResult, Connector
 from cpuaccel.errors import CommandTimeout, CpuaccelError, HostError
+from cpuaccel.jsonsource import Refused, loads
 
 BOOT = "import sys;exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'cpuaccel','exec'))"
 PYTHON_HINT = "set cpuaccel_python to the node's interpreter, or run cpuaccel provision"
@@ -87,7 +88,13 @@ def answer(host: str, python: str, result: CommandResult, what: str) -> dict[str
             hint=f"check that {python} is Python 3.8 or newer" if old else None,
         )
     try:
-        value = json.loads(result.stdout)
+        value = loads(result.stdout)
+    except Refused as exc:  # a text json would read, nested too deep: not ours
+        raise HostError(
+            host,
+            f"{what}: the node program's answer was refused: {exc}",
+            hint="check the node: cpuaccel's node programs never answer so",
+        ) from None
     except ValueError:
         value = None
     if not isinstance(value, dict):

@@ -6,7 +6,9 @@ static/index.html, ``/static/`` the page's files, ``/api/ping``, ``/api/runs``,
 Every ``/api/`` request carries the server's token (header X-Cpuaccel-Token): the page
 can stop jobs, and any local process or web page could otherwise call it. Every request
 names this server in its Host header (a DNS-rebinding page names its own domain). A run
-id is one of ./runs' ids (records.run_ids) before any path is made from it.
+id is one of ./runs' ids (records.run_ids) before any path is made from it. Every
+response forbids framing (``NoFraming``): a page that frames the dashboard could lead
+a click onto its Stop button.
 Imported only by the ``dashboard`` verb and ``run --dashboard``: starlette and uvicorn
 cost start-up time that no other verb should pay.
 """
@@ -18,7 +20,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cpuaccel.dashboard.remote import Watcher
 from cpuaccel.dashboard.snapshot import DEFAULT_TAIL, MAX_TAIL, RunView
@@ -43,6 +45,9 @@ STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "x-cpuaccel-token"
 START_WAIT = 30.0  # seconds uvicorn may take to listen on the socket bound here
 MISSING = "<!doctype html><title>cpuaccel</title><p>The page's files are missing (static/).</p>"
+FRAME_ANCESTORS = b"frame-ancestors 'none'"
+CSP = b"content-security-policy"
+XFO = b"x-frame-options"
 Stopper = Callable[[Path], dict[str, Any]]
 
 
@@ -119,6 +124,49 @@ class Guard:
         await self.app(scope, receive, send)
 
 
+def unframed(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A response's headers, saying that no page may frame it: ``frame-ancestors 'none'``
+    in each Content-Security-Policy header (replacing a frame-ancestors it had), or in
+    one of its own when there is none, and ``X-Frame-Options: DENY`` (for browsers that
+    do not know frame-ancestors). The page's meta CSP cannot say either: browsers
+    ignore frame-ancestors in a meta element."""
+    kept: list[tuple[bytes, bytes]] = []
+    policies = 0
+    for name, value in headers:
+        lower = name.lower()
+        if lower == XFO:
+            continue
+        if lower == CSP:
+            directives = [d.strip() for d in value.split(b";")]
+            others = [d for d in directives if d and not d.lower().startswith(b"frame-ancestors")]
+            value = b"; ".join([*others, FRAME_ANCESTORS])
+            policies += 1
+        kept.append((name, value))
+    if not policies:
+        kept.append((CSP, FRAME_ANCESTORS))
+    return [*kept, (XFO, b"DENY")]
+
+
+class NoFraming:
+    """Every response of the app it wraps (the whole app: its refusals and its 500s
+    too) carries the headers of :func:`unframed`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def framed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": unframed(message.get("headers") or [])}
+            await send(message)
+
+        await self.app(scope, receive, framed)
+
+
 def _run_id(request: Request, services: Services) -> str | None:
     """The path's run id when it is one of ./runs' (checked before any path is made)."""
     run_id = str(request.path_params["run_id"])
@@ -144,7 +192,7 @@ def _int_param(request: Request, name: str, default: int, high: int | None) -> i
     return value if value >= 0 and (high is None or value <= high) else None
 
 
-def build_app(services: Services) -> Starlette:
+def build_app(services: Services) -> ASGIApp:
     async def page(request: Request) -> Response:
         index = STATIC / "index.html"
         if not index.is_file():  # a tree without the page's files (a broken install)
@@ -198,7 +246,7 @@ def build_app(services: Services) -> Starlette:
         Middleware(Guard, services=services),
         Middleware(GZipMiddleware, minimum_size=1024),
     ]
-    return Starlette(routes=routes, middleware=middleware)
+    return NoFraming(Starlette(routes=routes, middleware=middleware))
 
 
 def _rows(services: Services) -> dict[str, Any]:
@@ -228,7 +276,7 @@ class Server:
     The socket is bound here, before the thread starts: a port in use is an OSError
     the caller turns into one line, not uvicorn's log and exit inside its thread."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         try:

@@ -11,7 +11,6 @@ and reused while the file is unchanged. Only stdlib and cpuaccel's records: the 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import stat
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.jsonsource import lines as json_lines
 from cpuaccel.runs.records import ENDED, RunRecord, load, row
 
 MAX_POINTS = 2000  # points per response, whatever the run's length
@@ -106,18 +106,9 @@ class Metrics:
             os.close(fd)
 
     def _parse(self, data: bytes) -> None:
-        """Whole lines: parsed as one JSON array (one C call, where a call a line
-        pays the parser's entry each time), or line by line when one of them is not
-        JSON."""
-        try:
-            values = json.loads(b"[" + data.rstrip(b"\n").replace(b"\n", b",") + b"]")
-        except ValueError:
-            values = []
-            for line in data.splitlines():
-                try:
-                    values.append(json.loads(line))
-                except ValueError:
-                    continue  # not one of ctx.log's lines
+        """Whole lines, through the bounded JSON reader (one parse for all of them; a
+        line that is not one of ctx.log's, or is nested too deep, is left out)."""
+        values = json_lines(data)
         lines = [v for v in values if isinstance(v, dict) and _finite(v.get("step")) is not None]
         if self.precision is None:
             self.precision = next(

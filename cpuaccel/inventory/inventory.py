@@ -28,7 +28,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.patterns import expand_host_pattern, parse_host_key, select_hosts
 from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.sourcefile import read_source
-from cpuaccel.yamlsource import YamlReader
+from cpuaccel.yamlsource import MAX_DEPTH, NestedTooDeep, YamlReader, safe_load
 
 __all__ = [
     "ENV_VAR",
@@ -211,10 +211,16 @@ def parse_extra_vars(items: Sequence[str]) -> dict[str, Any]:
         if item.startswith("@"):
             result.update(_read_vars_file(item[1:], item))
         elif item.lstrip().startswith("{"):
-            result.update(_vars_mapping(item, f"-e {item!r}", None))
+            result.update(_vars_mapping(item, f"-e {_shown(item)}", None))
         else:
             result.update(_key_values(item))
     return result
+
+
+def _shown(item: str) -> str:
+    """An -e item as its error names it: quoted, and cut when long (a hostile value may
+    be thousands of characters)."""
+    return repr(item) if len(item) <= 60 else repr(item[:60]) + "..."
 
 
 def _key_values(item: str) -> dict[str, Any]:
@@ -224,25 +230,32 @@ def _key_values(item: str) -> dict[str, Any]:
     try:
         words = shlex.split(item)
     except ValueError as exc:
-        raise InventoryError(f"-e {item!r}: expected KEY=VALUE words ({exc})", hint=hint) from None
+        raise InventoryError(
+            f"-e {_shown(item)}: expected KEY=VALUE words ({exc})", hint=hint
+        ) from None
     result: dict[str, Any] = {}
     for word in words or [item]:
         key, sep, raw = word.partition("=")
         if not sep or not key.isidentifier():
             raise InventoryError(
-                f"-e {item!r}: expected KEY=VALUE, @FILE.yaml or a YAML mapping"
-                + (f" ({word!r} is not KEY=VALUE)" if len(words) > 1 else ""),
+                f"-e {_shown(item)}: expected KEY=VALUE, @FILE.yaml or a YAML mapping"
+                + (f" ({_shown(word)} is not KEY=VALUE)" if len(words) > 1 else ""),
                 hint=hint,
             )
-        result[key] = _scalar(raw)
+        result[key] = _scalar(raw, key)
     return result
 
 
-def _scalar(raw: str) -> Any:
+def _scalar(raw: str, key: str) -> Any:
     if not raw.strip():
         return raw
     try:
-        value = yaml.safe_load(raw)
+        value = safe_load(raw)
+    except NestedTooDeep:
+        raise InventoryError(
+            f"-e {key}: the value is nested more than {MAX_DEPTH} levels deep",
+            hint="give a plain value as -e NAME=VALUE, and nested ones in a file: -e @vars.yaml",
+        ) from None
     except yaml.YAMLError:
         return raw
     # Only plain scalars convert; "a: b" or a date stays the text the user typed.

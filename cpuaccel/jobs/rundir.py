@@ -28,7 +28,8 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.jobs.plan import RunPlan, allocator_candidates, iomp_candidates
-from cpuaccel.templating import file_environment
+from cpuaccel.jsonsource import Refused, read_file
+from cpuaccel.templating import RenderLimit, file_environment
 
 # Only the user who runs the job reads its files: env.sh and the logs may hold what a
 # script prints or an inventory sets, and secret.env is the secrets.
@@ -99,7 +100,9 @@ def _render(env: jinja2.Environment, name: str, context: dict[str, Any]) -> str:
         where = f"{getattr(exc, 'filename', None) or name + '.j2'}"
         line = getattr(exc, "lineno", None)
         hint = "fix the template (or remove it from cpuaccel_templates to use cpuaccel's)"
-        if "shquote" in str(exc):  # a copy of an older template
+        if isinstance(exc, RenderLimit):  # too large or too slow: the bound's own fix
+            hint = exc.hint
+        elif "shquote" in str(exc):  # a copy of an older template
             hint = "the shell-quoting filter is named quote now: write | quote"
         raise UsageError(
             f"template {where}{':' + str(line) if line else ''}: {exc}", hint=hint
@@ -163,6 +166,9 @@ def render_job_files(
     return files
 
 
+_NOT_OURS = "move that run folder away: cpuaccel did not write that run.json"
+
+
 @dataclass
 class RunDir:
     """The controller's copy: runs/<id>/ with the rendered files, logs and the record."""
@@ -195,7 +201,12 @@ class RunDir:
     def record(self, **fields: Any) -> None:
         """Merge fields into run.json (no secrets: callers pass names, never values)."""
         target = self.path / "run.json"
-        data: dict[str, Any] = json.loads(target.read_text()) if target.exists() else {}
+        try:
+            data = read_file(target) or {}
+            if not isinstance(data, dict):
+                raise Refused("not a JSON object")
+        except Refused as exc:
+            raise UsageError(f"{target}: not read: {exc}", hint=_NOT_OURS) from None
         data.update(fields, updated=time.time())
         self.write("run.json.tmp", json.dumps(data, indent=2, default=str) + "\n")
         (self.path / "run.json.tmp").replace(target)

@@ -6,6 +6,8 @@ tested and type-checked one by one:
 
   common      which, safe new and atomic writes and their temporary-file marker, the
               dist-info scan
+  boundedjson JSON read within bounds (depth, size): every part that reads JSON from a
+              file or a message, and the controller's cpuaccel.jsonsource
   facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts)
   tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
               with destination (the node's verdict on where a sync may write),

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.facts import collect
 from cpuaccel.node.files import (
     mod_command,
@@ -83,7 +84,7 @@ def main() -> None:
         if not line.strip():
             continue
         try:
-            request = json.loads(line)
+            request = loads(line)
             if not isinstance(request, dict):
                 raise ValueError("a request is a JSON object")
         except ValueError as exc:

@@ -22,12 +22,12 @@ with a reason; a path is never followed, only its name looked up in the run fold
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
 
+from cpuaccel.node.boundedjson import Refused, loads
 from cpuaccel.node.runfiles import list_files, read_file
 
 TYPE_CHECKING = False
@@ -40,8 +40,8 @@ MANIFEST = ".manifest.json"  # a recorded folder's: <folder>.manifest.json besid
 TAIL = 1024 * 1024  # bytes of checkpoints.jsonl read (its newest lines are at its end)
 LINE_LIMIT = 4096  # a longer line is no record cpuaccel wrote
 MTIME_SLACK = 5.0  # seconds a file's mtime may pass its record's time (clock skew)
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")  # a file the node's `list` shows
-_SHA = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")  # a file the node's `list` shows
+_SHA = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,9 @@ def parse_line(text: str, run_dir: str) -> Record | str:
     if len(text) > LINE_LIMIT:
         return f"longer than {LINE_LIMIT} bytes"
     try:
-        data = json.loads(text)
+        data = loads(text)
+    except Refused as exc:
+        return str(exc)
     except ValueError:
         return "not JSON"
     if not isinstance(data, dict):

@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.checkpoints import HostCheckpoints, choose, gather_here, host_of
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.jobctl import end, job_pids, signal_launcher
@@ -127,12 +128,12 @@ def _answers(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> dict[
     for name, p in procs.items():
         try:
             out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            answers[name] = json.loads(out.decode().strip().splitlines()[-1])
+            answers[name] = loads(out.decode().strip().splitlines()[-1])
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.communicate()
             answers[name] = f"no answer within {timeout:g} s"
-        except (ValueError, IndexError, RecursionError):
+        except (ValueError, IndexError):
             why = err.decode(errors="replace").strip()[-200:]
             answers[name] = why or f"no answer (exit code {p.returncode})"
     return answers
@@ -454,7 +455,7 @@ def alive(run_id: str, pid: int) -> dict[str, Any]:
 
 def start(run_dir: str) -> dict[str, Any]:
     with open(os.path.join(run_dir, "supervisor.json")) as f:
-        run_id = json.load(f)["run_id"]
+        run_id = loads(f.read())["run_id"]
     log = os.open(os.path.join(run_dir, "supervisor.log"), _APPEND, 0o600)
     try:
         proc = subprocess.Popen(
@@ -496,7 +497,7 @@ def stop(run_id: str, pid: int, grace: float) -> dict[str, Any]:
 def watch(run_dir: str) -> dict[str, Any]:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     with open(os.path.join(run_dir, "supervisor.json")) as f:
-        config = json.load(f)
+        config = loads(f.read())
     run = HeadRun(run_dir, config)
     python = config.get("python") or sys.executable
     guards = threading.Thread(target=_start_guards, args=(run.side, python), daemon=True)
@@ -535,7 +536,7 @@ def main() -> None:
         result = set_attempt_env(args[0], int(args[1]), args[2] if len(args) > 2 else None)
     elif mode == "stacks":
         ours = set(job_pids(args[0]))
-        result = {"stacks": stacks(json.loads(args[2]), ours, float(args[1]))}
+        result = {"stacks": stacks(loads(args[2]), ours, float(args[1]))}
     elif mode == "guard":
         result = guard(args[0], args[1], args[2], args[3], int(args[4]))
     elif mode == "watchhead":

@@ -46,6 +46,7 @@ import signal
 import sys
 import time
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.mux import NO_MASTERS, end_masters, fast_kex, keep_folder, make_folder
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
@@ -320,7 +321,7 @@ def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
     and the kept prelaunch program's (cpuaccel.node.prelaunch) for its later requests."""
     if mode == "write":
         try:
-            return write(args[0], json.loads(stdin.read()))
+            return write(args[0], loads(stdin.read()))
         except LinkRefused as exc:
             raise SystemExit(refused(exc)) from None
     if mode == "procs":
@@ -333,7 +334,7 @@ def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
         end_masters(args[0])
         return {}
     if mode == "reach":
-        files = json.loads(stdin.read())
+        files = loads(stdin.read())
         hosts, mux, kept = args[2:], None, False
         if hosts and hosts[0].startswith(("--mux=", "--keep=")):  # no inventory name has "="
             flag, mux = hosts[0].split("=", 1)
@@ -342,7 +343,7 @@ def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
     if mode in ("list", "read"):  # a run's files (cpuaccel ps, logs, fetch)
         return run_files(mode, args)
     if mode == "stacks":
-        ranks = json.loads(stdin.read())
+        ranks = loads(stdin.read())
         return {"stacks": stacks(ranks, set(job_pids(args[0])), float(args[1]))}
     raise SystemExit(f"unknown mode {mode}")
 

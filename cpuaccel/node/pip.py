@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import dist_infos, which
 from cpuaccel.node.moduleutil import TAIL, Fail, as_list, expand, last_line, run
 from cpuaccel.node.pep440 import (
@@ -53,7 +53,7 @@ def _site_dirs(python: str, venv: str | None) -> list[str]:
         rc, out, err, _ = run([python, "-c", _SITE_QUERY], timeout=60)
         if rc:
             raise Fail(f"cannot ask {python} for its packages: {last_line(err) or rc}")
-        _SITE_DIRS[python] = [str(p) for p in json.loads(out)]
+        _SITE_DIRS[python] = [str(p) for p in loads(out)]
     return _SITE_DIRS[python]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.facts import collect, request_of, to_json
 from cpuaccel.node.jobctl import request
 from cpuaccel.node.tree import answer
@@ -58,7 +59,7 @@ def serve(idle: int) -> None:
         if not line:
             return
         try:
-            asked = json.loads(line)
+            asked = loads(line)
             payload = io.BytesIO(str(asked.get("payload", "")).encode())
             result = request(str(asked["words"][0]), [str(w) for w in asked["words"][1:]], payload)
         except SystemExit as exc:  # the jobctl program's one-line refusals

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 SECRET = "secret.env"
 MAX_READ = 8 * 1024 * 1024  # bytes one answer carries (base64 in JSON: ~11 MB)
-_NAME = re.compile(r"^(attempt-[0-9]+/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
-_ATTEMPT = re.compile(r"^attempt-[0-9]+$")
+# \Z, not $: "$" also matches before a newline that ends the name.
+_NAME = re.compile(r"^(attempt-[0-9]+/)?[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
+_ATTEMPT = re.compile(r"^attempt-[0-9]+\Z")
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -85,8 +86,16 @@ def list_files(run_dir: str) -> dict[str, Any]:
         os.close(folder)
 
 
+def is_run_file(name: str) -> bool:
+    """Whether ``name`` is one ``read`` reads: a plain name (letters, digits, ``_.+-``,
+    not hidden, no ``..``), directly in the run folder or in its ``attempt-N/``, and not
+    secret.env. The controller checks the names a node lists with it too, before it
+    makes a path of one."""
+    return bool(_NAME.match(name)) and ".." not in name and name.rsplit("/", 1)[-1] != SECRET
+
+
 def check_name(name: str) -> None:
-    if not _NAME.match(name) or ".." in name or name.rsplit("/", 1)[-1] == SECRET:
+    if not is_run_file(name):
         raise ValueError(f"refusing to read {name!r}: not a file of a run folder")
 
 

@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.progress import (
     EXIT_MARKER,
@@ -108,8 +109,8 @@ def read_status(run_dir: str) -> dict[str, Any] | None:
         return None
     with os.fdopen(fd, "rb") as f:
         try:
-            doc = json.loads(f.read(1 << 20))
-        except (ValueError, RecursionError):
+            doc = loads(f.read(1 << 20))
+        except ValueError:
             return None
     return doc if isinstance(doc, dict) else None
 

@@ -37,6 +37,7 @@ import os
 import stat
 import sys
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import TMP_MARK, create_new, which, write_atomic
 from cpuaccel.node.destination import resolve
 
@@ -77,12 +78,10 @@ def _load_cache(state: str) -> dict[str, Any]:
     """The hash cache, or an empty one: it lives in a folder others may write to, so it
     is plain data (JSON, never marshal or pickle) and anything unexpected is ignored
     (entry_of checks each entry's shape)."""
-    import json  # imported by main() anyway
-
     try:
         with open(os.path.join(state, CACHE), "rb") as f:
-            cache = json.loads(f.read())
-    except (OSError, ValueError, RecursionError):
+            cache = loads(f.read())
+    except (OSError, ValueError):
         return {}
     return cache if isinstance(cache, dict) else {}
 
@@ -310,9 +309,7 @@ def _entry_here(root: int, dest: str, rel: str, cache: dict[str, Any]) -> Entry 
 
 def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> dict[str, Any]:
     """The apply request (its header read from the stream unless given)."""
-    import json
-
-    header = json.loads(stream.readline()) if header is None else header
+    header = loads(stream.readline()) if header is None else header
     expected = {k: tuple(v) for k, v in header["manifest"].items()}
     _prepare(dest)
     written = unpack(dest, stream, functools.partial(_rel, dest)) if header.get("tar") else 0

@@ -29,6 +29,7 @@ import os
 import stat
 import sys
 
+from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import TMP_MARK, write_atomic
 from cpuaccel.node.nofollow import delete, lstat_below, open_folder, unpack
 from cpuaccel.node.tree import (
@@ -131,7 +132,7 @@ def apply_known(
     dest: str, prune: set[str], stream: Any, looked: dict[str, Any] | None
 ) -> dict[str, Any]:
     """Apply a request; a change to the tree just looked at without walking it twice."""
-    header = json.loads(stream.readline())
+    header = loads(stream.readline())
     base = header.get("base")
     _prepare(dest)  # DEST and its state folder real ones (a link there is replaced)
     if (
@@ -220,7 +221,7 @@ def serve(raw: str, options: list[str], stdin: BinaryIO, stdout: Any, bound: int
             line = stdin.readline(MAX_HEADER)
             if not line:
                 return
-            request = json.loads(line)
+            request = loads(line)
             mode, expect, length = request["mode"], request.get("expect"), int(request["length"])
             if mode not in ("look", "scan", "apply") or length < 0:
                 raise ValueError(f"not a tree request: {line[:80]!r}")

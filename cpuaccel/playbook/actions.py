@@ -111,7 +111,7 @@ def _template(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, An
     try:
         rendered = templating.render_text(text, {**variables, "template_path": str(path)})
     except templating.TemplateError as exc:
-        raise ActionError(f"template {path}: {exc.message}") from None
+        raise ActionError(f"template {path}: {exc.message}", hint=exc.hint) from None
     dest = str(args["dest"])
     if dest.endswith("/"):
         dest = posixpath.join(dest, path.name.removesuffix(".j2"))

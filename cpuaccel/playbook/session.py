@@ -25,6 +25,7 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.inventory.host import Host
+from cpuaccel.jsonsource import Refused, loads
 from cpuaccel.playbook import become as sudo
 
 Result = dict[str, Any]
@@ -80,7 +81,10 @@ class AgentSession:
                 self._stderr.append(line)
                 continue
             try:
-                value = json.loads(line)
+                value = loads(line)
+            except Refused as exc:
+                self._stderr.append(f"(a line of the agent's output refused: {exc})")
+                continue
             except ValueError:
                 # A login script printing text would land here: keep it for the message.
                 self._stderr.append(line)

@@ -14,7 +14,15 @@ from typing import Any
 import jinja2
 import jinja2.nodes
 
-from cpuaccel.templating import TemplateError, describe, environment, render_text, truth
+from cpuaccel.templating import (
+    RenderLimit,
+    TemplateError,
+    describe,
+    environment,
+    evaluate_bounded,
+    render_text,
+    truth,
+)
 
 
 def check_expression(expr: str) -> None:
@@ -95,12 +103,14 @@ def evaluate(expr: str, variables: Mapping[str, Any]) -> Any:
     """The value of a bare expression (``when``, ``that``, ``changed_when``)."""
     try:
         compiled = environment().compile_expression(expr, undefined_to_none=False)
-        value = compiled(**variables)
+        value = evaluate_bounded(compiled, variables)
         if isinstance(value, jinja2.Undefined):
             value._fail_with_undefined_error()
         return value
     except TemplateError:
         raise
+    except RenderLimit as exc:
+        raise TemplateError(f"in {expr!r}: {exc}", hint=exc.hint) from None
     except Exception as exc:
         raise TemplateError(f"in {expr!r}: {describe(exc)}") from None
 

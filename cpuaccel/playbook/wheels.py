@@ -26,6 +26,7 @@ from typing import Any
 
 import cpuaccel
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.jsonsource import loads
 from cpuaccel.resources import data_dir
 
 # A fixed timestamp and mode bits make the same source give a byte-identical wheel.
@@ -205,7 +206,7 @@ def _stamped(dest: Path, stamp_path: Path, request: dict[str, Any]) -> tuple[str
     """The wheels of the last successful request, when it was this one and they are all
     still there; None when pip must run."""
     try:
-        stamp = json.loads(stamp_path.read_text())
+        stamp = loads(stamp_path.read_text())
     except (OSError, ValueError):
         stamp = None
     if (

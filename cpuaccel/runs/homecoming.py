@@ -112,9 +112,10 @@ class Homecoming:
     def _whole_wanted(self, name: str, checkpoints: bool) -> bool:
         if self.supervised_there and name in ("status.json", "attempts.jsonl"):
             return True  # attempts.jsonl: a detached run's restarts (node/detached.py)
-        if self.supervised_there and name.startswith("hang-") and name.endswith(".txt"):
+        plain = "/" not in name  # directly in the run folder, as every file copied home
+        if self.supervised_there and plain and name.startswith("hang-") and name.endswith(".txt"):
             return True  # run --hang-timeout's stack dumps (cpuaccel/node/progress.py)
-        return checkpoints and is_checkpoint(name) and "/" not in name
+        return checkpoints and is_checkpoint(name) and plain
 
     def _append(self, item: RemoteFile, fetched: Fetched) -> None:
         target = self.home / item.name
@@ -127,13 +128,14 @@ class Homecoming:
         fd = _open_home(target, append=True)
         try:
             while have < item.size:
-                data, have = runfiles.read_new(
+                data, new = runfiles.read_new(
                     self.conn(), self.head_run_dir, item.name, have, self.timeout, self.kept()
                 )
-                if not data:
-                    break
+                if not data or new <= have:
+                    break  # nothing new, or rewritten meanwhile (read from its start): next pass
                 os.write(fd, data)
                 fetched.add(item.name, len(data))
+                have = new
         finally:
             os.close(fd)
 
@@ -150,14 +152,15 @@ class Homecoming:
         got = 0
         try:
             while True:
-                data, got, size = runfiles.read(
+                data, new, size = runfiles.read(
                     self.conn(), self.head_run_dir, item.name, got, timeout=self.timeout,
                     kept=self.kept(),
                 )  # fmt: skip
-                if not data:
-                    break
+                if not data or new != got + len(data):
+                    break  # the end, or rewritten meanwhile (read from its start): next time
                 os.write(fd, data)
-                if size is not None and got >= size:
+                got = new
+                if got > item.size or (size is not None and got >= size):
                     break
         finally:
             os.close(fd)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import CpuaccelError, SourceError, UsageError
+from cpuaccel.jsonsource import describe, loads
 from cpuaccel.sourcefile import read_source
 
 METRICS = "metrics.jsonl"
@@ -100,13 +101,17 @@ def read_metrics(run_dir: Path) -> Metrics:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines) and not text.endswith("\n"):
+            record = loads(line)
+        except ValueError as exc:
+            bad = isinstance(exc, json.JSONDecodeError)  # else refused: too deep
+            if bad and number == len(lines) and not text.endswith("\n"):
                 # The last line of a job killed while writing it: keep the rest.
                 metrics.skipped_partial_last_line = True
                 continue
-            raise UsageError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            why = f"not valid JSON ({exc.msg})" if isinstance(exc, json.JSONDecodeError) else exc
+            raise UsageError(
+                f"{path}:{number}: {why}", hint="remove or fix that line of the metrics file"
+            ) from None
         if not isinstance(record, dict):
             raise UsageError(f"{path}:{number}: expected a JSON object, got {line.strip()[:60]}")
         _add(metrics, record, f"{path}:{number}")
@@ -227,9 +232,9 @@ def _json_lines(path: Path, info: RunInfo) -> list[dict[str, Any]]:
     found = []
     for line in text.splitlines():
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a job that was killed while writing it
+            record = loads(line)
+        except ValueError:
+            continue  # cut short by a job killed while writing it, or refused (too deep)
         if isinstance(record, dict):
             found.append(record)
     return found
@@ -240,9 +245,12 @@ def _json_object(path: Path, info: RunInfo) -> dict[str, Any]:
     if not os.path.lexists(path):
         return {}
     try:
-        data = json.loads(read_source(path, SourceError, "run record", "rerun the job"))
-    except (CpuaccelError, json.JSONDecodeError) as exc:
+        data = loads(read_source(path, SourceError, "run record", "rerun the job"))
+    except CpuaccelError as exc:
         info.warnings.append(f"{path}: left out, not readable JSON ({exc})")
+        return {}
+    except ValueError as exc:
+        info.warnings.append(f"{path}: left out, {describe(exc)}")
         return {}
     if not isinstance(data, dict):
         info.warnings.append(f"{path}: left out, not a JSON object")

@@ -1,16 +1,32 @@
 """A run's files on a node, from the controller: the ``jobctl`` program's ``list`` and
-``read`` (cpuaccel.node.runfiles), each call bounded by a timeout."""
+``read`` (cpuaccel.node.runfiles), each call bounded by a timeout.
+
+What a node answers is checked before a path or a call is made of it: a listed name
+must be one the node's ``read`` would read (``runfiles.is_run_file``: a plain name,
+directly in the run folder or its ``attempt-N/``), else it is left out; a size, an
+mtime or an offset must be a finite number in range, and a read's offsets must follow
+from the request and the bytes it carries, else the answer is a HostError naming the
+node (an answer cpuaccel's program never gives: one line, exit 69, no traceback).
+"""
 
 from __future__ import annotations
 
 import base64
+import binascii
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
+from cpuaccel.errors import HostError
+from cpuaccel.node.runfiles import is_run_file
 
 CALL_TIMEOUT = 15.0  # seconds one list or read may take before the caller moves on
 CHUNK = 4 * 1024 * 1024  # bytes asked for at once
+MAX_SIZE = 1 << 62  # bytes: a larger size is no file's
+MAX_MTIME = float(1 << 33)  # seconds since 1970 (the year 2242): a later mtime is no file's
+_HINT = "the node's answer is not cpuaccel's node program's: check the node"
 
 
 @dataclass(frozen=True)
@@ -18,6 +34,34 @@ class RemoteFile:
     name: str
     size: int
     mtime: float
+
+
+def _count(value: Any, limit: int = MAX_SIZE) -> int | None:
+    """``value`` when it is a whole number (not a bool) in 0..limit, else None."""
+    if type(value) is int and 0 <= value <= limit:
+        return value
+    return None
+
+
+def _entry(host: str, entry: Any) -> RemoteFile | None:
+    """One ``[name, size, mtime]`` of a listing; None for a name ``read`` would refuse
+    (the node lists every file of the folder); HostError when the entry is malformed."""
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+        raise HostError(
+            host, f"listing the run's files: a malformed entry {entry!r:.80}", hint=_HINT
+        )
+    name, size, mtime = entry
+    if not is_run_file(name):
+        return None
+    ok_time = type(mtime) in (int, float) and math.isfinite(mtime) and 0 <= mtime < MAX_MTIME
+    if _count(size) is None or not ok_time:
+        raise HostError(
+            host,
+            f"listing the run's files: {name} has size {size!r} and mtime {mtime!r}, "
+            "not a byte count and a time",
+            hint=_HINT,
+        )
+    return RemoteFile(name, size, float(mtime))
 
 
 def list_files(
@@ -33,7 +77,10 @@ def list_files(
     files = found.get("files")
     if files is None:
         return None
-    return [RemoteFile(str(n), int(s), float(m)) for n, s, m in files]
+    host = conn.host.name
+    if not isinstance(files, list):
+        raise HostError(host, f"{what}: the answer holds no list of files", hint=_HINT)
+    return [f for f in (_entry(host, entry) for entry in files) if f is not None]
 
 
 def read(
@@ -52,7 +99,31 @@ def read(
     found = programs.call_kept(kept, conn, words, what=f"reading {name}", timeout=timeout)
     if found.get("data") is None:
         return None, offset, None
-    return base64.b64decode(found["data"]), int(found["offset"]), int(found["size"])
+    return _checked_read(conn.host.name, name, found, offset, limit)
+
+
+def _checked_read(
+    host: str, name: str, found: dict[str, Any], offset: int, limit: int
+) -> tuple[bytes, int, int]:
+    """A read's answer as (bytes, new offset, size), when it is one the node's ``read``
+    gives: base64 of at most ``limit`` bytes, read from ``offset`` (or from 0 when the
+    file is now shorter than it)."""
+    size, new = _count(found.get("size")), _count(found.get("offset"))
+    try:
+        data = base64.b64decode(str(found["data"]), validate=True)
+    except (binascii.Error, ValueError):
+        data = None
+    start = offset if size is not None and offset <= size else 0
+    # Not "new <= size": a file being appended to may grow between the node's stat and
+    # its read.
+    if data is None or size is None or new is None or len(data) > limit or new != start + len(data):
+        shown = {k: found.get(k) for k in ("offset", "size")}
+        raise HostError(
+            host,
+            f"reading {name}: the answer does not fit the request ({shown!r:.120})",
+            hint=_HINT,
+        )
+    return data, new, size
 
 
 def read_new(

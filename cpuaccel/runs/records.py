@@ -10,7 +10,6 @@ is read: run.json, status.json and the tail of metrics.jsonl.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -19,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import UsageError
+from cpuaccel.jsonsource import loads, read_object
 from cpuaccel.node.supervisor import start_time
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.queue import JobState
 
 RUNS = "runs"
-MAX_JSON = 1024 * 1024  # a record larger than this is not one of cpuaccel's
 TAIL = 8192  # bytes of metrics.jsonl read for the last step
 # run.json's reason (node/supervisor.py) as a state of the contract (status.json).
 _REASONS = {
@@ -39,22 +38,11 @@ _REASONS = {
 ENDED = ("succeeded", "failed", "stopped", "timeout", "lost", "interrupted")
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path, problems: list[str] | None = None) -> dict[str, Any] | None:
     """A JSON object of cpuaccel's own; None when missing, not a regular file, or bad
-    (being rewritten: the writers rename into place, but an old cpuaccel may not)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        value = json.loads(os.read(fd, MAX_JSON))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return value if isinstance(value, dict) else None
+    (too large, nested too deep, not JSON: being rewritten, as an old cpuaccel may do),
+    with the one line that says why appended to ``problems`` when given."""
+    return read_object(path, problems if problems is not None else [])
 
 
 def this_host() -> str:
@@ -78,6 +66,9 @@ class RunRecord:
     status: dict[str, Any] | None  # status.json, when the run folder has one
     # A submitted run (run.json's "slurm"): its job as Slurm says now, when asked.
     slurm: JobState | None = None
+    # Why a record was not read, a line each (``status.json: not read: ...``): the run
+    # is shown from what could be read, with these lines beside it.
+    problems: tuple[str, ...] = ()
 
     @property
     def job_id(self) -> str | None:
@@ -211,8 +202,10 @@ def find_run(spec: str, runs: Path | None = None) -> Path:
 
 
 def load(path: Path) -> RunRecord:
-    record = read_json(path / "run.json") or {}
-    return RunRecord(path.name, path, record, read_json(path / "status.json"))
+    problems: list[str] = []
+    record = read_json(path / "run.json", problems) or {}
+    status = read_json(path / "status.json", problems)
+    return RunRecord(path.name, path, record, status, problems=tuple(problems))
 
 
 def last_metrics(path: Path) -> tuple[Any, Any]:
@@ -231,9 +224,9 @@ def last_metrics(path: Path) -> tuple[Any, Any]:
         os.close(fd)
     for line in reversed(tail.split(b"\n")):
         try:
-            value = json.loads(line)
+            value = loads(line)
         except ValueError:
-            continue  # a line cut by the tail's start, or one being written
+            continue  # cut by the tail's start, being written, or refused (too deep)
         if isinstance(value, dict) and "step" in value:
             return value.get("step"), value.get("loss")
     return None, None
@@ -286,6 +279,7 @@ def row(run: RunRecord, now: float) -> dict[str, Any]:
         "loss": number(loss),
         "restarts": restarts(record, state, run.status),
         "slurm": slurm_of(run),
+        "problems": list(run.problems),
     }
 
 

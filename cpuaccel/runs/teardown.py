@@ -62,10 +62,12 @@ def find_run(runs: Path, word: str) -> Path:
 def read_record(folder: Path) -> dict[str, Any]:
     """run.json, read as ps and logs read it (records.read_json: no link followed, a
     regular file, bounded)."""
-    record = records.read_json(folder / "run.json")
+    problems: list[str] = []
+    record = records.read_json(folder / "run.json", problems)
     if record is None:
+        why = problems[0].removeprefix("run.json: ") if problems else "missing"
         raise UsageError(
-            f"{folder / 'run.json'}: missing, unreadable or not a run record",
+            f"{folder / 'run.json'}: {why}: not a run record",
             hint="give the id of a run that cpuaccel run recorded (cpuaccel ps lists them)",
         )
     return record

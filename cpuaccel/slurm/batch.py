@@ -33,7 +33,7 @@ import jinja2
 from cpuaccel.errors import UsageError
 from cpuaccel.slurm import commands
 from cpuaccel.slurm.commands import SlurmError
-from cpuaccel.templating import file_environment
+from cpuaccel.templating import RenderLimit, file_environment
 
 TEMPLATE = "sbatch.sh.j2"
 SCRIPT = "sbatch.sh"
@@ -132,9 +132,10 @@ def render(request: BatchRequest, run_dir: Path) -> str:
     except jinja2.TemplateError as exc:
         line = getattr(exc, "lineno", None)
         where = f"{getattr(exc, 'filename', None) or TEMPLATE}{':' + str(line) if line else ''}"
+        fix = "fix your sbatch.sh.j2 (or remove it from the templates folder)"
         raise UsageError(
             f"template {where}: {exc}",
-            hint="fix your sbatch.sh.j2 (or remove it from the templates folder)",
+            hint=exc.hint if isinstance(exc, RenderLimit) else fix,
         ) from None
 
 

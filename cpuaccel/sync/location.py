@@ -61,9 +61,9 @@ def _rendered(host: Host, template: str) -> str:
     try:  # sandboxed, as playbooks are: an expression must not reach Python's internals
         return templating.render_text(template, context)
     except templating.TemplateError as exc:
-        raise UsageError(
-            f"--dest {template!r} on {host.name}: {exc.message}",
-            hint="use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project",
+        usual = "use variables the inventory defines, e.g. {{ cpuaccel_workdir }}/project"
+        raise UsageError(  # a size or time bound's own fix, else the usual mistake's
+            f"--dest {template!r} on {host.name}: {exc.message}", hint=exc.hint or usual
         ) from None
 
 

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.jsonsource import loads
 from cpuaccel.node.tree import Entry
 
 KEEP_MANIFESTS = 4  # manifests kept per (sources, destination): nodes lag a few syncs at most
@@ -36,7 +37,7 @@ class SyncMemory:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.manifests: dict[str, dict[str, Entry]] = {}
         try:
-            data = json.loads(self.path.read_text())
+            data = loads(self.path.read_text())
             # Only well-formed records: last() must never meet something else.
             self.nodes = {
                 k: v
@@ -47,7 +48,7 @@ class SyncMemory:
                 h: {rel: tuple(e) for rel, e in entries.items()}
                 for h, entries in data["manifests"].items()
             }
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             self.nodes, self.manifests = {}, {}  # no memory, or an unreadable one: the long way
 
     @staticmethod

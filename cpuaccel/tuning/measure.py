@@ -8,7 +8,6 @@ allocations), which is not what a longer run would see.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import SourceError
+from cpuaccel.jsonsource import loads
 from cpuaccel.sourcefile import read_source
 from cpuaccel.tuning.grid import Trial
 
@@ -73,9 +73,9 @@ def _records(text: str) -> list[dict[str, Any]]:
     found = []
     for line in text.splitlines():
         try:
-            record = json.loads(line)
+            record = loads(line)
         except ValueError:
-            continue  # a line cut by the trial's end, or the script's own odd line
+            continue  # cut by the trial's end, the script's own odd line, or too deep
         if isinstance(record, dict):
             found.append(record)
     return found

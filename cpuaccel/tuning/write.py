@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from cpuaccel.config.project import PROJECT_FILE, parse_project
@@ -22,6 +21,7 @@ from cpuaccel.config.writer import project_text, write_files
 from cpuaccel.errors import ProjectFileError, UsageError
 from cpuaccel.sourcefile import read_source
 from cpuaccel.tuning.grid import Trial
+from cpuaccel.yamlsource import YamlReader
 
 THREADS_VAR = "OMP_NUM_THREADS"
 NOTE = "written by cpuaccel tune"
@@ -97,7 +97,8 @@ def _set_env(text: str, root: MappingNode, threads: str) -> list[Edit]:
 
 def edited_text(text: str, values: dict[str, Any], source: str) -> str:
     """``text`` with ``values`` set (ppn, env's OMP_NUM_THREADS, allocator)."""
-    root = yaml.compose(text, Loader=yaml.SafeLoader) if text.strip() else None
+    # Bounded as every read of the file (nesting, a bad line: its file:line error).
+    root = YamlReader(source, ProjectFileError).compose(text) if text.strip() else None
     if root is None:
         root = MappingNode("tag:yaml.org,2002:map", [])
     if not isinstance(root, MappingNode):

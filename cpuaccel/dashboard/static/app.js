@@ -153,6 +153,8 @@
     for (const row of rows) {
       const tr = document.createElement("tr");
       tr.dataset.run = String(row.id);
+      // A record left out (too large, nested too deep, not JSON): the row says why.
+      if (Array.isArray(row.problems) && row.problems.length) tr.title = row.problems.join("\n");
       const first = document.createElement("td");
       const link = cell("a", String(row.id));
       link.href = "/run/" + encodeURIComponent(String(row.id));

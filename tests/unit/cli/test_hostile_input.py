@@ -11,7 +11,9 @@ Each case is data under ``tests/hostile/``:
       # as: cpuaccel.yaml                 (optional: the name the copy gets)
 
 - an entry of ``cmdline.yaml`` (flags and ``-e`` values): ``argv``, ``names`` (the flag,
-  the -e item or FILE:LINE the error line names), ``expect`` and optional ``files``.
+  the -e item or FILE:LINE the error line names), ``expect`` and optional ``files``, and
+  optional ``repeat`` (``{TOKEN: [TEXT, COUNT]}``: TOKEN in argv and files stands for
+  TEXT written COUNT times, for inputs of thousands of characters).
 
 Every case runs as a user runs it, ``python -m cpuaccel ...`` in a fresh folder holding
 only its files (no inventory around, ``CPUACCEL_INVENTORY`` unset, HOME empty), and must
@@ -83,12 +85,23 @@ def file_case(path: Path) -> Case:
 
 
 def table_case(entry: dict[str, Any]) -> Case:
+    repeat = {
+        str(token): str(text) * int(count)
+        for token, (text, count) in (entry.get("repeat") or {}).items()
+    }
+
+    def expand(value: Any) -> str:
+        text = str(value)
+        for token, long in repeat.items():
+            text = text.replace(token, long)
+        return text
+
     return Case(
         id=f"cmdline/{entry['id']}",
-        argv=tuple(str(word) for word in entry["argv"]),
+        argv=tuple(expand(word) for word in entry["argv"]),
         names=str(entry["names"]),
         expect=str(entry["expect"]),
-        files={str(k): str(v).encode() for k, v in (entry.get("files") or {}).items()},
+        files={str(k): expand(v).encode() for k, v in (entry.get("files") or {}).items()},
     )
 
 

@@ -211,11 +211,15 @@ GOOD = '{"step": 1, "loss": 2.0}\n'
             lambda t: _bad_metrics(t, '{"step": 1, "loss": 2, "samples_per_s": true}\n'),
             '{run}/metrics.jsonl:1: "samples_per_s" is true, not a number',
         ),
+        (  # json's parser recursed into a RecursionError: a traceback, before the bound
+            lambda t: _bad_metrics(t, GOOD + "[" * 3000 + "\n" + GOOD),
+            "{run}/metrics.jsonl:2: values nested more than 200 levels deep",
+        ),
     ],
     ids=[
         "missing-folder", "a-file", "no-metrics-file", "empty-file", "blank-lines",
         "bad-json-line-3", "not-an-object", "no-loss", "no-step", "loss-a-string",
-        "rate-a-bool",
+        "rate-a-bool", "line-nested-too-deep",
     ],
 )  # fmt: skip
 def test_bad_input_is_one_message_and_exit_64(tmp_path: Path, make: Any, message: str) -> None:
@@ -252,3 +256,22 @@ def test_cli_does_not_import_matplotlib_until_report_runs() -> None:
     assert top.returncode == 0 and "report" in top.stdout and "cpuaccel report runs/" in top.stdout
     sub = cpuaccel("report", "--help")
     assert sub.returncode == 0 and "--json" in sub.stdout and "Exit codes" in sub.stdout
+
+
+def test_records_nested_too_deep_are_left_out_with_a_warning(tmp_path: Path) -> None:
+    """run.json and status.json too deep (a status.json brought home by fetch), and a
+    line of checkpoints.jsonl and attempts.jsonl: the report is written from the rest."""
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in training_records(10)])
+    (run_dir / "run.json").write_text('{"hosts": ' + "[" * 3000 + "}")
+    (run_dir / "status.json").write_text("[" * 900 + "]" * 900)  # json parses it: too deep
+    (run_dir / "attempts.jsonl").write_text("[" * 3000 + "\n")
+    (run_dir / "checkpoints.jsonl").write_text("[" * 3000 + "\n")
+    proc = cpuaccel("report", str(run_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["steps"] == 10 and summary["nodes"] is None and summary["state"] is None
+    for name in ("run.json", "status.json"):
+        assert f"{run_dir / name}: left out, values nested more than 200 levels deep" in (
+            proc.stderr
+        ), proc.stderr

@@ -353,3 +353,13 @@ def test_a_venv_folder_becomes_cpuaccel_venv_for_provision(tmp_path: Path) -> No
     proc = cpuaccel(*base, "--python", "/opt/py/bin/python3", "--force", cwd=tmp_path)
     group = yaml.safe_load((tmp_path / "inventory.yaml").read_text())["all"]["vars"]
     assert group["cpuaccel_python"] == "/opt/py/bin/python3" and "cpuaccel_venv" not in group
+
+
+def test_a_value_written_is_read_back_with_the_bounded_yaml_reader() -> None:
+    """A written value is checked by reading it back as YAML: 5000 '[' recursed."""
+    from cpuaccel.config.writer import inventory_text
+
+    deep = "[" * 5000
+    text = inventory_text(["node1"], {}, {"ansible_user": deep}, "a note")
+    assert f"ansible_user: {json.dumps(deep)}" in text
+    assert yaml.safe_load(text)["all"]["vars"]["ansible_user"] == deep

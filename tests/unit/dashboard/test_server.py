@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.dashboard.server import Server, Services, build_app
+from cpuaccel.dashboard.server import Server, Services, build_app, unframed
 from cpuaccel.dashboard.snapshot import MAX_POINTS
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
 from cpuaccel.testing.command import cpuaccel
@@ -85,6 +85,86 @@ def test_api_refuses_a_missing_or_wrong_token_and_a_foreign_host(
     assert client.call("/api/ping", Host="localhost:8265")[0] == 200
 
 
+def _framing(base: str, path: str, method: str = "GET", **headers: str) -> tuple[int, Any]:
+    """(status, the response's headers, duplicates kept) of a request to the server."""
+    request = urllib.request.Request(base + path, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, answer.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers
+
+
+def _assert_unframed(status_and_headers: tuple[int, Any], status: int) -> None:
+    got, headers = status_and_headers
+    assert got == status
+    assert headers.get_all("X-Frame-Options") == ["DENY"]
+    policies = headers.get_all("Content-Security-Policy")
+    assert policies == ["frame-ancestors 'none'"], policies
+
+
+def test_every_response_forbids_framing(client: Client, runs: Path) -> None:
+    """A meta CSP cannot say frame-ancestors: the headers say it, on every response (a
+    page framing the dashboard could lead a click onto Stop)."""
+    run = make_run(runs, metrics=3000)  # a response large enough to be gzip'ed
+    token = {"X-Cpuaccel-Token": TOKEN}
+    cases = [
+        ("/", {}, 200),
+        (f"/run/{run.run_id}", {}, 200),
+        ("/static/app.js", {}, 200),
+        ("/static/nope.js", {}, 404),
+        ("/api/ping", token, 200),
+        ("/api/runs", token, 200),
+        (f"/api/runs/{run.run_id}", {**token, "Accept-Encoding": "gzip"}, 200),
+        ("/api/runs/nope", token, 404),
+        ("/api/runs", {}, 403),  # refused by the guard, before any route
+        ("/api/runs", {**token, "Host": "attacker.example"}, 400),
+    ]
+    for path, headers, status in cases:
+        _assert_unframed(_framing(client.base, path, **headers), status)
+    _assert_unframed(_framing(client.base, "/api/runs", "POST", **token), 405)
+
+
+def test_a_server_error_forbids_framing_too(runs: Path) -> None:
+    def crashing(folder: Path) -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    run = make_run(runs, metrics=1)
+    server = Server(build_app(Services(runs, TOKEN, {"127.0.0.1"}, crashing)), "127.0.0.1", 0)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        answer = _framing(
+            base, f"/api/runs/{run.run_id}/stop", "POST", **{"X-Cpuaccel-Token": TOKEN}
+        )
+        _assert_unframed(answer, 500)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("given", "sent"),
+    [
+        ([], [(b"content-security-policy", b"frame-ancestors 'none'")]),
+        (
+            [(b"Content-Security-Policy", b"default-src 'self'; frame-ancestors *")],
+            [(b"Content-Security-Policy", b"default-src 'self'; frame-ancestors 'none'")],
+        ),
+        (
+            [(b"content-security-policy", b"img-src 'self';"), (b"X-Frame-Options", b"ALLOW")],
+            [(b"content-security-policy", b"img-src 'self'; frame-ancestors 'none'")],
+        ),
+    ],
+    ids=["none", "replaced", "merged"],
+)
+def test_frame_ancestors_is_merged_into_a_csp_header_a_response_has(
+    given: list[tuple[bytes, bytes]], sent: list[tuple[bytes, bytes]]
+) -> None:
+    assert unframed([(b"content-type", b"text/html"), *given]) == [
+        (b"content-type", b"text/html"), *sent, (b"x-frame-options", b"DENY"),
+    ]  # fmt: skip
+
+
 def test_a_run_id_not_in_runs_is_refused_before_any_path(client: Client, runs: Path) -> None:
     make_run(runs)
     (runs.parent / "secret").mkdir()
@@ -104,6 +184,22 @@ def test_runs_list_is_ps_rows_newest_first(client: Client, runs: Path) -> None:
     assert [r["id"] for r in rows] == [new.run_id, old.run_id]
     assert rows[0]["state"] == "running" and rows[0]["step"] == 6
     assert rows[1]["state"] == "succeeded" and rows[1]["script"] == "train.py"
+
+
+def test_records_nested_too_deep_are_left_out_not_a_500(client: Client, runs: Path) -> None:
+    """A deep status.json (brought home by fetch) and a line of "[" x 3000 in
+    metrics.jsonl: the run list and the run's page still answer, saying what was left out."""
+    deep = make_run(runs, "20250101-000000-aaaaaa", metrics=5, state="succeeded")
+    (deep.path / "status.json").write_text("[" * 3000)
+    with (deep.path / "metrics.jsonl").open("a") as f:
+        f.write("[" * 3000 + "\n")
+    deep.append_metrics(2)
+    rows = client.json("/api/runs")["runs"]
+    why = "status.json: not read: values nested more than 200 levels deep"
+    assert rows[0]["id"] == deep.run_id and rows[0]["problems"] == [why]
+    assert rows[0]["state"] == "succeeded" and rows[0]["step"] == 6
+    doc = client.json(f"/api/runs/{deep.run_id}")
+    assert doc["metrics"]["step"] == list(range(7)) and doc["run"]["problems"] == [why]
 
 
 def test_an_update_returns_only_new_lines_and_ended_says_when_to_stop(

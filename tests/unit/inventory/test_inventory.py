@@ -573,6 +573,21 @@ def test_parse_extra_vars(items: list[str], expected: dict[str, Any]) -> None:
     assert parse_extra_vars(items) == expected
 
 
+@pytest.mark.parametrize(
+    "item",
+    ["x=" + "[" * 5000, "x=" + "[" * 101 + "]" * 101, "{x: " + "[" * 5000],
+    ids=["open-5000", "closed-101", "inline-mapping"],
+)
+def test_a_value_nested_too_deep_is_one_error_not_a_recursion(item: str) -> None:
+    """PyYAML's composer recurses: -e "x=[[[[..." (5000 deep) was a RecursionError."""
+    with pytest.raises(InventoryError, match="nested more than 100 levels deep") as info:
+        parse_extra_vars([item])
+    message = str(info.value).splitlines()[0]
+    assert message.startswith("-e x: " if item.startswith("x=") else "-e '{x: [[[")
+    assert len(message) < 200 and info.value.hint  # the item is not printed whole
+    assert parse_extra_vars(["x=" + "[" * 100]) == {"x": "[" * 100}  # not YAML: its text
+
+
 def test_parse_extra_vars_reads_a_file(tmp_path: Path) -> None:
     path = write(tmp_path, "nproc: 8\nuser: train\n", "vars.yaml")
     assert parse_extra_vars(["nproc=2", f"@{path}", "user=me"]) == {"nproc": 8, "user": "me"}

@@ -309,14 +309,20 @@ def test_hostile_lines_are_ignored_with_a_reason_and_never_followed() -> None:
         {**line("ck.pt", 92), "sha256": "zz"}, {**line("ck.pt", 91), "size": -1},
         {**line("ck.pt", 90), "time": "now"}, '{"path": 3}',
         json.dumps(line("ck.pt", 89)) + " " * 5000,
+        "[" * 3000,  # json's parser: a RecursionError, through every except ValueError
+        {**line("ck.pt", 88), "path": f"{RUN_DIR}/ck.pt\n"},  # "$" matched before "\n"
         line("ck.pt", 40),
     ]  # fmt: skip
     found = host("a", lines, {"ck.pt": 100, "passwd": 100})
     assert list(found.records) == ["ck.pt"] and found.records["ck.pt"].step == 40
-    assert len(found.reasons) == 14
+    assert len(found.reasons) == 16
     assert found.reasons[0] == f"{RECORDS} line 1: not JSON: ignored"
     assert "'/etc/passwd' is not a file directly in the run folder" in found.reasons[2]
     assert "longer than 4096 bytes" in found.reasons[13]
+    assert (
+        found.reasons[14] == f"{RECORDS} line 15: values nested more than 200 levels deep: ignored"
+    )
+    assert "is not a file directly in the run folder" in found.reasons[15]
     assert choose([found], RUN_DIR).path == f"{RUN_DIR}/ck.pt"
 
 

@@ -134,6 +134,9 @@ def test_ready_line_and_errors_become_replies(node: Agent, tmp_path: Path) -> No
     assert reply == {"id": node.ids, "changed": False, "failed": True, "msg": "KeyError: 'path'"}
     node.send_raw(b"this is not json\n\n")
     assert node.read()["failed"]
+    # Nested too deep: json's RecursionError ended the agent; now one refused request.
+    node.send_raw(b"[" * 3000 + b"\n")
+    assert node.read()["msg"] == "bad request: values nested more than 200 levels deep"
     # Still alive and answering in order.
     assert node.call("command", argv=["true"])["rc"] == 0
 

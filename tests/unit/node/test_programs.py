@@ -19,10 +19,12 @@ from cpuaccel.errors import HostError
 
 def test_each_program_carries_only_the_parts_it_imports() -> None:
     assert node.parts("facts") == ["common", "facts"]
-    tree = ["common", "destination", "entries", "nofollow", "unfinished", "tree"]
+    # boundedjson: the one JSON reader, in every program that reads a request or a file
+    tree = ["boundedjson", "common", "destination", "entries", "nofollow", "unfinished", "tree"]
     assert node.parts("tree") == tree  # unfinished: a folder the sync made (rsync)
     # runfiles: ps, logs; progress: run --hang-timeout's stacks; mux: the head's masters
-    assert node.parts("jobctl") == ["common", "nofollow", "mux", "progress", "runfiles", "jobctl"]
+    jobctl = ["boundedjson", "common", "nofollow", "mux", "progress", "runfiles", "jobctl"]
+    assert node.parts("jobctl") == jobctl
     agent = node.parts("agent")
     assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)
     assert agent.index("pep440") < agent.index("pip")  # what a part imports runs first
@@ -66,6 +68,8 @@ def test_the_one_shot_tree_program_only_looks(tmp_path: Path, mode: str) -> None
         (1, "", "Traceback\nOSError: disk full", r"syncing failed on the node \(exit code 1\)"),
         (0, "Welcome!\n{}", "", "answer was not understood"),
         (0, "[1]", "", "answer was not understood"),
+        (0, "[" * 3000, "", "answer was refused: values nested more than 200 levels deep"),
+        (0, '{"a": ' + "[" * 900 + "]" * 900 + "}", "", "answer was refused: values nested"),
     ],
 )
 def test_answer_turns_every_failure_into_a_host_error(

@@ -228,6 +228,18 @@ def test_the_agent_program_follows_sudos_success_only() -> None:
     assert session.info == {"ready": True}
 
 
+def test_an_agent_line_nested_too_deep_is_set_aside_not_a_recursion() -> None:
+    """A line of "[" x 3000 on the agent's channel (a login script, a hostile node):
+    json's parser recursed into a RecursionError; now the line is left out, said why."""
+    hello = ("out", json.dumps({"ready": True}))
+    agent = Sudo([], {node.program("agent"): [("out", "[" * 3000), hello]})
+    session = AgentSession(FakeConnector(agent), "python3")  # type: ignore[arg-type]
+    assert session.info == {"ready": True}
+    assert list(session._stderr) == [
+        "(a line of the agent's output refused: values nested more than 200 levels deep)"
+    ]
+
+
 # -- the playbook's keywords -------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,37 @@ def test_undefined_variable_names_task_and_host(tmp_path: Path) -> None:
     result = report["plays"][0]["tasks"][1]["hosts"]["local0"]
     assert result["status"] == "failed"
     assert "play.yaml:3" in result["msg"] and "nmae" in result["msg"]
+
+
+def test_expressions_that_would_exhaust_the_controller_fail_their_task(tmp_path: Path) -> None:
+    """`{{ 'a' * 4000000000 }}` allocated 4 GB, and a catastrophic regex_replace in a
+    template ran for hours: each is now its task's failure, naming the playbook's line
+    (or the template file) and the fix."""
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "slow.j2").write_text(
+        "{{ ('a' * 40 ~ '!') | regex_replace('(a+)+$', '') }}\n"
+    )
+    book = (
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: a huge message\n"
+        "      debug: {msg: \"{{ 'a' * 4000000000 }}\"}\n"
+        "      ignore_errors: true\n"
+        "    - name: a slow template\n"
+        "      template: {src: slow.j2, dest: '{{ base }}/out.txt'}\n"
+    )
+    started = time.monotonic()
+    report = as_json(provision(tmp_path, "--json", playbook=book))
+    assert time.monotonic() - started < 60
+    tasks = {t["task"]: t["hosts"]["local0"] for t in report["plays"][0]["tasks"]}
+    huge, slow = tasks["a huge message"], tasks["a slow template"]
+    assert huge["status"] == "ignored"
+    assert f"{tmp_path}/play.yaml:4: " in huge["msg"]
+    assert "str * 4000000000 would be more than" in huge["msg"] and "16 MiB" in huge["hint"]
+    assert slow["status"] == "failed"
+    assert f"{tmp_path}/play.yaml:7: template " in slow["msg"]
+    assert "slow.j2: regex_replace: the pattern '(a+)+$' took more than 5 s" in slow["msg"]
+    assert "'a+$'" in slow["hint"]
+    assert not (tmp_path / "out.txt").exists()
 
 
 def test_bad_playbook_exits_64_before_touching_anything(tmp_path: Path) -> None:

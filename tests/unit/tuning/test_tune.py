@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.config.project_choice import load_config
-from cpuaccel.errors import EXIT_USAGE, UsageError
+from cpuaccel.errors import EXIT_USAGE, ProjectFileError, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.tuning import grid, measure, write
@@ -327,3 +327,12 @@ def test_accelerates_config_given_is_not_edited() -> None:
     with pytest.raises(UsageError, match="Accelerate"):
         write.target_file("default_config.yaml", "accelerate")
     assert write.target_file("other.yaml", "cpuaccel") == Path("other.yaml")
+
+
+def test_edited_text_is_read_with_the_bounded_reader() -> None:
+    """PyYAML's composer recursed into a RecursionError on a file nested 5000 deep."""
+    deep = "nodes: 1\nextra: " + "[" * 5000 + "\n"
+    with pytest.raises(ProjectFileError, match=r"cpuaccel\.yaml:2: .*nested more than 100 levels"):
+        write.edited_text(deep, {"ppn": 2}, "cpuaccel.yaml")
+    with pytest.raises(ProjectFileError, match=r"cpuaccel\.yaml:2: YAML syntax error"):
+        write.edited_text("ppn: [1\n", {"ppn": 2}, "cpuaccel.yaml")
