@@ -95,3 +95,16 @@ def test_an_eof_that_escapes_a_command_is_not_taken_for_a_ctrl_c(
     assert info.value.code == code
     said = capsys.readouterr().err
     assert ("EOFError" in said) == (code == 1) and "Traceback" not in said
+
+
+@pytest.mark.parametrize(
+    ("verb", "fix"),
+    [("chek", "did you mean 'cpuaccel check'?"), ("provison", "'cpuaccel provision'"),
+     ("frobnicate", "see 'cpuaccel --help'")],
+)  # fmt: skip
+def test_an_unknown_verb_gets_the_closest_one(tmp_path: Path, verb: str, fix: str) -> None:
+    proc = cpuaccel(verb, cwd=tmp_path, env=inherited_env(HOME=str(tmp_path)))
+    assert proc.returncode == EXIT_USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"error: No such command '{verb}' of cpuaccel", lines
+    assert len(lines) == 2 and lines[1].startswith("  fix: ") and fix in lines[1], lines

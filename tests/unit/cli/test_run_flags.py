@@ -221,6 +221,15 @@ def test_config_show_names_the_spelling_typed(proj: Path) -> None:
         (["--config_file", "x.yaml"], "--config_file: no such option", "--config FILE"),
         (["--frobnicate"], "--frobnicate: no such option of cpuaccel run", "cpuaccel run --help"),
         (["--frobnicate=1", "--ppn", "2"], "--frobnicate: no such option", "go after SCRIPT"),
+        # A typo gets the closest option; another tool's option what cpuaccel does instead.
+        (["--nodse", "2"], "--nodse: no such option of cpuaccel run", "did you mean --nodes?"),
+        (["--dryrun"], "--dryrun: no such option", "did you mean --dry-run?"),
+        (["--mpirun_hostfile", "hosts"], "--mpirun_hostfile: no such option", "-i FILE"),
+        (["--ipex"], "--ipex: no such option", "the runtime applies IPEX"),
+        (["--enable_cpu_affinity"], "--enable_cpu_affinity: no such option",
+         "pins each rank to its own cores"),
+        (["-q"], "-q: no such option", "cpuaccel is quiet already"),
+        (["--quiet"], "--quiet: no such option", "traceback is shown once"),
     ],
 )  # fmt: skip
 def test_bad_or_unknown_options_before_script(
@@ -233,6 +242,16 @@ def test_bad_or_unknown_options_before_script(
     assert len(lines) == 2 and lines[1].strip().startswith("fix:") and fix in lines[1], lines
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unknown_option_names_a_script_only_when_that_file_exists(proj: Path) -> None:
+    (proj / "--frobnicate").write_text("print('a script with an odd name')\n")
+    proc = cpuaccel("run", "-i", INVENTORY, "--frobnicate", cwd=proj, env=env_for(proj.parent))
+    assert proc.returncode == EXIT_USAGE
+    assert "the script named --frobnicate is ./--frobnicate" in proc.stderr
+    proc = cpuaccel("run", "-i", INVENTORY, "--nodse", "2", "train.py", cwd=proj)
+    assert proc.returncode == EXIT_USAGE
+    assert "script named" not in proc.stderr
 
 
 def test_options_after_script_stay_the_scripts(proj: Path) -> None:
