@@ -451,6 +451,8 @@ def setting_options(verb: str, *, hidden: Collection[str] = ()) -> Callable[[F],
             script = kwargs.get("script")
             if script is not None and verb != SUBMIT:  # submit says it in its own words
                 refuse_option_as_script(script)
+            if script is not None:
+                note_options_after_script(script, kwargs.get("script_args") or ())
             flags = collect(verb, kwargs, click.get_current_context())
             return func(flags=flags, **kwargs)
 
@@ -652,6 +654,36 @@ def refuse_option_as_script(script: str) -> None:
     if os.path.lexists(script):  # the one case where the file is what was meant
         hint += f"; the script named {script} is ./{script}"
     raise UsageError(f"{option}: no such option of {verb}", hint=hint)
+
+
+def note_options_after_script(script: str, args: Sequence[str]) -> None:
+    """``run train.py --nodes 5``: --nodes goes to the script (which may have its own),
+    said in one note so that cpuaccel's option is not lost unseen."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    own = {
+        name
+        for param in ctx.command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+        if name.startswith("--") and name != "--help"
+    }
+    given = []
+    for word in args:
+        if word == "--":
+            break
+        option = word.split("=", 1)[0]
+        if option in own and option not in given:
+            given.append(option)
+    if given:
+        names = ", ".join(given)
+        goes, it = ("goes", "it") if len(given) == 1 else ("go", "them")
+        ui.stderr().print(
+            f"note: {escape(names)} after {escape(script)} {goes} to the script; "
+            f"put {it} before {escape(script)} for cpuaccel",
+            highlight=False,
+        )
 
 
 def closest_option(option: str, ctx: click.Context | None) -> str | None:

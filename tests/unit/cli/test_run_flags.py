@@ -254,6 +254,16 @@ def test_an_unknown_option_names_a_script_only_when_that_file_exists(proj: Path)
     assert "script named" not in proc.stderr
 
 
+def test_cpuaccels_options_after_script_go_to_it_with_one_note(proj: Path) -> None:
+    proc = dry_run(proj, "--ppn", "1", "train.py", "--nodes", "5", "--epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert mpirun(proc.stdout)[-5:] == ["train.py", "--nodes", "5", "--epochs", "3"]
+    note = "note: --nodes after train.py goes to the script; put it before train.py for cpuaccel"
+    assert proc.stderr.splitlines().count(note) == 1, proc.stderr
+    quiet = dry_run(proj, "--ppn", "1", "train.py", "--epochs", "3")
+    assert "note:" not in quiet.stderr
+
+
 def test_options_after_script_stay_the_scripts(proj: Path) -> None:
     args = ["--num_processes", "3", "-n", "2", "--frobnicate", "--max-restarts=1"]
     proc = dry_run(proj, "--ppn", "1", "train.py", *args)
