@@ -413,7 +413,10 @@ def script_entry(
             hint="-m runs a Python module, --no-python a program: keep the one you mean",
         )
     if as_module:
-        return entry.module_script(script, args, project)
-    if no_python:
-        return entry.program_script(script, args, project)
-    return Script(_script_in_project(script, project), args, project.name)
+        what = entry.module_script(script, args, project)
+    elif no_python:
+        what = entry.program_script(script, args, project)
+    else:
+        what = Script(_script_in_project(script, project), args, project.name)
+    entry.compile_here(what, project, script)
+    return what

@@ -254,6 +254,37 @@ def test_an_unknown_option_names_a_script_only_when_that_file_exists(proj: Path)
     assert "script named" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("files", "args", "line"),
+    [
+        ({"train.py": "import sys\nprint((1\n"}, ["train.py"],
+         "error: train.py:2: SyntaxError: '(' was never closed"),
+        ({"pkg/__init__.py": "", "pkg/train.py": "def f(:\n    pass\n"},
+         ["-m", "pkg.train"], "error: pkg/train.py:1: SyntaxError: invalid syntax"),
+        ({"train.py": "x = 1\n  y = 2\n"}, ["train.py", "--epochs", "1"],
+         "error: train.py:2: IndentationError: unexpected indent"),
+    ],
+)  # fmt: skip
+def test_a_script_that_does_not_compile_is_refused_before_any_node(
+    proj: Path, files: dict[str, str], args: list[str], line: str
+) -> None:
+    for name, text in files.items():
+        (proj / name).parent.mkdir(parents=True, exist_ok=True)
+        (proj / name).write_text(text)
+    # Not a dry run: the example inventory's nodes do not exist, so any contact would fail.
+    proc = cpuaccel("run", "-i", INVENTORY, *args, cwd=proj, env=env_for(proj.parent))
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == line, proc.stderr
+    assert len(lines) == 2 and "no node was contacted" in lines[1], lines
+    assert not (proj / "runs").exists()
+
+
+def test_a_module_not_in_the_project_is_left_to_the_nodes(proj: Path) -> None:
+    proc = dry_run(proj, "--ppn", "1", "-m", "somewhere.installed")
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_cpuaccels_options_after_script_go_to_it_with_one_note(proj: Path) -> None:
     proc = dry_run(proj, "--ppn", "1", "train.py", "--nodes", "5", "--epochs", "3")
     assert proc.returncode == 0, proc.stderr
