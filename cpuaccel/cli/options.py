@@ -227,7 +227,9 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
             if given["inventory_path"] and given["inventory_path"] != positional:
                 raise UsageError(
                     f"two inventories given: -i {given['inventory_path']} and {positional}",
-                    hint="give the inventory once",
+                    hint=f"give the inventory once; {positional} is read as a playbook only "
+                    "when its top level is a list of plays (- hosts: ...), else pass "
+                    "--playbook FILE",
                 )
             given["inventory_path"] = positional
         # `check --slurm [PARTITION]`: the same as -i slurm:PARTITION.
