@@ -416,6 +416,10 @@ def compile_here(what: Script, project: Path, shown: str) -> None:
         source = path.read_bytes()
     except OSError:
         return  # the launch says what is wrong with the file
+    import zipfile  # only here: off every command's start-up
+
+    if zipfile.is_zipfile(path):
+        return  # a zip application (.pyz, #! line or not): Python runs its __main__.py
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     hint = f"correct it and run again (this machine's Python {version} compiled it; no node "
     hint += "was contacted)"

@@ -285,6 +285,18 @@ def test_a_module_not_in_the_project_is_left_to_the_nodes(proj: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_zip_application_is_not_compiled_as_text(proj: Path) -> None:
+    import zipapp
+
+    (proj / "app").mkdir()
+    (proj / "app" / "__main__.py").write_text("print('hi')\n")
+    zipapp.create_archive(proj / "app", proj / "train.pyz")
+    zipapp.create_archive(proj / "app", proj / "tool.pyz", interpreter="/usr/bin/env python3")
+    for name in ("train.pyz", "tool.pyz"):
+        proc = dry_run(proj, "--ppn", "1", name)
+        assert proc.returncode == 0, proc.stderr
+
+
 def test_cpuaccels_options_after_script_go_to_it_with_one_note(proj: Path) -> None:
     proc = dry_run(proj, "--ppn", "1", "train.py", "--nodes", "5", "--epochs", "3")
     assert proc.returncode == 0, proc.stderr
