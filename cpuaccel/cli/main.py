@@ -51,7 +51,7 @@ with paused():  # click and what every verb shares
     import click
 
     from cpuaccel import __version__
-    from cpuaccel.errors import EXIT_USAGE, CpuaccelError
+    from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
     from cpuaccel.jobs import given_id
 
 # Each verb's module is imported only when that verb runs (or for --help): start-up is
@@ -112,6 +112,21 @@ class LazyGroup(click.Group):
         assert isinstance(command, click.Command)
         command.name = cmd_name  # older click names it after the function
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A verb that does not exist is named with the closest one (``chek``: check)."""
+        name = args[0] if args else ""
+        if name and name not in VERBS and not name.startswith("-"):
+            import difflib  # only for the hint on an unknown verb: off every start-up
+
+            close = difflib.get_close_matches(name, list(VERBS), n=1, cutoff=0.6)
+            hint = "see 'cpuaccel --help' for the verbs"
+            if close:
+                hint = f"did you mean 'cpuaccel {close[0]}'? ({hint})"
+            raise UsageError(f"No such command '{name}' of cpuaccel", hint=hint)
+        return super().resolve_command(ctx, args)
 
 
 @click.group(

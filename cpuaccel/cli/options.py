@@ -227,7 +227,9 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
             if given["inventory_path"] and given["inventory_path"] != positional:
                 raise UsageError(
                     f"two inventories given: -i {given['inventory_path']} and {positional}",
-                    hint="give the inventory once",
+                    hint=f"give the inventory once; {positional} is read as a playbook only "
+                    "when its top level is a list of plays (- hosts: ...), else pass "
+                    "--playbook FILE",
                 )
             given["inventory_path"] = positional
         # `check --slurm [PARTITION]`: the same as -i slurm:PARTITION.
@@ -451,6 +453,8 @@ def setting_options(verb: str, *, hidden: Collection[str] = ()) -> Callable[[F],
             script = kwargs.get("script")
             if script is not None and verb != SUBMIT:  # submit says it in its own words
                 refuse_option_as_script(script)
+            if script is not None:
+                note_options_after_script(script, kwargs.get("script_args") or ())
             flags = collect(verb, kwargs, click.get_current_context())
             return func(flags=flags, **kwargs)
 
@@ -601,6 +605,10 @@ def _normal(entry: Entry, value: Any) -> Any:
 
 # ---------------------------------------------------------------- an option as SCRIPT
 
+_QUIET = (
+    "cpuaccel is quiet already: a failing rank's traceback is shown once, without the "
+    "launcher's frames, and -v asks for more: leave it out"
+)
 # Options of accelerate launch, torchrun and mpirun that run does not take, with what to
 # type instead. Anything not here gets the general answer.
 SPELLINGS: dict[str, str] = {
@@ -617,11 +625,19 @@ SPELLINGS: dict[str, str] = {
     "--cpu": "cpuaccel always trains on CPUs: leave it out",
     "--use_cpu": "cpuaccel always trains on CPUs: leave it out",
     "--multi_gpu": "cpuaccel trains on CPUs: leave it out",
+    "--mpirun_hostfile": "the hostfile is an inventory: -i FILE (an MPI hostfile works as is)",
+    "--ipex": "the runtime applies IPEX on every rank where intel_extension_for_pytorch "
+    "imports and matches torch (init(ipex=False) turns it off): leave --ipex out",
+    "--enable_cpu_affinity": "cpuaccel pins each rank to its own cores itself "
+    "(I_MPI_PIN_DOMAIN, or the launcher's binding): leave it out",
+    "-q": _QUIET,
+    "--quiet": _QUIET,
 }
 
 
 def refuse_option_as_script(script: str) -> None:
-    """SCRIPT starting with '-' is an option run does not know, typed before the script."""
+    """SCRIPT starting with '-' is an option run does not know, typed before the script:
+    said with cpuaccel's spelling of another tool's option, else the closest option."""
     if not script.startswith("-") or script == "-":
         return
     option = script.split("=", 1)[0]
@@ -629,10 +645,64 @@ def refuse_option_as_script(script: str) -> None:
     if instead is None and option.startswith("--"):
         # -x and --x_y / --x-y are the same option to accelerate: so are they here.
         instead = SPELLINGS.get(option.replace("-", "_").replace("__", "--", 1))
-    hint = instead or "see cpuaccel run --help; options for the script go after SCRIPT"
-    if not instead:
-        hint += f" (a script named {script} is ./{script})"
-    raise UsageError(f"{option}: no such option of cpuaccel run", hint=hint)
+    ctx = click.get_current_context(silent=True)
+    verb = f"cpuaccel {ctx.info_name}" if ctx is not None else "cpuaccel run"
+    if instead is not None:
+        raise UsageError(f"{option}: no such option of {verb}", hint=instead)
+    hint = f"see {verb} --help; options for the script go after SCRIPT"
+    close = closest_option(option, ctx)
+    if close is not None:
+        hint = f"did you mean {close}? ({hint})"
+    if os.path.lexists(script):  # the one case where the file is what was meant
+        hint += f"; the script named {script} is ./{script}"
+    raise UsageError(f"{option}: no such option of {verb}", hint=hint)
+
+
+def note_options_after_script(script: str, args: Sequence[str]) -> None:
+    """``run train.py --nodes 5``: --nodes goes to the script (which may have its own),
+    said in one note so that cpuaccel's option is not lost unseen."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    own = {
+        name
+        for param in ctx.command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+        if name.startswith("--") and name != "--help"
+    }
+    given = []
+    for word in args:
+        if word == "--":
+            break
+        option = word.split("=", 1)[0]
+        if option in own and option not in given:
+            given.append(option)
+    if given:
+        names = ", ".join(given)
+        goes, it = ("goes", "it") if len(given) == 1 else ("go", "them")
+        ui.stderr().print(
+            f"note: {escape(names)} after {escape(script)} {goes} to the script; "
+            f"put {it} before {escape(script)} for cpuaccel",
+            highlight=False,
+        )
+
+
+def closest_option(option: str, ctx: click.Context | None) -> str | None:
+    """The command's option spelled most like ``option`` (a typo's fix), if any is close."""
+    if ctx is None:
+        return None
+    import difflib  # only for the hint on an unknown option: off every command's start-up
+
+    names = [
+        name
+        for param in ctx.command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+        if name.startswith("--") == option.startswith("--")
+    ]
+    close = difflib.get_close_matches(option, names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 # ---------------------------------------------------------------- a recorded run's head

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ Examples:
   cpuaccel provision inventory.yaml -b -K           # tasks as root via sudo (asks once)
   cpuaccel provision --playbook site.yaml --list-tasks   # no inventory needed
   cpuaccel provision --playbook site.yaml --syntax-check
+  cpuaccel provision -i inventory.yaml site.yml   # ansible-playbook's order works too
   cpuaccel provision inventory.yaml --list-hosts -u ubuntu --private-key ~/.ssh/id_ed25519
 
 \b
@@ -213,8 +215,52 @@ def become_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+# ---------------------------------------------------------------- a playbook as argument
+# ``provision -i inv.yaml site.yml``: ansible-playbook's order, the playbook named on the
+# command line. The argument is the playbook when its top level is a list (of plays),
+# which an inventory's never is (a mapping of groups, or INI); else it is the inventory.
+_PLAYBOOK_SUFFIXES = (".yml", ".yaml")
+_HEAD = 65536  # bytes read to find the first line that says list or mapping
+
+
+def is_playbook(path: str) -> bool:
+    """Whether the YAML file at ``path`` starts with a list item (``- hosts: ...``)."""
+    if not path.lower().endswith(_PLAYBOOK_SUFFIXES) or not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "rb") as file:
+            head = file.read(_HEAD).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in head.splitlines():
+        text = line.strip()
+        if not text or text.startswith("#") or text == "---" or text.startswith("%"):
+            continue
+        return line.startswith("- ") or line.rstrip() == "-"
+    return False
+
+
+def playbook_argument(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The [INVENTORY] argument taken as the playbook when it is one (``is_playbook``)."""
+
+    @functools.wraps(command)
+    def wrapper(**kw: Any) -> Any:
+        given = kw.get("inventory_file")
+        if given and is_playbook(given):
+            if kw.get("playbook_path") and kw["playbook_path"] != given:
+                raise UsageError(
+                    f"two playbooks given: --playbook {kw['playbook_path']} and {given}",
+                    hint="give the playbook once",
+                )
+            kw["playbook_path"], kw["inventory_file"] = given, None
+        return command(**kw)
+
+    return wrapper
+
+
 @click.command(epilog=EPILOG)
-@click.argument("inventory_file", required=False, metavar="[INVENTORY]")
+@click.argument("inventory_file", required=False, metavar="[INVENTORY|PLAYBOOK]")
+@playbook_argument
 @host_options(settles_hosts=True)  # --list-hosts: each play's hosts, as ansible-playbook
 @click.option(
     "--playbook",

@@ -71,7 +71,8 @@ line says so); flags override it. `cpuaccel config show` prints each setting
 and where it came from.
 
 \b
-Everything after SCRIPT goes to the script untouched. Before launching, every node is
+Everything after SCRIPT goes to the script untouched (a note names cpuaccel's own
+options found there). Before launching, every node is
 checked (reachable, same Python/torch/cpuaccel, names resolve, project in sync: synced
 now unless --no-sync, master port free). Output of each rank is labelled and logged in
 runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
@@ -412,7 +413,10 @@ def script_entry(
             hint="-m runs a Python module, --no-python a program: keep the one you mean",
         )
     if as_module:
-        return entry.module_script(script, args, project)
-    if no_python:
-        return entry.program_script(script, args, project)
-    return Script(_script_in_project(script, project), args, project.name)
+        what = entry.module_script(script, args, project)
+    elif no_python:
+        what = entry.program_script(script, args, project)
+    else:
+        what = Script(_script_in_project(script, project), args, project.name)
+    entry.compile_here(what, project, script)
+    return what

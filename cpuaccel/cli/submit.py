@@ -22,7 +22,7 @@ from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
 from cpuaccel.config.settings import SUBMIT, Entry, for_verb
 from cpuaccel.errors import UsageError
-from cpuaccel.jobs.plan import new_run_id
+from cpuaccel.jobs.plan import Script, compile_here, new_run_id
 from cpuaccel.runs.records import runs_folder
 from cpuaccel.slurm import batch
 from cpuaccel.ui import escape
@@ -224,6 +224,7 @@ def submit_command(
         check_script_kind(script)
         if not os.path.isfile(script):
             raise UsageError(f"{script}: no such script", hint="run submit from the project folder")
+        compile_here(Script(script), Path.cwd(), script)  # before a job waits in the queue
     batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
     settings = _settings(project, partition, time_limit, account, sbatch_args)

@@ -41,7 +41,6 @@ NEUTRAL: dict[str, Any] = {
 WHY: dict[str, str] = {
     "machine_rank": "cpuaccel starts every rank from this machine, so no machine has a rank",
     "same_network": "cpuaccel reaches every node by its inventory address",
-    "ipex": "IPEX is applied by the runtime when it imports and matches torch",
     "enable_cpu_affinity": "cpuaccel pins ranks to cores itself (I_MPI_PIN_DOMAIN)",
     "rdzv_backend": "MPI starts the ranks; the rendezvous is MASTER_ADDR:MASTER_PORT",
     "dynamo_config": "torch.compile is the script's own choice",
@@ -174,9 +173,28 @@ def _settings(
         config.set("env", {"OMP_NUM_THREADS": str(threads)}, line, "num_cpu_threads_per_process")
 
 
+# IPEX asked for (ipex: true, ipex_config: {ipex: true}): what it asks is done anyway.
+_IPEX = (
+    "needs no setting: the runtime applies IPEX on every rank where "
+    "intel_extension_for_pytorch is installed and matches torch (init(ipex=False) turns "
+    "it off)"
+)
+
+
+def _asks_ipex(value: Any) -> bool:
+    """Whether ``ipex:`` or ``ipex_config:`` (a mapping of switches) asks for IPEX."""
+    if isinstance(value, dict):
+        return any(_asks_ipex(v) for v in value.values())
+    return value is True or str(value).lower() in ("true", "yes")
+
+
 def _warn_unmapped(fields: dict[str, Field], warn: Warn) -> None:
     """Never drop a field silently: name each one whose value cpuaccel does not honour."""
     for name, item in fields.items():
+        if name in ("ipex", "ipex_config"):
+            if _asks_ipex(item.value):
+                warn(name, item.line, f"{_short(item.value)} {_IPEX}")
+            continue  # false: accelerate config's default answer, as in NEUTRAL
         if name in NEUTRAL:
             if item.value != NEUTRAL[name] and item.value not in (None, "", [], {}):
                 reason = WHY.get(name, _NO_SETTING)

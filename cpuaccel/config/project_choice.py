@@ -22,11 +22,20 @@ from cpuaccel.inventory.inventory import DEFAULT_FILE as INVENTORY_FILE
 from cpuaccel.inventory.inventory import ENV_VAR as INVENTORY_ENV
 from cpuaccel.sourcefile import read_source
 
+# Values of Ansible's -c/--connection, which cpuaccel's -c (--config) is not.
+ANSIBLE_CONNECTIONS = ("local", "ssh", "paramiko", "smart")
+
 
 def load_config(path: str | Path) -> ProjectConfig:
     """A cpuaccel.yaml, or Accelerate's default_config.yaml (recognised by its fields)."""
     source = str(path)
     hint = "pass an existing file with --config FILE"
+    if source in ANSIBLE_CONNECTIONS and not os.path.lexists(source):
+        # `-c local` is Ansible's --connection; cpuaccel's -c is --config.
+        hint = (
+            f"-c is cpuaccel's --config, not Ansible's --connection: write "
+            f"-e ansible_connection={source} (or set it in the inventory) instead"
+        )
     text = read_source(path, ProjectFileError, "config file", hint)
     fields = parse_mapping(text, source, "config file")
     if is_accelerate(fields):

@@ -16,7 +16,7 @@ from typing import BinaryIO
 from cpuaccel.connectors import openssh
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.rsync import RsyncResult
-from cpuaccel.errors import HostError
+from cpuaccel.errors import HostError, Unreachable
 from cpuaccel.inventory.host import Host
 
 
@@ -151,3 +151,37 @@ class Connector(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+# What the resolver (or ssh quoting it) says when a name has no address.
+_UNRESOLVED = (
+    "could not resolve hostname",
+    "name or service not known",
+    "temporary failure in name resolution",
+    "nodename nor servname",
+    "no address associated with hostname",
+)
+
+
+def cannot_connect(host: Host, where: str, reason: str) -> Unreachable:
+    """A failed connect to ``where`` (address:port, and any ProxyJump), in the same words
+    from every connector: a name that does not resolve is said so, with its fix."""
+    lowered = reason.lower()
+    if any(words in lowered for words in _UNRESOLVED):
+        name = host.address
+        if "could not resolve hostname " in lowered:  # ssh names the one it tried
+            start = lowered.index("could not resolve hostname ") + len(
+                "could not resolve hostname "
+            )
+            name = reason[start:].split(":", 1)[0].strip() or name
+        said = reason.rsplit(": ", 1)[-1]  # the resolver's own words
+        return Unreachable(
+            host.name,
+            f"cannot connect to {where}: the name {name} does not resolve ({said})",
+            hint=f"set ansible_host to its address, or add {name} to DNS or /etc/hosts",
+        )
+    return Unreachable(
+        host.name,
+        f"cannot connect to {where}: {reason}",
+        hint="is the host up and sshd running? check ansible_host/ansible_port",
+    )

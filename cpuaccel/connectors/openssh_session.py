@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from cpuaccel import ui
 from cpuaccel.connectors import controlpath, kex, known_lines, openssh
-from cpuaccel.connectors.base import CommandResult, Process
+from cpuaccel.connectors.base import CommandResult, Process, cannot_connect
 from cpuaccel.connectors.hostkeys import (
     SYSTEM_KNOWN_HOSTS,
     host_key_policy,
@@ -149,11 +149,7 @@ class OpenSSHConnector(LocalConnector):
         # paramiko connector gives them.
         reason = re.sub(_CONNECT, "", said)
         via = f" via ProxyJump {', '.join(hop.address for hop in self._hops)}" if self._hops else ""
-        return Unreachable(
-            self.host.name,
-            f"cannot connect to {where}{via}: {reason}",
-            hint="is the host up and sshd running? check ansible_host/ansible_port",
-        )
+        return cannot_connect(self.host, f"{where}{via}", reason)
 
     def _master_alive(self) -> bool:
         """Whether this host's master answers (``ssh -O check``: its socket only)."""

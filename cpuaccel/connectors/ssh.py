@@ -24,7 +24,13 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from cpuaccel import ui
 from cpuaccel.connectors import commandline, known_keys, openssh, transports
-from cpuaccel.connectors.base import CommandResult, Connector, Process, split_lines
+from cpuaccel.connectors.base import (
+    CommandResult,
+    Connector,
+    Process,
+    cannot_connect,
+    split_lines,
+)
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import (
     HostKeyPolicy,
@@ -203,11 +209,8 @@ class SSHConnector(Connector):
         except _CHANNEL_ERRORS as exc:
             transports.close_hops(conn)
             via = f" via ProxyJump {', '.join(hops)}" if hops else ""
-            raise Unreachable(
-                host.name,
-                f"cannot connect to {host.address}:{conn.port}{via}: {_reason(exc)}",
-                hint="is the host up and sshd running? check ansible_host/ansible_port",
-            ) from None
+            where = f"{host.address}:{conn.port}{via}"
+            raise cannot_connect(host, where, _reason(exc)) from None
         self._conn = conn
         took = f"in {time.monotonic() - started:.2f} s"
         ui.detail(1, host.name, f"connected as {conn.user}@{host.address}:{conn.port} {took}")

@@ -44,6 +44,42 @@ ENV_VAR = "CPUACCEL_INVENTORY"
 DEFAULT_FILE = "inventory.yaml"
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 INI_SUFFIXES = (".ini",)
+# Names that end so are files (inventroy.yaml), never a host given alone.
+_FILE_SUFFIXES = (".yaml", ".yml", ".ini")
+# Files of these names beside an inventory are not inventories.
+_NOT_INVENTORIES = {"cpuaccel.yaml", "default_config.yaml"}
+
+
+def _missing_file_hint(source: str) -> str:
+    """The fix for ``-i FILE`` that does not exist: the inventory files in its folder
+    (the closest first), and ``cpuaccel config``, which writes one."""
+    import difflib  # only for the hint on a missing file: off every command's start-up
+
+    folder = os.path.dirname(source) or "."
+    try:
+        names = sorted(
+            entry.name
+            for entry in os.scandir(folder)
+            if entry.name.lower().endswith(_FILE_SUFFIXES)
+            and entry.name not in _NOT_INVENTORIES
+            and entry.is_file()
+        )
+    except OSError:
+        names = []
+    here = "this folder" if folder == "." else folder
+    if not names:
+        return (
+            f"no inventory file in {here}: write one with cpuaccel config, then pass it "
+            f"with -i FILE or set {ENV_VAR}"
+        )
+    close = difflib.get_close_matches(os.path.basename(source), names, n=1)
+    found = f"{here} holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+    if close:
+        where = close[0] if folder == "." else os.path.join(folder, close[0])
+        return f"did you mean -i {where}? ({found}; cpuaccel config writes a new one)"
+    return f"{found}; pass one with -i, or write one with cpuaccel config"
+
+
 # A YAML inventory's first line: "key:", "- item", "---", "{...}" or a directive.
 _YAMLISH = re.compile(r"^(?:---|%|\{|- |-$|[^\s=]*:(?:\s|$))")
 
@@ -73,7 +109,9 @@ class Inventory:
         the group_vars/ and host_vars/ beside it, and -e on top."""
         source = str(path)
         hint = f"pass the inventory file itself with -i PATH, or set {ENV_VAR}"
-        if host_name_problem(source) is None and not os.path.lexists(source):
+        if not os.path.lexists(source) and source.lower().endswith(_FILE_SUFFIXES):
+            hint = _missing_file_hint(source)  # a file name, not a host's
+        elif host_name_problem(source) is None and not os.path.lexists(source):
             hint = f"for the host {source} alone, write -i {source}, (with the comma, as Ansible)"
         text = read_source(path, InventoryError, "inventory file", hint)
         warnings: list[str] = []

@@ -34,7 +34,7 @@ from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs import elastic
+from cpuaccel.jobs import elastic, tracebacks
 from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.plan import RunPlan
@@ -216,7 +216,9 @@ class ForegroundRun(Supervised):
         self.local = local
         self.again = again  # the preflight (and sync), as before attempt 0
         self.min_nodes = min_nodes  # --nodes MIN:MAX: lost nodes may be left out
-        self.show = terminal(out, err)
+        # A traceback every rank raises is shown once (jobs/tracebacks.py).
+        self.folding = tracebacks.Folding(terminal(out, err), terminal_group(err))
+        self.show = self.folding
 
     @property
     def plan(self) -> RunPlan:
@@ -233,7 +235,10 @@ class ForegroundRun(Supervised):
         plan, nodes = self.plan, self.nodes
         head = functools.partial(nodes.kept.get, plan.head.name)  # its kept program
         with homecoming.brought_home(plan, self.rundir, nodes.pool, head):  # metrics.jsonl ...
-            return super().run(k, resume)
+            try:
+                return super().run(k, resume)
+            finally:
+                self.folding.flush()  # the attempt's tracebacks, before its summary
 
     def prepare(self, k: int, resume: str | None) -> bool:
         plan = plan_for(self.plan, k, resume)
@@ -320,6 +325,20 @@ def terminal(out: Console, err: Console) -> Callable[[str, int | None, str, str]
         colour = COLOURS[rank % len(COLOURS)]
         console = out if stream == "out" else err
         console.print(f"[{colour}]\\[rank {rank} {escape(host)}][/] {escape(text)}")
+
+    return show
+
+
+def terminal_group(err: Console) -> Callable[[Sequence[int], Sequence[str], Sequence[str]], None]:
+    """One traceback that several ranks raised, each line labelled with all of them:
+    ``[ranks 0-3 node0]`` (``[ranks 0-15 4 nodes]`` over more than two nodes)."""
+
+    def show(ranks: Sequence[int], hosts: Sequence[str], lines: Sequence[str]) -> None:
+        where = ",".join(hosts) if len(hosts) <= 2 else f"{len(hosts)} nodes"
+        colour = COLOURS[ranks[0] % len(COLOURS)]
+        label = f"[{colour}]\\[ranks {tracebacks.ranks_text(ranks)} {escape(where)}][/]"
+        for text in lines:
+            err.print(f"{label} {escape(text)}")
 
     return show
 

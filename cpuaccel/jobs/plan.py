@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.config.settings import DEFAULT, LaunchSettings, SecretEnv, Setting
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import SourceError, UsageError
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
@@ -394,6 +396,51 @@ def module_script(name: str, args: tuple[str, ...], project: Path) -> Script:
             "a script file is run without -m",
         )
     return Script(name, args, project.name, MODULE)
+
+
+def compile_here(what: Script, project: Path, shown: str) -> None:
+    """Compile SCRIPT (or a ``-m`` module found in the project) on this machine before any
+    node is contacted: a syntax error is one line naming FILE:LINE, rather than the same
+    traceback from every rank after the launch. A module not found here (installed on the
+    nodes) and a program (--no-python) are left to the nodes."""
+    if what.mode == EXECUTABLE:
+        return
+    path: Path | None = project / what.path
+    if what.mode == MODULE:
+        path = _module_file(project, what.path)
+        if path is None:
+            return
+        shown = path.relative_to(project).as_posix()
+    assert path is not None
+    try:
+        source = path.read_bytes()
+    except OSError:
+        return  # the launch says what is wrong with the file
+    import zipfile  # only here: off every command's start-up
+
+    if zipfile.is_zipfile(path):
+        return  # a zip application (.pyz, #! line or not): Python runs its __main__.py
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    hint = f"correct it and run again (this machine's Python {version} compiled it; no node "
+    hint += "was contacted)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a SyntaxWarning is the script's own business
+        try:
+            compile(source, shown, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            message = f"{type(exc).__name__}: {exc.msg}"
+            raise SourceError(message, source=shown, line=exc.lineno, hint=hint) from None
+        except ValueError as exc:  # a NUL byte, before Python 3.12 made it a SyntaxError
+            raise SourceError(f"SyntaxError: {exc}", source=shown, hint=hint) from None
+
+
+def _module_file(project: Path, name: str) -> Path | None:
+    """The file ``python -m NAME`` runs from the project folder, if it is there."""
+    base = project.joinpath(*name.split("."))
+    for path in (base.with_name(base.name + ".py"), base / "__main__.py"):
+        if path.is_file():
+            return path
+    return None
 
 
 def program_script(program: str, args: tuple[str, ...], project: Path) -> Script:

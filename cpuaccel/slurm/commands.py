@@ -67,5 +67,23 @@ def run(
         ) from None
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        raise SlurmError(f"{' '.join(argv[:2])} failed: {said}")
+        raise SlurmError(f"{' '.join(argv[:2])} failed: {said}", hint=_hint(said))
     return done.stdout
+
+
+# What Slurm's client says when it finds no slurm.conf (neither the file, SLURM_CONF,
+# nor a configless slurmctld's DNS record): the machine is not set up as a client.
+_NO_CONFIG = ("could not establish a configuration source", "slurm.conf")
+
+
+def _hint(said: str) -> str | None:
+    """The fix for what a failed client command said, where cpuaccel knows one."""
+    if any(words in said.lower() for words in _NO_CONFIG):
+        where = os.environ.get("SLURM_CONF")
+        now = f" (SLURM_CONF is {where})" if where else " (SLURM_CONF is not set)"
+        return (
+            f"Slurm's client finds no configuration here{now}: set SLURM_CONF to the "
+            "cluster's slurm.conf, or run cpuaccel where Slurm's client is configured "
+            "(a login node)"
+        )
+    return None

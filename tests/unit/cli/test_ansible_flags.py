@@ -147,6 +147,38 @@ def test_provision_lists_each_plays_hosts(project: Path) -> None:
     )
 
 
+def test_provision_takes_the_playbook_in_ansible_playbooks_order(project: Path) -> None:
+    (project / "site.yml").write_text(
+        "---\n# a comment first\n- hosts: all\n  tasks: []\n- name: second\n"
+        "  hosts: node2\n  tasks: []\n"
+    )
+    proc = cpuaccel("provision", "-i", "inventory.yaml", "site.yml", "--list-hosts", cwd=project)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert proc.stdout.splitlines()[0] == "play #1 (all): play 1"
+    assert "play #2 (node2): second" in proc.stdout
+
+
+def test_provision_says_why_an_argument_is_not_taken_as_the_playbook(project: Path) -> None:
+    (project / "other.yml").write_text("workers:\n  hosts:\n    node9:\n")
+    proc = cpuaccel("provision", "-i", "inventory.yaml", "other.yml", cwd=project)
+    assert proc.returncode == EXIT_USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "error: two inventories given: -i inventory.yaml and other.yml"
+    assert "top level is a list of plays" in lines[1] and "--playbook FILE" in lines[1]
+
+
+@pytest.mark.parametrize("connection", ["local", "ssh", "paramiko"])
+def test_ansibles_connection_given_as_c_is_named(project: Path, connection: str) -> None:
+    proc = cpuaccel("check", "-i", "inventory.yaml", "-c", connection, cwd=project)
+    assert proc.returncode == EXIT_USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"error: {connection}: config file not found"
+    assert lines[1] == (
+        "  fix: -c is cpuaccel's --config, not Ansible's --connection: write "
+        f"-e ansible_connection={connection} (or set it in the inventory) instead"
+    )
+
+
 def test_list_hosts_of_run_follows_nodes_and_the_head(project: Path) -> None:
     (project / "cpuaccel.yaml").write_text("head: node3\n")
     args = ("--nodes", "2", "--list-hosts", "train.py")

@@ -95,3 +95,30 @@ def test_an_eof_that_escapes_a_command_is_not_taken_for_a_ctrl_c(
     assert info.value.code == code
     said = capsys.readouterr().err
     assert ("EOFError" in said) == (code == 1) and "Traceback" not in said
+
+
+@pytest.mark.parametrize(
+    ("verb", "fix"),
+    [("chek", "did you mean 'cpuaccel check'?"), ("provison", "'cpuaccel provision'"),
+     ("frobnicate", "see 'cpuaccel --help'")],
+)  # fmt: skip
+def test_an_unknown_verb_gets_the_closest_one(tmp_path: Path, verb: str, fix: str) -> None:
+    proc = cpuaccel(verb, cwd=tmp_path, env=inherited_env(HOME=str(tmp_path)))
+    assert proc.returncode == EXIT_USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"error: No such command '{verb}' of cpuaccel", lines
+    assert len(lines) == 2 and lines[1].startswith("  fix: ") and fix in lines[1], lines
+
+
+def test_a_missing_inventory_file_lists_those_in_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "inventory.yaml").write_text("all:\n  hosts:\n    localhost:\n")
+    (tmp_path / "cpuaccel.yaml").write_text("ppn: 1\n")
+    proc = cpuaccel("check", "-i", "inventroy.yaml", cwd=tmp_path)
+    assert proc.returncode == EXIT_USAGE
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "error: inventroy.yaml: inventory file not found",
+        "  fix: did you mean -i inventory.yaml? (this folder holds inventory.yaml; cpuaccel "
+        "config writes a new one)",
+    ]
+    assert "with the comma" not in proc.stderr

@@ -221,6 +221,15 @@ def test_config_show_names_the_spelling_typed(proj: Path) -> None:
         (["--config_file", "x.yaml"], "--config_file: no such option", "--config FILE"),
         (["--frobnicate"], "--frobnicate: no such option of cpuaccel run", "cpuaccel run --help"),
         (["--frobnicate=1", "--ppn", "2"], "--frobnicate: no such option", "go after SCRIPT"),
+        # A typo gets the closest option; another tool's option what cpuaccel does instead.
+        (["--nodse", "2"], "--nodse: no such option of cpuaccel run", "did you mean --nodes?"),
+        (["--dryrun"], "--dryrun: no such option", "did you mean --dry-run?"),
+        (["--mpirun_hostfile", "hosts"], "--mpirun_hostfile: no such option", "-i FILE"),
+        (["--ipex"], "--ipex: no such option", "the runtime applies IPEX"),
+        (["--enable_cpu_affinity"], "--enable_cpu_affinity: no such option",
+         "pins each rank to its own cores"),
+        (["-q"], "-q: no such option", "cpuaccel is quiet already"),
+        (["--quiet"], "--quiet: no such option", "traceback is shown once"),
     ],
 )  # fmt: skip
 def test_bad_or_unknown_options_before_script(
@@ -233,6 +242,69 @@ def test_bad_or_unknown_options_before_script(
     assert len(lines) == 2 and lines[1].strip().startswith("fix:") and fix in lines[1], lines
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unknown_option_names_a_script_only_when_that_file_exists(proj: Path) -> None:
+    (proj / "--frobnicate").write_text("print('a script with an odd name')\n")
+    proc = cpuaccel("run", "-i", INVENTORY, "--frobnicate", cwd=proj, env=env_for(proj.parent))
+    assert proc.returncode == EXIT_USAGE
+    assert "the script named --frobnicate is ./--frobnicate" in proc.stderr
+    proc = cpuaccel("run", "-i", INVENTORY, "--nodse", "2", "train.py", cwd=proj)
+    assert proc.returncode == EXIT_USAGE
+    assert "script named" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "line"),
+    [
+        ({"train.py": "import sys\nprint((1\n"}, ["train.py"],
+         "error: train.py:2: SyntaxError: '(' was never closed"),
+        ({"pkg/__init__.py": "", "pkg/train.py": "def f(:\n    pass\n"},
+         ["-m", "pkg.train"], "error: pkg/train.py:1: SyntaxError: invalid syntax"),
+        ({"train.py": "x = 1\n  y = 2\n"}, ["train.py", "--epochs", "1"],
+         "error: train.py:2: IndentationError: unexpected indent"),
+    ],
+)  # fmt: skip
+def test_a_script_that_does_not_compile_is_refused_before_any_node(
+    proj: Path, files: dict[str, str], args: list[str], line: str
+) -> None:
+    for name, text in files.items():
+        (proj / name).parent.mkdir(parents=True, exist_ok=True)
+        (proj / name).write_text(text)
+    # Not a dry run: the example inventory's nodes do not exist, so any contact would fail.
+    proc = cpuaccel("run", "-i", INVENTORY, *args, cwd=proj, env=env_for(proj.parent))
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == line, proc.stderr
+    assert len(lines) == 2 and "no node was contacted" in lines[1], lines
+    assert not (proj / "runs").exists()
+
+
+def test_a_module_not_in_the_project_is_left_to_the_nodes(proj: Path) -> None:
+    proc = dry_run(proj, "--ppn", "1", "-m", "somewhere.installed")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_zip_application_is_not_compiled_as_text(proj: Path) -> None:
+    import zipapp
+
+    (proj / "app").mkdir()
+    (proj / "app" / "__main__.py").write_text("print('hi')\n")
+    zipapp.create_archive(proj / "app", proj / "train.pyz")
+    zipapp.create_archive(proj / "app", proj / "tool.pyz", interpreter="/usr/bin/env python3")
+    for name in ("train.pyz", "tool.pyz"):
+        proc = dry_run(proj, "--ppn", "1", name)
+        assert proc.returncode == 0, proc.stderr
+
+
+def test_cpuaccels_options_after_script_go_to_it_with_one_note(proj: Path) -> None:
+    proc = dry_run(proj, "--ppn", "1", "train.py", "--nodes", "5", "--epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert mpirun(proc.stdout)[-5:] == ["train.py", "--nodes", "5", "--epochs", "3"]
+    note = "note: --nodes after train.py goes to the script; put it before train.py for cpuaccel"
+    assert proc.stderr.splitlines().count(note) == 1, proc.stderr
+    quiet = dry_run(proj, "--ppn", "1", "train.py", "--epochs", "3")
+    assert "note:" not in quiet.stderr
 
 
 def test_options_after_script_stay_the_scripts(proj: Path) -> None:

@@ -169,9 +169,35 @@ def test_fields_cpuaccel_cannot_honour_are_named_in_warnings(proj: Path) -> None
     proc = cpuaccel("config", "import", "acc.yaml", "--dry-run", cwd=proj)
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
-    for field in ("machine_rank", "ipex", "gpu_ids", "megatron_lm_config"):
+    for field in ("machine_rank", "gpu_ids", "megatron_lm_config"):
         assert any(f": {field}: " in line and "not honoured" in line for line in warnings), field
+    # IPEX is what the runtime does anyway: said so, not "not honoured".
+    assert any(": ipex: True needs no setting" in line for line in warnings), warnings
     assert len(warnings) == 4
+
+
+@pytest.mark.parametrize(
+    ("added", "line"),
+    [
+        ("ipex_config:\n  ipex: true\n",
+         "ipex_config: {'ipex': True} needs no setting: the runtime applies IPEX on every rank "
+         "where intel_extension_for_pytorch is installed and matches torch"),
+        ("ipex: true\n", "ipex: True needs no setting: the runtime applies IPEX"),
+        ("ipex_config:\n  ipex: false\n", None),
+    ],
+)  # fmt: skip
+def test_ipex_asked_for_is_said_to_be_the_runtimes_own(
+    proj: Path, added: str, line: str | None
+) -> None:
+    (proj / "acc.yaml").write_text(SEED_SINGLE.read_text() + added)
+    proc = cpuaccel("config", "import", "acc.yaml", "--dry-run", cwd=proj)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [w for w in proc.stderr.splitlines() if "ipex" in w]
+    if line is None:
+        assert warnings == [], warnings
+    else:
+        assert len(warnings) == 1 and line in warnings[0], warnings
+        assert "not honoured" not in warnings[0] and "no such setting" not in warnings[0]
 
 
 # ---------------------------------------------------------------- bad configs

@@ -357,6 +357,23 @@ def test_sbatch_failing_leaves_nothing(project: Path, slurm: FakeSlurm) -> None:
     assert list((project / "runs").iterdir()) == []
 
 
+def test_sbatch_without_a_configuration_names_slurm_conf(project: Path, slurm: FakeSlurm) -> None:
+    said = "sbatch: fatal: Could not establish a configuration source\n"
+    slurm.answer("sbatch", "", rc=1, err=said)
+    env = {k: v for k, v in slurm.env().items() if k != "SLURM_CONF"}
+    done = cpuaccel("submit", "--nodes", "1", "train.py", cwd=project, env=env)
+    assert done.returncode == EXIT_NODE_FAILED
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "error: sbatch --parsable failed: sbatch: fatal: Could not establish a configuration "
+        "source",
+        "  fix: Slurm's client finds no configuration here (SLURM_CONF is not set): set "
+        "SLURM_CONF to the cluster's slurm.conf, or run cpuaccel where Slurm's client is "
+        "configured (a login node)",
+    ]
+    assert list((project / "runs").iterdir()) == []
+
+
 def test_release_failing_cancels_the_held_job(project: Path, slurm: FakeSlurm) -> None:
     slurm.answer("sbatch", "9\n")
     slurm.answer("scontrol", "", rc=1, err="slurm_release error\n")
