@@ -1,4 +1,4 @@
-"""``cpuaccel report RUN_DIR``: a run's metrics.jsonl as a PNG and a short summary.
+"""``cpuaccel report [RUN]``: a run's metrics.jsonl as a PNG and a short summary.
 
 Reading the run folder is :mod:`cpuaccel.runs.metrics`'s, the figure
 :mod:`cpuaccel.runs.plot`'s (which imports matplotlib only when drawing: it is an
@@ -8,7 +8,6 @@ optional extra, and importing it would slow every ``cpuaccel`` invocation down).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,16 +21,18 @@ from cpuaccel.runs.metrics import (
     summarize,
 )
 from cpuaccel.runs.plot import duration
+from cpuaccel.runs.records import find_run
 
 PNG = "report.png"
 
 EPILOG = """\b
 Examples:
-  cpuaccel report runs/20250101-120000-abc123
-  cpuaccel report "$(ls -d runs/*/ | sort | tail -n 1)"     # the newest run
+  cpuaccel report                        # the newest run in ./runs (last)
+  cpuaccel report 20250101-1200          # an id, or a prefix only one run has
   cpuaccel report runs/20250101-120000-abc123 --json | jq .loss_last
 
 \b
+RUN is `last` (the default), a run id, a prefix only one run has, or a run folder.
 Reads RUN_DIR/metrics.jsonl (one JSON object a line with "step" and "loss", and
 optionally "samples_per_s", "step_time", "sync_time" or "grad_sync_seconds",
 "sync_share", "lr" or "learning_rate"), writes RUN_DIR/report.png (loss and samples/s
@@ -104,15 +105,17 @@ def _shape(summary: dict[str, Any]) -> str:
 
 
 @click.command(epilog=EPILOG)
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.argument("run_spec", metavar="[RUN]", default="last")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def report_command(run_dir: Path, as_json: bool) -> None:
+def report_command(run_spec: str, as_json: bool) -> None:
     """Plot a run's metrics (loss and samples/s over steps, learning rate and
     gradient-sync share when logged) and summarize them.
 
-    RUN_DIR is a run directory of `cpuaccel run`, runs/<id>/, holding the metrics.jsonl
-    the training script wrote on rank 0 (and run.json, status.json: the run's record).
+    RUN (default last) names a run folder of `cpuaccel run`, runs/<id>/, holding the
+    metrics.jsonl the training script wrote on rank 0 (and run.json, status.json: the
+    run's record).
     """
+    run_dir = find_run(run_spec)
     metrics = read_metrics(run_dir)
     info = read_run_info(run_dir)
     read_restarts(run_dir, metrics, info)
