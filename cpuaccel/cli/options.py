@@ -514,7 +514,7 @@ def _option(entry: Entry, flag: Flag, verb: str, hidden: bool) -> Callable[[Any]
         dest,
         type=kind,
         multiple=flag.multiple,
-        metavar=flag.metavar,
+        metavar=worded.metavar if worded is not None and worded.metavar else flag.metavar,
         help=text,
         hidden=hidden,
     )

@@ -120,6 +120,7 @@ class VerbFlag:
     help: str
     choices: tuple[str, ...] | None = None
     show_default: bool | None = None  # None: as the flag's
+    metavar: str | None = None  # None: as the flag's
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,8 @@ TABLE: tuple[Entry, ...] = (
             aliases=("--num_machines", "--num-machines", "--nnodes"),
             aliases_take_text=True,
             aliases_help=("--num_machines, --nnodes N|MIN:MAX", "--nodes N|MIN:MAX"),
+            # Every trial of tune runs on the same nodes: it takes N only.
+            per_verb={TUNE: VerbFlag("How many hosts (default: all selected).", metavar="N")},
         ),
         verbs=_verbs(RUN, TUNE, SHOW),
         key="nodes",
@@ -292,7 +295,7 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         "launcher",
         OneOf(variables.LAUNCHER_CHOICES),
-        "auto, impi, mpich or openmpi",
+        variables.LAUNCHER_WORDS,
         label="launcher",
         flag=Flag(
             ("--launcher",),
