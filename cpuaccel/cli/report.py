@@ -77,9 +77,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     line("loss", f"first {summary['loss_first']:.4f}, last {summary['loss_last']:.4f}, min {best}")
     rate = summary["samples_per_s_median"]
-    line("samples/s", f"median {rate:.1f}" if rate is not None else "- (not in metrics)")
+    if rate is None:
+        line("samples/s", "- (not in metrics)")
+    else:
+        line("samples/s", f"median {rate:.1f}{_warmup(summary['samples_per_s_warmup'])}")
     seconds = summary["step_time_median"]
-    line("step time", f"median {seconds * 1000:.1f} ms" if seconds is not None else "-")
+    if seconds is None:
+        line("step time", "-")
+    else:
+        line("step time", f"median {seconds * 1000:.1f} ms{_warmup(summary['step_time_warmup'])}")
     share = summary["sync_share"]
     if share is not None:
         line("grad sync", f"{share:.1%} of step time")
@@ -91,6 +97,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
         line("restarts", marks)
     line("plot", summary["png"])
+
+
+def _warmup(count: int) -> str:
+    """What a median left out, as tune's do: the warm-up's first line(s)."""
+    if not count:
+        return ""
+    return f" (leaves out {count} warm-up step{'' if count == 1 else 's'}, as tune does)"
 
 
 def _shape(summary: dict[str, Any]) -> str:
