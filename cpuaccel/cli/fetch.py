@@ -24,7 +24,10 @@ their size on the head, then renamed into place.
 """
 
 
-@click.command(epilog=EPILOG)
+@click.command(
+    epilog=EPILOG,
+    short_help="Copy a run's metrics, logs and checkpoints from its head node into ./runs/<id>/.",
+)
 @click.argument("run_spec", metavar="RUN")
 @click.option(
     "--checkpoints", is_flag=True, help="Also copy the checkpoint files (.pt, .safetensors ...)."

@@ -128,7 +128,9 @@ def _table(rows: list[dict[str, Any]], room: int) -> tuple[Table, list[str]]:
     return table, dropped
 
 
-@click.command(epilog=EPILOG)
+@click.command(
+    epilog=EPILOG, short_help="List the runs of ./runs, newest first: state, last step and loss."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
 @click.option(
     "-n",

@@ -117,7 +117,7 @@ def _shape(summary: dict[str, Any]) -> str:
     return ranks
 
 
-@click.command(epilog=EPILOG)
+@click.command(epilog=EPILOG, short_help="Plot a run's metrics into report.png and summarize them.")
 @click.argument("run_spec", metavar="[RUN]", default="last")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def report_command(run_spec: str, as_json: bool) -> None:
