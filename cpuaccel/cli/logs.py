@@ -99,12 +99,13 @@ def chosen_ranks(run: RunRecord, ranks: tuple[int, ...], host: str | None) -> li
             )
     chosen = sorted(set(ranks)) if ranks else list(range(world))
     if host is not None:
-        if host not in run.hosts:
+        nodes = run.nodes_named(host)
+        if not nodes:
             raise UsageError(
                 f"--host {host}: run {run.run_id} ran on {', '.join(run.hosts)}",
-                hint="give one of its nodes",
+                hint="give one of its nodes, by its inventory name or its hostname",
             )
-        chosen = [r for r in chosen if run.rank_host(r) == host]
+        chosen = [r for r in chosen if run.rank_host(r) in nodes]
         if not chosen:
             raise UsageError(
                 f"--host {host} --rank {' --rank '.join(map(str, ranks))}: none of these "
@@ -216,7 +217,11 @@ def _batch_output(files: LocalFiles | HeadFiles, printer: Printer) -> None:
 @click.option(
     "--rank", "ranks", type=click.IntRange(0), multiple=True, help="Only this rank (repeatable)."
 )
-@click.option("--host", metavar="NODE", help="Only the ranks that ran on this node.")
+@click.option(
+    "--host",
+    metavar="NODE",
+    help="Only the ranks that ran on this node (its inventory name, or its hostname).",
+)
 @head_options
 def logs_command(
     run_spec: str,

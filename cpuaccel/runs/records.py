@@ -94,6 +94,16 @@ class RunRecord:
     def hosts(self) -> list[str]:
         return [str(h) for h in self.record.get("hosts") or []]
 
+    def nodes_named(self, name: str) -> list[str]:
+        """The run's nodes ``name`` names: its inventory name, else the nodes whose own
+        hostname it is (run.json's ``hostnames``: several nodes may be one machine)."""
+        if name in self.hosts:
+            return [name]
+        hostnames = self.record.get("hostnames")
+        if not isinstance(hostnames, dict):
+            return []
+        return [h for h in self.hosts if hostnames.get(h) == name]
+
     @property
     def head(self) -> str | None:
         head = self.record.get("head") or (self.hosts[0] if self.hosts else None)
