@@ -33,12 +33,13 @@ Examples:
 
 \b
 RUN is `last` (the default), a run id, a prefix only one run has, or a run folder.
-Reads RUN_DIR/metrics.jsonl (one JSON object a line with "step" and "loss", and
+Reads the folder's metrics.jsonl (one JSON object a line with "step" and "loss", and
 optionally "samples_per_s", "step_time", "sync_time" or "grad_sync_seconds",
-"sync_share", "lr" or "learning_rate"), writes RUN_DIR/report.png (loss and samples/s
+"sync_share", "lr" or "learning_rate"), writes report.png beside it (loss and samples/s
 over steps, and panels for the learning rate and the gradient-sync share when they were
-logged) and prints a summary. The title counts the steps and, from RUN_DIR/run.json,
-status.json and the metrics' first line, says nodes x ppn, precision and wall time.
+logged) and prints a summary; its medians leave out the warm-up (the first line), as
+tune does. The title counts the steps and, from the folder's run.json, status.json and
+the metrics' first line, says nodes x ppn, precision and wall time.
 Needs matplotlib: pip install 'cpuaccel[report]'.
 
 \b
