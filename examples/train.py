@@ -225,7 +225,8 @@ def main() -> None:
     if first is not None and last is not None:
         ctx.print(
             f"done: steps {start_step + 1}-{step} on {ctx.world_size} rank(s) in {seconds:.1f} s; "
-            f"loss {first:.3f} -> {last:.3f} (uniform guess: {math.log(256):.3f}); "
+            f"loss {first:.3f} -> {last:.3f} "
+            f"(a uniform guess over 256 bytes would score {math.log(256):.3f}); "
             f"gradient sync {ctx.grad_sync} {ctx.grad_sync_seconds:.2f} s; checkpoint {path}"
         )
 

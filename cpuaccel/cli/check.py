@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.main import paused
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.effective import resolve
@@ -265,9 +266,15 @@ DROP_ORDER = ("MEM", "SOCK/NUMA", "CORES", "BF16", "MPI", "HOSTNAME")
 # and never left out (it says why a node was not contacted).
 SLURM_COLUMNS = (*COLUMNS[:2], "SLURM", *COLUMNS[2:])
 RIGHT = frozenset({"CORES", "SOCK/NUMA", "BF16", "MEM"})
-# The space between two columns: two, or one when that saves the host and versions from
-# wrapping (rich's padding (0, 1), collapsed or not; pad_edge=False: none at the edges).
-GAPS = (2, 1)
+# The line under the table that says what a shown column's pair of numbers counts.
+LEGEND = {
+    "CORES": "CORES: physical cores/logical CPUs",
+    "SOCK/NUMA": "SOCK/NUMA: sockets/NUMA nodes",
+}
+
+
+def grid_columns(grid: Table) -> list[str]:
+    return [str(column.header) for column in grid.columns]
 
 
 def _gib(value: Any) -> str:
@@ -307,30 +314,13 @@ def row(r: HostResult[Facts]) -> dict[str, str]:
 
 def _width(columns: Sequence[str], rows: Sequence[dict[str, str]], gap: int) -> int:
     """The table's width in cells when nothing wraps."""
-    # emoji=False, as ui's consoles print: `:smile:` in a name is 7 cells, not a picture's
-    # 2, and rich's large emoji table stays unloaded: its load would follow the probes.
-    from rich.text import Text
-
-    widths = [
-        max([len(c)] + [Text.from_markup(r.get(c, "-"), emoji=False).cell_len for r in rows])
-        for c in columns
-    ]
-    return sum(widths) + gap * (len(columns) - 1)
+    return fitted.width(columns, rows, gap)
 
 
 def fitting_columns(rows: Sequence[dict[str, str]], width: int) -> tuple[list[str], list[str], int]:
     """The columns shown at this terminal width, the ones left out, and the gap."""
     slurm = any("SLURM" in r for r in rows)
-    for gap in GAPS:
-        shown, dropped = list(SLURM_COLUMNS if slurm else COLUMNS), []
-        for column in DROP_ORDER:
-            if _width(shown, rows, gap) <= width:
-                break
-            shown.remove(column)
-            dropped.append(column)
-        if _width(shown, rows, gap) <= width:
-            break
-    return shown, dropped, gap
+    return fitted.fit(SLURM_COLUMNS if slurm else COLUMNS, DROP_ORDER, rows, width)
 
 
 def table(results: Sequence[HostResult[Facts]], width: int) -> tuple[Table, list[str]]:
@@ -354,11 +344,11 @@ def print_report(
 ) -> None:
     grid, dropped = table(results, out.width)
     out.print(grid)
+    legend = [text for column, text in LEGEND.items() if column in grid_columns(grid)]
+    if legend:
+        out.print(f"[dim]{escape('; '.join(legend))}[/]")
     if dropped:
-        out.print(
-            f"[dim]({', '.join(dropped)} left out at {out.width} columns; "
-            "a wider terminal or --json shows them)[/]"
-        )
+        out.print(fitted.left_out(dropped, out.width))
     # An unreachable host's error is the first of the problems (facts/problems.py).
     if problems:
         out.print()

@@ -22,7 +22,7 @@ from cpuaccel.cli.options import (
     warn,
 )
 from cpuaccel.config.effective import resolve
-from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.project import LAUNCHERS, ProjectConfig
 from cpuaccel.config.project_choice import load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
 from cpuaccel.config.settings import SHOW, TABLE
@@ -35,7 +35,7 @@ from cpuaccel.ui import escape
 EPILOG = """\b
 Examples:
   cpuaccel config                                   # answer a few questions
-  cpuaccel config --yes --hosts node0,node1 --user train --ppn 2
+  cpuaccel config --yes --hosts node0,node1 -u train --ppn 2
   cpuaccel config --yes --single --ppn 2            # this machine only
   cpuaccel config import default_config.yaml        # from `accelerate config`
   cpuaccel config show                              # each setting and where it came from
@@ -134,15 +134,16 @@ def _confirm(path: Path) -> bool:
 @click.option("--multi", "mode", flag_value="multi", help="Several machines.")
 @click.option("--from", "source", metavar="FILE", help="Start from an MPI hostfile or inventory.")
 @click.option("--hosts", metavar="A,B,...", help="The machines' addresses, main node first.")
-@click.option("--user", help="SSH user.")
+@click.option("-u", "--user", metavar="USER", help="SSH user.")
 @click.option("--ssh-port", type=click.IntRange(1, 65535), help="SSH port.")
-@click.option("--key", metavar="FILE", help="SSH private key.")
+@click.option("--private-key", "--key-file", "key", metavar="FILE", help="SSH private key.")
+@click.option("--key", "old_key", metavar="FILE", hidden=True)  # the earlier spelling
 @click.option("--ppn", type=click.IntRange(1, 1024), help="Processes per machine.")
 @click.option("--head", metavar="HOST", help="The main node (default: the first host).")
 @click.option("--master-port", type=click.IntRange(1, 65535), help="Port of the main process.")
 @click.option(
     "--launcher",
-    type=click.Choice(["auto", "impi", "mpich", "openmpi"]),
+    type=click.Choice(LAUNCHERS),
     help="MPI launcher (auto: the head node's, from its facts).",
 )
 @click.option("--ccl-workers", type=click.IntRange(0, 64), help="oneCCL worker threads.")
@@ -172,6 +173,14 @@ def config_command(
             "cpuaccel config asks its questions on a terminal, and stdin is not one",
             hint="run it in a terminal, or pass --yes with flags (see cpuaccel config --help)",
         )
+    old_key = flags.pop("old_key")
+    if old_key is not None:
+        if flags["key"] is not None and flags["key"] != old_key:
+            raise UsageError(
+                f"--private-key {flags['key']} and --key {old_key} name two keys",
+                hint="give one: --private-key FILE",
+            )
+        flags["key"] = old_key
     hosts = _split_hosts(flags.pop("hosts"))
     precision = flags.pop("mixed_precision")
     given = Answers(

@@ -18,13 +18,16 @@ Examples:
   cpuaccel report runs/$(cpuaccel ps -n 1 --json | jq -r '.[0].id')
 
 \b
-RUN is a run id, a prefix only one run has, or `last`. Only what changed since the
+RUN is `last`, a run id, a prefix only one run has, or a run folder. Only what changed since the
 last fetch is copied; checkpoints are written to a temporary file, checked against
 their size on the head, then renamed into place.
 """
 
 
-@click.command(epilog=EPILOG)
+@click.command(
+    epilog=EPILOG,
+    short_help="Copy a run's metrics, logs and checkpoints from its head node into ./runs/<id>/.",
+)
 @click.argument("run_spec", metavar="RUN")
 @click.option(
     "--checkpoints", is_flag=True, help="Also copy the checkpoint files (.pt, .safetensors ...)."

@@ -1,4 +1,4 @@
-"""``cpuaccel logs RUN``: a run's labelled output, merged or filtered, followed with -f."""
+"""``cpuaccel logs [RUN]``: a run's labelled output, merged or filtered, followed with -f."""
 
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ from cpuaccel.ui import escape
 
 EPILOG = """\b
 Examples:
-  cpuaccel logs last                   # every rank's output, rank by rank
+  cpuaccel logs                        # the newest run's output, rank by rank
   cpuaccel logs 20250101 -f --rank 0   # follow rank 0 of that run until it ends
   cpuaccel logs last --host node2 --rank 4 --rank 5
 
 \b
-RUN is a run id, a prefix only one run has, or `last`. A detached run's output is
-read from its head node while it runs (-i, else the inventory it recorded).
+RUN is `last` (the default), a run id, a prefix only one run has, or a run folder.
+A detached run's output is read from its head node while it runs (-i, else the
+inventory it recorded).
 Ctrl-C stops following (exit 0); the job goes on.
 """
 POLL = 1.0  # seconds between two looks at a followed run
@@ -104,12 +105,13 @@ def chosen_ranks(run: RunRecord, ranks: tuple[int, ...], host: str | None) -> li
             )
     chosen = sorted(set(ranks)) if ranks else list(range(world))
     if host is not None:
-        if host not in run.hosts:
+        nodes = run.nodes_named(host)
+        if not nodes:
             raise UsageError(
                 f"--host {host}: run {run.run_id} ran on {', '.join(run.hosts)}",
-                hint="give one of its nodes",
+                hint="give one of its nodes, by its inventory name or its hostname",
             )
-        chosen = [r for r in chosen if run.rank_host(r) == host]
+        chosen = [r for r in chosen if run.rank_host(r) in nodes]
         if not chosen:
             raise UsageError(
                 f"--host {host} --rank {' --rank '.join(map(str, ranks))}: none of these "
@@ -216,12 +218,16 @@ def _batch_output(files: LocalFiles | HeadFiles, printer: Printer) -> None:
 
 
 @click.command(epilog=EPILOG)
-@click.argument("run_spec", metavar="RUN")
+@click.argument("run_spec", metavar="[RUN]", default="last")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
 @click.option(
     "--rank", "ranks", type=click.IntRange(0), multiple=True, help="Only this rank (repeatable)."
 )
-@click.option("--host", metavar="NODE", help="Only the ranks that ran on this node.")
+@click.option(
+    "--host",
+    metavar="NODE",
+    help="Only the ranks that ran on this node (its inventory name, or its hostname).",
+)
 @head_options
 def logs_command(
     run_spec: str,

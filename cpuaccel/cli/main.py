@@ -70,6 +70,7 @@ VERBS = {
     "submit": "cpuaccel.cli.submit:submit_command",
     "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
     "tune": "cpuaccel.cli.tune:tune_command",
+    "help": "cpuaccel.cli.help:help_command",
 }
 
 EPILOG = """\b
@@ -84,13 +85,14 @@ Examples:
   cpuaccel run -i inventory.yaml --detach train.py  # prints the run id, returns
   cpuaccel stop last                           # end it on every node, verified
   cpuaccel submit --nodes 4 --ppn 2 train.py   # a Slurm batch job; prints its ids
-  cpuaccel report runs/20250101-120000-abc123  # loss and samples/s: PNG + summary
+  cpuaccel report                              # the newest run: PNG + summary
   cpuaccel ps                                  # the runs of this folder, their state
   cpuaccel logs last -f --rank 0               # follow a run's output
   cpuaccel fetch last --checkpoints            # a run's results from its head node
   cpuaccel dashboard                           # the live page of ./runs (Ctrl-C ends)
   cpuaccel tune --write train.py               # measure ranks x threads, keep the best
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
+  cpuaccel help hosts                          # the host options every verb shares
 
 \b
 Exit codes: 0 all well; 1 problems found; 64 bad input; 69 a node unreachable or failed.
@@ -127,6 +129,16 @@ class LazyGroup(click.Group):
                 hint = f"did you mean 'cpuaccel {close[0]}'? ({hint})"
             raise UsageError(f"No such command '{name}' of cpuaccel", hint=hint)
         return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each verb with its docstring's whole first sentence, wrapped, never cut."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(

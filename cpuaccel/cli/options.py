@@ -111,17 +111,39 @@ class Seconds(click.FloatRange):
         return number
 
 
-def connect_timeout_option(dest: str) -> Callable[[F], F]:
+def connect_timeout_option(dest: str, cls: type[click.Option] = click.Option) -> Callable[[F], F]:
     """``-T/--connect-timeout``, as every verb that reaches a host spells it."""
     return click.option(
         "-T",
         "--connect-timeout",
         dest,
+        cls=cls,
         type=Seconds(0.1, 3600),
         default=DEFAULT_CONNECT_TIMEOUT,
         show_default=True,
         help="Seconds to wait for a host to connect.",
     )
+
+
+# A verb's --help names the shared options in one row; `cpuaccel help hosts` shows each
+# in full (the context's meta says which).
+FULL_HOST_HELP = "cpuaccel.host_options_in_full"
+HOST_OPTIONS_HELP = (
+    "Host options: the inventory, the hosts selected, the login and connection. The same "
+    "for every verb that reaches hosts: `cpuaccel help hosts` shows them in full."
+)
+
+
+class SharedOption(click.Option):
+    """One of the shared host options."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        if ctx.meta.get(FULL_HOST_HELP):
+            return super().get_help_record(ctx)
+        if self.name != "inventory_path":  # the first: it stands for them all
+            return None
+        shared = [p for p in ctx.command.params if isinstance(p, SharedOption)]
+        return " ".join(p.opts[0] for p in shared), HOST_OPTIONS_HELP
 
 
 # The shared options, in --help order (each application makes new click Options).
@@ -130,6 +152,7 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         "-i",
         "--inventory",
         "inventory_path",
+        cls=SharedOption,
         metavar="FILE",
         multiple=True,  # Ansible merges several -i; cpuaccel reads one: said, not dropped
         callback=_one_inventory,
@@ -142,17 +165,23 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         "-c",
         "--config",
         "config_path",
+        cls=SharedOption,
         metavar="FILE",
         help="Project file with run defaults, or Accelerate's default_config.yaml. "
         "Default: ./cpuaccel.yaml if present. Flags override it.",
     ),
     click.option(
-        "-l", "--limit", metavar="PATTERN", help="Select hosts: names, groups, globs, !excl."
+        "-l",
+        "--limit",
+        cls=SharedOption,
+        metavar="PATTERN",
+        help="Select hosts: names, groups, globs, !excl.",
     ),
     click.option(
         "-e",
         "--extra-vars",
         "extra_vars",
+        cls=SharedOption,
         multiple=True,
         metavar="KEY=VALUE",
         help="Set a variable on every host, over the inventory (repeatable; @file.yaml).",
@@ -160,20 +189,23 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
     click.option(
         "-f",
         "--forks",
+        cls=SharedOption,
         type=click.IntRange(1, 1024),
         default=DEFAULT_FORKS,
         show_default=True,
         help="Hosts worked on at once.",
     ),
-    connect_timeout_option("timeout"),
+    connect_timeout_option("timeout", cls=SharedOption),
     click.option(
         "--no-host-key-checking",
+        cls=SharedOption,
         is_flag=True,
         help="Accept unknown host keys (like ansible_host_key_checking: false). Unsafe.",
     ),
     click.option(
         "-u",
         "--user",
+        cls=SharedOption,
         metavar="USER",
         help="Log in as USER where the inventory sets no ansible_user (as Ansible's -u: "
         "a host's ansible_user, or -e ansible_user=..., wins over it).",
@@ -182,16 +214,20 @@ _SHARED_OPTIONS: list[Callable[[Any], Any]] = [
         "--private-key",
         "--key-file",
         "private_key",
+        cls=SharedOption,
         metavar="FILE",
         help="SSH private key where the inventory sets no ansible_ssh_private_key_file "
         "(as Ansible's; also used by rsync and MPI's ssh).",
     ),
     click.option(
         "--list-hosts",
+        cls=SharedOption,
         is_flag=True,
         help="Print the hosts this command would use and exit; contacts no host.",
     ),
-    click.option("-v", "--verbose", "verbosity", count=True, help=ui.VERBOSITY_HELP),
+    click.option(
+        "-v", "--verbose", "verbosity", cls=SharedOption, count=True, help=ui.VERBOSITY_HELP
+    ),
 ]
 
 
@@ -518,7 +554,7 @@ def _option(entry: Entry, flag: Flag, verb: str, hidden: bool) -> Callable[[Any]
         dest,
         type=kind,
         multiple=flag.multiple,
-        metavar=flag.metavar,
+        metavar=worded.metavar if worded is not None and worded.metavar else flag.metavar,
         help=text,
         hidden=hidden,
     )

@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from cpuaccel import ui
+from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.jsonsource import describe, loads
@@ -81,35 +82,59 @@ def _with_slurm(runs: list[RunRecord]) -> list[RunRecord]:
         return runs
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(box=None, header_style="bold")
+COLUMNS = ("ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS")
+# Left out in this order when the table is wider than the terminal; ID, STATE and SLURM
+# never are, and ID is never cut: an id is what the other verbs take.
+DROP_ORDER = ("STARTED", "DURATION", "LOSS", "STEP", "NODES×PPN", "SCRIPT")
+RIGHT = frozenset({"STEP", "LOSS"})
+_COLOURS = {"running": "cyan", "succeeded": "green", "queued": "cyan", "submitted": "cyan"}
+
+
+def _cells(r: dict[str, Any], slurm: bool) -> dict[str, str]:
+    state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
+    if r["restarts"]:
+        state += f", restarts: {r['restarts']}"
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
+    cells = {
+        "ID": escape(r["id"]),
+        "SCRIPT": escape(r["script"]),
+        "NODES×PPN": f"{r['nodes']}×{r['ppn'] if r['ppn'] is not None else '?'}",
+        "STATE": f"[{_COLOURS.get(r['state'], 'red')}]{escape(state)}[/]",
+        "STARTED": started,
+        "DURATION": _duration(r["seconds"]),
+        "STEP": escape(str(r["step"])) if r["step"] is not None else "-",
+        "LOSS": f"{r['loss']:.4g}" if r["loss"] is not None else "-",
+    }
+    return cells | ({"SLURM": _slurm_cell(r)} if slurm else {})
+
+
+def _table(rows: list[dict[str, Any]], room: int) -> tuple[Table, list[str]]:
+    """The runs' table in ``room`` cells, and the columns left out to fit it."""
     slurm = any(r.get("slurm") for r in rows)
-    names = ["ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS"]
-    for name in names + (["SLURM"] if slurm else []):
-        table.add_column(name, justify="right" if name in ("STEP", "LOSS") else "left")
-    colours = {"running": "cyan", "succeeded": "green", "queued": "cyan", "submitted": "cyan"}
-    for r in rows:
-        state = r["state"] + (f" ({r['exit_code']})" if r["state"] == "failed" else "")
-        if r["restarts"]:
-            state += f", restarts: {r['restarts']}"
-        started = (
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(r["started"])) if r["started"] else "-"
+    cells = [_cells(r, slurm) for r in rows]
+    shown, dropped, gap = fitted.fit(
+        (*COLUMNS, "SLURM") if slurm else COLUMNS, DROP_ORDER, cells, room
+    )
+    table = Table(
+        box=None, pad_edge=False, header_style="bold", padding=(0, 1), collapse_padding=gap == 1
+    )
+    longest = max(len(r["id"]) for r in rows)
+    for name in shown:
+        # fold, never an ellipsis; the id keeps its whole width while anything can shrink.
+        table.add_column(
+            name,
+            justify="right" if name in RIGHT else "left",
+            overflow="fold",
+            min_width=longest if name == "ID" else None,
         )
-        table.add_row(
-            escape(r["id"]),
-            escape(r["script"]),
-            f"{r['nodes']}×{r['ppn'] if r['ppn'] is not None else '?'}",
-            f"[{colours.get(r['state'], 'red')}]{escape(state)}[/]",
-            started,
-            _duration(r["seconds"]),
-            escape(str(r["step"])) if r["step"] is not None else "-",
-            f"{r['loss']:.4g}" if r["loss"] is not None else "-",
-            *([_slurm_cell(r)] if slurm else []),
-        )
-    return table
+    for row_cells in cells:
+        table.add_row(*(row_cells[name] for name in shown))
+    return table, dropped
 
 
-@click.command(epilog=EPILOG)
+@click.command(
+    epilog=EPILOG, short_help="List the runs of ./runs, newest first: state, last step and loss."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
 @click.option(
     "-n",
@@ -152,4 +177,8 @@ def ps_command(
     elif not rows:
         ui.stderr().print(f"no runs recorded in {escape(str(runs_folder()))}")
     else:
-        ui.stdout().print(_table(rows))
+        out = ui.stdout()
+        table, dropped = _table(rows, out.width)
+        out.print(table)
+        if dropped:
+            out.print(fitted.left_out(dropped, out.width))

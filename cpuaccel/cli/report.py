@@ -1,4 +1,4 @@
-"""``cpuaccel report RUN_DIR``: a run's metrics.jsonl as a PNG and a short summary.
+"""``cpuaccel report [RUN]``: a run's metrics.jsonl as a PNG and a short summary.
 
 Reading the run folder is :mod:`cpuaccel.runs.metrics`'s, the figure
 :mod:`cpuaccel.runs.plot`'s (which imports matplotlib only when drawing: it is an
@@ -8,7 +8,6 @@ optional extra, and importing it would slow every ``cpuaccel`` invocation down).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import click
@@ -22,22 +21,25 @@ from cpuaccel.runs.metrics import (
     summarize,
 )
 from cpuaccel.runs.plot import duration
+from cpuaccel.runs.records import find_run
 
 PNG = "report.png"
 
 EPILOG = """\b
 Examples:
-  cpuaccel report runs/20250101-120000-abc123
-  cpuaccel report "$(ls -d runs/*/ | sort | tail -n 1)"     # the newest run
+  cpuaccel report                        # the newest run in ./runs (last)
+  cpuaccel report 20250101-1200          # an id, or a prefix only one run has
   cpuaccel report runs/20250101-120000-abc123 --json | jq .loss_last
 
 \b
-Reads RUN_DIR/metrics.jsonl (one JSON object a line with "step" and "loss", and
+RUN is `last` (the default), a run id, a prefix only one run has, or a run folder.
+Reads the folder's metrics.jsonl (one JSON object a line with "step" and "loss", and
 optionally "samples_per_s", "step_time", "sync_time" or "grad_sync_seconds",
-"sync_share", "lr" or "learning_rate"), writes RUN_DIR/report.png (loss and samples/s
+"sync_share", "lr" or "learning_rate"), writes report.png beside it (loss and samples/s
 over steps, and panels for the learning rate and the gradient-sync share when they were
-logged) and prints a summary. The title counts the steps and, from RUN_DIR/run.json,
-status.json and the metrics' first line, says nodes x ppn, precision and wall time.
+logged) and prints a summary; its medians leave out the warm-up (the first line), as
+tune does. The title counts the steps and, from the folder's run.json, status.json and
+the metrics' first line, says nodes x ppn, precision and wall time.
 Needs matplotlib: pip install 'cpuaccel[report]'.
 
 \b
@@ -76,9 +78,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     )
     line("loss", f"first {summary['loss_first']:.4f}, last {summary['loss_last']:.4f}, min {best}")
     rate = summary["samples_per_s_median"]
-    line("samples/s", f"median {rate:.1f}" if rate is not None else "- (not in metrics)")
+    if rate is None:
+        line("samples/s", "- (not in metrics)")
+    else:
+        line("samples/s", f"median {rate:.1f}{_warmup(summary['samples_per_s_warmup'])}")
     seconds = summary["step_time_median"]
-    line("step time", f"median {seconds * 1000:.1f} ms" if seconds is not None else "-")
+    if seconds is None:
+        line("step time", "-")
+    else:
+        line("step time", f"median {seconds * 1000:.1f} ms{_warmup(summary['step_time_warmup'])}")
     share = summary["sync_share"]
     if share is not None:
         line("grad sync", f"{share:.1%} of step time")
@@ -92,6 +100,13 @@ def print_summary(summary: dict[str, Any]) -> None:
     line("plot", summary["png"])
 
 
+def _warmup(count: int) -> str:
+    """What a median left out, as tune's do: the warm-up's first line(s)."""
+    if not count:
+        return ""
+    return f" (leaves out {count} warm-up step{'' if count == 1 else 's'}, as tune does)"
+
+
 def _shape(summary: dict[str, Any]) -> str:
     """'2 nodes x 2 ppn (4 ranks)', or '4 ranks' when only the world size is known."""
     world = summary["world"]
@@ -103,16 +118,18 @@ def _shape(summary: dict[str, Any]) -> str:
     return ranks
 
 
-@click.command(epilog=EPILOG)
-@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.command(epilog=EPILOG, short_help="Plot a run's metrics into report.png and summarize them.")
+@click.argument("run_spec", metavar="[RUN]", default="last")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def report_command(run_dir: Path, as_json: bool) -> None:
+def report_command(run_spec: str, as_json: bool) -> None:
     """Plot a run's metrics (loss and samples/s over steps, learning rate and
     gradient-sync share when logged) and summarize them.
 
-    RUN_DIR is a run directory of `cpuaccel run`, runs/<id>/, holding the metrics.jsonl
-    the training script wrote on rank 0 (and run.json, status.json: the run's record).
+    RUN (default last) names a run folder of `cpuaccel run`, runs/<id>/, holding the
+    metrics.jsonl the training script wrote on rank 0 (and run.json, status.json: the
+    run's record).
     """
+    run_dir = find_run(run_spec)
     metrics = read_metrics(run_dir)
     info = read_run_info(run_dir)
     read_restarts(run_dir, metrics, info)

@@ -48,45 +48,23 @@ Examples:
   cpuaccel run --nodes 1 --ppn 2 examples/train.py        # this machine, 2 ranks
   cpuaccel run -i inventory.yaml --nodes 4 --ppn 4 train.py --epochs 3
   cpuaccel run -i inventory.yaml --dry-run train.py       # print hostfile, env, command
-  cpuaccel run -i inventory.yaml --env FI_PROVIDER=tcp --timeout 3600 train.py
   cpuaccel run --config default_config.yaml train.py      # Accelerate's config + hostfile
-  cpuaccel run --num_processes 8 --master_addr node0 train.py   # accelerate's spellings
-  cpuaccel run --env HF_TOKEN train.py     # this shell's value; *TOKEN* stays secret
-  cpuaccel run -i inventory.yaml -m pkg.train --lr 0.1    # a module, as python -m runs it
-  cpuaccel run -i inventory.yaml --no-python ./train.sh   # a program as each rank
-  cpuaccel run -i inventory.yaml --launcher-args "-genv I_MPI_DEBUG 5" train.py
-  cpuaccel run -i inventory.yaml --json train.py > result.json   # ranks' output: stderr
-  cpuaccel run -i inventory.yaml --detach --timeout 36000 train.py  # prints the run id
-  cpuaccel run -i inventory.yaml --hang-timeout 300 train.py   # a stuck job ends, exit 124
-  cpuaccel stop last                                       # ends it on every node
-  cpuaccel run -i inventory.yaml --max-restarts 3 train.py  # a failure: from its checkpoint
+  cpuaccel run --env HF_TOKEN -m pkg.train --lr 0.1       # a module; *TOKEN* stays secret
+  cpuaccel run -i inventory.yaml --detach train.py        # prints the run id, returns
   cpuaccel run -i inv.yaml --nodes 2:3 --max-restarts 1 train.py  # a lost node left out
-  cpuaccel run -i inv.yaml --detach --max-restarts 3 train.py  # the head's supervisor restarts
   salloc -N 2 cpuaccel run --ppn 2 train.py  # in a Slurm job: its nodes, srun launches
 
 \b
-Defaults come from ./cpuaccel.yaml (or --config FILE, which may be Accelerate's
-default_config.yaml; without either, Accelerate's own default config, if any: one
-line says so); flags override it. `cpuaccel config show` prints each setting
-and where it came from.
+Defaults: ./cpuaccel.yaml, or --config FILE (Accelerate's default_config.yaml too);
+flags override them; `cpuaccel config show` says where each came from. Everything after
+SCRIPT goes to the script (a note names cpuaccel's options found there). Every node is checked before launch (and the project synced
+unless --no-sync); each rank's output is labelled and logged in runs/<id>/. Ctrl-C,
+--timeout, --hang-timeout or a failing rank end the job on every node; with --detach
+the head node's supervisor does (`cpuaccel stop RUN`). Host options: cpuaccel help hosts.
 
 \b
-Everything after SCRIPT goes to the script untouched (a note names cpuaccel's own
-options found there). Before launching, every node is
-checked (reachable, same Python/torch/cpuaccel, names resolve, project in sync: synced
-now unless --no-sync, master port free). Output of each rank is labelled and logged in
-runs/<id>/. Ctrl-C, SIGTERM, --timeout, --hang-timeout or a failing rank end the job on
-every node.
-With --detach a supervisor on the head node does that instead (the job outlives this
-command and the connection): it writes runs/<id>/status.json there and restarts the job
-(--max-restarts), leaving out nodes that stop answering while --nodes MIN remain;
-`cpuaccel stop RUN` ends the job.
-
-\b
-Exit codes: the first failing rank's exit code, 0 if all ranks succeeded; 64 bad input;
-69 a node failed preflight; 124 --timeout or --hang-timeout passed; 130 interrupted;
-143 terminated; 255 a node lost. --json prints them in one object on stdout, with each
-rank's own code.
+Exit codes: the first failing rank's, 0 if all succeeded; 64 bad input; 69 preflight;
+124 --timeout/--hang-timeout; 130 interrupted; 143 terminated; 255 a node lost.
 
 """
 EPILOG += ALIASES_EPILOG

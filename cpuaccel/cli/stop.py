@@ -26,7 +26,8 @@ Examples:
   cpuaccel stop 20250101-120000-ab12cd      # a submitted run: scancel, verified
 
 \b
-RUN is looked up in ./runs (run from the project folder). A detached run's head is
+RUN is `last`, a run id, a prefix only one run has (looked up in ./runs: run from
+the project folder), or a run folder. A detached run's head is
 reached through the inventory it was started with (run.json), unless -i is given.
 The job ends as Ctrl-C ends a foreground run: SIGTERM, then SIGKILL, then every node
 swept for its processes; status.json then says stopped.
@@ -43,7 +44,7 @@ node; 64 no such run; 69 the head node unreachable.
 
 @click.command(epilog=EPILOG)
 @host_options
-@click.argument("run")
+@click.argument("run", metavar="RUN")
 def stop_command(target: Target, run: str) -> None:
     """End the job RUN on every node and verify that nothing of it is left."""
     folder = engine.find_run(Path.cwd() / "runs", run)

@@ -25,6 +25,7 @@ from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.hostfile import looks_like_hostfile
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.inventory.variables import LAUNCHER_WORDS
 from cpuaccel.sourcefile import read_source
 
 _HOSTNAME = re.compile(
@@ -271,7 +272,7 @@ def _ask_processes(a: Answers, asker: Asker, multi: bool) -> None:
         )
     if a.launcher is None:
         a.launcher = asker.ask(
-            f"Which MPI launches the job? ({', '.join(LAUNCHERS)}; auto = the head node's, "
+            f"Which MPI launches the job? ({LAUNCHER_WORDS}; auto = the head node's, "
             "impi = Intel MPI)",
             "auto",  # as `cpuaccel run` defaults: the MPI the head node has
             check_choice(LAUNCHERS),

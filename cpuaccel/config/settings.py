@@ -120,6 +120,7 @@ class VerbFlag:
     help: str
     choices: tuple[str, ...] | None = None
     show_default: bool | None = None  # None: as the flag's
+    metavar: str | None = None  # None: as the flag's
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,8 @@ TABLE: tuple[Entry, ...] = (
             aliases=("--num_machines", "--num-machines", "--nnodes"),
             aliases_take_text=True,
             aliases_help=("--num_machines, --nnodes N|MIN:MAX", "--nodes N|MIN:MAX"),
+            # Every trial of tune runs on the same nodes: it takes N only.
+            per_verb={TUNE: VerbFlag("How many hosts (default: all selected).", metavar="N")},
         ),
         verbs=_verbs(RUN, TUNE, SHOW),
         key="nodes",
@@ -292,7 +295,7 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         "launcher",
         OneOf(variables.LAUNCHER_CHOICES),
-        "auto, impi, mpich or openmpi",
+        variables.LAUNCHER_WORDS,
         label="launcher",
         flag=Flag(
             ("--launcher",),
@@ -531,10 +534,8 @@ TABLE: tuple[Entry, ...] = (
         label="gradient sum",
         flag=Flag(
             ("--grad-reduce",),
-            help="ordered: every gradient element summed in rank order, so a resumed run "
-            "matches an uninterrupted one bit for bit; library: the MPI library's or "
-            "gloo's allreduce (can be faster on 3+ ranks, not order-stable). Exported as "
-            f"{GRAD_REDUCE_ENV}.",
+            help="ordered: summed in rank order (a resumed run matches bit for bit); "
+            f"library: MPI's or gloo's allreduce. Exported as {GRAD_REDUCE_ENV}.",
         ),
         verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
         key="grad_reduce",
@@ -550,8 +551,7 @@ TABLE: tuple[Entry, ...] = (
         label="deterministic",
         flag=Flag(
             ("--deterministic/--no-deterministic",),
-            help="No choice made by timing (attention stays as autocast runs it), Intel "
-            "MPI's reproducible reductions (I_MPI_CBWR=1) and torch's deterministic "
+            help="No choice made by timing, I_MPI_CBWR=1, torch's deterministic "
             f"algorithms. Exported as {DETERMINISTIC_ENV}=1.",
         ),
         verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.jsonsource import lines as json_lines
+from cpuaccel.runs.metrics import WARMUP
 from cpuaccel.runs.records import ENDED, RunRecord, load, row
 
 MAX_POINTS = 2000  # points per response, whatever the run's length
@@ -133,6 +134,9 @@ class Metrics:
             "next": self.base + total,
             "reset": reset,
             "decimated": len(picked) < size,
+            # The file's first lines that are the warm-up (report's rule): the
+            # throughput chart fits its axis without them.
+            "warmup": WARMUP,
         }
         for name, values in self.columns.items():
             out[name] = [values[i] for i in picked]

@@ -23,6 +23,8 @@ from typing import Any
 from cpuaccel.rank_settings import GRAD_REDUCE_MODES, KNOWN_BACKENDS, value_problem
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
+# The list as prose, for cpuaccel.yaml's comment and the questionnaire.
+LAUNCHER_WORDS = ", ".join(LAUNCHER_CHOICES[:-1]) + " or " + LAUNCHER_CHOICES[-1]
 ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
 PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")
 # An MPI hostfile's slots (inventory/hostfile.py): --ppn's last source (config/effective.py).

@@ -17,7 +17,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,9 @@ class RunPlan:
     precision_note: str | None = None  # what --mixed-precision auto chose, and why
     launcher_args: tuple[str, ...] = ()  # --launcher-args: words for mpirun, as given
     hang_timeout: float | None = None  # --hang-timeout: both supervisors watch for a hang
+    # Each node's own hostname (its facts), by inventory name: the name the output is
+    # labelled with is the inventory's; logs --host takes either.
+    hostnames: dict[str, str] = field(default_factory=dict)
 
     @property
     def head(self) -> Host:
@@ -202,6 +205,11 @@ def build_plan(
         precision_note=precision.note,
         launcher_args=tuple(settings.launcher_args.value),
         hang_timeout=settings.hang_timeout.value,
+        hostnames={
+            h.name: str(f["hostname"])
+            for h in chosen
+            if (f := (facts or {}).get(h.name)) and f.get("hostname")
+        },
     )
 
 

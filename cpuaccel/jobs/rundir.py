@@ -228,6 +228,7 @@ class RunDir:
             head=plan.head.name,
             head_run_dir=plan.run_dir,
             inventory=inventory,
+            hostnames=plan.hostnames,
         )
 
     def log(self, name: str) -> Path:

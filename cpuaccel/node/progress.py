@@ -80,11 +80,12 @@ def parse(text: str, run_id: str) -> dict[str, int] | None:
 class RankProgress:
     """What a supervisor last saw of one rank."""
 
-    __slots__ = ("host", "last", "pid", "rank", "seen", "step")
+    __slots__ = ("host", "last", "machine", "pid", "rank", "seen", "step")
 
     def __init__(self, rank: int, host: str, started: float) -> None:
         self.rank = rank
-        self.host = host  # the label's host once seen; before, where the plan put it
+        self.host = host  # its node's inventory name (the plan's), as reports name it
+        self.machine = host  # the hostname its label carried: where its stack is dumped
         self.step: int | None = None
         self.pid: int | None = None
         self.last = started  # monotonic time of its last progress (the start, until seen)
@@ -113,13 +114,15 @@ class ProgressTracker:
         self.started = started
         self.ranks = {r: RankProgress(r, (hosts or {}).get(r, "?"), started) for r in range(world)}
 
-    def line(self, rank: int, host: str, text: str, now: float) -> bool:
-        """Note one labelled line of ``rank``: progress. True when it is cpuaccel's marker,
-        which the caller keeps out of the user's view."""
+    def line(self, rank: int, host: str, text: str, now: float, machine: str | None = None) -> bool:
+        """Note one labelled line of ``rank`` (on ``host``, its inventory name; its
+        label's hostname ``machine``): progress. True when it is cpuaccel's marker, which
+        the caller keeps out of the user's view."""
         seen = self.ranks.get(rank)
         if seen is None:  # a rank beyond the planned world: tracked all the same
             seen = self.ranks[rank] = RankProgress(rank, host, self.started)
         seen.host, seen.last, seen.seen = host, now, True
+        seen.machine = machine or host
         fields = parse(text, self.run_id)
         if fields is None:
             return False
@@ -155,7 +158,7 @@ class ProgressTracker:
 
     def pids(self) -> dict[str, list[Any]]:
         """rank -> [host, pid] of the ranks whose script announced its pid (``stacks``)."""
-        return {str(p.rank): [p.host, p.pid] for p in self.ranks.values() if p.pid is not None}
+        return {str(p.rank): [p.machine, p.pid] for p in self.ranks.values() if p.pid is not None}
 
 
 # ---------------------------------------------------------------- on each node

@@ -214,8 +214,13 @@ class Output:
         run_dir: str,
         show: Callable[[str, int | None, str, str], None] | None = None,
         progress: ProgressTracker | None = None,
+        placed: dict[int, str] | None = None,
     ) -> None:
         self.run_dir = run_dir
+        # Each rank's node by its inventory name (planned_hosts): a rank's lines are
+        # labelled with it, as logs, ps and the dashboard name the node, not with the
+        # hostname the rank's labeller saw.
+        self.placed = placed or {}
         # show(stream, rank, host, text): rank None for the launcher's own words
         self.show = show
         self.progress = progress  # --hang-timeout: every rank's last progress
@@ -251,8 +256,10 @@ class Output:
                 if not self.quiet and self.show is not None:
                     self.show("err", None, "", line)
                 return
-            rank, host, text = int(match[1]), match[2], match[3]
-            if self.progress is not None and self.progress.line(rank, host, text, time.monotonic()):
+            rank, machine, text = int(match[1]), match[2], match[3]
+            host = self.placed.get(rank, machine)
+            now = time.monotonic()
+            if self.progress is not None and self.progress.line(rank, host, text, now, machine):
                 return  # cpuaccel's progress marker: not the user's to see
             code = _reported_code(text)
             if code is not None:
@@ -792,8 +799,8 @@ class Supervised(Attempts):
         if k:  # a fresh watch: every rank running again
             self.doc.update(ranks={str(r): None for r in range(self.world)}, attempt=k)
             write_status(self.side.run_dir, self.doc)
-        outcome = watch(self.side, Output(self.side.run_dir, self.show, self._tracker()),
-                        self.limits.timeout)  # fmt: skip
+        output = Output(self.side.run_dir, self.show, self._tracker(), self.placed())
+        outcome = watch(self.side, output, self.limits.timeout)
         self.doc["ranks"].update({str(r): c for r, c in outcome.codes.items()})
         return outcome
 

@@ -15,20 +15,34 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cpuaccel.errors import CpuaccelError, SourceError, UsageError
 from cpuaccel.jsonsource import describe, loads
 from cpuaccel.sourcefile import read_source
 
 METRICS = "metrics.jsonl"
+T = TypeVar("T")
 # What the runtime (or a script of one's own) may call the seconds spent in gradient sync.
 SYNC_KEYS = ("sync_time", "grad_sync_seconds")
 # The learning rate, under Accelerate's/transformers' and PyTorch's usual names.
 LR_KEYS = ("lr", "learning_rate")
 
 Point = tuple[float, float]  # (step, value)
+# The warm-up: a run's first metrics line holds its start-up (imports, the first step's
+# allocations), which a longer run does not see. Throughput medians (report's, tune's)
+# leave it out when there are more lines, and the dashboard's chart fits its axis
+# without it.
+WARMUP = 1
+
+
+def steady(values: Sequence[T]) -> tuple[list[T], int]:
+    """``values`` without the warm-up (when more than it remain), and how many were left
+    out."""
+    left_out = WARMUP if len(values) > WARMUP else 0
+    return list(values[left_out:]), left_out
 
 
 class Metrics:
@@ -274,7 +288,8 @@ def summarize(metrics: Metrics, info: RunInfo, png: Path) -> dict[str, Any]:
     pairs = zip(metrics.steps, metrics.loss, strict=True)
     finite = [(loss, step) for step, loss in pairs if math.isfinite(loss)]
     best = min(finite) if finite else (math.nan, math.nan)
-    rates = [rate for _, rate in metrics.samples_per_s]
+    rates, warmup = steady([rate for _, rate in metrics.samples_per_s])
+    step_times, step_warmup = steady(metrics.step_time)
     synced_time = sum(metrics.time_of_synced_steps)
     return {
         "run_dir": str(metrics.path.parent),
@@ -288,8 +303,11 @@ def summarize(metrics: Metrics, info: RunInfo, png: Path) -> dict[str, Any]:
         "loss_last": metrics.loss[-1],
         "loss_min": best[0] if finite else None,
         "loss_min_step": _int_if_whole(best[1]) if finite else None,
+        # Medians of the steady steps: the warm-up (the first line) left out.
         "samples_per_s_median": statistics.median(rates) if rates else None,
-        "step_time_median": statistics.median(metrics.step_time) if metrics.step_time else None,
+        "samples_per_s_warmup": warmup,
+        "step_time_median": statistics.median(step_times) if step_times else None,
+        "step_time_warmup": step_warmup,
         "sync_share": sum(metrics.sync_of_timed_steps) / synced_time if synced_time > 0 else None,
         "lr_first": metrics.lr[0][1] if metrics.lr else None,
         "lr_last": metrics.lr[-1][1] if metrics.lr else None,

@@ -1,11 +1,11 @@
 """The controller's run records: ``runs/<id>/`` with run.json (and status.json).
 
-``cpuaccel ps``, ``logs`` and ``fetch`` name a run as its id, a prefix of it that only
-one run has, or ``last``; its state comes from status.json when there is one (the
-supervisor's word), else from run.json's exit code and reason; a foreground run that
-status.json says is running is "lost" when the ``cpuaccel run`` supervising it (the
-pid and start time it recorded) is gone. Only what is needed
-is read: run.json, status.json and the tail of metrics.jsonl.
+``cpuaccel report``, ``logs``, ``fetch`` and ``stop`` name a run as ``last``, its
+id, a prefix of it that only one run has, or its folder (:func:`find_run`); its state
+comes from status.json when there is one (the supervisor's word), else from run.json's
+exit code and reason; a foreground run that status.json says is running is "lost" when
+the ``cpuaccel run`` supervising it (the pid and start time it recorded) is gone. Only
+what is needed is read: run.json, status.json and the tail of metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -84,6 +84,16 @@ class RunRecord:
     @property
     def hosts(self) -> list[str]:
         return [str(h) for h in self.record.get("hosts") or []]
+
+    def nodes_named(self, name: str) -> list[str]:
+        """The run's nodes ``name`` names: its inventory name, else the nodes whose own
+        hostname it is (run.json's ``hostnames``: several nodes may be one machine)."""
+        if name in self.hosts:
+            return [name]
+        hostnames = self.record.get("hostnames")
+        if not isinstance(hostnames, dict):
+            return []
+        return [h for h in self.hosts if hostnames.get(h) == name]
 
     @property
     def head(self) -> str | None:
@@ -174,10 +184,13 @@ def run_ids(runs: Path | None = None) -> list[str]:
 
 
 def find_run(spec: str, runs: Path | None = None) -> Path:
-    """The run folder RUN names in ``runs`` (default ./runs): an id, a prefix only one
-    run has, or ``last``."""
+    """The run folder RUN names: ``last`` (the newest in ``runs``, default ./runs), an
+    id, a prefix only one run has, or a path to a run folder. Every verb that takes a
+    run (report, logs, fetch, stop) reads RUN here."""
     where = runs or runs_folder()
     ids = run_ids(where)
+    if spec != "last" and (os.sep in spec or spec in (".", "..") or not ids):
+        return _run_path(spec, where)
     if not ids:
         raise UsageError(
             f"no run {spec!r} in {where}: no runs recorded there",
@@ -191,13 +204,37 @@ def find_run(spec: str, runs: Path | None = None) -> Path:
     if len(found) == 1:
         return where / found[0]
     if not found:
+        if Path(spec).is_dir():
+            return Path(spec)
         raise UsageError(
             f"no run {spec!r} in {where}",
-            hint=f"give an id from cpuaccel ps, or last (the newest: {ids[-1]})",
+            hint=f"give an id from cpuaccel ps, last (the newest: {ids[-1]}), or a run folder",
         )
     shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     raise UsageError(
         f"run {spec!r} is ambiguous: {shown}", hint="give more of the id, or the whole id"
+    )
+
+
+def _run_path(spec: str, where: Path) -> Path:
+    """RUN given as a folder (it has a slash, or ./runs has no runs to match)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise UsageError(
+            f"{spec}: not a directory",
+            hint="give a run folder, runs/<id>/, an id from cpuaccel ps, or last",
+        )
+    if os.sep in spec:
+        raise UsageError(
+            f"{spec}: no such run directory",
+            hint="give a run folder, runs/<id>/, an id from cpuaccel ps, or last",
+        )
+    raise UsageError(
+        f"no run {spec!r} in {where}: no runs recorded there",
+        hint="run cpuaccel from the project folder where cpuaccel run was started, "
+        "or give the run's folder",
     )
 
 

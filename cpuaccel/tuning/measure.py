@@ -1,9 +1,9 @@
 """What a trial measured, from its run's metrics.jsonl, and the best of the trials.
 
 The script's own ``ctx.log`` lines give ``samples_per_s``; without it, steps/s from the
-lines' ``step_time`` (the runtime's), else from their ``step`` and ``time``. The first
-line is left out when there are more: it holds the start-up (imports, the first step's
-allocations), which is not what a longer run would see.
+lines' ``step_time`` (the runtime's), else from their ``step`` and ``time``. The
+warm-up is left out as report leaves it out (:func:`cpuaccel.runs.metrics.steady`): the
+first line holds the start-up, which is not what a longer run would see.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from cpuaccel.errors import SourceError
 from cpuaccel.jsonsource import loads
+from cpuaccel.runs import metrics
 from cpuaccel.sourcefile import read_source
 from cpuaccel.tuning.grid import Trial
 
@@ -91,7 +92,7 @@ def read_rates(folder: str | os.PathLike[str]) -> Rates | None:
     except SourceError:
         return None
     records = _records(text)
-    steady = records[1:] if len(records) > 1 else records
+    steady, _ = metrics.steady(records)
     samples = [v for v in (_finite(r.get("samples_per_s")) for r in steady) if v]
     times = [v for v in (_finite(r.get("step_time")) for r in steady) if v]
     steps = 1 / statistics.median(times) if times else _span_rate(steady)

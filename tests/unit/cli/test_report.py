@@ -73,8 +73,9 @@ def test_report_writes_png_and_summary(tmp_path: Path) -> None:
 
     losses = [r["loss"] for r in records]
     best = min(range(len(losses)), key=losses.__getitem__)
-    rate = statistics.median(r["samples_per_s"] for r in records)
-    step_ms = 1000 * statistics.median(r["step_time"] for r in records)
+    # The first line is the warm-up (its slow first step): the medians leave it out.
+    rate = statistics.median(r["samples_per_s"] for r in records[1:])
+    step_ms = 1000 * statistics.median(r["step_time"] for r in records[1:])
     share = sum(r["grad_sync_seconds"] for r in records) / sum(r["step_time"] for r in records)
     lines = proc.stdout.splitlines()
     assert lines == [
@@ -82,8 +83,8 @@ def test_report_writes_png_and_summary(tmp_path: Path) -> None:
         "steps      50 (step 1 to 50)",
         f"loss       first {losses[0]:.4f}, last {losses[-1]:.4f}, "
         f"min {losses[best]:.4f} at step {best + 1}",
-        f"samples/s  median {rate:.1f}",
-        f"step time  median {step_ms:.1f} ms",
+        f"samples/s  median {rate:.1f} (leaves out 1 warm-up step, as tune does)",
+        f"step time  median {step_ms:.1f} ms (leaves out 1 warm-up step, as tune does)",
         f"grad sync  {share:.1%} of step time",
         "lr         first 0.0003, last 0.0003",
         f"plot       {png}",
@@ -111,9 +112,11 @@ def test_report_json(tmp_path: Path) -> None:
         "loss_min": min(losses),
         "loss_min_step": losses.index(min(losses)) + 1,
         "samples_per_s_median": pytest.approx(
-            statistics.median(r["samples_per_s"] for r in records)
+            statistics.median(r["samples_per_s"] for r in records[1:])
         ),
-        "step_time_median": pytest.approx(statistics.median(r["step_time"] for r in records)),
+        "samples_per_s_warmup": 1,
+        "step_time_median": pytest.approx(statistics.median(r["step_time"] for r in records[1:])),
+        "step_time_warmup": 1,
         "sync_share": pytest.approx(
             sum(r["grad_sync_seconds"] for r in records) / sum(r["step_time"] for r in records)
         ),
@@ -155,6 +158,21 @@ def test_report_with_loss_only_and_sync_time_name(tmp_path: Path) -> None:
     summary = json.loads(cpuaccel("report", str(timed), "--json").stdout)
     assert summary["sync_share"] == pytest.approx(0.1)
     assert summary["step_time_median"] == 0.5
+
+
+def test_a_warm_up_spike_does_not_move_the_median(tmp_path: Path) -> None:
+    rates = [5000.0, 100.0, 110.0, 90.0]  # the first step: a warm-up measured oddly
+    lines = [
+        json.dumps({"step": s, "loss": 1.0, "samples_per_s": r, "step_time": 32 / r})
+        for s, r in enumerate(rates, start=1)
+    ]
+    run_dir = write_run(tmp_path, lines)
+    proc = cpuaccel("report", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert "samples/s  median 100.0 (leaves out 1 warm-up step, as tune does)" in proc.stdout
+    one = write_run(tmp_path, [lines[0]], "one")
+    text = cpuaccel("report", str(one)).stdout
+    assert "samples/s  median 5000.0\n" in text  # a single line is all there is
 
 
 def test_report_keeps_a_run_whose_last_line_was_cut_short(tmp_path: Path) -> None:
@@ -253,7 +271,7 @@ def test_cli_does_not_import_matplotlib_until_report_runs() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     top = cpuaccel("--help")
-    assert top.returncode == 0 and "report" in top.stdout and "cpuaccel report runs/" in top.stdout
+    assert top.returncode == 0 and "report" in top.stdout and "cpuaccel report  " in top.stdout
     sub = cpuaccel("report", "--help")
     assert sub.returncode == 0 and "--json" in sub.stdout and "Exit codes" in sub.stdout
 

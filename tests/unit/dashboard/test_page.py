@@ -279,3 +279,26 @@ def test_a_remote_run_whose_head_cannot_be_reached_says_so(runs: Path) -> None:
             chromium.shot(page, "page-remote-error")
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("first_rate", "shown"), [(50_000.0, "clipped"), (600.0, "fitted")])
+def test_the_throughput_chart_fits_the_steps_after_the_warm_up(
+    browser: Browser, runs: Path, first_rate: float, shown: str
+) -> None:
+    run = make_run(runs, nodes=1, ppn=1, metrics=0, state="succeeded")
+    rates = [first_rate] + [640.0 + 10 * (i % 3) for i in range(29)]
+    lines = [f'{{"step": {i}, "loss": 1.0, "samples_per_s": {r}}}\n' for i, r in enumerate(rates)]
+    (run.path / "metrics.jsonl").write_text("".join(lines))
+    page = browser.open(f"/run/{run.run_id}?token={TOKEN}")
+    wait_for(page, lambda: points(page) == 30, "the 30 points")
+    assert page.get_attribute("#chart-rate", "data-warmup") == shown
+    top = page.evaluate("window.cpuaccelCharts.rateTop")
+    assert top == pytest.approx(660.0 * 1.1)  # the steady steps' highest, plus 10%
+    legend = page.eval_on_selector_all(
+        "#chart-rate .u-legend .u-series .u-label", "cells => cells.map(c => c.textContent)"
+    )
+    if shown == "clipped":
+        assert legend[1] == "samples/s (warm-up step clipped)"
+    else:
+        assert legend[1] == "samples/s"
+    browser.shot(page, f"page-chart-warm-up-{shown}")

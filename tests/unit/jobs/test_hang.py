@@ -364,16 +364,18 @@ def test_the_detached_supervisor_ends_a_hung_job(tmp_path: Path) -> None:
     detached.start(run_dir)
     status = final_status(run_dir)
     assert (status["state"], status["ended_by"], status["exit_code"]) == ("failed", "hang", 124)
+    # Each rank named by its node's inventory name (the hosts of supervisor.json), not
+    # by the hostname its label carried.
     assert [(h["rank"], h["host"], h["step"]) for h in status["hang"]] == [
-        (1, "h", None),
-        (0, "h", 3),
+        (1, "here", None),
+        (0, "here", 3),
     ]
     assert status["ended"] - status["started"] < 15  # the sleep was ended, not waited for
     assert not Path(run_dir, "rank-0.log").exists()  # the marker only: nothing for the log
     assert Path(run_dir, "rank-1.log").read_text() == look_alike + "\n"
     log = Path(run_dir, "supervisor.log").read_text()
     assert "hang: no rank made progress for" in log
-    assert "rank 1 on h: no step seen" in log and "rank 0 on h: last step 3" in log
+    assert "rank 1 on here: no step seen" in log and "rank 0 on here: last step 3" in log
 
 
 # Rank 0 takes steps through the runtime's marker, then both ranks fall silent.
@@ -408,8 +410,9 @@ def test_a_local_run_that_hangs_is_ended_with_its_report(tmp_path: Path) -> None
     run = cpuaccel_run(proj, "--nodes", "1", "--ppn", "2", "--hang-timeout", "5", "silent.py")
     assert run.code == 124, run
     assert "hang: no rank made progress for" in run.stderr
-    assert f"rank 0 on {HERE}: last step 3," in run.stderr  # markers may skip none here
-    assert f"rank 1 on {HERE}: no step seen," in run.stderr
+    # The node by its inventory name (localhost), as logs and the dashboard name it.
+    assert "rank 0 on localhost: last step 3," in run.stderr  # markers may skip none here
+    assert "rank 1 on localhost: no step seen," in run.stderr
     assert run.stderr.index("rank 1 on") < run.stderr.index("rank 0 on")  # stuck first
     assert "hang: 2 rank(s) on 1 node(s)" in run.stderr and "[cpuaccel] progress" not in run.stdout
     status = json.loads((run.run_dir / "status.json").read_text())
