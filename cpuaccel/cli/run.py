@@ -57,10 +57,11 @@ Examples:
 \b
 Defaults: ./cpuaccel.yaml, or --config FILE (Accelerate's default_config.yaml too);
 flags override them; `cpuaccel config show` says where each came from. Everything after
-SCRIPT goes to the script (a note names cpuaccel's options found there). Every node is checked before launch (and the project synced
-unless --no-sync); each rank's output is labelled and logged in runs/<id>/. Ctrl-C,
---timeout, --hang-timeout or a failing rank end the job on every node; with --detach
-the head node's supervisor does (`cpuaccel stop RUN`). Host options: cpuaccel help hosts.
+SCRIPT goes to the script (a note names cpuaccel's options found there). Every node is
+checked before launch (and the project synced unless --no-sync); each rank's output is
+labelled and logged in runs/<id>/. Ctrl-C, --timeout, --hang-timeout or a failing rank
+end the job on every node; with --detach the head node's supervisor does (`cpuaccel stop
+RUN`). Host options: cpuaccel help hosts.
 
 \b
 Exit codes: the first failing rank's, 0 if all succeeded; 64 bad input; 69 preflight;
