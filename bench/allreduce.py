@@ -156,16 +156,19 @@ def main() -> None:
     layouts: dict[str, dict[str, dict[str, float]] | str] = {}
     seconds: dict[str, float] = {}
 
-    for n in (2, 4):
-        name = f"1 node x {n} ranks"
-        argv = [str(VENV_BIN / "mpirun"), "-n", str(n), sys.executable, me, "--worker", *counts]
-        argv += [f"--port={free_port()}"]
+    def measure(name: str, argv: list[str]) -> None:
+        """One layout's cells, or why it failed (reported in the table)."""
         try:
             output, seconds[name] = run(argv, env)
             layouts[name] = parse(output)
-        except Exception as exc:  # reported in the table
+        except Exception as exc:
             layouts[name] = f"failed: {str(exc).splitlines()[0]}"
             log(f"{name} FAILED: {exc}")
+
+    for n in (2, 4):
+        name = f"1 node x {n} ranks"
+        argv = [str(VENV_BIN / "mpirun"), "-n", str(n), sys.executable, me, "--worker", *counts]
+        measure(name, [*argv, f"--port={free_port()}"])
 
     on_cluster = ("2 nodes x 1 rank", "2 nodes x 2 ranks")
     if args.no_cluster or os.geteuid() != 0:
@@ -182,12 +185,7 @@ def main() -> None:
                     f"--ppn={ppn}", f"--master-port={free_port()}",
                     "bench/allreduce.py", "--worker", *counts,
                 ]  # fmt: skip
-                try:
-                    output, seconds[name] = run(argv, env)
-                    layouts[name] = parse(output)
-                except Exception as exc:  # reported in the table
-                    layouts[name] = f"failed: {str(exc).splitlines()[0]}"
-                    log(f"{name} FAILED: {exc}")
+                measure(name, argv)
 
     print(
         f"\n## bench/allreduce: the gradient hooks on float32 buckets, median of "
