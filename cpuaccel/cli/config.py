@@ -18,6 +18,7 @@ from cpuaccel.cli.options import (
     Target,
     host_options,
     list_hosts_and_exit,
+    recorded_hostnames,
     setting_options,
     warn,
 )
@@ -215,7 +216,14 @@ def show_command(target: Target, flags: FlagValues, as_json: bool) -> None:
     Takes the same options as `cpuaccel run`, so `cpuaccel config show --ppn 8`
     shows what `cpuaccel run --ppn 8 ...` would use.
     """
-    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    settings = resolve(
+        flags,
+        target.project,
+        target.inventory,
+        target.hosts,
+        target.cli_vars,
+        recorded_hostnames,
+    )
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}
     project = target.project

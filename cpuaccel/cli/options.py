@@ -313,7 +313,7 @@ def resolve_target(
     if limit is None and project is not None and project.get("limit"):
         limit = str(project.get("limit"))
         limit_setting = Setting("limit", limit, "project file", project.where("limit"))
-    hosts = inventory.select(limit)
+    hosts = inventory.select(limit, hostnames=recorded_hostnames)
     connect = ConnectOptions(
         connect_timeout=timeout,
         host_key_checking=False if no_host_key_checking else None,
@@ -325,6 +325,14 @@ def resolve_target(
     return Target(
         inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
     )
+
+
+def recorded_hostnames() -> Mapping[str, list[str]]:
+    """The nodes' own hostnames the project's newest runs recorded, by hostname: read
+    only when a host is asked for by a name the inventory does not have."""
+    from cpuaccel.runs.records import known_hostnames
+
+    return known_hostnames()
 
 
 def _check_login(user: str | None, private_key: str | None) -> None:

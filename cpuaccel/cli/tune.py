@@ -19,6 +19,7 @@ from cpuaccel.cli.options import (
     check_script_kind,
     host_options,
     list_hosts_and_exit,
+    recorded_hostnames,
     setting_options,
 )
 from cpuaccel.cli.run import script_entry
@@ -157,7 +158,14 @@ def tune_command(
     check_script_kind(script, no_python=False)
     spec = grid.parse_grid(grid_items)
     _refuse_grid_flags(flags)
-    settings = resolve(flags, target.project, target.inventory, target.hosts, target.cli_vars)
+    settings = resolve(
+        flags,
+        target.project,
+        target.inventory,
+        target.hosts,
+        target.cli_vars,
+        recorded_hostnames,
+    )
     list_hosts_and_exit(target, settings.hosts.value)
     project = Path.cwd().resolve()
     args = (*script_args, "--steps", str(steps)) if steps else script_args

@@ -23,7 +23,7 @@ per node?" has an answer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cpuaccel.config.project import ProjectConfig
@@ -131,15 +131,17 @@ def resolve(
     inventory: Inventory,
     hosts: Sequence[Host],
     extra_vars: Mapping[str, Any] | None = None,
+    hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
 ) -> LaunchSettings:
     """Every run setting with its source, and the chosen hosts. ``flags`` holds the
     command line's values by setting name, None where a flag was not given (and
     ``flag_names``: the spelling each was typed with); ``hosts`` are the selected hosts
-    (-i, --limit); ``extra_vars`` what -e set."""
+    (-i, --limit); ``extra_vars`` what -e set; ``hostnames`` the nodes' own hostnames
+    earlier runs recorded, by which the head may be named too."""
     if not hosts:
         raise UsageError("no hosts selected", hint="check -i and --limit")
     head = head_setting(flags, project)
-    ordered = order_hosts(hosts, head)
+    ordered = order_hosts(hosts, head, hostnames)
     src = _Sources(flags, project, inventory, ordered[0], extra_vars or {})
     got: dict[str, Setting[Any]] = {entry.name: src.pick(entry) for entry in _PICKED}
     if isinstance(got["nodes"].value, str):  # the project file's "MIN:MAX"
@@ -278,12 +280,21 @@ def _secret_env(src: _Sources) -> Setting[SecretEnv]:
 #
 # Part of ``config.effective.resolve``; apart so that choosing hosts, with its errors
 # naming where a number or a name was written, reads on its own.
-def order_hosts(hosts: Sequence[Host], head: Setting[str | None]) -> list[Host]:
-    """The head node first: mpirun runs there and rank 0 with it."""
+def order_hosts(
+    hosts: Sequence[Host],
+    head: Setting[str | None],
+    hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
+) -> list[Host]:
+    """The head node first: mpirun runs there and rank 0 with it. The head is named by
+    its inventory name, its address, or (``hostnames``: what earlier runs recorded) the
+    node's own hostname."""
     if head.value is None:
         return list(hosts)
     wanted = str(head.value)
     found = next((h for h in hosts if wanted in (h.name, h.address)), None)
+    if found is None and hostnames is not None:
+        named = hostnames().get(wanted, ())
+        found = next((h for h in hosts if h.name in named), None)
     if found is None and head.source == FLAG:
         raise UsageError(
             f"{head.where} {wanted}: not among the selected hosts "

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,12 +189,19 @@ class Inventory:
         builder.add_host(builder.groups["all"], "localhost", local, origins)
         return cls.built(builder, extra_vars)
 
-    def select(self, limit: str | None) -> list[Host]:
-        """The hosts an Ansible host pattern (--limit) selects; all hosts for None."""
+    def select(
+        self,
+        limit: str | None,
+        hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
+    ) -> list[Host]:
+        """The hosts an Ansible host pattern (--limit) selects; all hosts for None.
+        ``hostnames``: the nodes' own hostnames a term may name (patterns.select_hosts)."""
         if limit is None:
             return list(self.hosts.values())
         group_hosts = {name: self.group_hosts(name) for name in self.groups}
-        names = select_hosts(limit, list(self.hosts), group_hosts, source=self.source)
+        names = select_hosts(
+            limit, list(self.hosts), group_hosts, source=self.source, hostnames=hostnames
+        )
         return [self.hosts[name] for name in names]
 
     def group_hosts(self, name: str) -> list[str]:

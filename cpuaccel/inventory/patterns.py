@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from cpuaccel.errors import InventoryError
 
@@ -144,8 +144,13 @@ def select_hosts(
     group_hosts: Mapping[str, Sequence[str]],
     *,
     source: str | None = None,
+    hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
 ) -> list[str]:
     """The host names a --limit pattern selects, in inventory order.
+
+    ``hostnames`` (called only for a term that matches no host or group) maps a node's
+    own hostname to the inventory names it was recorded under: a plain term that is such
+    a hostname selects those of them this inventory has.
 
     ``group_hosts`` maps every group to all its hosts, children included. As in Ansible,
     plain terms are united first, then ``&`` terms intersect and ``!`` terms exclude; a
@@ -165,6 +170,8 @@ def select_hosts(
     for term in ordered:
         body = term[1:] if term[0] in "&!" else term
         matched = _match_term(body, host_names, group_hosts, limit, source)
+        if not matched and hostnames is not None:
+            matched = {name for name in hostnames().get(body, ()) if name in host_names}
         if not matched:
             names = [*group_hosts, *host_names]
             raise InventoryError(

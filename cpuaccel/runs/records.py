@@ -183,6 +183,25 @@ def run_ids(runs: Path | None = None) -> list[str]:
     return sorted(n for n in names if os.path.isfile(folder / n / "run.json"))
 
 
+def known_hostnames(runs: Path | None = None, newest: int = 50) -> dict[str, list[str]]:
+    """A node's own hostname -> the inventory names the ``newest`` runs in ``runs``
+    (default ./runs) recorded for it (run.json's ``hostnames``), newest run first: how a
+    host can be asked for by its hostname before any node is contacted."""
+    folder = runs or runs_folder()
+    known: dict[str, list[str]] = {}
+    for run_id in reversed(run_ids(folder)[-newest:]):
+        record = read_json(folder / run_id / "run.json") or {}
+        hostnames = record.get("hostnames")
+        if not isinstance(hostnames, dict):
+            continue
+        for name, hostname in hostnames.items():
+            if isinstance(name, str) and isinstance(hostname, str) and hostname != name:
+                names = known.setdefault(hostname, [])
+                if name not in names:
+                    names.append(name)
+    return known
+
+
 def find_run(spec: str, runs: Path | None = None) -> Path:
     """The run folder RUN names: ``last`` (the newest in ``runs``, default ./runs), an
     id, a prefix only one run has, or a path to a run folder. Every verb that takes a

@@ -1,5 +1,6 @@
 """One name for each node: the inventory's, in live output, logs and failures; the
-node's own hostname is taken too where a node is asked for (logs --host)."""
+node's own hostname is taken too where a node is asked for (logs --host, --limit, the
+head), as earlier runs recorded it."""
 
 from __future__ import annotations
 
@@ -36,8 +37,6 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     project = tmp_path_factory.mktemp("project")
     (project / "hello.py").write_text("import os\nprint('hi from', os.environ['RANK'])\n")
     proc = cpuaccel("run", "--nodes", "1", "--ppn", "2", "hello.py", cwd=project, timeout=120)
-    if proc.returncode != 0 and "mpirun" in proc.stderr:
-        pytest.skip(f"no MPI here: {proc.stderr.splitlines()[0]}")
     assert proc.returncode == 0, proc.stderr
     return project, proc.stdout
 
@@ -75,3 +74,35 @@ def test_logs_host_of_another_node_names_the_runs(local_run: tuple[Path, str]) -
         f"error: --host node9: run {run_id} ran on localhost",
         "  fix: give one of its nodes, by its inventory name or its hostname",
     ]
+
+
+INVENTORY = """\
+all:
+  hosts:
+    node1: {ansible_host: 192.0.2.11}
+    node2: {ansible_host: 192.0.2.12}
+"""
+
+
+def a_project_that_ran_on(tmp_path: Path, hostnames: dict[str, str]) -> Path:
+    project = tmp_path / "project"
+    (project / "runs" / "20261202-000000-abcdef").mkdir(parents=True)
+    (project / "inventory.yaml").write_text(INVENTORY)
+    (project / "train.py").write_text("print(1)\n")
+    record = {"run_id": "20261202-000000-abcdef", "hosts": list(hostnames), "hostnames": hostnames}
+    (project / "runs" / "20261202-000000-abcdef" / "run.json").write_text(json.dumps(record))
+    return project
+
+
+def test_limit_and_head_take_a_hostname_an_earlier_run_recorded(tmp_path: Path) -> None:
+    project = a_project_that_ran_on(tmp_path, {"node1": "vm-a", "node2": "vm-b"})
+    shown = cpuaccel("config", "show", "--json", "-l", "vm-b", cwd=project)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["hosts"]["value"] == ["node2"]
+    headed = cpuaccel("run", "--dry-run", "--master_addr", "vm-b", "--ppn", "1", "train.py",
+                      cwd=project)  # fmt: skip
+    assert headed.returncode == 0, headed.stderr
+    assert "export MASTER_ADDR=node2" in headed.stdout
+    unknown = cpuaccel("config", "show", "-l", "vm-c", cwd=project)
+    assert unknown.returncode == EXIT_USAGE
+    assert "'vm-c' matches no host or group" in unknown.stderr
