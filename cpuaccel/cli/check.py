@@ -31,8 +31,7 @@ import click
 from cpuaccel import ui
 from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.main import paused
-from cpuaccel.cli.options import Target, host_options, recorded_hostnames
-from cpuaccel.config.effective import resolve
+from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError
@@ -163,9 +162,7 @@ def run_view(target: Target) -> RunView | Problem:
     try:
         # --nodes all of them: check tries every selected host, not the first N.
         flags = {"nodes": len(hosts)}
-        settings = resolve(
-            flags, target.project, target.inventory, hosts, target.cli_vars, recorded_hostnames
-        )
+        settings = target.settings(flags, hosts)
         return RunView(settings, build_plan(settings, Script("check"), None, new_run_id()))
     except CpuaccelError as exc:
         message = f"a run would refuse these settings, so its checks were not tried: {exc.message}"

@@ -18,11 +18,9 @@ from cpuaccel.cli.options import (
     Target,
     host_options,
     list_hosts_and_exit,
-    recorded_hostnames,
     setting_options,
     warn,
 )
-from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import LAUNCHERS, ProjectConfig
 from cpuaccel.config.project_choice import load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
@@ -216,14 +214,7 @@ def show_command(target: Target, flags: FlagValues, as_json: bool) -> None:
     Takes the same options as `cpuaccel run`, so `cpuaccel config show --ppn 8`
     shows what `cpuaccel run --ppn 8 ...` would use.
     """
-    settings = resolve(
-        flags,
-        target.project,
-        target.inventory,
-        target.hosts,
-        target.cli_vars,
-        recorded_hostnames,
-    )
+    settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     rows: dict[str, dict[str, Any]] = {}
     project = target.project

@@ -26,6 +26,7 @@ import click
 from click.core import ParameterSource
 
 from cpuaccel import ui
+from cpuaccel.config.effective import resolve
 from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.config.kinds import UNSET_WORD, Duration, OneOf, Switch, WholeNumber
 from cpuaccel.config.project import ProjectConfig
@@ -36,6 +37,7 @@ from cpuaccel.config.settings import (
     TABLE,
     Entry,
     Flag,
+    LaunchSettings,
     Setting,
     for_verb,
 )
@@ -73,6 +75,14 @@ class Target:
     cli_vars: dict[str, Any] = field(default_factory=dict)
     # --list-hosts, for a command that settles its hosts itself (host_options).
     list_hosts: bool = False
+
+    def settings(self, flags: Mapping[str, Any], hosts: list[Host] | None = None) -> LaunchSettings:
+        """The run settings of ``flags`` on ``hosts`` (default: the selected ones), the
+        head nameable by a hostname an earlier run recorded (config.effective.resolve)."""
+        chosen = self.hosts if hosts is None else hosts
+        return resolve(
+            flags, self.project, self.inventory, chosen, self.cli_vars, recorded_hostnames
+        )
 
 
 _OPTION_NAMES = (

@@ -29,10 +29,8 @@ from cpuaccel.cli.options import (
     check_script_kind,
     host_options,
     list_hosts_and_exit,
-    recorded_hostnames,
     setting_options,
 )
-from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.jobs import given_id
@@ -302,14 +300,7 @@ def run_command(
     if not as_module:  # a module name is no file (-m config.yaml is module yaml)
         check_script_kind(script, no_python=no_python)
     _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
-    settings = resolve(
-        flags,
-        target.project,
-        target.inventory,
-        target.hosts,
-        target.cli_vars,
-        recorded_hostnames,
-    )
+    settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     if detach:
         _refuse_detached_in_slurm(settings)

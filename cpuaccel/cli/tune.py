@@ -19,11 +19,9 @@ from cpuaccel.cli.options import (
     check_script_kind,
     host_options,
     list_hosts_and_exit,
-    recorded_hostnames,
     setting_options,
 )
 from cpuaccel.cli.run import script_entry
-from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import PROJECT_FILE
 from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import TUNE, LaunchSettings
@@ -158,14 +156,7 @@ def tune_command(
     check_script_kind(script, no_python=False)
     spec = grid.parse_grid(grid_items)
     _refuse_grid_flags(flags)
-    settings = resolve(
-        flags,
-        target.project,
-        target.inventory,
-        target.hosts,
-        target.cli_vars,
-        recorded_hostnames,
-    )
+    settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)
     project = Path.cwd().resolve()
     args = (*script_args, "--steps", str(steps)) if steps else script_args
