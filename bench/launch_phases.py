@@ -67,10 +67,10 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
+    from cpuaccel.history import fanout
     from cpuaccel.jobs import foreground, launcher_reach, preflight
     from cpuaccel.jobs import launch as job
     from cpuaccel.node import supervisor
-    from cpuaccel.runs import fanout
 
     SPANS["imports"] = [(imported, time.time())]  # the launch modules, as run would load them
     _timed(job, "launch", "launch")

@@ -27,8 +27,8 @@ import click
 from cpuaccel import ui
 from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError, UsageError
-from cpuaccel.runs import records
-from cpuaccel.runs import teardown as stop_engine
+from cpuaccel.history import records
+from cpuaccel.history import teardown as stop_engine
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ import click
 from cpuaccel import ui
 from cpuaccel.cli.options import Heads, head_options, node_failed
 from cpuaccel.errors import HostError, UsageError
-from cpuaccel.runs.homecoming import Homecoming
-from cpuaccel.runs.records import find_run, load
+from cpuaccel.history.homecoming import Homecoming
+from cpuaccel.history.records import find_run, load
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -13,10 +13,10 @@ from cpuaccel import ui
 from cpuaccel.cli.options import Heads, head_options, node_failed
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
+from cpuaccel.history import node_files as runfiles
+from cpuaccel.history.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.jobs.foreground import COLOURS
 from cpuaccel.jsonsource import Refused, loads
-from cpuaccel.runs import node_files as runfiles
-from cpuaccel.runs.records import ENDED, RunRecord, find_run, load, with_slurm
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.ui import escape
 

@@ -54,7 +54,7 @@ from cpuaccel.rank_settings import CHOICES, value_problem
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:  # runs.records reads Slurm's queue: only ps, logs and fetch need it
-    from cpuaccel.runs.records import RunRecord
+    from cpuaccel.history.records import RunRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -340,7 +340,7 @@ def resolve_target(
 def recorded_hostnames() -> Mapping[str, list[str]]:
     """The nodes' own hostnames the project's newest runs recorded, by hostname: read
     only when a host is asked for by a name the inventory does not have."""
-    from cpuaccel.runs.records import known_hostnames
+    from cpuaccel.history.records import known_hostnames
 
     return known_hostnames()
 

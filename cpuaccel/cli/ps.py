@@ -14,9 +14,9 @@ from cpuaccel import ui
 from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.options import Heads, head_options
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.history import node_files as runfiles
+from cpuaccel.history.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm
 from cpuaccel.jsonsource import describe, loads
-from cpuaccel.runs import node_files as runfiles
-from cpuaccel.runs.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -1,7 +1,7 @@
 """``cpuaccel report [RUN]``: a run's metrics.jsonl as a PNG and a short summary.
 
-Reading the run folder is :mod:`cpuaccel.runs.metrics`'s, the figure
-:mod:`cpuaccel.runs.plot`'s (which imports matplotlib only when drawing: it is an
+Reading the run folder is :mod:`cpuaccel.history.metrics`'s, the figure
+:mod:`cpuaccel.history.plot`'s (which imports matplotlib only when drawing: it is an
 optional extra, and importing it would slow every ``cpuaccel`` invocation down).
 """
 
@@ -13,15 +13,15 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.runs import plot as report_plot
-from cpuaccel.runs.metrics import (
+from cpuaccel.history import plot as report_plot
+from cpuaccel.history.metrics import (
     read_metrics,
     read_restarts,
     read_run_info,
     summarize,
 )
-from cpuaccel.runs.plot import duration
-from cpuaccel.runs.records import find_run
+from cpuaccel.history.plot import duration
+from cpuaccel.history.records import find_run
 
 PNG = "report.png"
 

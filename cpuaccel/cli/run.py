@@ -33,13 +33,13 @@ from cpuaccel.cli.options import (
 )
 from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
+from cpuaccel.history import records
 from cpuaccel.jobs import given_id
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs import plan as entry
 from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
 from cpuaccel.jobs.result import ERROR, JobReport
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
-from cpuaccel.runs import records
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -12,10 +12,10 @@ from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.config.settings import FLAG
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
+from cpuaccel.history import teardown as engine
+from cpuaccel.history.records import load
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.runs import teardown as engine
-from cpuaccel.runs.records import load
 from cpuaccel.ui import escape
 
 EPILOG = """\b

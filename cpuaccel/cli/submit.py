@@ -22,8 +22,8 @@ from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
 from cpuaccel.config.settings import SUBMIT, Entry, for_verb
 from cpuaccel.errors import UsageError
+from cpuaccel.history.records import runs_folder
 from cpuaccel.jobs.plan import Script, compile_here, new_run_id
-from cpuaccel.runs.records import runs_folder
 from cpuaccel.slurm import batch
 from cpuaccel.ui import escape
 

@@ -13,10 +13,10 @@ from cpuaccel import ui
 from cpuaccel.cli.options import Target, host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
-from cpuaccel.sync.engine import SyncOptions, sync
-from cpuaccel.sync.ignore import check_excludes
-from cpuaccel.sync.manifest import build
-from cpuaccel.sync.node_result import NodeReport
+from cpuaccel.projectsync.engine import SyncOptions, sync
+from cpuaccel.projectsync.ignore import check_excludes
+from cpuaccel.projectsync.manifest import build
+from cpuaccel.projectsync.node_result import NodeReport
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -240,7 +240,7 @@ def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting
     given = list(flags.get("exclude") or ())
     from_project = list((project.get("exclude") if project else None) or [])
     if given:
-        from cpuaccel.sync.ignore import check_excludes
+        from cpuaccel.projectsync.ignore import check_excludes
 
         check_excludes(given)
         return Setting("exclude", [*from_project, *given], FLAG, "--exclude")

@@ -205,7 +205,9 @@ class Patterns(Kind):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
             raise ValueError("must be a list of patterns, e.g. [data/, '*.bin']")
-        from cpuaccel.sync.ignore import pattern_error  # pathspec: only for a file that has some
+        from cpuaccel.projectsync.ignore import (
+            pattern_error,  # pathspec: only for a file that has some
+        )
 
         for pattern in value:
             said = pattern_error(pattern)

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cpuaccel.dashboard.remote import Watcher
 from cpuaccel.dashboard.snapshot import DEFAULT_TAIL, MAX_TAIL, RunView
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
-from cpuaccel.runs.records import load, row, run_ids
+from cpuaccel.history.records import load, row, run_ids
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_HEADER = "x-cpuaccel-token"

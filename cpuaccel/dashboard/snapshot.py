@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cpuaccel.history.metrics import WARMUP
+from cpuaccel.history.records import ENDED, RunRecord, load, row
 from cpuaccel.jsonsource import lines as json_lines
-from cpuaccel.runs.metrics import WARMUP
-from cpuaccel.runs.records import ENDED, RunRecord, load, row
 
 MAX_POINTS = 2000  # points per response, whatever the run's length
 MAX_TAIL = 50  # log lines per rank a page may ask for

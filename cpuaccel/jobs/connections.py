@@ -14,9 +14,9 @@ from typing import Any
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import ConnectionPool
+from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import RunPlan
-from cpuaccel.runs import fanout
 
 JobFiles = dict[str, tuple[int, str]]  # name -> (mode, text), as render_job_files gives
 

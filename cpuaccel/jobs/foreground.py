@@ -33,6 +33,9 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
+from cpuaccel.history import fanout, homecoming
+from cpuaccel.history import node_files as runfiles
+from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic, tracebacks
 from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files
@@ -53,9 +56,6 @@ from cpuaccel.node.supervisor import (
     start_time,
     status_doc,
 )
-from cpuaccel.runs import fanout, homecoming
-from cpuaccel.runs import node_files as runfiles
-from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.slurm import queue
 from cpuaccel.ui import escape
 

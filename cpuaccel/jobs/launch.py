@@ -50,8 +50,8 @@ from cpuaccel.jobs.rundir import (
     render_launch,
 )
 from cpuaccel.node.supervisor import Attempt, Limits, Outcome
-from cpuaccel.sync.engine import SyncOptions, sync
-from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.projectsync.engine import SyncOptions, sync
+from cpuaccel.projectsync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
 
 

@@ -32,12 +32,12 @@ from cpuaccel.facts.gather import (
     settle,
 )
 from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.launcher_reach import LauncherReach
-from cpuaccel.runs import fanout
 
 if TYPE_CHECKING:
-    from cpuaccel.sync.manifest import SourceManifest
+    from cpuaccel.projectsync.manifest import SourceManifest
 # The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
 # run's preflight uses them: `check`, which shares this module, needs neither on one
 # node, and its whole cost there is start-up.
@@ -112,7 +112,7 @@ def run_preflight(
         if not check_project:
             return NodeState(gather(conn, names, port), None)
         # One call, not two: every node's interpreter start counts at scale.
-        from cpuaccel.sync import receiver
+        from cpuaccel.projectsync import receiver
 
         look = receiver.words("look", project_dest, conn.host.workdir, source.hash)[1:]
         if kept is None:
@@ -156,7 +156,7 @@ def _in_one_step(
     """The same probe and look as over connections, for an allocation's nodes: the
     fact probe in ONE srun step over every node, the look at the project in another,
     both at once (connectors/srun.call_everywhere), rather than two steps a node."""
-    from cpuaccel.sync import receiver
+    from cpuaccel.projectsync import receiver
 
     head = hosts[0]
 

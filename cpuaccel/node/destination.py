@@ -3,8 +3,8 @@
 Part of cpuaccel's node package (see ``cpuaccel.node``), carried by the sync receiver
 (``tree``): stdlib only, Python 3.8+. Only the node knows what ``--dest`` means: its
 ``~``, its links, its ``..``, its home and workdir. The controller's check of the text
-(cpuaccel.sync.location) is an early, cheap refusal; this one is what counts, and it
-runs before the sync changes anything on any node (cpuaccel.sync.engine asks every node
+(cpuaccel.projectsync.location) is an early, cheap refusal; this one is what counts, and it
+runs before the sync changes anything on any node (cpuaccel.projectsync.engine asks every node
 first).
 """
 

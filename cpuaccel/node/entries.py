@@ -1,5 +1,5 @@
 """How a sync describes a file, link or folder, and a whole tree as one hash: the node's
-``tree`` and the controller's source manifest (cpuaccel.sync.manifest, through
+``tree`` and the controller's source manifest (cpuaccel.projectsync.manifest, through
 ``cpuaccel.node.tree``) alike. Part of cpuaccel's node package: stdlib only."""
 
 from __future__ import annotations

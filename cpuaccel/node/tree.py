@@ -341,7 +341,7 @@ def apply(dest: str, prune: set[str], stream: BinaryIO, header: Any = None) -> d
         "mismatches": sorted(mismatches)[:50],
         "written": written,
         # The whole tree's hash (extra files included) and where it lives, for the
-        # controller's memory of this node (cpuaccel.sync.memory).
+        # controller's memory of this node (cpuaccel.projectsync.memory).
         "tree_hash": tree["hash"] if tree else None,
         "fsid": tree["fsid"] if tree else None,
     }

@@ -2,7 +2,7 @@
 
 The script's own ``ctx.log`` lines give ``samples_per_s``; without it, steps/s from the
 lines' ``step_time`` (the runtime's), else from their ``step`` and ``time``. The
-warm-up is left out as report leaves it out (:func:`cpuaccel.runs.metrics.steady`): the
+warm-up is left out as report leaves it out (:func:`cpuaccel.history.metrics.steady`): the
 first line holds the start-up, which is not what a longer run would see.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.errors import SourceError
+from cpuaccel.history import metrics
 from cpuaccel.jsonsource import loads
-from cpuaccel.runs import metrics
 from cpuaccel.sourcefile import read_source
 from cpuaccel.tuning.grid import Trial
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import cpuaccel
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
+from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
-from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.testing import sshd
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.netns import SSHD, _descendants

@@ -19,8 +19,8 @@ import pytest
 
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
+from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
-from cpuaccel.runs.fanout import TEARDOWN
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import BackgroundRun, make_project

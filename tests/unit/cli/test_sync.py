@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.sync.manifest import build
+from cpuaccel.projectsync.manifest import build
 from cpuaccel.testing.command import cpuaccel, inherited_env
 from tests.unit.sync.trees import make_tree
 

@@ -18,9 +18,9 @@ from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import gather, gather_and_look, gather_look_and_keep
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync import receiver
-from cpuaccel.sync.location import DestinationRefused
-from cpuaccel.sync.manifest import build
+from cpuaccel.projectsync import receiver
+from cpuaccel.projectsync.location import DestinationRefused
+from cpuaccel.projectsync.manifest import build
 
 
 def _conn(workdir: Path) -> LocalConnector:

@@ -274,8 +274,8 @@ def restarted_run(tmp_path: Path, checkpoints: bool) -> Path:
 def test_report_marks_each_restart_on_the_loss_plot(
     tmp_path: Path, checkpoints: bool, step: int
 ) -> None:
-    from cpuaccel.runs import plot as report_plot
-    from cpuaccel.runs.metrics import read_metrics, read_restarts, read_run_info
+    from cpuaccel.history import plot as report_plot
+    from cpuaccel.history.metrics import read_metrics, read_restarts, read_run_info
 
     run_dir = restarted_run(tmp_path, checkpoints)
     metrics = read_metrics(run_dir)
@@ -302,7 +302,7 @@ def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
     [(None, "succeeded", 0), (1, "failed", 0), (2, "succeeded", 1), (1, "running", 1)],
 )
 def test_ps_counts_the_restarts(count: int | None, state: str, restarts: int) -> None:
-    from cpuaccel.runs import records as run_rows
+    from cpuaccel.history import records as run_rows
 
     record = {} if count is None else {"attempts": [attempt(k).to_json() for k in range(count)]}
     assert run_rows.restarts(record, state) == restarts

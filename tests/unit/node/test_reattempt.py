@@ -193,7 +193,7 @@ def test_an_identical_failure_stops_and_a_stop_ends_the_wait(tmp_path: Path) -> 
 
 
 def test_ps_counts_a_detached_runs_restarts_from_its_status() -> None:
-    from cpuaccel.runs.records import restarts as counted
+    from cpuaccel.history.records import restarts as counted
 
     status = {"attempts": [{"attempt": 0}, {"attempt": 1}]}
     assert counted({}, "succeeded", status) == 1

@@ -14,8 +14,8 @@ import pytest
 
 from cpuaccel import node, worker
 from cpuaccel.errors import EXIT_USAGE, UsageError
+from cpuaccel.history import teardown as stop
 from cpuaccel.node import detached, progress, supervisor
-from cpuaccel.runs import teardown as stop
 from cpuaccel.testing.command import clean_env, cpuaccel
 
 RUN_ID = "20260101-000000-abcdef"

@@ -15,9 +15,9 @@ import pytest
 
 from cpuaccel.node import common, destination
 from cpuaccel.node import tree as remote
-from cpuaccel.sync import receiver, transfer
-from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.manifest import SourceManifest, build
+from cpuaccel.projectsync import receiver, transfer
+from cpuaccel.projectsync.ignore import PRUNE_NAMES
+from cpuaccel.projectsync.manifest import SourceManifest, build
 
 PRUNE = set(PRUNE_NAMES)
 HOMES = ["/home/alice"]
@@ -236,7 +236,7 @@ def test_create_new_never_opens_an_existing_name_or_a_link(tmp_path: Path) -> No
 def test_a_sync_memory_that_does_not_parse_is_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
 ) -> None:
-    from cpuaccel.sync.memory import SyncMemory
+    from cpuaccel.projectsync.memory import SyncMemory
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     memory = SyncMemory(["/src"], "/dest")

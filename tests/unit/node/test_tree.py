@@ -21,9 +21,9 @@ import pytest
 from cpuaccel.node import tree
 from cpuaccel.node import tree as remote
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.sync import receiver, transfer
-from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.manifest import SourceManifest, build, plan
+from cpuaccel.projectsync import receiver, transfer
+from cpuaccel.projectsync.ignore import PRUNE_NAMES
+from cpuaccel.projectsync.manifest import SourceManifest, build, plan
 from tests.unit.sync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")

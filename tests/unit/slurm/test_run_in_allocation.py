@@ -19,10 +19,10 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.srun import SrunConnector, step_answers
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, Unreachable, UsageError
 from cpuaccel.executor import Status
+from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.rundir import render_job_files
-from cpuaccel.runs import fanout
 from cpuaccel.slurm import allocation
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.worker import derive_env

@@ -18,7 +18,7 @@ import pytest
 from cpuaccel.cli.logs import _check_known
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
-from cpuaccel.runs.records import find_run, load, row, with_slurm
+from cpuaccel.history.records import find_run, load, row, with_slurm
 from cpuaccel.slurm import batch
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
@@ -519,7 +519,7 @@ def test_stop_of_a_queued_job_cancels_and_verifies(project: Path, slurm: FakeSlu
 def test_stop_says_when_slurm_does_not_end_the_job(
     project: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cpuaccel.runs import teardown as stop
+    from cpuaccel.history import teardown as stop
 
     folder = _submitted(project)
     slurm.answer("squeue", "5|COMPLETING|None\n")

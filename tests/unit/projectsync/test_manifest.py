@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import UsageError
-from cpuaccel.sync.manifest import SourceManifest, build, plan
+from cpuaccel.projectsync.manifest import SourceManifest, build, plan
 from tests.unit.sync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")

@@ -9,7 +9,7 @@ import pytest
 
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync.location import render_dest
+from cpuaccel.projectsync.location import render_dest
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

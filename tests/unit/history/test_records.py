@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK, UsageError
-from cpuaccel.runs import records, teardown
+from cpuaccel.history import records, teardown
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.fake_run import make_run
 

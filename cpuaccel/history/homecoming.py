@@ -27,9 +27,9 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
+from cpuaccel.history import node_files as runfiles
+from cpuaccel.history.node_files import RemoteFile
 from cpuaccel.inventory.host import Host
-from cpuaccel.runs import node_files as runfiles
-from cpuaccel.runs.node_files import RemoteFile
 from cpuaccel.ui import escape
 
 INTERVAL = 5.0  # seconds between two copies while a run runs

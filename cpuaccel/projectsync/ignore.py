@@ -31,7 +31,7 @@ IGNORE_FILES = (".gitignore", ".cpuaccelignore")
 DEFAULT_PATTERNS = (".git/", "__pycache__/", "*.pyc", "runs/", ".cpuaccel/", ".venv/", "venv/")
 # DEFAULT_PATTERNS as gitignore decides them for one name whose folder is not ignored:
 # a folder of these names (`name/` matches folders only, at any depth), or any name that
-# ends in .pyc (`*` may match nothing, and a folder too). tests/unit/sync/test_ignore.py
+# ends in .pyc (`*` may match nothing, and a folder too). tests/unit/projectsync/test_ignore.py
 # holds this to pathspec's own answer.
 DEFAULT_FOLDERS = frozenset(p[:-1] for p in DEFAULT_PATTERNS if p.endswith("/"))
 DEFAULT_SUFFIX = ".pyc"

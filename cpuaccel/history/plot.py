@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cpuaccel.errors import UsageError
-from cpuaccel.runs.metrics import Metrics, Point, RunInfo, steps_trained
+from cpuaccel.history.metrics import Metrics, Point, RunInfo, steps_trained
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

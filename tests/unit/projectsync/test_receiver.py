@@ -18,11 +18,11 @@ from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.errors import HostError
 from cpuaccel.inventory.host import Host
 from cpuaccel.node import tree, treesession
-from cpuaccel.sync import transfer
-from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.location import DestinationRefused
-from cpuaccel.sync.manifest import SourceManifest, build, plan
-from cpuaccel.sync.receiver import NodeSession
+from cpuaccel.projectsync import transfer
+from cpuaccel.projectsync.ignore import PRUNE_NAMES
+from cpuaccel.projectsync.location import DestinationRefused
+from cpuaccel.projectsync.manifest import SourceManifest, build, plan
+from cpuaccel.projectsync.receiver import NodeSession
 
 OPTIONS = ["--workdir=/nonexistent/cpuaccel", *PRUNE_NAMES]
 

@@ -11,9 +11,9 @@ from typing import Any, BinaryIO
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
-from cpuaccel.sync.ignore import PRUNE_NAMES
-from cpuaccel.sync.location import DestinationRefused
-from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.projectsync.ignore import PRUNE_NAMES
+from cpuaccel.projectsync.location import DestinationRefused
+from cpuaccel.projectsync.manifest import SourceManifest
 
 REMOTE_TIMEOUT = 3600.0
 

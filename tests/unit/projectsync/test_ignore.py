@@ -14,8 +14,8 @@ from pathlib import Path
 import pathspec
 import pytest
 
-from cpuaccel.sync.ignore import DEFAULT_PATTERNS, Ignore, default_ignored
-from cpuaccel.sync.manifest import build
+from cpuaccel.projectsync.ignore import DEFAULT_PATTERNS, Ignore, default_ignored
+from cpuaccel.projectsync.manifest import build
 from tests.unit.sync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
@@ -255,7 +255,7 @@ def _modules_after_build(tmp_path: Path, files: dict[str, str], excludes: list[s
     src = _tree(tmp_path / "src", files)
     script = (
         "import sys\n"
-        "from cpuaccel.sync.manifest import build\n"
+        "from cpuaccel.projectsync.manifest import build\n"
         f"m = build([{str(src)!r}], excludes={excludes!r})\n"
         "print(sorted(m.entries), 'pathspec' in sys.modules)\n"
     )
@@ -324,7 +324,7 @@ def test_a_pattern_pathspec_refuses_is_named_where_it_entered(tmp_path: Path) ->
     before anything is scanned (it was a traceback)."""
     from cpuaccel.config.project_choice import load_config
     from cpuaccel.errors import SourceError, UsageError
-    from cpuaccel.sync.ignore import check_excludes
+    from cpuaccel.projectsync.ignore import check_excludes
 
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

@@ -16,10 +16,10 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
 from cpuaccel.node import tree as remote
-from cpuaccel.sync import engine, transfer
-from cpuaccel.sync.engine import SyncOptions
-from cpuaccel.sync.manifest import build
-from cpuaccel.sync.node_result import NodeReport
+from cpuaccel.projectsync import engine, transfer
+from cpuaccel.projectsync.engine import SyncOptions
+from cpuaccel.projectsync.manifest import build
+from cpuaccel.projectsync.node_result import NodeReport
 from tests.unit.sync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")

@@ -28,12 +28,12 @@ from cpuaccel.errors import HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.tree import Entry
-from cpuaccel.sync import transfer
-from cpuaccel.sync.location import DestinationRefused, raise_refusals, render_dest
-from cpuaccel.sync.manifest import SourceChanging, SourceManifest, plan
-from cpuaccel.sync.memory import SyncMemory
-from cpuaccel.sync.node_result import NodeReport
-from cpuaccel.sync.receiver import NodeSession, request
+from cpuaccel.projectsync import transfer
+from cpuaccel.projectsync.location import DestinationRefused, raise_refusals, render_dest
+from cpuaccel.projectsync.manifest import SourceChanging, SourceManifest, plan
+from cpuaccel.projectsync.memory import SyncMemory
+from cpuaccel.projectsync.node_result import NodeReport
+from cpuaccel.projectsync.receiver import NodeSession, request
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,10 @@ from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
+from cpuaccel.history import records
+from cpuaccel.history.fanout import TEARDOWN, sweep_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
-from cpuaccel.runs import records
-from cpuaccel.runs.fanout import TEARDOWN, sweep_hosts
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.queue import JobState
 

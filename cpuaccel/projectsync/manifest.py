@@ -15,8 +15,8 @@ from typing import Any
 
 from cpuaccel.errors import UsageError
 from cpuaccel.node.tree import Entry, entry_of, file_digest, manifest_hash
+from cpuaccel.projectsync.ignore import FileId, Ignore, own_output_files
 from cpuaccel.sourcefile import kind_of
-from cpuaccel.sync.ignore import FileId, Ignore, own_output_files
 
 Signature = tuple[int, int, int]  # a file's (size, mtime_ns, ctime_ns) when it was hashed
 

@@ -13,8 +13,8 @@ import pytest
 
 from cpuaccel.connectors import programs
 from cpuaccel.errors import HostError
-from cpuaccel.runs import node_files
-from cpuaccel.runs.homecoming import Homecoming
+from cpuaccel.history import node_files
+from cpuaccel.history.homecoming import Homecoming
 
 RUN_DIR = "/work/runs/20260101-000000-abcdef"
 MTIME = 1_700_000_000.0

@@ -15,9 +15,9 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.executor import Status
 from cpuaccel.inventory.host import Host
-from cpuaccel.sync import engine, transfer
-from cpuaccel.sync.engine import SyncOptions
-from cpuaccel.sync.manifest import SourceChanging, build
+from cpuaccel.projectsync import engine, transfer
+from cpuaccel.projectsync.engine import SyncOptions
+from cpuaccel.projectsync.manifest import SourceChanging, build
 from cpuaccel.testing.command import inherited_env
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("private_hash_cache")
 # the shell line gives it, and writes what it found into the file named by its argument.
 PROBE = (
     "import json, sys, time, os\n"
-    "from cpuaccel.sync.manifest import build\n"
+    "from cpuaccel.projectsync.manifest import build\n"
     "while not os.path.exists('train.log'): time.sleep(0.01)\n"
     "m = build(['.'])\n"
     "print('training...', flush=True)\n"

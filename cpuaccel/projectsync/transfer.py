@@ -18,7 +18,7 @@ from typing import BinaryIO
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import HostError
 from cpuaccel.node.tree import RSYNC_TMP, STATE
-from cpuaccel.sync.manifest import SourceManifest
+from cpuaccel.projectsync.manifest import SourceManifest
 
 # Below this many changed bytes the tar stream on the already-open connection wins: rsync
 # costs another SSH handshake and its own file list before the first byte moves.
