@@ -175,7 +175,9 @@ def fan_out(
 
     results: dict[int, R] = {}
     with ThreadPoolExecutor(max_workers=min(forks, len(items))) as workers:
-        futures = {workers.submit(work, item): index for index, item in enumerate(items)}
+        futures = {
+            workers.submit(ui.carried(work), item): index for index, item in enumerate(items)
+        }
         for future in as_completed(futures):
             result = results[futures[future]] = future.result()
             if on_done is not None:

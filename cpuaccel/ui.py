@@ -3,12 +3,14 @@ the one verbosity level (-v, -vv, -vvv) every verb shares."""
 
 from __future__ import annotations
 
+import contextvars
+import io
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -58,7 +60,7 @@ def _console(stream: Any) -> Console:
         emoji=False,
         soft_wrap=True,
         # Piped output is read by scripts and people's pagers: never truncate a table.
-        width=None if stream.isatty() else 250,
+        width=None if getattr(stream, "isatty", lambda: False)() else 250,
     )
 
 
@@ -95,17 +97,72 @@ def detail(level: int, host: str, text: str) -> None:
         stderr().print(f"[dim]{escape(host)}: {escape(text)}[/]")
 
 
+# ---------------------------------------------------------------- where output goes
+# The process's stdout and stderr, unless the caller's context says otherwise: the
+# Python API (cpuaccel/api/) runs each call with its own streams (``streams``), silent
+# unless asked, so that two calls in two threads never print into each other. Threads
+# the controller starts for a call carry the call's context (``carried``).
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Discard(io.TextIOBase):
+    """A text stream that keeps nothing (the API's default: no output)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+DISCARD: TextIO = _Discard()  # type: ignore[assignment]
+_streams: contextvars.ContextVar[tuple[TextIO, TextIO] | None] = contextvars.ContextVar(
+    "cpuaccel_streams", default=None
+)
+
+
+def out_stream() -> TextIO:
+    given = _streams.get()
+    return sys.stdout if given is None else given[0]
+
+
+def err_stream() -> TextIO:
+    given = _streams.get()
+    return sys.stderr if given is None else given[1]
+
+
+@contextmanager
+def streams(out: TextIO, err: TextIO) -> Iterator[None]:
+    """Output of this context (and the threads it carries into) goes to ``out`` and
+    ``err`` instead of the process's stdout and stderr."""
+    token = _streams.set((out, err))
+    try:
+        yield
+    finally:
+        _streams.reset(token)
+
+
+def carried(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` to be run in another thread with this context's output streams: a copy
+    of the context is taken now, one a call (a context is entered by one thread at a
+    time)."""
+    context = contextvars.copy_context()
+    return lambda *args, **kwargs: context.run(func, *args, **kwargs)
+
+
 def stdout() -> Console:
-    return _console(sys.stdout)
+    return _console(out_stream())
 
 
 def stderr() -> Console:
-    return _console(sys.stderr)
+    return _console(err_stream())
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str))
-    sys.stdout.write("\n")
+    out = out_stream()
+    out.write(json.dumps(data, indent=2, sort_keys=False, default=str))
+    out.write("\n")
 
 
 class Tracker:
@@ -123,7 +180,7 @@ class Tracker:
 @contextmanager
 def progress(description: str, total: int) -> Iterator[Tracker]:
     # -v's lines instead of a bar; and no bar, nor rich, off a terminal.
-    if verbosity > 0 or not _maybe_terminal(sys.stderr) or not stderr().is_terminal:
+    if verbosity > 0 or not _maybe_terminal(err_stream()) or not stderr().is_terminal:
         yield Tracker(None, None)
         return
     console = stderr()

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.api.target import Target
 from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.main import paused
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.cli.options import host_options
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError

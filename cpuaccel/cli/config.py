@@ -11,15 +11,14 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.api.keywords import FlagValues
+from cpuaccel.api.target import Target, warn
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import (
     PRECISION_CHOICES,
-    FlagValues,
-    Target,
     host_options,
     list_hosts_and_exit,
     setting_options,
-    warn,
 )
 from cpuaccel.config.project import LAUNCHERS, ProjectConfig
 from cpuaccel.config.project_choice import load_config

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Heads, head_options
+from cpuaccel.api.heads import Heads
+from cpuaccel.cli.options import head_options
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.history import records
 from cpuaccel.history import teardown as stop_engine

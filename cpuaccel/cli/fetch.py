@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Heads, head_options, node_failed
+from cpuaccel.api.heads import Heads, node_failed
+from cpuaccel.cli.options import head_options
 from cpuaccel.errors import HostError, UsageError
 from cpuaccel.history.homecoming import Homecoming
 from cpuaccel.history.records import find_run, load

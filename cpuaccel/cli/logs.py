@@ -10,7 +10,8 @@ from collections.abc import Callable
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Heads, head_options, node_failed
+from cpuaccel.api.heads import Heads, node_failed
+from cpuaccel.cli.options import head_options
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_OK, CpuaccelError, HostError, UsageError
 from cpuaccel.history import node_files as runfiles

@@ -13,76 +13,35 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
-import stat
-import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import click
 from click.core import ParameterSource
 
 from cpuaccel import ui
-from cpuaccel.config.effective import resolve
-from cpuaccel.config.inventory_choice import choose_inventory
-from cpuaccel.config.kinds import UNSET_WORD, Duration, OneOf, Switch, WholeNumber
-from cpuaccel.config.project import ProjectConfig
-from cpuaccel.config.project_choice import discover_config
+from cpuaccel.api.keywords import FlagValues, Seconds, click_type, normal_choice, parse_env
+from cpuaccel.api.target import Target, resolve_target
+from cpuaccel.config.kinds import UNSET_WORD, OneOf, Switch
 from cpuaccel.config.settings import (
     ALIAS_VERBS,
     SUBMIT,
     TABLE,
     Entry,
     Flag,
-    LaunchSettings,
-    Setting,
     for_verb,
 )
-from cpuaccel.connectors.base import Connector
-from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
-from cpuaccel.connectors.hostkeys import opt_out_warnings
-from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.errors import UsageError
+from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory import variables
-from cpuaccel.inventory.host import Host
-from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
-from cpuaccel.inventory.variables import env_name_problem, user_name_problem
-from cpuaccel.rank_settings import CHOICES, value_problem
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:  # runs.records reads Slurm's queue: only ps, logs and fetch need it
-    from cpuaccel.history.records import RunRecord
+    pass
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the shared options select: the inventory, its chosen hosts, how to connect."""
-
-    inventory: Inventory
-    hosts: list[Host]
-    forks: int
-    connect: ConnectOptions
-    # The project file (cpuaccel.yaml or an Accelerate config), if any, and what the
-    # shared flags themselves said, so that settings can name their source.
-    project: ProjectConfig | None = None
-    inventory_setting: Setting[str] | None = None
-    limit: Setting[str] | None = None
-    cli_vars: dict[str, Any] = field(default_factory=dict)
-    # --list-hosts, for a command that settles its hosts itself (host_options).
-    list_hosts: bool = False
-
-    def settings(self, flags: Mapping[str, Any], hosts: list[Host] | None = None) -> LaunchSettings:
-        """The run settings of ``flags`` on ``hosts`` (default: the selected ones), the
-        head nameable by a hostname an earlier run recorded (config.effective.resolve)."""
-        chosen = self.hosts if hosts is None else hosts
-        return resolve(
-            flags, self.project, self.inventory, chosen, self.cli_vars, recorded_hostnames
-        )
 
 
 _OPTION_NAMES = (
@@ -106,19 +65,6 @@ def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) ->
             "-i node1,node2,)",
         )
     return str(values[0]) if values else None
-
-
-class Seconds(click.FloatRange):
-    """A number of seconds in a range, never NaN or infinite: click's FloatRange lets
-    ``nan`` through (no comparison with it is true), and a NaN bound never passes."""
-
-    name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        return number
 
 
 def connect_timeout_option(dest: str, cls: type[click.Option] = click.Option) -> Callable[[F], F]:
@@ -300,77 +246,6 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
     return command
 
 
-def resolve_target(
-    inventory_path: str | None,
-    limit: str | None,
-    extra_vars: tuple[str, ...],
-    forks: int,
-    timeout: float,
-    no_host_key_checking: bool,
-    config_path: str | None = None,
-    user: str | None = None,
-    private_key: str | None = None,
-) -> Target:
-    _check_login(user, private_key)
-    project = discover_config(config_path, inventory_path)
-    cli_vars = parse_extra_vars(extra_vars)
-    choice = choose_inventory(inventory_path, project)
-    inventory = choice.load(cli_vars)
-    if choice.slurm is not None:  # no -i: the hosts are the allocation's, said once
-        names = ", ".join(choice.slurm.nodes)
-        ui.stderr().print(f"hosts: the nodes of {choice.slurm.label} ({escape(names)})")
-    limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
-    if limit is None and project is not None and project.get("limit"):
-        limit = str(project.get("limit"))
-        limit_setting = Setting("limit", limit, "project file", project.where("limit"))
-    hosts = inventory.select(limit, hostnames=recorded_hostnames)
-    connect = ConnectOptions(
-        connect_timeout=timeout,
-        host_key_checking=False if no_host_key_checking else None,
-        user=user,
-        private_key=_key_path(private_key),
-    )
-    warn([*(project.warnings if project else []), *inventory.warnings])
-    warn(opt_out_warnings(hosts, connect))  # an opt-out of host key checks is never silent
-    return Target(
-        inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
-    )
-
-
-def recorded_hostnames() -> Mapping[str, list[str]]:
-    """The nodes' own hostnames the project's newest runs recorded, by hostname: read
-    only when a host is asked for by a name the inventory does not have."""
-    from cpuaccel.history.records import known_hostnames
-
-    return known_hostnames()
-
-
-def _check_login(user: str | None, private_key: str | None) -> None:
-    """-u and --private-key are checked as the inventory's ansible_user and key are:
-    before anything connects, naming the flag."""
-    if user is not None and user_name_problem(user) is not None:
-        raise UsageError(
-            f"-u/--user {user_name_problem(user)}",
-            hint="give a login name of letters, digits, '.', '_' and '-', e.g. -u ubuntu",
-        )
-    if private_key is not None:
-        path = Path(private_key).expanduser()
-        if not path.is_file():
-            state = "does not exist" if not path.exists() else "is not a regular file"
-            raise UsageError(
-                f"--private-key {private_key}: the file {state}",
-                hint="give the path of an SSH private key, e.g. --private-key ~/.ssh/id_ed25519",
-            )
-
-
-def _key_path(private_key: str | None) -> str | None:
-    """The key as an absolute path (rsync and MPI's ssh run in other folders, the latter
-    on the head node); a ``~`` path is kept for each ssh to expand, as the inventory's."""
-    if private_key is None or private_key.startswith("~"):
-        return private_key
-    return os.path.abspath(private_key)
-
-
 def print_hosts(names: Sequence[str]) -> None:
     """--list-hosts, as Ansible prints it: a count, then one name a line."""
     out = ui.stdout()
@@ -385,71 +260,6 @@ def list_hosts_and_exit(target: Target, names: Sequence[str]) -> None:
     if target.list_hosts:
         print_hosts(names)
         raise click.exceptions.Exit(0)
-
-
-class EnvFlags(dict[str, str]):
-    """``--env``'s plain variables; ``secret`` holds those passed by name whose name looks
-    like a credential (their values must never be printed)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.secret: dict[str, str] = {}
-
-
-def parse_env(items: tuple[str, ...], environ: Mapping[str, str] | None = None) -> EnvFlags:
-    """``--env KEY=VALUE`` items (of run, submit, tune and config show) as a mapping;
-    ``--env NAME`` passes the controller's value of NAME, as ``mpirun -x NAME`` does,
-    through secret.env when NAME looks like a credential's (whose value is never given
-    here: ``variables.secret_value_problem``)."""
-    here = os.environ if environ is None else environ
-    env = EnvFlags()
-    for item in items:
-        key, sep, value = item.partition("=")
-        if env_name_problem(key) is not None:
-            raise UsageError(
-                f"--env {item!r}: expected KEY=VALUE or NAME, KEY a variable name",
-                hint="e.g. --env FI_PROVIDER=tcp, or --env HF_TOKEN (its value here)",
-            )
-        secret = variables.secret_value_problem(key)
-        if sep and secret is not None:  # the value is not shown: it is the secret
-            raise UsageError(f"--env {key}=...: {secret}", hint=variables.secret_value_hint(key))
-        problem = value_problem(key, value if sep else here.get(key, ""))
-        if problem is not None:
-            example = CHOICES[key][0][0]
-            raise UsageError(f"--env {key}: {problem}", hint=f"e.g. --env {key}={example}")
-        if sep:
-            env[key] = value
-            continue
-        if key not in here:
-            raise UsageError(
-                f"--env {key}: {key} is not set here, so there is no value to pass",
-                hint=f"export {key} before running cpuaccel, or write --env {key}=VALUE",
-            )
-        if secret is not None:
-            env.secret[key] = here[key]
-            env.pop(key, None)
-        else:
-            env[key] = here[key]
-    return env
-
-
-def beside_playbook(target: Target, folder: Path) -> Target:
-    """The target with the group_vars/ and host_vars/ beside a playbook in ``folder``
-    read too (over those beside the inventory), as ansible-playbook reads them."""
-    inventory = target.inventory.with_playbook_vars(folder)
-    if inventory is target.inventory:
-        return target
-    warn(inventory.warnings[len(target.inventory.warnings) :])
-    hosts = [inventory.hosts[host.name] for host in target.hosts]
-    return dataclasses.replace(target, inventory=inventory, hosts=hosts)
-
-
-def warn(messages: list[str]) -> None:
-    if not messages:
-        return  # no console made, so rich is not loaded for nothing (cpuaccel/ui.py)
-    err = ui.stderr()
-    for message in messages:
-        err.print(f"[yellow]warning:[/] {escape(message)}")
 
 
 # ---------------------------------------------------------------- the settings' options
@@ -483,17 +293,6 @@ def _aliases_epilog() -> str:
 
 
 EPILOG = _aliases_epilog()
-
-
-class FlagValues(dict[str, Any]):
-    """The flags mapping ``config.effective.resolve`` reads: each setting's value by name
-    (None: not given), ``flag_names`` (the spelling each was typed with), and ``env`` and
-    ``secret_env`` from --env. ``typed`` holds each given flag's value as click read it,
-    before any conversion, for a verb that hands it on (submit)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.typed: dict[str, Any] = {}
 
 
 def setting_options(verb: str, *, hidden: Collection[str] = ()) -> Callable[[F], F]:
@@ -538,7 +337,7 @@ def _declarations(verb: str, hidden: Collection[str]) -> list[Callable[[Any], An
         if flag.decls:
             own.append(_option(entry, flag, verb, entry.name in hidden))
         if verb in ALIAS_VERBS:
-            kind = None if flag.aliases_take_text else _click_type(entry, verb)
+            kind = None if flag.aliases_take_text else click_type(entry, verb)
             aliases += [
                 click.option(spelling, _dest(spelling), type=kind, hidden=True)
                 for spelling in flag.aliases
@@ -566,7 +365,7 @@ def _option(entry: Entry, flag: Flag, verb: str, hidden: bool) -> Callable[[Any]
         )
     if show:
         text += f"  [default: {entry.default_text()}]"
-    kind = None if flag.takes_text else _click_type(entry, verb)
+    kind = None if flag.takes_text else click_type(entry, verb)
     return click.option(
         *flag.decls,
         dest,
@@ -578,20 +377,6 @@ def _option(entry: Entry, flag: Flag, verb: str, hidden: bool) -> Callable[[Any]
     )
 
 
-def _click_type(entry: Entry, verb: str) -> Any:
-    """The click type of the entry's kind (None: the text as typed)."""
-    kind = entry.kind
-    if isinstance(kind, WholeNumber):
-        return click.IntRange(kind.low, kind.high)
-    if isinstance(kind, Duration):
-        return Seconds(kind.low, kind.high)
-    if isinstance(kind, OneOf):
-        worded = entry.flag.per_verb.get(verb) if entry.flag else None
-        choices = worded.choices if worded is not None and worded.choices else kind.choices
-        return click.Choice(choices, case_sensitive=False)
-    return None
-
-
 def collect(verb: str, kwargs: dict[str, Any], ctx: click.Context) -> FlagValues:
     """Pop the table's options from click's keyword arguments into one FlagValues: each
     setting's value and the spelling it was given with; two spellings with different
@@ -601,7 +386,7 @@ def collect(verb: str, kwargs: dict[str, Any], ctx: click.Context) -> FlagValues
     for entry in for_verb(verb):
         given = _given(entry, verb, kwargs, ctx)
         for spelling, typed, value in given[1:]:
-            if _normal(entry, value) != _normal(entry, given[0][2]):
+            if normal_choice(entry, value) != normal_choice(entry, given[0][2]):
                 first = entry.flag.spelling if entry.flag and entry.flag.decls else given[0][0]
                 raise UsageError(
                     f"{given[0][0]} {given[0][1]} and {spelling} {typed} set the same "
@@ -614,7 +399,7 @@ def collect(verb: str, kwargs: dict[str, Any], ctx: click.Context) -> FlagValues
             names[entry.name] = spelling
             flags.typed[entry.name] = typed
             if isinstance(entry.kind, OneOf):
-                value = _normal(entry, value)
+                value = normal_choice(entry, value)
             flags[entry.name] = None if value == UNSET_WORD else value
     if "nodes" in flags:  # --nodes MIN:MAX: MAX nodes taken, MIN the floor
         flags["min_nodes"] = None
@@ -649,12 +434,6 @@ def _given(
                 value = entry.kind.parse_text(spelling, raw) if flag.aliases_take_text else raw
                 given.append((spelling, raw, value))
     return given
-
-
-def _normal(entry: Entry, value: Any) -> Any:
-    if isinstance(entry.kind, OneOf):
-        return entry.kind.normal(value)
-    return str(value).lower()
 
 
 # ---------------------------------------------------------------- an option as SCRIPT
@@ -783,127 +562,3 @@ def head_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
-
-
-class Heads:
-    """Connections to the heads of recorded runs, one a host, opened when first used."""
-
-    def __init__(self, inventory_path: str | None, connect_timeout: float, no_hkc: bool) -> None:
-        self.inventory_path = inventory_path
-        self.connect_timeout = connect_timeout
-        self.no_hkc = no_hkc
-        self._pools: dict[str, ConnectionPool] = {}
-        self._targets: dict[str | None, Any] = {}
-        self._lock = threading.Lock()  # ps asks several heads at once
-        if inventory_path:  # a bad -i is said at once, even when no head is asked
-            self._target(inventory_path)
-
-    def target(self, path: str | None) -> Any:
-        """The ``Target`` of the inventory at ``path`` (read once)."""
-        with self._lock:
-            return self._target(path)
-
-    def _target(self, path: str | None) -> Any:
-        if path not in self._targets:
-            self._targets[path] = resolve_target(
-                path, None, (), DEFAULT_FORKS, self.connect_timeout, self.no_hkc
-            )
-        return self._targets[path]
-
-    def connector(self, run: RunRecord) -> Callable[[], Connector]:
-        """How to reach ``run``'s head (connecting on first use); UsageError when no
-        inventory names it."""
-        with self._lock:
-            return self._connector(run)
-
-    def _connector(self, run: RunRecord) -> Callable[[], Connector]:
-        head = run.head
-        if head is None:
-            raise UsageError(f"{run.path}/run.json names no head node", hint="is it a run folder?")
-        path = self.inventory_path or run.record.get("inventory")
-        target = self._target(str(path) if path else None)
-        host = target.inventory.hosts.get(head)
-        if host is None:
-            where = target.inventory.source or "the default inventory (this machine)"
-            raise UsageError(
-                f"run {run.run_id}'s head {head} is not in {where}",
-                hint="give the inventory the run used: -i FILE",
-            )
-        key = f"{path}:{head}"
-        if key not in self._pools:
-            self._pools[key] = ConnectionPool(target.connect)
-        pool = self._pools[key]
-        return lambda: pool.get(host)
-
-    def close(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-
-
-def node_failed(exc: HostError) -> HostError:
-    """The head could not be reached or failed its task: exit 69, as other verbs do."""
-    exc.exit_code = EXIT_NODE_FAILED
-    return exc
-
-
-# ---------------------------------------------------------------- SCRIPT
-# Is SCRIPT a Python script?
-#
-# `cpuaccel run inventory.yaml train.py` (the inventory named as `provision` takes it)
-# used to launch the YAML file as the script on every rank. A SCRIPT that is a config or
-# inventory file, or not Python at all, is refused with the spelling that was meant,
-# unless the ranks are told to run it as an executable (``no_python``).
-PYTHON_SUFFIXES = (".py", ".pyw", ".pyz")
-# Files users keep beside their code that are never run: what each one usually is.
-CONFIG_SUFFIXES = {
-    ".yaml": "YAML",
-    ".yml": "YAML",
-    ".ini": "INI",
-    ".cfg": "INI",
-    ".toml": "TOML",
-    ".json": "JSON",
-}
-_HEAD_BYTES = 256
-
-
-def check_script_kind(script: str, *, no_python: bool = False) -> None:
-    """Refuse a SCRIPT that is not a Python file; with ``no_python`` (the ranks run it as
-    an executable) anything goes. A missing file is left to the caller's own error."""
-    if no_python:
-        return
-    path = Path(script)
-    kind = CONFIG_SUFFIXES.get(path.suffix.lower())
-    if kind is not None:
-        raise UsageError(
-            f"{script}: SCRIPT is a {kind} file, not a Python script",
-            hint=f"an inventory goes with -i (cpuaccel run -i {script} train.py), a "
-            f"cpuaccel.yaml or Accelerate config with --config {script}",
-        )
-    if path.suffix.lower() in PYTHON_SUFFIXES:
-        return
-    first = _first_line(path)
-    if first is None or (first.startswith(b"#!") and b"python" in first):
-        return
-    raise UsageError(
-        f"{script}: SCRIPT is not a Python file (no .py suffix, no python #! line)",
-        hint=f"to run it as every rank's program: cpuaccel run --no-python {script}; "
-        "else name the Python script (train.py)",
-    )
-
-
-def _first_line(path: Path) -> bytes | None:
-    """The file's first bytes up to a newline; None when it is not a regular file (the
-    caller says "no such script"). Read without blocking: a FIFO is never opened."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError):
-        return None
-    try:
-        head = os.read(fd, _HEAD_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return None if head is None else head.split(b"\n", 1)[0]

@@ -14,7 +14,8 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, beside_playbook, host_options, print_hosts
+from cpuaccel.api.target import Target, beside_playbook
+from cpuaccel.cli.options import host_options, print_hosts
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.variables import user_name_problem

@@ -11,8 +11,9 @@ import click
 from rich.table import Table
 
 from cpuaccel import ui
+from cpuaccel.api.heads import Heads
 from cpuaccel.cli import columns as fitted
-from cpuaccel.cli.options import Heads, head_options
+from cpuaccel.cli.options import head_options
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.history import node_files as runfiles
 from cpuaccel.history.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm

@@ -15,6 +15,9 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.api.keywords import FlagValues
+from cpuaccel.api.script import check_script_kind
+from cpuaccel.api.target import Target
 from cpuaccel.cli.dashboard import (
     DEFAULT_PORT,
     Page,
@@ -23,14 +26,7 @@ from cpuaccel.cli.dashboard import (
     serve_until_interrupted,
 )
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
-from cpuaccel.cli.options import (
-    FlagValues,
-    Target,
-    check_script_kind,
-    host_options,
-    list_hosts_and_exit,
-    setting_options,
-)
+from cpuaccel.cli.options import host_options, list_hosts_and_exit, setting_options
 from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.history import records

@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.api.target import Target
+from cpuaccel.cli.options import host_options
 from cpuaccel.config.settings import FLAG
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
 from cpuaccel.history import teardown as engine

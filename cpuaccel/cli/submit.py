@@ -16,7 +16,9 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import FlagValues, check_script_kind, setting_options
+from cpuaccel.api.keywords import FlagValues
+from cpuaccel.api.script import check_script_kind
+from cpuaccel.cli.options import setting_options
 from cpuaccel.config.kinds import Switch
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config

@@ -10,7 +10,8 @@ from dataclasses import replace
 import click
 
 from cpuaccel import ui
-from cpuaccel.cli.options import Target, host_options
+from cpuaccel.api.target import Target
+from cpuaccel.cli.options import host_options
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.projectsync.engine import SyncOptions, sync

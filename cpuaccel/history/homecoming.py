@@ -237,7 +237,7 @@ def brought_home(
             except (CpuaccelError, OSError):
                 continue  # the next pass, or the one at the end, tries again
 
-    thread = threading.Thread(target=periodically, name="results-home", daemon=True)
+    thread = threading.Thread(target=ui.carried(periodically), name="results-home", daemon=True)
     thread.start()
     try:
         yield

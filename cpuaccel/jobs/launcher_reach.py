@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from cpuaccel import ui
 from cpuaccel.connectors import controlpath, openssh, programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
@@ -108,7 +109,7 @@ class LauncherReach:
             except CpuaccelError as exc:
                 self._problems = [Problem(ERROR, head.name, str(exc), hint=exc.hint)]
 
-        self._thread = threading.Thread(target=work, name="launcher-reach", daemon=True)
+        self._thread = threading.Thread(target=ui.carried(work), name="launcher-reach", daemon=True)
         self._thread.start()
 
     def end_masters(self) -> None:

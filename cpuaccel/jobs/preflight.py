@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cpuaccel import ui
 from cpuaccel.connectors import srun
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
@@ -175,7 +176,7 @@ def _in_one_step(
             srun.call_everywhere(hosts, "tree", look_words, what=what, timeout=PROBE_TIMEOUT)
         )
 
-    other = threading.Thread(target=look, daemon=True)
+    other = threading.Thread(target=ui.carried(look), daemon=True)
     if check_project:
         other.start()
     sent = time.time()

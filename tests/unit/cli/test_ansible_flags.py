@@ -59,7 +59,7 @@ def test_user_and_key_fill_in_where_the_inventory_sets_none() -> None:
 def test_a_relative_key_path_is_made_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cpuaccel.cli.options import resolve_target
+    from cpuaccel.api.target import resolve_target
 
     _key(tmp_path)
     monkeypatch.chdir(tmp_path)  # rsync and MPI's ssh run elsewhere: they need it absolute

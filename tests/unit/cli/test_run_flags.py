@@ -19,8 +19,9 @@ import click
 import pytest
 import yaml
 
+from cpuaccel.api.keywords import parse_env
+from cpuaccel.api.script import check_script_kind
 from cpuaccel.cli.config import config_command, show_command
-from cpuaccel.cli.options import check_script_kind, parse_env
 from cpuaccel.cli.run import run_command
 from cpuaccel.config.effective import resolve
 from cpuaccel.connectors.connect_options import ConnectOptions

@@ -14,7 +14,7 @@ import pytest
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.projectsync.manifest import build
 from cpuaccel.testing.command import cpuaccel, inherited_env
-from tests.unit.sync.trees import make_tree
+from tests.unit.projectsync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

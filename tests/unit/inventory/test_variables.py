@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.cli.options import parse_env
+from cpuaccel.api.keywords import parse_env
 from cpuaccel.config.project import parse_project
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import host_key_policy

@@ -24,7 +24,7 @@ from cpuaccel.node.common import TMP_MARK
 from cpuaccel.projectsync import receiver, transfer
 from cpuaccel.projectsync.ignore import PRUNE_NAMES
 from cpuaccel.projectsync.manifest import SourceManifest, build, plan
-from tests.unit.sync.trees import make_tree
+from tests.unit.projectsync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

@@ -20,7 +20,7 @@ from cpuaccel.projectsync import engine, transfer
 from cpuaccel.projectsync.engine import SyncOptions
 from cpuaccel.projectsync.manifest import build
 from cpuaccel.projectsync.node_result import NodeReport
-from tests.unit.sync.trees import make_tree
+from tests.unit.projectsync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

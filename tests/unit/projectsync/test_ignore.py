@@ -16,7 +16,7 @@ import pytest
 
 from cpuaccel.projectsync.ignore import DEFAULT_PATTERNS, Ignore, default_ignored
 from cpuaccel.projectsync.manifest import build
-from tests.unit.sync.trees import make_tree
+from tests.unit.projectsync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

@@ -12,7 +12,7 @@ import pytest
 
 from cpuaccel.errors import UsageError
 from cpuaccel.projectsync.manifest import SourceManifest, build, plan
-from tests.unit.sync.trees import make_tree
+from tests.unit.projectsync.trees import make_tree
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

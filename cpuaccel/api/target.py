@@ -1,0 +1,214 @@
+"""The hosts a call works on: the inventory read, ``limit`` applied, how to connect.
+
+``resolve_target`` is what every verb's host options (``-i -l -e -f -T -u
+--private-key -c``) and every API call's keywords (``inventory=``, ``limit=``, ...) turn
+into: one ``Target``, read once, before anything is contacted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel import ui
+from cpuaccel.config.effective import resolve
+from cpuaccel.config.inventory_choice import choose_inventory
+from cpuaccel.config.project import ProjectConfig
+from cpuaccel.config.project_choice import discover_config
+from cpuaccel.config.settings import LaunchSettings, Setting
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
+from cpuaccel.connectors.hostkeys import opt_out_warnings
+from cpuaccel.errors import UsageError
+from cpuaccel.executor import DEFAULT_FORKS
+from cpuaccel.inventory.host import Host
+from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
+from cpuaccel.inventory.variables import user_name_problem
+from cpuaccel.ui import escape
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the shared options select: the inventory, its chosen hosts, how to connect."""
+
+    inventory: Inventory
+    hosts: list[Host]
+    forks: int
+    connect: ConnectOptions
+    # The project file (cpuaccel.yaml or an Accelerate config), if any, and what the
+    # shared flags themselves said, so that settings can name their source.
+    project: ProjectConfig | None = None
+    inventory_setting: Setting[str] | None = None
+    limit: Setting[str] | None = None
+    cli_vars: dict[str, Any] = field(default_factory=dict)
+    # --list-hosts, for a command that settles its hosts itself (host_options).
+    list_hosts: bool = False
+
+    def settings(self, flags: Mapping[str, Any], hosts: list[Host] | None = None) -> LaunchSettings:
+        """The run settings of ``flags`` on ``hosts`` (default: the selected ones), the
+        head nameable by a hostname an earlier run recorded (config.effective.resolve)."""
+        chosen = self.hosts if hosts is None else hosts
+        return resolve(
+            flags, self.project, self.inventory, chosen, self.cli_vars, recorded_hostnames
+        )
+
+
+def resolve_target(
+    inventory_path: str | None,
+    limit: str | None,
+    extra_vars: tuple[str, ...],
+    forks: int,
+    timeout: float,
+    no_host_key_checking: bool,
+    config_path: str | None = None,
+    user: str | None = None,
+    private_key: str | None = None,
+) -> Target:
+    _check_login(user, private_key)
+    project = discover_config(config_path, inventory_path)
+    cli_vars = parse_extra_vars(extra_vars)
+    choice = choose_inventory(inventory_path, project)
+    inventory = choice.load(cli_vars)
+    if choice.slurm is not None:  # no -i: the hosts are the allocation's, said once
+        names = ", ".join(choice.slurm.nodes)
+        ui.stderr().print(f"hosts: the nodes of {choice.slurm.label} ({escape(names)})")
+    limit_setting = Setting("limit", limit, "flag", "--limit") if limit else None
+    if limit is None and project is not None and project.get("limit"):
+        limit = str(project.get("limit"))
+        limit_setting = Setting("limit", limit, "project file", project.where("limit"))
+    hosts = inventory.select(limit, hostnames=recorded_hostnames)
+    connect = ConnectOptions(
+        connect_timeout=timeout,
+        host_key_checking=False if no_host_key_checking else None,
+        user=user,
+        private_key=_key_path(private_key),
+    )
+    warn([*(project.warnings if project else []), *inventory.warnings])
+    warn(opt_out_warnings(hosts, connect))  # an opt-out of host key checks is never silent
+    return Target(
+        inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
+    )
+
+
+def recorded_hostnames() -> Mapping[str, list[str]]:
+    """The nodes' own hostnames the project's newest runs recorded, by hostname: read
+    only when a host is asked for by a name the inventory does not have."""
+    from cpuaccel.history.records import known_hostnames
+
+    return known_hostnames()
+
+
+def _check_login(user: str | None, private_key: str | None) -> None:
+    """-u and --private-key are checked as the inventory's ansible_user and key are:
+    before anything connects, naming the flag."""
+    if user is not None and user_name_problem(user) is not None:
+        raise UsageError(
+            f"-u/--user {user_name_problem(user)}",
+            hint="give a login name of letters, digits, '.', '_' and '-', e.g. -u ubuntu",
+        )
+    if private_key is not None:
+        path = Path(private_key).expanduser()
+        if not path.is_file():
+            state = "does not exist" if not path.exists() else "is not a regular file"
+            raise UsageError(
+                f"--private-key {private_key}: the file {state}",
+                hint="give the path of an SSH private key, e.g. --private-key ~/.ssh/id_ed25519",
+            )
+
+
+def _key_path(private_key: str | None) -> str | None:
+    """The key as an absolute path (rsync and MPI's ssh run in other folders, the latter
+    on the head node); a ``~`` path is kept for each ssh to expand, as the inventory's."""
+    if private_key is None or private_key.startswith("~"):
+        return private_key
+    return os.path.abspath(private_key)
+
+
+def beside_playbook(target: Target, folder: Path) -> Target:
+    """The target with the group_vars/ and host_vars/ beside a playbook in ``folder``
+    read too (over those beside the inventory), as ansible-playbook reads them."""
+    inventory = target.inventory.with_playbook_vars(folder)
+    if inventory is target.inventory:
+        return target
+    warn(inventory.warnings[len(target.inventory.warnings) :])
+    hosts = [inventory.hosts[host.name] for host in target.hosts]
+    return dataclasses.replace(target, inventory=inventory, hosts=hosts)
+
+
+def warn(messages: list[str]) -> None:
+    if not messages:
+        return  # no console made, so rich is not loaded for nothing (cpuaccel/ui.py)
+    err = ui.stderr()
+    for message in messages:
+        err.print(f"[yellow]warning:[/] {escape(message)}")
+
+
+def target_of(
+    inventory: str | os.PathLike[str] | None = None,
+    *,
+    limit: str | None = None,
+    extra_vars: Mapping[str, Any] | Sequence[str] = (),
+    forks: int = DEFAULT_FORKS,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    host_key_checking: bool = True,
+    config: str | os.PathLike[str] | None = None,
+    user: str | None = None,
+    private_key: str | os.PathLike[str] | None = None,
+) -> Target:
+    """The API's host keywords as one ``Target``, as the CLI's ``-i -l -e -f -T
+    --no-host-key-checking -c -u --private-key`` make it: each checked as its flag is
+    (a bad one raises the CLI's message naming the flag), the inventory read once.
+    ``extra_vars`` is a mapping, or ``KEY=VALUE`` / ``@file.yaml`` words as ``-e`` takes."""
+    if isinstance(forks, bool) or not isinstance(forks, int) or not 1 <= forks <= 1024:
+        raise UsageError(
+            f"forks={forks!r}: expected a whole number from 1 to 1024", hint="e.g. forks=16"
+        )
+    if (
+        isinstance(connect_timeout, bool)
+        or not isinstance(connect_timeout, (int, float))
+        or not 0.1 <= connect_timeout <= 3600
+    ):
+        raise UsageError(
+            f"connect_timeout={connect_timeout!r}: expected seconds from 0.1 to 3600",
+            hint="e.g. connect_timeout=10",
+        )
+    if not isinstance(host_key_checking, bool):
+        raise UsageError(
+            f"host_key_checking={host_key_checking!r}: expected True or False",
+            hint="leave it True unless the hosts' keys cannot be known (unsafe)",
+        )
+    for name, value in (("inventory", inventory), ("config", config), ("private_key", private_key)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"{name}={value!r}: expected a path", hint=f"e.g. {name}='...'")
+    for name, value in (("limit", limit), ("user", user)):
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{name}={value!r}: expected a string", hint=f"e.g. {name}='...'")
+    return resolve_target(
+        os.fspath(inventory) if inventory is not None else None,
+        limit,
+        _extra_words(extra_vars),
+        forks,
+        float(connect_timeout),
+        not host_key_checking,
+        os.fspath(config) if config is not None else None,
+        user,
+        os.fspath(private_key) if private_key is not None else None,
+    )
+
+
+def _extra_words(extra_vars: Mapping[str, Any] | Sequence[str]) -> tuple[str, ...]:
+    """``extra_vars`` as the words ``-e`` takes: a mapping becomes one JSON object (its
+    values keep their types, as ``-e '{"k": 1}'`` does)."""
+    if isinstance(extra_vars, Mapping):
+        import json
+
+        return (json.dumps(dict(extra_vars)),) if extra_vars else ()
+    if isinstance(extra_vars, str) or not all(isinstance(w, str) for w in extra_vars):
+        raise UsageError(
+            f"extra_vars={extra_vars!r}: expected a mapping or a list of KEY=VALUE strings",
+            hint="e.g. extra_vars={'cpuaccel_ppn': 2}",
+        )
+    return tuple(extra_vars)

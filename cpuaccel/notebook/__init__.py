@@ -1,0 +1,1 @@
+"""A notebook cell's function run on every rank: ``cpuaccel.notebook.launch``."""
