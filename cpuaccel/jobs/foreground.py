@@ -202,6 +202,8 @@ class ForegroundRun(Supervised):
         again: elastic.Check,
         min_nodes: int | None,
         out: Console,
+        extra_files: JobFiles | None = None,
+        show: LineSink | None = None,
     ) -> None:
         err = ui.stderr()
         me = {
@@ -217,7 +219,8 @@ class ForegroundRun(Supervised):
         self.again = again  # the preflight (and sync), as before attempt 0
         self.min_nodes = min_nodes  # --nodes MIN:MAX: lost nodes may be left out
         # A traceback every rank raises is shown once (jobs/tracebacks.py).
-        self.folding = tracebacks.Folding(terminal(out, err), terminal_group(err))
+        self.extra_files = dict(extra_files or {})  # every attempt's, with its own
+        self.folding = tracebacks.Folding(show or terminal(out, err), terminal_group(err))
         self.show = self.folding
 
     @property
@@ -225,7 +228,8 @@ class ForegroundRun(Supervised):
         return self.side.plan
 
     def files(self, plan: RunPlan) -> JobFiles:
-        return render_job_files(plan, self.nodes.connect, host_keys(plan, self.nodes))
+        files = render_job_files(plan, self.nodes.connect, host_keys(plan, self.nodes))
+        return {**files, **self.extra_files}
 
     def copy(self, plan: RunPlan, files: JobFiles) -> None:
         if not self.local or "secret.env" in files:  # the sweep took secret.env away
@@ -315,7 +319,11 @@ def host_keys(plan: RunPlan, nodes: Nodes) -> dict[str, str]:
     return {name: key for name, key in keys.items() if key}
 
 
-def terminal(out: Console, err: Console) -> Callable[[str, int | None, str, str], None]:
+# A rank's line: (stream "out" or "err", rank or None for the launcher, host, text).
+LineSink = Callable[[str, int | None, str, str], None]
+
+
+def terminal(out: Console, err: Console) -> LineSink:
     """Each line onto the terminal, labelled (coloured on a TTY)."""
 
     def show(stream: str, rank: int | None, host: str, text: str) -> None:

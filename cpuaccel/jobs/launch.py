@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic
 from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files, forget_secrets
 from cpuaccel.jobs.elastic import PreflightFailed
-from cpuaccel.jobs.foreground import ForegroundRun, host_keys, plan_for, supervise
+from cpuaccel.jobs.foreground import ForegroundRun, LineSink, host_keys, plan_for, supervise
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.jobs.preflight import run_preflight
@@ -81,6 +82,9 @@ def launch(
     detach: bool = False,
     inventory: str | None = None,
     run_id: str | None = None,
+    extra_files: JobFiles | None = None,
+    show: LineSink | None = None,
+    collect: Callable[[RunPlan, Nodes], None] | None = None,
 ) -> JobReport:
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
@@ -88,7 +92,11 @@ def launch(
     leaving stdout to the one JSON object. ``detach`` (run --detach): the supervisor runs
     on the head (node/detached.py); this returns once it has started.
     ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
-    ``run_id``: given from outside (jobs/given_id.py), else a new one."""
+    ``run_id``: given from outside (jobs/given_id.py), else a new one.
+    ``extra_files``: more files for the run folder on every node, with the job's own
+    (a notebook's function). ``show``: where the ranks' lines go instead of the
+    terminal (tracebacks still folded). ``collect``: called once a foreground job has
+    ended, with its last plan and the nodes' connections still open."""
     started = time.monotonic()
     run_id = run_id or new_run_id()
     local = _local_project(settings, project)
@@ -96,7 +104,9 @@ def launch(
         draft = build_plan(settings, script, None, run_id, local_project=local)
 
         def check(draft: RunPlan) -> dict[str, Facts]:
-            return _preflight_and_sync(settings, draft, allow_sync, local is not None, nodes)
+            return _preflight_and_sync(
+                settings, draft, project, allow_sync, local is not None, nodes
+            )
 
         min_nodes = settings.min_nodes.value
         try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (jobs/elastic.py)
@@ -121,16 +131,22 @@ def launch(
         )
         if detach:
             return _detach(plan, project, local is not None, limits, min_nodes, nodes, inventory,
-                           started)  # fmt: skip
-        files = render_job_files(plan, nodes.connect, host_keys(plan, nodes))
+                           started, extra_files or {})  # fmt: skip
+        files = {
+            **render_job_files(plan, nodes.connect, host_keys(plan, nodes)),
+            **(extra_files or {}),
+        }
         run_dir = RunDir.create(project / "runs", plan, files)
         out = ui.stderr() if ranks_to_stderr else ui.stdout()
         run = ForegroundRun(plan, nodes, run_dir, limits, local=local is not None, again=check,
-                            min_nodes=min_nodes, out=out)  # fmt: skip
+                            min_nodes=min_nodes, out=out, extra_files=extra_files,
+                            show=show)  # fmt: skip
         try:
             run.copy(plan, files)
             outcome, history = supervise(run, inventory)
             _summary(run.plan, outcome, run_dir, history)  # the last attempt's nodes
+            if collect is not None:
+                collect(run.plan, nodes)
         finally:
             run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
     plan = run.plan  # the last attempt's: fewer nodes when some were left out
@@ -149,11 +165,13 @@ def _detach(
     nodes: Nodes,
     inventory: str | None,
     started: float,
+    extra_files: JobFiles,
 ) -> JobReport:
     """Copy the run's files with the supervisor's, start it on the head, and return.
     secret.env stays for the ranks to read; the supervisor's sweep removes it from every
     node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
     files = render_job_files(plan, nodes.connect, host_keys(plan, nodes))
+    files.update(extra_files)
     files.update(supervisor_files(plan, limits, min_nodes))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
@@ -235,13 +253,14 @@ def inventory_path(setting_value: str | None) -> str | None:
 def _preflight_and_sync(
     settings: LaunchSettings,
     draft: RunPlan,
+    project: Path,
     allow_sync: bool,
     local: bool,
     nodes: Nodes,
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts.
     The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
-    source = build([str(Path.cwd())], excludes=settings.exclude.value)
+    source = build([str(project)], excludes=settings.exclude.value)
     nodes.kept.close()  # an earlier pass's (a restart's, --nodes MIN:MAX's): new ones come
     try:
         return _checked(settings, draft, allow_sync, local, nodes, source)

@@ -587,7 +587,7 @@ def test_preflight_progress_bar_counts_the_hosts(
     monkeypatch.chdir(tmp_path)
     nodes = Nodes(ConnectOptions(), 4, ConnectionPool(ConnectOptions()))
     with pytest.raises(Stop):
-        job._preflight_and_sync(settings, draft, True, False, nodes)
+        job._preflight_and_sync(settings, draft, tmp_path, True, False, nodes)
     assert bars == [("preflight", 3, ["n0", "n1", "n2"])]
 
 
