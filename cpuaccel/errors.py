@@ -91,6 +91,23 @@ class HostKeyError(Unreachable):
     """The host's key is unknown or changed: connecting could hand secrets to an impostor."""
 
 
+class PreflightError(CpuaccelError):
+    """Nodes failed the checks before a launch (unreachable, unlike the head, not ready,
+    a stale project with sync off): no job was started. ``problems`` holds one line a
+    problem, ``host: message (fix: ...)``."""
+
+    exit_code = EXIT_NODE_FAILED
+
+    def __init__(self, message: str, *, problems: list[str] | None = None) -> None:
+        self.problems = list(problems or [])
+        listed = "".join(f"\n  {line}" for line in self.problems)
+        super().__init__(f"{message}{listed}")
+
+
+class WaitTimeout(CpuaccelError, TimeoutError):
+    """``Run.wait(timeout=...)`` ran out of time; the job goes on."""
+
+
 class CommandTimeout(HostError):
     """A command did not finish within its timeout."""
 

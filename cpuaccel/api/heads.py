@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cpuaccel.api.target import resolve_target
 from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
 from cpuaccel.history.records import RunRecord
@@ -72,3 +74,16 @@ def node_failed(exc: HostError) -> HostError:
     """The head could not be reached or failed its task: exit 69, as other verbs do."""
     exc.exit_code = EXIT_NODE_FAILED
     return exc
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """How a ``Run`` reaches its head: ``-i`` (None: the inventory the run recorded),
+    ``-T``, and whether host keys go unchecked (``--no-host-key-checking``)."""
+
+    inventory_path: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    no_host_key_checking: bool = False
+
+    def open(self) -> Heads:
+        return Heads(self.inventory_path, self.connect_timeout, self.no_host_key_checking)

@@ -106,3 +106,140 @@ def normal_choice(entry: Entry, value: Any) -> Any:
     if isinstance(entry.kind, OneOf):
         return entry.kind.normal(value)
     return str(value).lower()
+
+
+# ---------------------------------------------------------------- settings as keywords
+# ``cpuaccel.launch(..., ppn=2, env={"A": "1"})``: each keyword is a setting of the table
+# (config/settings.py), under its name. One that run takes as a flag is checked by that
+# flag's own check (the same click type, the same message naming the flag, the same
+# fix), and recorded as given by that flag, so that every later message (and `config
+# show`'s "where") reads as the CLI's. One that only the inventory sets (``python``,
+# ``workdir``, ``backend``...) is given as its variable, as ``-e cpuaccel_python=...``
+# would be, and checked where -e's are. ``hosts`` is derived, and ``slurm`` is
+# ``cpuaccel submit``'s: neither is a keyword.
+NOT_KEYWORDS = frozenset({"hosts", "slurm", "inventory", "limit"})  # the last two: host keywords
+_RUN_HELP = "see 'cpuaccel run --help'"
+
+
+def setting_keywords(verb: str) -> list[Entry]:
+    """The table's entries a call of ``verb`` takes as keywords."""
+    from cpuaccel.config.settings import TABLE
+
+    return [e for e in TABLE if e.name not in NOT_KEYWORDS and (e.takes(verb) or e.variables
+            or e.name in ("exclude", "min_nodes"))]  # fmt: skip
+
+
+def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, dict[str, Any]]:
+    """The flags mapping ``config.effective.resolve`` reads, and the inventory variables
+    (as -e sets them), of ``given`` keywords; UsageError for an unknown keyword or a bad
+    value, with the CLI's message for the flag."""
+    entries = {e.name: e for e in setting_keywords(verb)}
+    unknown = [name for name in given if name not in entries]
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], list(entries), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}=? " if close else ""
+        raise UsageError(
+            f"{unknown[0]}=: no such setting",
+            hint=f"{hint}the settings are: {', '.join(entries)}",
+        )
+    flags = FlagValues()
+    names: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    for entry in entries.values():
+        flags.setdefault(entry.name, None) if entry.takes(verb) else None
+    for name, value in given.items():
+        entry = entries[name]
+        if value is None:
+            continue
+        if entry.takes(verb) or name in ("exclude", "min_nodes"):
+            flags[name], spelling = _flag_value(entry, verb, value)
+            names[name] = spelling
+        else:
+            extra[entry.variables[0]] = value
+    if isinstance(flags.get("nodes"), tuple):  # nodes=(MIN, MAX) or "MIN:MAX"
+        if flags.get("min_nodes") is not None:
+            raise UsageError(
+                "nodes=MIN:MAX and min_nodes= together", hint="give the floor once: nodes='2:4'"
+            )
+        flags["min_nodes"], flags["nodes"] = flags["nodes"]
+        names["min_nodes"] = names["nodes"]
+    if "env" in flags:
+        env = flags["env"] if isinstance(flags["env"], EnvFlags) else EnvFlags()
+        flags["env"], flags["secret_env"] = env, env.secret
+    flags["flag_names"] = names
+    return flags, extra
+
+
+def _flag_value(entry: Entry, verb: str, value: Any) -> tuple[Any, str]:
+    """A keyword's value as its flag would have it, and the flag's spelling."""
+    from cpuaccel.config.kinds import Switch
+
+    flag = entry.flag
+    spelling = flag.spelling if flag is not None else f"--{entry.name.replace('_', '-')}"
+    if entry.name == "env":
+        return parse_env(_env_words(value)), spelling
+    if entry.name in ("exclude", "launcher_args") or (flag is not None and flag.multiple):
+        words = [value] if isinstance(value, str) else value
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) for w in words):
+            raise UsageError(
+                f"{entry.name}={value!r}: expected a string or a list of strings",
+                hint=_RUN_HELP,
+            )
+        if entry.name == "launcher_args":
+            import shlex
+
+            return entry.kind.parse_text(spelling, shlex.join(words)), spelling
+        return tuple(words), spelling
+    if isinstance(entry.kind, Switch):
+        if not isinstance(value, bool):
+            raise UsageError(f"{entry.name}={value!r}: expected True or False", hint=_RUN_HELP)
+        return value, spelling
+    if entry.name == "min_nodes":
+        return entry.kind.check(value), "--nodes"
+    if entry.name == "nodes" and isinstance(value, (tuple, list)):
+        value = ":".join(str(v) for v in value)
+    takes_text = flag is not None and (
+        flag.takes_text or (not flag.decls and flag.aliases_take_text)
+    )
+    if takes_text or (isinstance(value, str) and entry.name in ("nodes", "ppn")):
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise UsageError(f"{spelling} {value!r}: expected a number or text", hint=_RUN_HELP)
+        parsed = entry.kind.parse_text(spelling, str(value))
+        from cpuaccel.config.kinds import UNSET_WORD
+
+        return (None if parsed == UNSET_WORD else parsed), spelling
+    kind = click_type(entry, verb)
+    if kind is None:
+        if not isinstance(value, str):
+            raise UsageError(f"{spelling} {value!r}: expected a string", hint=_RUN_HELP)
+        return value, spelling
+    if isinstance(value, bool) or (isinstance(value, str) and not isinstance(kind, click.Choice)):
+        raise UsageError(
+            f"Invalid value for '{spelling}': {value!r} is not a {kind.name}", hint=_RUN_HELP
+        )
+    option = click.Option([spelling], type=kind)
+    try:
+        converted = kind.convert(value, option, None)
+    except click.BadParameter as exc:
+        raise UsageError(exc.format_message(), hint=_RUN_HELP) from None
+    if isinstance(entry.kind, OneOf):
+        converted = normal_choice(entry, converted)
+    return converted, spelling
+
+
+def _env_words(value: Any) -> tuple[str, ...]:
+    """env= as --env's words: a mapping's items as KEY=VALUE, a list of KEY=VALUE or NAME."""
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise UsageError(
+                "env=: expected names and values that are strings", hint="e.g. env={'A': '1'}"
+            )
+        return tuple(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, str) or not all(isinstance(w, str) for w in value):
+        raise UsageError(
+            "env=: expected a mapping of names to values, or a list of NAME / KEY=VALUE",
+            hint="e.g. env={'OMP_NUM_THREADS': '4'}, or env=['HF_TOKEN'] to pass it by name",
+        )
+    return tuple(value)

@@ -7,6 +7,8 @@ import stat
 from pathlib import Path
 
 from cpuaccel.errors import UsageError
+from cpuaccel.jobs import plan as entry
+from cpuaccel.jobs.plan import Script
 
 # Is SCRIPT a Python script?
 #
@@ -68,3 +70,34 @@ def _first_line(path: Path) -> bytes | None:
     finally:
         os.close(fd)
     return None if head is None else head.split(b"\n", 1)[0]
+
+
+def _script_in_project(script: str, project: Path) -> str:
+    path = Path(script).resolve()
+    if not path.is_file():
+        raise UsageError(f"{script}: no such script", hint="check the path to your training script")
+    try:
+        return path.relative_to(project).as_posix()
+    except ValueError:
+        raise UsageError(
+            f"{script} is outside the project folder {project}",
+            hint="run cpuaccel from the folder that holds your script (it is what gets synced)",
+        ) from None
+
+
+def script_entry(
+    script: str, args: tuple[str, ...], project: Path, as_module: bool, no_python: bool
+) -> Script:
+    if as_module and no_python:
+        raise UsageError(
+            "-m and --no-python together",
+            hint="-m runs a Python module, --no-python a program: keep the one you mean",
+        )
+    if as_module:
+        what = entry.module_script(script, args, project)
+    elif no_python:
+        what = entry.program_script(script, args, project)
+    else:
+        what = Script(_script_in_project(script, project), args, project.name)
+    entry.compile_here(what, project, script)
+    return what

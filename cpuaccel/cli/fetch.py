@@ -5,11 +5,9 @@ from __future__ import annotations
 import click
 
 from cpuaccel import ui
-from cpuaccel.api.heads import Heads, node_failed
+from cpuaccel.api.heads import HeadOptions
+from cpuaccel.api.run_handle import Run
 from cpuaccel.cli.options import head_options
-from cpuaccel.errors import HostError, UsageError
-from cpuaccel.history.homecoming import Homecoming
-from cpuaccel.history.records import find_run, load
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -44,34 +42,17 @@ def fetch_command(
     """Copy a run's results from its head node into ./runs/<id>/: metrics.jsonl,
     checkpoints.json (a listing), and for a detached run its status.json and every
     rank's log; with --checkpoints the checkpoint files too."""
-    run = load(find_run(run_spec))
-    if run.local:
+    found = Run.find(
+        run_spec, heads=HeadOptions(inventory_path, connect_timeout, no_host_key_checking)
+    )
+    fetched = found.fetch(checkpoints=checkpoints)
+    run = found.record()
+    if fetched is None:
         ui.stderr().print(
             f"run {escape(run.run_id)} ran on this machine: its files are in "
             f"{escape(str(run.path))} already"
         )
         return
-    where = run.head_run_dir
-    if where is None:
-        raise UsageError(
-            f"{run.path}/run.json does not say where the run's folder is on its head",
-            hint="the run was recorded by an older cpuaccel: copy its files by hand",
-        )
-    heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
-    try:
-        home = Homecoming(
-            heads.connector(run), where, run.path, supervised_there=run.detached, timeout=600.0
-        )
-        fetched = home.once(checkpoints=checkpoints)
-    except HostError as exc:
-        raise node_failed(exc) from None
-    finally:
-        heads.close()
-    if fetched is None:
-        raise UsageError(
-            f"{run.head}: no run folder {where}",
-            hint="was it removed? the controller's copy is all there is",
-        )
     names = ", ".join(fetched.files) or "nothing new"
     ui.stderr().print(
         f"fetched from {escape(str(run.head))}: {escape(names)} ({fetched.bytes} bytes) "

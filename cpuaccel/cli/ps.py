@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import click
 from rich.table import Table
 
 from cpuaccel import ui
-from cpuaccel.api.heads import Heads
+from cpuaccel.api import run_handle
+from cpuaccel.api.heads import HeadOptions
 from cpuaccel.cli import columns as fitted
 from cpuaccel.cli.options import head_options
-from cpuaccel.errors import CpuaccelError
-from cpuaccel.history import node_files as runfiles
-from cpuaccel.history.records import ENDED, RunRecord, load, row, run_ids, runs_folder, with_slurm
-from cpuaccel.jsonsource import describe, loads
+from cpuaccel.history.records import runs_folder
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -33,27 +29,6 @@ a run queued by cpuaccel submit also: queued (Slurm has not started it), submitt
 (Slurm could not be asked), and a SLURM column with its job id and Slurm's state
 (squeue, else sacct).
 """
-LIVE_TIMEOUT = 10.0  # seconds a head may take to give a detached run's status
-
-
-def _live(run: RunRecord, heads: Heads) -> RunRecord:
-    """A detached run's status.json as its head has it now (a copy of ``run``); the
-    record as it is when the head cannot say (within LIVE_TIMEOUT)."""
-    if not run.detached or run.head_run_dir is None or run.state() in ENDED:
-        return run
-    try:
-        conn = heads.connector(run)()
-        data, _, _ = runfiles.read(conn, run.head_run_dir, "status.json", timeout=LIVE_TIMEOUT)
-    except CpuaccelError:
-        return run
-    try:
-        status = loads(data) if data else None
-    except ValueError as exc:
-        problem = f"status.json on {run.head}: not read: {describe(exc)}"
-        return replace(run, problems=(*run.problems, problem))
-    if not isinstance(status, dict):
-        return run
-    return RunRecord(run.run_id, run.path, run.record, status, problems=run.problems)
 
 
 def _duration(seconds: float | None) -> str:
@@ -72,15 +47,6 @@ def _slurm_cell(r: dict[str, Any]) -> str:
     if job.get("reason") and job["state"] == "PENDING":
         said += f" ({job['reason']})"
     return escape(f"{job['job_id']} {said}")
-
-
-def _with_slurm(runs: list[RunRecord]) -> list[RunRecord]:
-    """Slurm's word on the submitted runs; a warning, and the runs' own, without it."""
-    try:
-        return with_slurm(runs)
-    except CpuaccelError as exc:
-        ui.stderr().print(f"[yellow]warning:[/] Slurm's states unknown: {escape(str(exc))}")
-        return runs
 
 
 COLUMNS = ("ID", "SCRIPT", "NODES×PPN", "STATE", "STARTED", "DURATION", "STEP", "LOSS")
@@ -159,17 +125,9 @@ def ps_command(
     A detached run that is not known to have ended is asked of its head node (-i, else
     the inventory it recorded), each within 10 s.
     """
-    ids = list(reversed(run_ids()))[:count]
-    runs = [load(runs_folder() / i) for i in ids]
-    heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
-    try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            runs = list(pool.map(lambda run: _live(run, heads), runs))
-    finally:
-        heads.close()
-    runs = _with_slurm(runs)
-    now = time.time()
-    rows = [row(run, now) for run in runs]
+    rows = run_handle.rows(
+        count, HeadOptions(inventory_path, connect_timeout, no_host_key_checking)
+    )
     for r in rows:  # a record left out: the run is shown from the rest, with the reason
         for problem in r["problems"]:
             ui.stderr().print(f"[yellow]warning:[/] run {escape(r['id'])}: {escape(problem)}")

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.api import launching
 from cpuaccel.api.keywords import FlagValues
-from cpuaccel.api.script import check_script_kind
 from cpuaccel.api.target import Target
 from cpuaccel.cli.dashboard import (
     DEFAULT_PORT,
@@ -27,13 +27,12 @@ from cpuaccel.cli.dashboard import (
 )
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import host_options, list_hosts_and_exit, setting_options
-from cpuaccel.config.settings import RUN, LaunchSettings
+from cpuaccel.config.settings import RUN
 from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.history import records
 from cpuaccel.jobs import given_id
 from cpuaccel.jobs import launch as job
-from cpuaccel.jobs import plan as entry
-from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
+from cpuaccel.jobs.plan import RunPlan, new_run_id
 from cpuaccel.jobs.result import ERROR, JobReport
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.ui import escape
@@ -64,19 +63,6 @@ Exit codes: the first failing rank's, 0 if all succeeded; 64 bad input; 69 prefl
 
 """
 EPILOG += ALIASES_EPILOG
-
-
-def _script_in_project(script: str, project: Path) -> str:
-    path = Path(script).resolve()
-    if not path.is_file():
-        raise UsageError(f"{script}: no such script", hint="check the path to your training script")
-    try:
-        return path.relative_to(project).as_posix()
-    except ValueError:
-        raise UsageError(
-            f"{script} is outside the project folder {project}",
-            hint="run cpuaccel from the folder that holds your script (it is what gets synced)",
-        ) from None
 
 
 def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bool) -> None:
@@ -292,33 +278,19 @@ def run_command(
 ) -> None:
     """Launch SCRIPT with MPI across the nodes, the bundled runtime on every rank."""
     project = Path.cwd().resolve()
-    as_module, no_python = bool(flags.get("module")), bool(flags.get("no_python"))
-    if not as_module:  # a module name is no file (-m config.yaml is module yaml)
-        check_script_kind(script, no_python=no_python)
     _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
     settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
     if detach:
-        _refuse_detached_in_slurm(settings)
-    what = script_entry(script, script_args, project, as_module, no_python)
-    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
+        launching.refuse_detached_in_slurm(settings)
+    what = launching.script_for(script, script_args, project, flags)
     if dry_run:
+        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
         return
     page = _run_page(target) if dashboard else None
     launch = functools.partial(
-        job.launch,
-        settings,
-        what,
-        project,
-        connect=target.connect,
-        forks=target.forks,
-        allow_sync=settings.sync.value,
-        timeout=settings.timeout.value,
-        ranks_to_stderr=as_json,
-        detach=detach,
-        inventory=_inventory_file(target),
-        run_id=run_id,
+        launching.start, target, settings, what, project, detach=detach, ranks_to_stderr=as_json
     )
     report = page.around(launch, detach) if page is not None else launch()
     _finish(report, as_json, page if detach else None)
@@ -356,41 +328,3 @@ def _print_report(report: JobReport, as_json: bool) -> None:
             f"(pid {report.detached['supervisor']['pid']}); run directory: "
             f"{escape(str(report.folder))}; cpuaccel stop {escape(str(report.run_id))} ends it"
         )
-
-
-def _refuse_detached_in_slurm(settings: LaunchSettings) -> None:
-    """A detached run's supervisor on the head reaches the other nodes by ssh, which the
-    nodes of a Slurm allocation may refuse: there, `cpuaccel submit` outlives the shell."""
-    if settings.chosen[0].slurm_job is not None:
-        raise UsageError(
-            f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
-            "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
-            hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
-        )
-
-
-def _inventory_file(target: Target) -> str | None:
-    """The inventory file, absolute, for run.json (stop, ps and logs reach the nodes)."""
-    setting = target.inventory_setting
-    return job.inventory_path(setting.value if setting else None)
-
-
-# ---------------------------------------------------------------- -m, --no-python
-
-
-def script_entry(
-    script: str, args: tuple[str, ...], project: Path, as_module: bool, no_python: bool
-) -> Script:
-    if as_module and no_python:
-        raise UsageError(
-            "-m and --no-python together",
-            hint="-m runs a Python module, --no-python a program: keep the one you mean",
-        )
-    if as_module:
-        what = entry.module_script(script, args, project)
-    elif no_python:
-        what = entry.program_script(script, args, project)
-    else:
-        what = Script(_script_in_project(script, project), args, project.name)
-    entry.compile_here(what, project, script)
-    return what

@@ -9,10 +9,11 @@ from typing import Any
 import click
 
 from cpuaccel import ui
+from cpuaccel.api import run_handle
 from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options
 from cpuaccel.config.settings import FLAG
-from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
+from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.history import teardown as engine
 from cpuaccel.history.records import load
 from cpuaccel.inventory.host import Host
@@ -102,12 +103,4 @@ def run_hosts(target: Target, record: dict[str, Any]) -> list[Host]:
     given = target.inventory_setting is not None and target.inventory_setting.source == FLAG
     if not given and record.get("inventory"):
         inventory = Inventory.load(str(record["inventory"]), target.cli_vars)
-    names = [str(n) for n in record.get("hosts") or []]
-    missing = [n for n in names if n not in inventory.hosts]
-    if missing or not names:
-        raise UsageError(
-            f"run {record.get('run_id')}'s nodes {', '.join(missing or names)} are not in "
-            f"the inventory {inventory.source or '(this machine)'}",
-            hint="give the inventory the run was started with: -i INVENTORY",
-        )
-    return [inventory.hosts[n] for n in names]
+    return run_handle.run_hosts(inventory.hosts, record, inventory.source or "")

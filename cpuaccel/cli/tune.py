@@ -13,10 +13,9 @@ import click
 
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues, Seconds
-from cpuaccel.api.script import check_script_kind
+from cpuaccel.api.script import check_script_kind, script_entry
 from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options, list_hosts_and_exit, setting_options
-from cpuaccel.cli.run import script_entry
 from cpuaccel.config.project import PROJECT_FILE
 from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import TUNE, LaunchSettings

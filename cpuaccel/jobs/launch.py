@@ -116,6 +116,7 @@ def launch(
             seconds = time.monotonic() - started
             report = JobReport.of_plan(draft, EXIT_NODE_FAILED, PREFLIGHT, seconds)
             report.error = str(exc)
+            report.problems = [_problem_line(p) for p in exc.problems]
             return report
         settings = elastic.settings_on(settings, draft.hosts)
         plan = build_plan(settings, script, facts, run_id, local_project=local)
@@ -363,3 +364,8 @@ def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir, history: list[Att
     for host, procs in outcome.left.items():
         err.print(f"[red]still running on {escape(host)}[/]: {escape(str(procs))}")
     err.print(f"run directory: {escape(str(run_dir.path))}")
+
+
+def _problem_line(problem: Problem) -> str:
+    fix = f" (fix: {problem.hint})" if problem.hint else ""
+    return f"{problem.host or '-'}: {problem.message}{fix}"

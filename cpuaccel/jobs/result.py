@@ -36,6 +36,8 @@ class JobReport:
     detached: dict[str, Any] | None = None
     # run --max-restarts: attempts.jsonl's lines (node/supervisor.py); [] before any job
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    # A failed preflight's problems, a line each: "host: message (fix: ...)"
+    problems: list[str] = field(default_factory=list)
 
     @classmethod
     def of_plan(cls, plan: RunPlan, code: int, ended_by: str, seconds: float) -> JobReport:
@@ -66,5 +68,6 @@ class JobReport:
             "error": self.error,
             "fix": self.fix,
             **({"attempts": self.attempts} if self.attempts else {}),
+            **({"problems": self.problems} if self.problems else {}),
             **({"detached": True, **self.detached} if self.detached else {}),
         }

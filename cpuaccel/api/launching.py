@@ -1,0 +1,177 @@
+"""``cpuaccel.launch``: a training script started on the nodes, from Python.
+
+The path is ``cpuaccel run``'s own: the keywords become the flags mapping the CLI's
+options make (api/keywords.py), ``Target.settings`` settles them with the project file
+and the inventory, and ``jobs.launch.launch`` runs the preflight, the sync, the launch
+and the supervision. ``cli/run.py`` parses and prints around the same ``start``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.api.heads import HeadOptions
+from cpuaccel.api.keywords import flags_of_keywords
+from cpuaccel.api.output import quiet_unless
+from cpuaccel.api.run_handle import Run
+from cpuaccel.api.script import check_script_kind, script_entry
+from cpuaccel.api.target import Target, target_of
+from cpuaccel.config.settings import RUN, LaunchSettings
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.errors import PreflightError, UsageError
+from cpuaccel.executor import DEFAULT_FORKS
+from cpuaccel.jobs import given_id
+from cpuaccel.jobs import launch as job
+from cpuaccel.jobs.connections import JobFiles, Nodes
+from cpuaccel.jobs.foreground import LineSink
+from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
+from cpuaccel.jobs.result import PREFLIGHT, JobReport
+
+
+def launch(
+    script: str | os.PathLike[str],
+    *args: str,
+    inventory: str | os.PathLike[str] | None = None,
+    limit: str | None = None,
+    extra_vars: Mapping[str, Any] | Sequence[str] = (),
+    forks: int = DEFAULT_FORKS,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    host_key_checking: bool = True,
+    config: str | os.PathLike[str] | None = None,
+    user: str | None = None,
+    private_key: str | os.PathLike[str] | None = None,
+    detach: bool = False,
+    progress: bool = False,
+    **settings: Any,
+) -> Run:
+    """Start ``script`` with ``args`` on the nodes, as ``cpuaccel run`` does, from the
+    current folder (the project that is synced; ``runs/<id>/`` is written there).
+
+    ``settings`` are the run settings under their table names (docs/run.md): ``nodes``,
+    ``ppn``, ``mixed_precision``, ``env`` (a mapping, or ``["HF_TOKEN"]`` to pass a
+    variable by name, kept out of every record), ``max_restarts``, ``timeout``,
+    ``hang_timeout``, ``module`` (``script`` is a module name), ``python``, ``workdir``
+    ... The host keywords are the CLI's host options (``inventory`` is ``-i``).
+
+    With ``detach=True`` the head node supervises the job and this returns once it has
+    started; otherwise this returns when the job has ended (``Run.wait()`` then gives
+    its result at once). Prints nothing unless ``progress=True`` (then what
+    ``cpuaccel run`` prints, the ranks' lines included).
+
+    Returns the ``Run``. Raises ``cpuaccel.errors.UsageError`` (a bad keyword or value:
+    the CLI's message and fix), ``InventoryError``/``ProjectFileError`` (a file, with
+    its line), ``PreflightError`` (a node failed its checks: no job started) or
+    ``HostError`` (a node could not be reached to start it). A job that starts and fails
+    is no exception: its ``Run.wait()`` says how it ended."""
+    with quiet_unless(progress):
+        target = target_of(
+            inventory,
+            limit=limit,
+            extra_vars=_with_variables(extra_vars, {}),
+            forks=forks,
+            connect_timeout=connect_timeout,
+            host_key_checking=host_key_checking,
+            config=config,
+            user=user,
+            private_key=private_key,
+        )
+        flags, variables = flags_of_keywords(RUN, settings)
+        if variables:  # the inventory-only settings, as -e sets them
+            target = target_of(
+                inventory,
+                limit=limit,
+                extra_vars=_with_variables(extra_vars, variables),
+                forks=forks,
+                connect_timeout=connect_timeout,
+                host_key_checking=host_key_checking,
+                config=config,
+                user=user,
+                private_key=private_key,
+            )
+        project = Path.cwd().resolve()
+        what = script_for(os.fspath(script), args, project, flags)
+        report = start(target, target.settings(flags), what, project, detach=detach)
+        if report.ended_by == PREFLIGHT:
+            raise PreflightError(report.error or "preflight failed", problems=report.problems)
+        heads = HeadOptions(
+            os.fspath(inventory) if inventory else None, connect_timeout, not host_key_checking
+        )
+        return Run.of_report(report, heads, project / "runs")
+
+
+def _with_variables(
+    extra_vars: Mapping[str, Any] | Sequence[str], variables: Mapping[str, Any]
+) -> Mapping[str, Any] | Sequence[str]:
+    """``extra_vars`` with the settings given as inventory variables over them."""
+    if not variables:
+        return extra_vars
+    if isinstance(extra_vars, Mapping):
+        return {**extra_vars, **variables}
+    import json
+
+    return [*extra_vars, json.dumps(dict(variables))]
+
+
+def script_for(script: str, args: Sequence[str], project: Path, flags: Mapping[str, Any]) -> Script:
+    """SCRIPT as the ranks run it, checked here first (a Python file of the project,
+    compiled; a module; a program with no_python)."""
+    if not all(isinstance(a, str) for a in args):
+        raise UsageError(
+            f"the script's arguments must be strings: {list(args)!r}",
+            hint="e.g. cpuaccel.launch('train.py', '--epochs', '3')",
+        )
+    as_module, no_python = bool(flags.get("module")), bool(flags.get("no_python"))
+    if not as_module:  # a module name is no file (-m config.yaml is module yaml)
+        check_script_kind(script, no_python=no_python)
+    return script_entry(script, tuple(args), project, as_module, no_python)
+
+
+def start(
+    target: Target,
+    settings: LaunchSettings,
+    what: Script,
+    project: Path,
+    *,
+    detach: bool = False,
+    ranks_to_stderr: bool = False,
+    extra_files: JobFiles | None = None,
+    show: LineSink | None = None,
+    collect: Callable[[RunPlan, Nodes], None] | None = None,
+) -> JobReport:
+    """The job of ``settings`` started (and, unless ``detach``, supervised to its end):
+    how it ended, or how it started. ``extra_files``, ``show``, ``collect``: as
+    ``jobs.launch.launch`` takes them."""
+    if detach:
+        refuse_detached_in_slurm(settings)
+    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
+    setting = target.inventory_setting
+    return job.launch(
+        settings,
+        what,
+        project,
+        connect=target.connect,
+        forks=target.forks,
+        allow_sync=settings.sync.value,
+        timeout=settings.timeout.value,
+        ranks_to_stderr=ranks_to_stderr,
+        detach=detach,
+        inventory=job.inventory_path(setting.value if setting else None),
+        run_id=run_id,
+        extra_files=extra_files,
+        show=show,
+        collect=collect,
+    )
+
+
+def refuse_detached_in_slurm(settings: LaunchSettings) -> None:
+    """A detached run's supervisor on the head reaches the other nodes by ssh, which the
+    nodes of a Slurm allocation may refuse: there, `cpuaccel submit` outlives the shell."""
+    if settings.chosen[0].slurm_job is not None:
+        raise UsageError(
+            f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
+            "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
+            hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
+        )
