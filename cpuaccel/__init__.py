@@ -56,7 +56,13 @@ _LAZY = {
 }
 
 
+# Submodules a user names after ``import cpuaccel`` alone (``cpuaccel.errors.UsageError``).
+_SUBMODULES = ("errors", "notebook")
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"cpuaccel.{name}")
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module 'cpuaccel' has no attribute {name!r}")

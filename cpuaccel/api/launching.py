@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cpuaccel.api.heads import HeadOptions
-from cpuaccel.api.keywords import flags_of_keywords
+from cpuaccel.api.keywords import FlagValues, flags_of_keywords
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.run_handle import Run
 from cpuaccel.api.script import check_script_kind, script_entry
@@ -67,39 +68,62 @@ def launch(
     ``HostError`` (a node could not be reached to start it). A job that starts and fails
     is no exception: its ``Run.wait()`` says how it ended."""
     with quiet_unless(progress):
-        target = target_of(
-            inventory,
-            limit=limit,
-            extra_vars=_with_variables(extra_vars, {}),
-            forks=forks,
-            connect_timeout=connect_timeout,
-            host_key_checking=host_key_checking,
-            config=config,
-            user=user,
-            private_key=private_key,
-        )
-        flags, variables = flags_of_keywords(RUN, settings)
-        if variables:  # the inventory-only settings, as -e sets them
-            target = target_of(
-                inventory,
-                limit=limit,
-                extra_vars=_with_variables(extra_vars, variables),
-                forks=forks,
-                connect_timeout=connect_timeout,
-                host_key_checking=host_key_checking,
-                config=config,
-                user=user,
-                private_key=private_key,
-            )
+        hosts = HostKeywords(
+            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
+            user, private_key,
+        )  # fmt: skip
+        target, settled, flags = settle(hosts, settings)
         project = Path.cwd().resolve()
         what = script_for(os.fspath(script), args, project, flags)
-        report = start(target, target.settings(flags), what, project, detach=detach)
+        report = start(target, settled, what, project, detach=detach)
         if report.ended_by == PREFLIGHT:
             raise PreflightError(report.error or "preflight failed", problems=report.problems)
-        heads = HeadOptions(
-            os.fspath(inventory) if inventory else None, connect_timeout, not host_key_checking
+        return Run.of_report(report, hosts.head_options(), project / "runs")
+
+
+@dataclass(frozen=True)
+class HostKeywords:
+    """The host keywords of an API call, as given (``target_of`` checks them)."""
+
+    inventory: str | os.PathLike[str] | None = None
+    limit: str | None = None
+    extra_vars: Mapping[str, Any] | Sequence[str] = ()
+    forks: int = DEFAULT_FORKS
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    host_key_checking: bool = True
+    config: str | os.PathLike[str] | None = None
+    user: str | None = None
+    private_key: str | os.PathLike[str] | None = None
+
+    def target(self, variables: Mapping[str, Any]) -> Target:
+        """The Target, with ``variables`` (settings the inventory sets) over extra_vars."""
+        return target_of(
+            self.inventory,
+            limit=self.limit,
+            extra_vars=_with_variables(self.extra_vars, variables),
+            forks=self.forks,
+            connect_timeout=self.connect_timeout,
+            host_key_checking=self.host_key_checking,
+            config=self.config,
+            user=self.user,
+            private_key=self.private_key,
         )
-        return Run.of_report(report, heads, project / "runs")
+
+    def head_options(self) -> HeadOptions:
+        """How the run's head is reached later (Run.status, logs, stop, fetch)."""
+        inventory = os.fspath(self.inventory) if self.inventory is not None else None
+        return HeadOptions(inventory, float(self.connect_timeout), not self.host_key_checking)
+
+
+def settle(
+    hosts: HostKeywords, settings: Mapping[str, Any]
+) -> tuple[Target, LaunchSettings, FlagValues]:
+    """The run settings of ``settings`` keywords on ``hosts``, settled as ``cpuaccel run``
+    settles its flags (each with its source: the keyword counts as its flag), the
+    Target, and the flags mapping they were settled from."""
+    flags, variables = flags_of_keywords(RUN, settings)
+    target = hosts.target(variables)
+    return target, target.settings(flags), flags
 
 
 def _with_variables(

@@ -8,13 +8,14 @@ question bounded in time. ``runs()`` lists the project's runs as ``ps`` does.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from cpuaccel.api.heads import HeadOptions, Heads, node_failed
 from cpuaccel.api.output import quiet_unless
@@ -40,6 +41,21 @@ from cpuaccel.history.records import (
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.result import JobReport
 from cpuaccel.jsonsource import describe, loads
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def quiet(method: Callable[P, R]) -> Callable[P, R]:
+    """The method prints nothing (a Run's calls say what they found by returning it)."""
+
+    @functools.wraps(method)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        with quiet_unless(False):
+            return method(*args, **kwargs)
+
+    return call
+
 
 LIVE_TIMEOUT = 10.0  # seconds a head may take to give a detached run's status
 POLL = 2.0  # seconds between two looks at a run being waited for
@@ -94,6 +110,7 @@ class Run:
         return load(self.folder)
 
     # ------------------------------------------------------------ status
+    @quiet
     def status(self) -> dict[str, Any]:
         """The run's row of ``cpuaccel ps --json``: id, script, nodes, ppn, hosts, state,
         exit_code, detached, started, ended, seconds, step, loss, restarts, slurm,
@@ -122,13 +139,20 @@ class Run:
         heads = self.heads.open()
         try:
             files = files_of(run, next(iter(reader.offsets)), lambda: heads.connector(run))
-            yield from lines(reader, files, follow)
+            found = lines(reader, files, follow)
+            while True:  # each step quiet, not the caller's code between two lines
+                with quiet_unless(False):
+                    line = next(found, None)
+                if line is None:
+                    return
+                yield line
         except HostError as exc:
             raise node_failed(exc) from None
         finally:
             heads.close()
 
     # ------------------------------------------------------------ wait
+    @quiet
     def wait(self, timeout: float | None = None, *, poll: float = POLL) -> RunResult:
         """Block until the run has ended, then its ``RunResult`` (a detached run's
         results are fetched from its head first, as ``fetch`` does). ``timeout``
@@ -153,6 +177,7 @@ class Run:
             self.fetch()
         return self.result()
 
+    @quiet
     def result(self) -> RunResult:
         """The ended run's result as recorded in its folder (``wait`` first)."""
         run = self.record()
@@ -165,13 +190,18 @@ class Run:
                 ranks[int(key)] = code if isinstance(code, int) else None
         if self.report is not None and self.report.ranks and not any(ranks.values()):
             ranks = dict(self.report.ranks)
+        state = run.state()
+        if state == "succeeded":  # mpirun exits 0 only when every rank did
+            ranks = {rank: 0 if code is None else code for rank, code in ranks.items()}
+        ranks = {rank: ranks.get(rank) for rank in range(run.world)} if run.world else ranks
         exit_code = run.exit_code()
         seconds = _seconds(status, record)
         return RunResult(
-            self.id, exit_code, run.state(), ranks, seconds, _metrics(self.folder), self.folder
+            self.id, exit_code, state, ranks, seconds, _metrics(self.folder), self.folder
         )
 
     # ------------------------------------------------------------ stop, fetch
+    @quiet
     def stop(self) -> teardown.Stopped:
         """End the run on every node, as ``cpuaccel stop`` does (SIGTERM, SIGKILL, every
         node swept), and verify that nothing of it is left: ``Stopped`` says its state,
@@ -193,6 +223,7 @@ class Run:
         hosts = run_hosts(target.inventory.hosts, record, str(inventory or ""))
         return teardown.stop(self.folder, record, hosts, target.connect, target.forks)
 
+    @quiet
     def fetch(self, *, checkpoints: bool = False) -> Fetched | None:
         """Copy the run's results from its head into its folder, as ``cpuaccel fetch``
         does: metrics.jsonl, checkpoints.json, a detached run's status.json and logs;
