@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.history.rank_logs import _check_known
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, ProjectFileError
+from cpuaccel.history.rank_logs import _check_known
 from cpuaccel.history.records import find_run, load, row, with_slurm
 from cpuaccel.slurm import batch
 from cpuaccel.slurm import queue as jobs
