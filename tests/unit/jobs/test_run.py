@@ -867,7 +867,7 @@ def test_a_default_workdir_is_expanded_by_the_head_node() -> None:
     settings = settings_for(chosen, ppn=1)
     found = {h.name: {**facts(["impi"]), "workdir": "/home/u/cpuaccel"} for h in chosen}
     plan = build_plan(settings, Script("train.py", (), "proj"), found, RUN_ID)
-    assert plan.run_dir == f"/home/u/cpuaccel/history/{RUN_ID}"
+    assert plan.run_dir == f"/home/u/cpuaccel/runs/{RUN_ID}"
     assert "~" not in render_job_files(plan, ConnectOptions())["launch.sh"][1]
 
 
