@@ -117,3 +117,8 @@ class PlaybookError(SourceError):
 
     Found before anything runs on any node; names the file, line and task.
     """
+
+
+class InsecureWarning(UserWarning):
+    """An API call was told to skip a safety check (host keys): said as a Python
+    warning, since the API prints nothing of its own."""

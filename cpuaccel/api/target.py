@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from cpuaccel.config.project_choice import discover_config
 from cpuaccel.config.settings import LaunchSettings, Setting
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.connectors.hostkeys import opt_out_warnings
-from cpuaccel.errors import UsageError
+from cpuaccel.errors import InsecureWarning, UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
@@ -186,7 +187,7 @@ def target_of(
     for name, value in (("limit", limit), ("user", user)):
         if value is not None and not isinstance(value, str):
             raise UsageError(f"{name}={value!r}: expected a string", hint=f"e.g. {name}='...'")
-    return resolve_target(
+    target = resolve_target(
         os.fspath(inventory) if inventory is not None else None,
         limit,
         _extra_words(extra_vars),
@@ -197,6 +198,11 @@ def target_of(
         user,
         os.fspath(private_key) if private_key is not None else None,
     )
+    # An opt-out of host key checks is never silent, output or not: a Python warning,
+    # which the caller's warning filters may still turn into an error or hide.
+    for message in opt_out_warnings(target.hosts, target.connect):
+        warnings.warn(message, InsecureWarning, stacklevel=3)
+    return target
 
 
 def _extra_words(extra_vars: Mapping[str, Any] | Sequence[str]) -> tuple[str, ...]:

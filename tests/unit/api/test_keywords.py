@@ -13,8 +13,9 @@ import pytest
 import cpuaccel
 from cpuaccel.api.keywords import setting_keywords
 from cpuaccel.api.launching import HostKeywords, settle
+from cpuaccel.api.output import quiet_unless
 from cpuaccel.config.settings import FLAG, RUN, TABLE
-from cpuaccel.errors import InventoryError, UsageError
+from cpuaccel.errors import InsecureWarning, InventoryError, UsageError
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
 
 # A value each keyword takes, and what the settled setting then holds (None: the same).
@@ -159,3 +160,15 @@ def test_nodes_min_max_is_a_pair_or_text(here: Path) -> None:
     for given in ((1, 1), "1:1"):
         _, settings, _ = settle(HostKeywords(), {"nodes": given})
         assert settings.nodes.value == 1
+
+
+def test_an_opt_out_of_host_key_checks_warns_though_nothing_is_printed(
+    here: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (here / "inventory.ini").write_text("node9 ansible_host=192.0.2.9\n")
+    with (
+        pytest.warns(InsecureWarning, match=r"host keys are not checked for node9"),
+        quiet_unless(False),  # as every API call runs
+    ):
+        settle(HostKeywords("inventory.ini", host_key_checking=False), {})
+    assert capfd.readouterr() == ("", "")
