@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
 import click
 
-from cpuaccel.config.kinds import Duration, OneOf, WholeNumber
-from cpuaccel.config.settings import Entry
+from cpuaccel.config.kinds import UNSET_WORD, Duration, OneOf, Switch, WholeNumber
+from cpuaccel.config.settings import TABLE, Entry
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.variables import env_name_problem
@@ -117,16 +118,20 @@ def normal_choice(entry: Entry, value: Any) -> Any:
 # ``workdir``, ``backend``...) is given as its variable, as ``-e cpuaccel_python=...``
 # would be, and checked where -e's are. ``hosts`` is derived, and ``slurm`` is
 # ``cpuaccel submit``'s: neither is a keyword.
-NOT_KEYWORDS = frozenset({"hosts", "slurm", "inventory", "limit"})  # the last two: host keywords
+# ``inventory`` and ``limit`` are the host keywords' own (api/target.py).
+NOT_KEYWORDS = frozenset({"hosts", "slurm", "inventory", "limit"})
+# Taken as flags though run has none: sync's --exclude, and --nodes MIN:MAX's floor.
+_AS_FLAGS = frozenset({"exclude", "min_nodes"})
 _RUN_HELP = "see 'cpuaccel run --help'"
 
 
 def setting_keywords(verb: str) -> list[Entry]:
     """The table's entries a call of ``verb`` takes as keywords."""
-    from cpuaccel.config.settings import TABLE
 
-    return [e for e in TABLE if e.name not in NOT_KEYWORDS and (e.takes(verb) or e.variables
-            or e.name in ("exclude", "min_nodes"))]  # fmt: skip
+    def taken(entry: Entry) -> bool:
+        return entry.takes(verb) or bool(entry.variables) or entry.name in _AS_FLAGS
+
+    return [entry for entry in TABLE if entry.name not in NOT_KEYWORDS and taken(entry)]
 
 
 def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, dict[str, Any]]:
@@ -147,13 +152,14 @@ def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, 
     flags = FlagValues()
     names: dict[str, str] = {}
     extra: dict[str, Any] = {}
-    for entry in entries.values():
-        flags.setdefault(entry.name, None) if entry.takes(verb) else None
+    for entry in entries.values():  # a flag not given is None, as click leaves it
+        if entry.takes(verb):
+            flags[entry.name] = None
     for name, value in given.items():
         entry = entries[name]
         if value is None:
             continue
-        if entry.takes(verb) or name in ("exclude", "min_nodes"):
+        if entry.takes(verb) or name in _AS_FLAGS:
             flags[name], spelling = _flag_value(entry, verb, value)
             names[name] = spelling
         else:
@@ -174,8 +180,6 @@ def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, 
 
 def _flag_value(entry: Entry, verb: str, value: Any) -> tuple[Any, str]:
     """A keyword's value as its flag would have it, and the flag's spelling."""
-    from cpuaccel.config.kinds import Switch
-
     flag = entry.flag
     spelling = flag.spelling if flag is not None else f"--{entry.name.replace('_', '-')}"
     if entry.name == "env":
@@ -188,8 +192,6 @@ def _flag_value(entry: Entry, verb: str, value: Any) -> tuple[Any, str]:
                 hint=_RUN_HELP,
             )
         if entry.name == "launcher_args":
-            import shlex
-
             return entry.kind.parse_text(spelling, shlex.join(words)), spelling
         return tuple(words), spelling
     if isinstance(entry.kind, Switch):
@@ -207,8 +209,6 @@ def _flag_value(entry: Entry, verb: str, value: Any) -> tuple[Any, str]:
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise UsageError(f"{spelling} {value!r}: expected a number or text", hint=_RUN_HELP)
         parsed = entry.kind.parse_text(spelling, str(value))
-        from cpuaccel.config.kinds import UNSET_WORD
-
         return (None if parsed == UNSET_WORD else parsed), spelling
     kind = click_type(entry, verb)
     if kind is None:
