@@ -24,7 +24,6 @@ from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import PreflightError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS
-from cpuaccel.jobs import given_id
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import JobFiles, Nodes
 from cpuaccel.jobs.foreground import LineSink
@@ -164,13 +163,15 @@ def start(
     extra_files: JobFiles | None = None,
     show: LineSink | None = None,
     collect: Callable[[RunPlan, Nodes], None] | None = None,
+    run_id: str | None = None,
 ) -> JobReport:
     """The job of ``settings`` started (and, unless ``detach``, supervised to its end):
     how it ended, or how it started. ``extra_files``, ``show``, ``collect``: as
-    ``jobs.launch.launch`` takes them."""
+    ``jobs.launch.launch`` takes them. ``run_id``: one given from outside (``cpuaccel
+    run`` under ``CPUACCEL_RUN_ID``), else a new one: a call from Python never takes
+    the id from its environment."""
     if detach:
         refuse_detached_in_slurm(settings)
-    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
     setting = target.inventory_setting
     return job.launch(
         settings,
@@ -183,7 +184,7 @@ def start(
         ranks_to_stderr=ranks_to_stderr,
         detach=detach,
         inventory=job.inventory_path(setting.value if setting else None),
-        run_id=run_id,
+        run_id=run_id or new_run_id(),
         extra_files=extra_files,
         show=show,
         collect=collect,

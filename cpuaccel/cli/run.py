@@ -284,14 +284,15 @@ def run_command(
     if detach:
         launching.refuse_detached_in_slurm(settings)
     what = launching.script_for(script, script_args, project, flags)
+    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
     if dry_run:
-        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
         return
     page = _run_page(target) if dashboard else None
     launch = functools.partial(
-        launching.start, target, settings, what, project, detach=detach, ranks_to_stderr=as_json
-    )
+        launching.start, target, settings, what, project, detach=detach,
+        ranks_to_stderr=as_json, run_id=run_id,
+    )  # fmt: skip
     report = page.around(launch, detach) if page is not None else launch()
     _finish(report, as_json, page if detach else None)
 

@@ -4,6 +4,7 @@ asked, safe from threads, never exiting the caller."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -119,3 +120,13 @@ def test_a_script_that_is_not_there_raises_and_never_exits(project: Path) -> Non
     with pytest.raises(cpuaccel.errors.UsageError) as missing:
         cpuaccel.launch("nothere.py")
     assert missing.value.message == "nothere.py: no such script"
+
+
+def test_a_call_from_python_never_takes_the_run_id_of_its_environment(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    given = "20260101-000000-abcdef"  # e.g. the calling process is a rank of that run
+    monkeypatch.setenv("CPUACCEL_RUN_ID", given)
+    run = cpuaccel.launch("hello.py", nodes=1, ppn=1)
+    assert run.id != given and run.wait().ok
+    assert os.environ["CPUACCEL_RUN_ID"] == given  # left as it was
