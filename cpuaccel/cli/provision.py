@@ -1,11 +1,13 @@
-"""``cpuaccel provision``: run a playbook (by default the one that makes nodes ready)."""
+"""``cpuaccel provision``: run a playbook (by default the one that makes nodes ready).
+
+The run is the API's (api/provisioning.py); this verb adds what only a command line
+has: the listings, the syntax check, asking -K's password, and the printed recap."""
 
 from __future__ import annotations
 
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +16,17 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.api.target import Target, beside_playbook
+from cpuaccel.api.provisioning import load_playbook, refuse_local_default, run_playbook, tag_set
+from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options, print_hosts
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
-from cpuaccel.executor import ConnectionPool
+from cpuaccel.errors import UsageError
 from cpuaccel.inventory.variables import user_name_problem
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.become import CliBecome
 from cpuaccel.playbook.display import Display, ProgressBar
 from cpuaccel.playbook.loader import Playbook
 from cpuaccel.playbook.modules import MODULES
-from cpuaccel.playbook.strategy import HostStats, LinearStrategy, Listener, default_playbook
+from cpuaccel.playbook.strategy import Listener, default_playbook
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -53,10 +55,6 @@ playbook, inventory or arguments were bad (then nothing ran on any node).
 """
 
 
-def _tags(values: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(t.strip() for v in values for t in v.split(",") if t.strip())
-
-
 def _list_modules() -> None:
     out = ui.stdout()
     for module in MODULES.values():
@@ -69,18 +67,6 @@ def _list_modules() -> None:
             need = " required" if arg.required else ""
             aliases = f" alias {', '.join(arg.aliases)}" if arg.aliases else ""
             out.print(escape(f"    {name}: {arg.kind}{need}{extra}{aliases}"))
-
-
-def _refuse_local_default(target: Target, playbook_path: str | None, tags: tuple[str, ...]) -> None:
-    if target.inventory.source is None and not playbook_path and _tags(tags) != {"wheelhouse"}:
-        # No inventory means this machine alone: the default playbook would reinstall
-        # the environment cpuaccel itself runs from. Only its wheelhouse step is safe.
-        raise UsageError(
-            "no inventory given: the default playbook would provision this machine's own "
-            "Python environment",
-            hint="give the nodes' inventory (cpuaccel provision inventory.yaml); "
-            "--tags wheelhouse alone fills the controller's wheelhouse",
-        )
 
 
 def _list_tasks(playbook: Playbook) -> None:
@@ -131,27 +117,6 @@ def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: boo
     if list_tags:
         _list_tags(playbook)
     return True
-
-
-def _print_json(
-    path: Path,
-    *,
-    check: bool,
-    ok: bool,
-    seconds: float,
-    stats: dict[str, HostStats],
-    log: list[dict[str, Any]],
-) -> None:
-    ui.print_json(
-        {
-            "playbook": str(path),
-            "check": check,
-            "ok": ok,
-            "seconds": round(seconds, 3),
-            "stats": {name: s.to_json() for name, s in stats.items()},
-            "plays": log,
-        }
-    )
 
 
 # ---------------------------------------------------------------- become
@@ -308,38 +273,27 @@ def provision_command(
     path = Path(playbook_path) if playbook_path else default_playbook()
     if _inspect(path, list_tasks=list_tasks, list_tags=list_tags, syntax_check=syntax_check):
         return
-    # Validated whole before anything runs on any node: a bad playbook changes nothing.
-    playbook = loader.load(path)
-    if playbook_path:  # group_vars/ and host_vars/ beside the playbook, as ansible-playbook
-        target = beside_playbook(target, path.parent)
+    path, playbook, target = load_playbook(target, playbook_path)
     if target.list_hosts:
         _list_hosts(playbook, target)
         return
-    _refuse_local_default(target, playbook_path, tags)
+    refuse_local_default(target, playbook_path, tag_set(tags))
     cli_become = become.settle()  # -K asks here, before any node is contacted
     listener = _listener(as_json, diff)
-    started = time.monotonic()
-    with ConnectionPool(target.connect) as pool:
-        runner = LinearStrategy(
-            playbook,
-            target.inventory,
-            target.hosts,
-            pool,
-            forks=target.forks,
-            options=target.connect,
-            check=check,
-            diff=diff,
-            tags=_tags(tags),
-            skip_tags=_tags(skip_tags),
-            listener=listener,
-            become=cli_become,
-        )
-        stats = runner.run()
-    seconds = time.monotonic() - started
-    ok = all(s.succeeded for s in stats.values())
+    found = run_playbook(
+        target,
+        path,
+        playbook,
+        check=check,
+        diff=diff,
+        tags=tag_set(tags),
+        skip_tags=tag_set(skip_tags),
+        become=cli_become,
+        listener=listener,
+    )
     if as_json:
-        _print_json(path, check=check, ok=ok, seconds=seconds, stats=stats, log=runner.log)
+        ui.print_json(found.to_json())
     else:
         assert isinstance(listener, Display)
-        listener.recap(stats, seconds)
-    sys.exit(EXIT_OK if ok else EXIT_NODE_FAILED)
+        listener.recap(found.stats, found.seconds)
+    sys.exit(found.exit_code)

@@ -1,22 +1,19 @@
-"""``cpuaccel sync``: make every node's copy of the project identical to the controller's."""
+"""``cpuaccel sync``: make every node's copy of the project identical to the controller's.
+
+The work is the API's (api/syncing.py); this verb prints each node's line, or JSON."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 
 import click
 
 from cpuaccel import ui
+from cpuaccel.api.syncing import sync_target
 from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.executor import HostResult, Status
-from cpuaccel.projectsync.engine import SyncOptions, sync
-from cpuaccel.projectsync.ignore import check_excludes
-from cpuaccel.projectsync.manifest import build
 from cpuaccel.projectsync.node_result import NodeReport
 from cpuaccel.ui import escape
 
@@ -37,14 +34,6 @@ sources or files: each lands below it under its own name.
 Exit codes: 0 every node matches the source; 1 (--check) some node would change;
 69 a node does not match afterwards or is unreachable; 64 the input was bad.
 """
-
-
-def default_dest(sources: Sequence[str]) -> str:
-    if len(sources) == 1 and os.path.isdir(sources[0]):
-        name = os.path.basename(os.path.abspath(sources[0]))
-    else:
-        name = os.path.basename(os.getcwd())
-    return "{{ cpuaccel_workdir }}/" + (name or "project")
 
 
 def _size(n: int) -> str:
@@ -124,49 +113,23 @@ def sync_command(
     their real paths by rename, so a killed sync leaves no half-written file, and
     every node checks the result against the controller's manifest.
     """
-    paths = list(sources) or ["."]
-    check_excludes(exclude)
-    # The project file's excludes, then --exclude's: both apply.
-    from_project = (target.project.get("exclude") if target.project else None) or []
-    # Hashing is left to the engine, which starts the nodes' connections first.
-    excludes = [*from_project, *exclude]
-    source = build(paths, excludes=excludes, copy_links=copy_links, defer_hashing=True)
-    options = SyncOptions(dest or default_dest(paths), delete, check, copy_links)
-    with ui.progress("syncing", len(target.hosts)) as tracker:
-        results = sync(
-            target.hosts,
-            source,
-            options,
-            forks=target.forks,
-            connect=replace(target.connect, keep=True),
-            on_result=lambda r: tracker.advance(r.host.name),
-        )
+    found = sync_target(
+        target,
+        sources,
+        dest=dest,
+        delete=delete,
+        exclude=exclude,
+        copy_links=copy_links,
+        check=check,
+    )
     if as_json:
-        ui.print_json(
-            {
-                "manifest": source.hash,
-                "files": len(source.entries),
-                "hosts": {
-                    r.host.name: {
-                        "status": r.status.value,
-                        "error": r.error,
-                        "seconds": round(r.seconds, 3),
-                        **(r.value.to_json() if r.value else {}),
-                    }
-                    for r in results
-                },
-            }
-        )
+        ui.print_json(found.to_json())
     else:
-        _print_text(results, diff)
+        _print_text(found.results, diff)
         out = ui.stdout()
-        matching = sum(bool(r.value and r.value.in_sync) for r in results)
+        matching = sum(bool(r.value and r.value.in_sync) for r in found.results)
         out.print(
-            f"{matching}/{len(results)} node(s) match the source "
-            f"({len(source.entries)} entries, manifest {source.hash[:12]})"
+            f"{matching}/{len(found.results)} node(s) match the source "
+            f"({found.files} entries, manifest {found.manifest[:12]})"
         )
-    if any(not r.ok for r in results):
-        sys.exit(EXIT_NODE_FAILED)
-    if all(r.value is not None and r.value.in_sync for r in results):
-        sys.exit(EXIT_OK)
-    sys.exit(EXIT_PROBLEMS if check else EXIT_NODE_FAILED)
+    sys.exit(found.exit_code)

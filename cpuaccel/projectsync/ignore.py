@@ -14,6 +14,7 @@ at rsync's speed.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -48,10 +49,11 @@ def _compile(lines: Sequence[str]) -> pathspec.GitIgnoreSpec:
 def pattern_error(pattern: str) -> str | None:
     """Why PATTERN is not a gitignore pattern (pathspec's words), else None: checked where
     a pattern enters (a rules file's line, the project file's ``exclude``, --exclude), as
-    pathspec refuses a few (a lone ``!`` or ``\\``) with an exception of its own."""
+    pathspec refuses a few (a lone ``!`` or ``\\``) with an exception of its own, and a
+    bracket range whose ends are reversed (``[z-a]``) fails as its regular expression."""
     try:
         _compile([pattern])
-    except ValueError as exc:  # pathspec's GitIgnorePatternError is one
+    except (ValueError, re.error) as exc:  # pathspec's GitIgnorePatternError is a ValueError
         return str(exc)
     return None
 
@@ -139,7 +141,7 @@ class Ignore:
             lines = [line for own in files.values() for line in own]
             try:
                 self._specs[rel_dir] = _compile(lines) if lines else None
-            except ValueError:  # pathspec refused a line: which one, as file:line
+            except (ValueError, re.error):  # a line refused: which one, as file:line
                 for path, own in files.items():
                     _refuse_bad_line(path, own)
                 raise

@@ -337,3 +337,20 @@ def test_a_pattern_pathspec_refuses_is_named_where_it_entered(tmp_path: Path) ->
     with pytest.raises(UsageError, match=r"--exclude '!' is not a gitignore pattern"):
         check_excludes(["data/", "!"])
     check_excludes(["data/", "*.bin", "!keep.bin", "[", "\\!x"])  # every one git takes
+
+
+def test_a_reversed_bracket_range_is_named_where_it_entered(tmp_path: Path) -> None:
+    """``[z-a]`` passes pathspec's own check but fails as its regular expression: said in
+    one line, as a rules file's file:line and as --exclude's pattern."""
+    from cpuaccel.errors import SourceError, UsageError
+    from cpuaccel.projectsync.ignore import check_excludes
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".cpuaccelignore").write_text("data/\n[z-a]\n")
+    with pytest.raises(
+        SourceError, match=r"\.cpuaccelignore:2: not a gitignore pattern: '\[z-a\]'"
+    ):
+        build([str(src)])
+    with pytest.raises(UsageError, match=r"--exclude '\[z-a\]' is not a gitignore pattern"):
+        check_excludes(["data/", "[z-a]"])

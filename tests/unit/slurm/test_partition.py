@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.cli.check import NOT_ALLOWED, held_back, with_refusal
+from cpuaccel.api.checking import NOT_ALLOWED, held_back, with_refusal
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_PROBLEMS, EXIT_USAGE, InventoryError, UsageError
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.facts.problems import find_problems

@@ -1,0 +1,248 @@
+"""Provisioning nodes: a playbook run on every selected host, in parallel, with a recap.
+
+By default the playbook is cpuaccel's own provision.yaml, which makes fresh nodes ready
+to train. ``run_playbook`` runs a loaded playbook on a resolved ``Target``;
+``provision`` is the whole of it from Python, with the host keywords of ``target_of``.
+What the CLI alone does (--list-tasks, --syntax-check, asking -K's password) stays in
+cli/provision.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpuaccel import ui
+from cpuaccel.api.output import quiet_unless
+from cpuaccel.api.target import Target, beside_playbook, target_of
+from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
+from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.inventory.variables import user_name_problem
+from cpuaccel.playbook import loader
+from cpuaccel.playbook.become import CliBecome
+from cpuaccel.playbook.display import Display
+from cpuaccel.playbook.loader import Playbook
+from cpuaccel.playbook.strategy import HostStats, LinearStrategy, Listener, default_playbook
+
+# The tag whose tasks are safe on this machine: they fill the controller's wheelhouse.
+WHEELHOUSE = "wheelhouse"
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    """What a playbook run did (with ``check``: would do): each host's recap counts
+    (``ok changed unreachable failed skipped rescued ignored``), and per play and task
+    each host's result, as ``--json`` lists them."""
+
+    playbook: str
+    check: bool
+    seconds: float
+    stats: Mapping[str, HostStats]
+    plays: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+    @property
+    def ok(self) -> bool:
+        """No host failed a task or was unreachable."""
+        return all(s.succeeded for s in self.stats.values())
+
+    @property
+    def exit_code(self) -> int:
+        """``cpuaccel provision``'s exit code: 0 every host succeeded, 69 one did not."""
+        return EXIT_OK if self.ok else EXIT_NODE_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``cpuaccel provision --json`` prints."""
+        return {
+            "playbook": self.playbook,
+            "check": self.check,
+            "ok": self.ok,
+            "seconds": round(self.seconds, 3),
+            "stats": {name: s.to_json() for name, s in self.stats.items()},
+            "plays": list(self.plays),
+        }
+
+
+def tag_set(values: Iterable[str]) -> frozenset[str]:
+    """Tags as given (each value may hold several, comma-separated) as one set."""
+    return frozenset(t.strip() for v in values for t in v.split(",") if t.strip())
+
+
+def load_playbook(target: Target, playbook: str | None) -> tuple[Path, Playbook, Target]:
+    """The playbook's path (None: cpuaccel's provision.yaml), the playbook, validated
+    whole before anything runs on any node (a bad one raises PlaybookError), and the
+    target with the group_vars/ and host_vars/ beside a given playbook read too, as
+    ansible-playbook reads them."""
+    path = Path(playbook) if playbook else default_playbook()
+    loaded = loader.load(path)
+    if playbook:
+        target = beside_playbook(target, path.parent)
+    return path, loaded, target
+
+
+def refuse_local_default(
+    target: Target,
+    playbook: str | None,
+    tags: frozenset[str],
+    hint: str = "give the nodes' inventory (cpuaccel provision inventory.yaml); "
+    "--tags wheelhouse alone fills the controller's wheelhouse",
+) -> None:
+    """No inventory means this machine alone: the default playbook would reinstall the
+    environment cpuaccel itself runs from (UsageError). Only its wheelhouse step is safe."""
+    if target.inventory.source is None and not playbook and tags != {WHEELHOUSE}:
+        raise UsageError(
+            "no inventory given: the default playbook would provision this machine's own "
+            "Python environment",
+            hint=hint,
+        )
+
+
+def run_playbook(
+    target: Target,
+    path: Path,
+    playbook: Playbook,
+    *,
+    check: bool = False,
+    diff: bool = False,
+    tags: frozenset[str] = frozenset(),
+    skip_tags: frozenset[str] = frozenset(),
+    become: CliBecome | None = None,
+    listener: Listener | None = None,
+) -> ProvisionResult:
+    """Run ``playbook`` (read from ``path``) on the hosts of ``target``, telling
+    ``listener`` each play and task. A host that fails or is unreachable is counted in
+    its stats, not raised."""
+    started = time.monotonic()
+    with ConnectionPool(target.connect) as pool:
+        runner = LinearStrategy(
+            playbook,
+            target.inventory,
+            target.hosts,
+            pool,
+            forks=target.forks,
+            options=target.connect,
+            check=check,
+            diff=diff,
+            tags=tags,
+            skip_tags=skip_tags,
+            listener=listener,
+            become=become,
+        )
+        stats = runner.run()
+    seconds = time.monotonic() - started
+    return ProvisionResult(str(path), check, seconds, stats, tuple(runner.log))
+
+
+def provision(
+    inventory: str | os.PathLike[str] | None = None,
+    *,
+    playbook: str | os.PathLike[str] | None = None,
+    check: bool = False,
+    diff: bool = False,
+    tags: str | Sequence[str] = (),
+    skip_tags: str | Sequence[str] = (),
+    become: bool = False,
+    become_user: str | None = None,
+    become_password: str | None = None,
+    limit: str | None = None,
+    extra_vars: Mapping[str, Any] | Sequence[str] = (),
+    forks: int = DEFAULT_FORKS,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    host_key_checking: bool = True,
+    config: str | os.PathLike[str] | None = None,
+    user: str | None = None,
+    private_key: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+) -> ProvisionResult:
+    """Run a playbook on every node, as ``cpuaccel provision`` does.
+
+    ``playbook``: the playbook file (default: cpuaccel's provision.yaml, which needs an
+    inventory: it is refused on this machine alone, but for ``tags="wheelhouse"``);
+    ``check``: change nothing, report what would change; ``diff``: the text changes of
+    copy and template (in the output, with ``progress``); ``tags`` and ``skip_tags``: only
+    the tasks with these tags, or not those (a string may hold several, comma-separated);
+    ``become``, ``become_user``, ``become_password``: run tasks as ``become_user``
+    (default root) through sudo, as ``-b``, ``--become-user`` and ``-K`` do. The host
+    keywords are ``target_of``'s. Prints the tasks and the recap only with ``progress``.
+
+    Returns a ``ProvisionResult``; ``.ok`` is False when a host failed or was
+    unreachable, which is never raised. Raises ``cpuaccel.errors.UsageError`` for a bad
+    keyword, ``PlaybookError`` for a bad playbook, ``InventoryError`` or
+    ``ProjectFileError`` for a wrong inventory or project file, all before anything runs
+    on any node.
+    """
+    with quiet_unless(progress):
+        if playbook is not None and not isinstance(playbook, (str, os.PathLike)):
+            raise UsageError(
+                f"playbook={playbook!r}: expected a path", hint="e.g. playbook='site.yaml'"
+            )
+        for name, value in (("check", check), ("diff", diff), ("become", become)):
+            if not isinstance(value, bool):
+                raise UsageError(
+                    f"{name}={value!r}: expected True or False", hint=f"e.g. {name}=True"
+                )
+        chosen, skipped = _tags("tags", tags), _tags("skip_tags", skip_tags)
+        settled = _become(become, become_user, become_password)
+        target = target_of(
+            inventory,
+            limit=limit,
+            extra_vars=extra_vars,
+            forks=forks,
+            connect_timeout=connect_timeout,
+            host_key_checking=host_key_checking,
+            config=config,
+            user=user,
+            private_key=private_key,
+        )
+        given = os.fspath(playbook) if playbook is not None else None
+        path, loaded, target = load_playbook(target, given)
+        refuse_local_default(
+            target,
+            given,
+            chosen,
+            hint="give the nodes' inventory (provision('inventory.yaml')); "
+            "tags='wheelhouse' alone fills the controller's wheelhouse",
+        )
+        display = Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
+        found = run_playbook(
+            target,
+            path,
+            loaded,
+            check=check,
+            diff=diff,
+            tags=chosen,
+            skip_tags=skipped,
+            become=settled,
+            listener=display,
+        )
+        display.recap(found.stats, found.seconds)
+        return found
+
+
+def _tags(name: str, value: str | Sequence[str]) -> frozenset[str]:
+    if isinstance(value, str):
+        return tag_set([value])
+    if isinstance(value, Sequence) and all(isinstance(t, str) for t in value):
+        return tag_set(value)
+    raise UsageError(
+        f"{name}={value!r}: expected a tag or a list of tags", hint=f"e.g. {name}=['stack']"
+    )
+
+
+def _become(become: bool, user: str | None, password: str | None) -> CliBecome:
+    """``become``, ``become_user`` and ``become_password`` checked as -b, --become-user
+    and -K's answer are."""
+    if user is not None and not isinstance(user, str):
+        raise UsageError(f"become_user={user!r}: expected a login name", hint="e.g. 'root'")
+    if user is not None and user_name_problem(user) is not None:
+        raise UsageError(f"become_user={user_name_problem(user)}", hint="e.g. become_user='root'")
+    if password is not None and not isinstance(password, str):
+        raise UsageError(
+            "become_password: expected a string",
+            hint="give sudo's password as a str (or set ansible_become_password)",
+        )
+    return CliBecome(become, user, password or None)
