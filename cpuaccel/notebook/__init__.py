@@ -52,7 +52,10 @@ def launch(
     every node."""
     from cpuaccel.notebook.launching import launch_function
 
-    return launch_function(
-        fn, args, nodes=nodes, ppn=ppn, inventory=inventory, gather=gather,
-        progress=progress, settings=settings,
-    )  # fmt: skip
+    try:
+        return launch_function(
+            fn, args, nodes=nodes, ppn=ppn, inventory=inventory, gather=gather,
+            progress=progress, settings=settings,
+        )  # fmt: skip
+    except JobError as exc:  # what happened is on the ranks: no frame of ours to show
+        raise exc.with_traceback(None) from None
