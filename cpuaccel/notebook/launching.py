@@ -13,12 +13,15 @@ here as KeyboardInterrupt.
 from __future__ import annotations
 
 import contextvars
+import linecache
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import CodeType, FunctionType
 from typing import Any, TextIO
 
 from cpuaccel.api.keywords import flags_of_keywords
@@ -104,7 +107,7 @@ def launch_function(
             collect=lambda plan, nodes: outcome.collect(plan, nodes, gather),
             require=lambda facts: version_problems(facts, *kernel_versions()),
         )
-    return finish(report, outcome, gather)
+    return finish(report, outcome, gather, fn)
 
 
 def _target(
@@ -259,8 +262,11 @@ def read_whole(conn: Any, run_dir: str, name: str) -> bytes:
             return b"".join(chunks)
 
 
-def finish(report: JobReport, outcome: Outcome, gather: bool) -> Any:
-    """The job's value, or what it ended with, raised."""
+def finish(
+    report: JobReport, outcome: Outcome, gather: bool, fn: Callable[..., Any] | None = None
+) -> Any:
+    """The job's value, or what it ended with, raised (a traceback with the source lines
+    of ``fn``'s notebook, where this process has them)."""
     run_id = str(report.run_id)
     if report.ended_by == PREFLIGHT:
         raise PreflightError(report.error or "preflight failed", problems=report.problems)
@@ -269,6 +275,7 @@ def finish(report: JobReport, outcome: Outcome, gather: bool) -> Any:
     if outcome.errors:  # the first traceback written: the others may follow from it
         rank = min(outcome.errors, key=lambda r: (outcome.errors[r][2], r))
         host, text, _ = outcome.errors[rank]
+        text = with_source(text, fn) if fn is not None else text
         raise RankError(
             rank, host, text, exit_code=report.exit_code, run_id=run_id, folder=report.folder
         )
@@ -300,3 +307,64 @@ def _ended(report: JobReport, missing: list[int], unread: list[str]) -> str:
     if report.folder:
         says += f"; the ranks' logs are in {report.folder}"
     return says
+
+
+# A frame of a function pickled by value: cloudpickle names no file, the rank has no
+# source to print.
+_DYNAMIC_FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
+
+
+def with_source(text: str, fn: Callable[..., Any]) -> str:
+    """``text`` (a rank's traceback) with the source line under each frame of a function
+    pickled by value, read where it was defined: ``fn``, and the functions and classes
+    of its module (a notebook's cells) that it may have called."""
+    codes = _codes_of(fn)
+    lines = text.splitlines(keepends=True)
+    shown: list[str] = []
+    for index, line in enumerate(lines):
+        shown.append(line)
+        match = _DYNAMIC_FRAME.match(line.rstrip("\n"))
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if match is None or following.startswith("    "):
+            continue
+        number = int(match[1])
+        for code in codes.get(match[2], ()):
+            if number in {n for _, _, n in code.co_lines()}:
+                source = linecache.getline(code.co_filename, number).strip()
+                if source:
+                    shown.append(f"    {source}\n")
+                    break
+    return "".join(shown)
+
+
+def _codes_of(fn: Callable[..., Any]) -> dict[str, list[CodeType]]:
+    """The code objects of ``fn``, of the functions and classes defined in its module,
+    and those nested in them, by name."""
+    found: dict[str, list[CodeType]] = {}
+    seen: set[int] = set()
+
+    def walk(code: CodeType) -> None:
+        if id(code) in seen:
+            return
+        seen.add(id(code))
+        found.setdefault(code.co_name, []).append(code)
+        for const in code.co_consts:
+            if isinstance(const, CodeType):
+                walk(const)
+
+    def add(value: Any) -> None:
+        value = getattr(value, "__func__", value)  # a staticmethod's or classmethod's
+        if isinstance(value, FunctionType):
+            walk(value.__code__)
+
+    add(fn)
+    module = getattr(fn, "__module__", None)
+    for value in list(getattr(fn, "__globals__", {}).values()):
+        if getattr(value, "__module__", None) != module:
+            continue
+        if isinstance(value, type):
+            for member in list(vars(value).values()):
+                add(member)
+        else:
+            add(value)
+    return found

@@ -142,6 +142,8 @@ def test_a_rank_that_raises_is_the_cells_error_with_its_traceback(
     assert "rank 1 on node2" in error.evalue
     assert "Traceback (most recent call last):" in error.evalue
     assert ", in check" in error.evalue
+    # The cell's own source line, which the node did not have, under its frame.
+    assert "\n    raise ValueError(f'rank {rank} is over the limit {limit}')\n" in error.evalue
     assert error.evalue.endswith("ValueError: rank 1 is over the limit 7")
     # The rank's own lines were shown as they came, labelled.
     assert "[rank 1 node2] ValueError: rank 1 is over the limit 7" in streams(cell, "stderr")

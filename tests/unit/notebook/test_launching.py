@@ -199,3 +199,43 @@ def test_a_node_with_other_versions_fails_the_preflight(
     assert f"localhost: Python {mine} with cloudpickle " in text
     assert "this notebook runs Python 3.99 with cloudpickle 0.0.1" in text
     assert not (here / "runs").exists() or not any((here / "runs").iterdir())
+
+
+# ---------------------------------------------------------------- the traceback's source
+
+
+class Checker:
+    def check(self, value: int) -> None:
+        raise ValueError(f"bad {value}")  # the method's line
+
+
+def calls_a_checker(value: int) -> None:
+    Checker().check(value)  # the function's line
+
+
+def test_frames_pickled_by_value_get_their_source_lines_back() -> None:
+    import inspect
+
+    first = inspect.getsourcelines(calls_a_checker)[1] + 1
+    method = inspect.getsourcelines(Checker.check)[1] + 1
+    remote = (
+        "Traceback (most recent call last):\n"
+        f'  File "<dynamic-code>", line {first}, in calls_a_checker\n'
+        f'  File "<dynamic-code>", line {method}, in check\n'
+        '  File "/usr/lib/python3/x.py", line 3, in elsewhere\n'
+        "    kept as it is\n"
+        "ValueError: bad 3\n"
+    )
+    shown = launching.with_source(remote, calls_a_checker).splitlines()
+    assert shown == [
+        "Traceback (most recent call last):",
+        f'  File "<dynamic-code>", line {first}, in calls_a_checker',
+        "    Checker().check(value)  # the function's line",
+        f'  File "<dynamic-code>", line {method}, in check',
+        '    raise ValueError(f"bad {value}")  # the method\'s line',
+        '  File "/usr/lib/python3/x.py", line 3, in elsewhere',
+        "    kept as it is",
+        "ValueError: bad 3",
+    ]
+    unknown = '  File "<dynamic-code>", line 1, in nowhere\nValueError: x\n'
+    assert launching.with_source(unknown, calls_a_checker) == unknown
