@@ -170,7 +170,7 @@ def test_a_function_runs_on_every_rank_of_this_machine(
     out = capsys.readouterr()
     assert out.out == "rank 0 here\n"  # rank 0's line alone, and nothing of cpuaccel's
     assert out.err == ""
-    values = notebook.launch(where, 5, nodes=1, ppn=2, gather=True, env=ENV)
+    values = notebook.launch(where, 5, ppn=2, gather=True, env=ENV)  # nodes=1: this machine
     assert values == [(0, 2, 10), (1, 2, 10)]
     assert len(list((here / "runs").iterdir())) == 2
 
