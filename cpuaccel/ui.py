@@ -59,6 +59,9 @@ def _console(stream: Any) -> Console:
         # not turned into a picture (escape() guards markup, not emoji codes).
         emoji=False,
         soft_wrap=True,
+        # In a Jupyter kernel rich would show its output as the cell's display data,
+        # whatever the stream: the stream chosen (ui.streams: none at all) holds.
+        force_jupyter=False,
         # Piped output is read by scripts and people's pagers: never truncate a table.
         width=None if getattr(stream, "isatty", lambda: False)() else 250,
     )

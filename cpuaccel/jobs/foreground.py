@@ -204,6 +204,7 @@ class ForegroundRun(Supervised):
         out: Console,
         extra_files: JobFiles | None = None,
         show: LineSink | None = None,
+        show_group: GroupSink | None = None,
     ) -> None:
         err = ui.stderr()
         me = {
@@ -220,7 +221,9 @@ class ForegroundRun(Supervised):
         self.min_nodes = min_nodes  # --nodes MIN:MAX: lost nodes may be left out
         # A traceback every rank raises is shown once (jobs/tracebacks.py).
         self.extra_files = dict(extra_files or {})  # every attempt's, with its own
-        self.folding = tracebacks.Folding(show or terminal(out, err), terminal_group(err))
+        self.folding = tracebacks.Folding(
+            show or terminal(out, err), show_group or terminal_group(err)
+        )
         self.show = self.folding
 
     @property
@@ -321,6 +324,8 @@ def host_keys(plan: RunPlan, nodes: Nodes) -> dict[str, str]:
 
 # A rank's line: (stream "out" or "err", rank or None for the launcher, host, text).
 LineSink = Callable[[str, int | None, str, str], None]
+# One traceback several ranks raised: (the ranks, their hosts, its lines).
+GroupSink = Callable[[Sequence[int], Sequence[str], Sequence[str]], None]
 
 
 def terminal(out: Console, err: Console) -> LineSink:
@@ -337,7 +342,7 @@ def terminal(out: Console, err: Console) -> LineSink:
     return show
 
 
-def terminal_group(err: Console) -> Callable[[Sequence[int], Sequence[str], Sequence[str]], None]:
+def terminal_group(err: Console) -> GroupSink:
     """One traceback that several ranks raised, each line labelled with all of them:
     ``[ranks 0-3 node0]`` (``[ranks 0-15 4 nodes]`` over more than two nodes)."""
 

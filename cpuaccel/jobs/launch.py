@@ -37,7 +37,14 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic
 from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files, forget_secrets
 from cpuaccel.jobs.elastic import PreflightFailed
-from cpuaccel.jobs.foreground import ForegroundRun, LineSink, host_keys, plan_for, supervise
+from cpuaccel.jobs.foreground import (
+    ForegroundRun,
+    GroupSink,
+    LineSink,
+    host_keys,
+    plan_for,
+    supervise,
+)
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
 from cpuaccel.jobs.preflight import run_preflight
@@ -54,6 +61,9 @@ from cpuaccel.node.supervisor import Attempt, Limits, Outcome
 from cpuaccel.projectsync.engine import SyncOptions, sync
 from cpuaccel.projectsync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
+
+# A caller's own checks of the nodes' facts (by inventory name), before any job starts.
+Require = Callable[[dict[str, Facts]], list[Problem]]
 
 
 def _local_project(settings: LaunchSettings, project: Path) -> str | None:
@@ -84,7 +94,9 @@ def launch(
     run_id: str | None = None,
     extra_files: JobFiles | None = None,
     show: LineSink | None = None,
+    show_group: GroupSink | None = None,
     collect: Callable[[RunPlan, Nodes], None] | None = None,
+    require: Require | None = None,
 ) -> JobReport:
     """Preflight (and sync), copy, launch and supervise the job; how it ended.
 
@@ -95,8 +107,11 @@ def launch(
     ``run_id``: given from outside (jobs/given_id.py), else a new one.
     ``extra_files``: more files for the run folder on every node, with the job's own
     (a notebook's function). ``show``: where the ranks' lines go instead of the
-    terminal (tracebacks still folded). ``collect``: called once a foreground job has
-    ended, with its last plan and the nodes' connections still open."""
+    terminal (tracebacks still folded); ``show_group``: where a traceback several ranks
+    raised goes (with ``show`` and without it: the terminal). ``collect``: called once a
+    foreground job has ended, with its last plan and the nodes' connections still open.
+    ``require``: the caller's own checks of the nodes' facts, problems of the preflight
+    like the others (no job starts while one is an error)."""
     started = time.monotonic()
     run_id = run_id or new_run_id()
     local = _local_project(settings, project)
@@ -105,7 +120,7 @@ def launch(
 
         def check(draft: RunPlan) -> dict[str, Facts]:
             return _preflight_and_sync(
-                settings, draft, project, allow_sync, local is not None, nodes
+                settings, draft, project, allow_sync, local is not None, nodes, require
             )
 
         min_nodes = settings.min_nodes.value
@@ -141,7 +156,7 @@ def launch(
         out = ui.stderr() if ranks_to_stderr else ui.stdout()
         run = ForegroundRun(plan, nodes, run_dir, limits, local=local is not None, again=check,
                             min_nodes=min_nodes, out=out, extra_files=extra_files,
-                            show=show)  # fmt: skip
+                            show=show, show_group=show_group)  # fmt: skip
         try:
             run.copy(plan, files)
             outcome, history = supervise(run, inventory)
@@ -258,13 +273,14 @@ def _preflight_and_sync(
     allow_sync: bool,
     local: bool,
     nodes: Nodes,
+    require: Require | None = None,
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts.
     The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
     source = build([str(project)], excludes=settings.exclude.value)
     nodes.kept.close()  # an earlier pass's (a restart's, --nodes MIN:MAX's): new ones come
     try:
-        return _checked(settings, draft, allow_sync, local, nodes, source)
+        return _checked(settings, draft, allow_sync, local, nodes, source, require)
     except BaseException:  # no job starts: EOF ends every kept program, nothing written
         nodes.kept.close()
         raise
@@ -277,6 +293,7 @@ def _checked(
     local: bool,
     nodes: Nodes,
     source: SourceManifest,
+    require: Require | None = None,
 ) -> dict[str, Facts]:
     launcher = settings.launcher.value
     reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
@@ -297,6 +314,8 @@ def _checked(
         )
         reached = reach.problems()
     problems = list(found.errors) + reached
+    if require is not None:  # the caller's checks, of the nodes that answered
+        problems += [p for p in require(found.facts) if p.severity == ERROR]
     if found.stale and not allow_sync:
         problems += [
             Problem(

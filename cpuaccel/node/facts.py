@@ -36,6 +36,8 @@ PACKAGES = {
     "mpi4py": "mpi4py",
     "accelerate": "accelerate",
     "cpuaccel": "cpuaccel",
+    # A notebook's function reaches the ranks pickled by the kernel's cloudpickle.
+    "cloudpickle": "cloudpickle",
 }
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 
