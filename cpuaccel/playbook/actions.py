@@ -15,7 +15,7 @@ import os
 import posixpath
 import shlex
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -276,6 +276,22 @@ def self_requirements() -> list[str]:
     return [r for r in requires if "extra ==" not in r and "extra==" not in r]
 
 
+def controller_pins(names: Sequence[Any]) -> list[str]:
+    """``NAME==VERSION`` of each package as the controller has it installed (those it
+    has not are left out): what must be the same on the nodes as here, e.g. cloudpickle,
+    which a notebook's function is pickled with on the controller and read with on
+    every rank."""
+    import importlib.metadata
+
+    pins = []
+    for name in names:
+        try:
+            pins.append(f"{name}=={importlib.metadata.version(str(name))}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return pins
+
+
 def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:
     """Wheels for offline nodes, filled on the controller (which can reach an index)."""
     from cpuaccel.playbook import wheels
@@ -284,6 +300,8 @@ def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, 
     requirements = list(args.get("requirements") or [])
     if args.get("include_self"):
         requirements += self_requirements()
+    pinned = controller_pins(args.get("same_as_controller") or [])
+    requirements += pinned
     constraints = Path(str(args["constraints"])).expanduser() if args.get("constraints") else None
     filled = (
         wheels.fill_wheelhouse(
@@ -300,6 +318,7 @@ def _wheelhouse(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, 
         "failed": False,
         "path": str(dest),
         "files": list(filled.files) if filled else [],
+        "pinned": pinned,
     }
     if args.get("include_self"):
         # Its own folder: the self wheel changes with every code change, and must not

@@ -207,6 +207,8 @@ MODULES: dict[str, Module] = {
                 "include_self": Arg("bool", default=True),
                 # pip download's --extra-index-url: e.g. PyTorch's CPU-only wheel index
                 "extra_index_url": Arg("list"),
+                # packages pinned at the controller's installed version (result: pinned)
+                "same_as_controller": Arg("list"),
             },
             on_controller=True,
             summary="fill a folder on the controller with wheels for offline nodes (pip "

@@ -191,3 +191,30 @@ def test_wheelhouse_names_a_missing_package(tmp_path: Path, local_index: Path) -
     assert error.hint is not None and "--find-links" in error.hint
     assert "\n" not in error.message
     assert not (tmp_path / "wheelhouse" / wheels.STAMP_NAME).exists()
+
+
+def test_same_as_controller_pins_what_the_controller_has_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    from cpuaccel.playbook import actions, wheels
+
+    asked: list[list[str]] = []
+
+    def fill(dest: Path, requirements: list[str], **_: object) -> wheels.WheelhouseResult:
+        asked.append(list(requirements))
+        return wheels.WheelhouseResult(dest, True, (), 0.0)
+
+    monkeypatch.setattr(wheels, "fill_wheelhouse", fill)
+    args = {
+        "dest": str(tmp_path / "wh"),
+        "requirements": ["mpi4py"],
+        "include_self": False,
+        "same_as_controller": ["cloudpickle", "no-such-package-here"],
+    }
+    result = actions._wheelhouse(None, args, {})  # type: ignore[arg-type]
+    version = importlib.metadata.version("cloudpickle")
+    # The nodes get the controller's own version; a package it lacks is not asked for.
+    assert result["pinned"] == [f"cloudpickle=={version}"]
+    assert asked == [["mpi4py", f"cloudpickle=={version}"]]
