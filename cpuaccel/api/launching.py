@@ -26,7 +26,8 @@ from cpuaccel.errors import PreflightError, UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import JobFiles, Nodes
-from cpuaccel.jobs.foreground import LineSink
+from cpuaccel.jobs.foreground import GroupSink, LineSink
+from cpuaccel.jobs.launch import Require
 from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 
@@ -162,14 +163,16 @@ def start(
     ranks_to_stderr: bool = False,
     extra_files: JobFiles | None = None,
     show: LineSink | None = None,
+    show_group: GroupSink | None = None,
     collect: Callable[[RunPlan, Nodes], None] | None = None,
+    require: Require | None = None,
     run_id: str | None = None,
 ) -> JobReport:
     """The job of ``settings`` started (and, unless ``detach``, supervised to its end):
-    how it ended, or how it started. ``extra_files``, ``show``, ``collect``: as
-    ``jobs.launch.launch`` takes them. ``run_id``: one given from outside (``cpuaccel
-    run`` under ``CPUACCEL_RUN_ID``), else a new one: a call from Python never takes
-    the id from its environment."""
+    how it ended, or how it started. ``extra_files``, ``show``, ``show_group``,
+    ``collect``, ``require``: as ``jobs.launch.launch`` takes them. ``run_id``: one
+    given from outside (``cpuaccel run`` under ``CPUACCEL_RUN_ID``), else a new one: a
+    call from Python never takes the id from its environment."""
     if detach:
         refuse_detached_in_slurm(settings)
     setting = target.inventory_setting
@@ -187,7 +190,9 @@ def start(
         run_id=run_id or new_run_id(),
         extra_files=extra_files,
         show=show,
+        show_group=show_group,
         collect=collect,
+        require=require,
     )
 
 

@@ -24,20 +24,16 @@ from pathlib import Path
 from types import CodeType, FunctionType
 from typing import Any, TextIO
 
-from cpuaccel.api.keywords import flags_of_keywords
+from cpuaccel.api.launching import HostKeywords, settle, start
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
-from cpuaccel.api.target import Target, target_of
-from cpuaccel.config.settings import RUN
 from cpuaccel.errors import CpuaccelError, PreflightError, UsageError
 from cpuaccel.executor import run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.history import node_files as runfiles
-from cpuaccel.jobs import given_id
-from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
-from cpuaccel.jobs.plan import RunPlan, new_run_id
+from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import PLAIN
 from cpuaccel.jobs.tracebacks import ranks_text
@@ -78,29 +74,21 @@ def launch_function(
             "while this call waits",
             hint="use cpuaccel.launch for a script, a module or a detached run",
         )
-    hosts = {k: settings[k] for k in HOST_KEYWORDS if k in settings}
+    hosts = HostKeywords(inventory, **{k: settings[k] for k in HOST_KEYWORDS if k in settings})
     run_settings = {k: v for k, v in settings.items() if k not in HOST_KEYWORDS}
     run_settings.update({k: v for k, v in (("nodes", nodes), ("ppn", ppn)) if v is not None})
     call = payload.dumps(payload.Call(fn, tuple(args), gather))  # before any node is asked
     sink = CellOutput(sys.stdout, sys.stderr)
     project = Path.cwd().resolve()
     with quiet_unless(progress):
-        target, flags = _target(inventory, hosts, run_settings)
+        target, chosen, _ = settle(hosts, run_settings)
         what = script_entry(RANK_MODULE, (), project, True, False)
-        chosen = target.settings(flags)
-        run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
         outcome = Outcome()
-        setting = target.inventory_setting
-        report = job.launch(
+        report = start(
+            target,
             chosen,
             what,
             project,
-            connect=target.connect,
-            forks=target.forks,
-            allow_sync=chosen.sync.value,
-            timeout=chosen.timeout.value,
-            inventory=job.inventory_path(setting.value if setting else None),
-            run_id=run_id,
             extra_files={payload.CALL: (PLAIN, call)},
             show=sink,
             show_group=sink.group,
@@ -108,27 +96,6 @@ def launch_function(
             require=lambda facts: version_problems(facts, *kernel_versions()),
         )
     return finish(report, outcome, gather, fn)
-
-
-def _target(
-    inventory: str | os.PathLike[str] | None,
-    hosts: dict[str, Any],
-    settings: Mapping[str, Any],
-) -> tuple[Target, Any]:
-    """The hosts and the flags of the settings, as ``cpuaccel.launch`` makes them (the
-    inventory-only settings given as its variables)."""
-    target = target_of(inventory, **hosts)
-    flags, variables = flags_of_keywords(RUN, settings)
-    if variables:
-        given = hosts.get("extra_vars") or {}
-        if isinstance(given, Mapping):
-            extra: Mapping[str, Any] | Sequence[str] = {**given, **variables}
-        else:
-            import json
-
-            extra = [*given, json.dumps(dict(variables))]
-        target = target_of(inventory, **{**hosts, "extra_vars": extra})
-    return target, flags
 
 
 # ---------------------------------------------------------------- the cell's output
