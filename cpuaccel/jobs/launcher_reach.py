@@ -1,6 +1,8 @@
-"""The launcher check: the head node's own ssh (the run's ``ssh.sh NODE true``, with the
+"""The launcher check: the head node's own ssh (the run's ``ssh.sh -N NODE``, with the
 run's ssh_config and known_hosts) to every other node, all at once, within run's
-preflight and ``check``: no job starts that MPI's launcher cannot start. A failing pair
+preflight and ``check``: no job starts that MPI's launcher cannot start. ``-N``: it
+authenticates and opens no session, so no shell (and no ~/.bashrc) runs on the node for
+it; the login is kept as an ssh master, which is how ssh returns. A failing pair
 is one problem naming head -> node and the fix (``unreached``: from ssh's exit code
 and last line).
 
@@ -27,7 +29,7 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import RunPlan
 
-REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
+REACH_TIMEOUT = 15.0  # seconds for every ssh.sh -N NODE from the head, all at once
 
 
 class LauncherReach:
@@ -138,7 +140,7 @@ def check_launcher_reach(
     targets: Sequence[Host],
     folder: str | None = None,
 ) -> list[Problem]:
-    """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
+    """From the head node, ``ssh.sh -N NODE`` to every node of ``targets`` at once,
     with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
     proxies. A pair that fails is one problem naming head -> node and the fix.
     ``folder``: the head first makes the folder of the masters ``files`` keep open
