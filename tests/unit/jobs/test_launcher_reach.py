@@ -21,11 +21,12 @@ from typing import Any, cast
 
 import pytest
 
-from cpuaccel.connectors import controlpath, openssh
+from cpuaccel.connectors import choose, controlpath, openssh
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool, HostResult, Status
+from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launcher_reach
 from cpuaccel.jobs.launcher_reach import check_launcher_reach
@@ -84,6 +85,8 @@ def test_reach_problems_name_the_pair_and_the_fix(tmp_path: Path) -> None:
 
 
 class _Connected:
+    opens_lazily = False  # a paramiko connection: its key known once connected
+
     def __init__(self, host: Host, key: str) -> None:
         self.host = host
         self.key = key
@@ -126,7 +129,7 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     reach = launcher_reach.LauncherReach(
         plan,
         ConnectOptions(),
-        cast(ConnectionPool, SimpleNamespace(get=lambda h: None)),
+        cast(ConnectionPool, SimpleNamespace(get=lambda h: None, options=ConnectOptions())),
         keep_masters=keep_masters,
     )
     reach.connected(cast(Connector, _Connected(chosen[0], "ssh-ed25519 K1")))
@@ -139,6 +142,59 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     known = "n1,10.0.0.1 ssh-ed25519 K1\nn2,10.0.0.2 ssh-ed25519 K2\n"
     # Once, in a folder of its own on the head, to the node the controller reached.
     assert calls == [(f"/tmp/cpuaccel-reach-{RUN_ID}", ["n2"], known)]
+
+
+class _Lazy(_Connected):
+    opens_lazily = True  # an OpenSSH master: its key read from known_hosts before it opens
+
+
+def test_with_every_key_known_before_connecting_the_check_starts_at_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenSSH masters verify against known_hosts only: the keys are known before the
+    probes end, so the head's check runs beside them. A node (or head) the controller's
+    probe finds failed after the start is left out of its problems, as before."""
+    calls: list[tuple[list[str], str]] = []
+
+    def every_pair_fails(
+        conn: Any, plan: RunPlan, files: Any, targets: list[Host], folder: str | None = None
+    ) -> list[Problem]:
+        calls.append(([t.name for t in targets], files["known_hosts"][1]))
+        return [Problem(ERROR, f"n1 -> {t.name}", "cannot ssh") for t in targets]
+
+    monkeypatch.setattr(launcher_reach, "check_launcher_reach", every_pair_fails)
+    keys = {f"n{i}": f"ssh-ed25519 K{i}" for i in (1, 2, 3, 4)}
+    monkeypatch.setattr(choose, "connector_for", lambda host, _: _Lazy(host, keys[host.name]))
+    chosen = [
+        Host(f"n{i}", {"ansible_host": f"10.0.0.{i}", "ansible_port": 22, "cpuaccel_workdir": "/w"})
+        for i in (1, 2, 3, 4)
+    ]
+    pool = cast(ConnectionPool, SimpleNamespace(get=lambda h: None, options=ConnectOptions()))
+
+    def started(*events: Any) -> launcher_reach.LauncherReach:
+        reach = launcher_reach.LauncherReach(plan_of(chosen), ConnectOptions(), pool)
+        for event in events:
+            if isinstance(event, HostResult):
+                reach.finished(event)
+            else:
+                reach.connected(cast(Connector, _Lazy(event, keys[event.name])))
+        return reach
+
+    down = HostResult(chosen[3], Status.UNREACHABLE, error="refused")
+    reach = started(chosen[1])  # n2's probe ended first; n1, n3 and n4 still at work
+    assert reach._thread is not None
+    reach._thread.join()
+    known = "".join(f"n{i},10.0.0.{i} ssh-ed25519 K{i}\n" for i in (1, 2, 3, 4))
+    assert calls == [(["n2", "n3", "n4"], known)]
+    for host in (chosen[0], chosen[2]):
+        reach.connected(cast(Connector, _Lazy(host, keys[host.name])))
+    reach.finished(down)  # n4 found unreachable after the start
+    assert [p.host for p in reach.problems()] == ["n1 -> n2", "n1 -> n3"]
+    # n4 failed before: never tried. The head failed after the start: nothing to say.
+    assert [p.host for p in started(down, chosen[2]).problems()] == ["n1 -> n2", "n1 -> n3"]
+    assert calls[-1][0] == ["n2", "n3"]
+    head_down = HostResult(chosen[0], Status.UNREACHABLE, error="refused")
+    assert started(chosen[1], head_down).problems() == []
 
 
 def test_reach_never_uses_a_folder_it_did_not_make(tmp_path: Path) -> None:
