@@ -200,11 +200,39 @@ def reach(
             config = own_masters(own) + config  # ssh takes a keyword's first value
         # Every handshake without sntrup761 (node/mux.fast_kex): a check's or a run's.
         files = {**files, "ssh_config": (mode, config + fast_kex())}
+    started = time.monotonic()
+    lock = _one_at_a_time(mux, timeout) if kept and own is None and mux is not None else None
+    left = max(1.0, timeout - (time.monotonic() - started))
     try:
-        return {"reach": _reach_all(run_dir, timeout, hosts, files, mux, own or mux, kept=kept)}
+        return {"reach": _reach_all(run_dir, left, hosts, files, mux, own or mux, kept=kept)}
     finally:
+        if lock is not None:
+            os.close(lock)  # and the lock with it
         if own is not None:
             shutil.rmtree(own, ignore_errors=True)
+
+
+def _one_at_a_time(folder: str, timeout: float) -> int | None:
+    """A descriptor of check's kept folder, locked (flock) for this reach, after the
+    reach of another check at the same moment has ended (at most ``timeout`` s, then on
+    without). Two at once would both try to become a node's master: the loser's
+    ``ssh -N`` finds the socket taken, stays a plain connection and never returns; one
+    after the other, the second finds the first's masters alive (``_live_masters``)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                return fd
+            time.sleep(0.02)
 
 
 def _reach_all(

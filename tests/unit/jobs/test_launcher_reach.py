@@ -7,6 +7,7 @@ way."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -391,6 +392,27 @@ def test_check_keeps_its_masters_folder_private_and_reuses_it(tmp_path: Path, ke
     assert not (tmp_path / "r").exists()  # the run folder of the check: removed
     with pytest.raises(SystemExit, match="not a folder of cpuaccel"):
         jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, "/etc/cpuaccel-mux-x", kept=True)
+
+
+def test_two_checks_at_once_reach_one_after_the_other(tmp_path: Path, kept: str) -> None:
+    """Both would try to become each node's master, and the loser's ssh -N would never
+    return: the second check's reach waits for the first's (a lock on the folder)."""
+    os.mkdir(kept, 0o700)
+    first = os.open(kept, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(first, fcntl.LOCK_EX)  # the first check's reach, still at work
+    files = {"ssh.sh": (0o700, FAKE_SSH)}
+    found: list[Any] = []
+
+    def second() -> None:
+        found.append(jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, kept, kept=True))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(0.5)
+    assert found == []
+    os.close(first)  # the first one ended
+    thread.join(5)
+    assert found == [{"reach": {"n2": [0, ""]}}]
 
 
 def test_check_uses_no_master_in_a_folder_others_can_enter(tmp_path: Path, kept: str) -> None:
