@@ -358,16 +358,18 @@ def mux_dir(run_id: str) -> str:
 
 def ssh_config_mux(run_id: str) -> str:
     """The block that lets MPI's ssh reuse the connections the preflight's launcher
-    check opened (``ssh.sh -M NODE true``, which stays ControlPersist seconds): the
+    check opened (``ssh.sh -N NODE``, which stays ControlPersist seconds): the
     launch then costs no second SSH handshake a node. ``ControlMaster`` stays no for
     every other ssh, so a missing master means a plain connection, never a new master."""
     return f"Host *\n    ControlPath {mux_dir(run_id)}/%C\n    ControlPersist {MUX_PERSIST}\n"
 
 
 def ssh_config_master() -> str:
-    """Appended to the preflight's own copy of the ssh_config only: its ``ssh.sh NODE
-    true`` opens the masters (kept ControlPersist seconds) that the launch reuses."""
-    return "Host *\n    ControlMaster yes\n"
+    """Appended to the preflight's own copy of the ssh_config only: its ``ssh.sh -N
+    NODE`` opens the masters (kept ControlPersist seconds) that the launch reuses, or
+    finds the one an earlier pass of the same run left (``auto``: ``-N`` through a
+    live master returns at once; with ``yes`` it would connect on its own and stay)."""
+    return "Host *\n    ControlMaster auto\n"
 
 
 def known_hosts_line(host: Host, key: str) -> str:

@@ -1,6 +1,8 @@
-"""The launcher check: the head node's own ssh (the run's ``ssh.sh NODE true``, with the
+"""The launcher check: the head node's own ssh (the run's ``ssh.sh -N NODE``, with the
 run's ssh_config and known_hosts) to every other node, all at once, within run's
-preflight and ``check``: no job starts that MPI's launcher cannot start. A failing pair
+preflight and ``check``: no job starts that MPI's launcher cannot start. ``-N``: it
+authenticates and opens no session, so no shell (and no ~/.bashrc) runs on the node for
+it; the login is kept as an ssh master, which is how ssh returns. A failing pair
 is one problem naming head -> node and the fix (``unreached``: from ssh's exit code
 and last line).
 
@@ -27,13 +29,18 @@ from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import RunPlan
 
-REACH_TIMEOUT = 15.0  # seconds for every ssh.sh NODE true from the head, all at once
+REACH_TIMEOUT = 15.0  # seconds for every ssh.sh -N NODE from the head, all at once
 
 
 class LauncherReach:
     """The head node's ssh.sh to every other node, within the preflight pass: it starts
-    on a channel of its own once the controller has connected to every node (their keys
-    are what the run's known_hosts holds), beside the head's own probe.
+    on a channel of its own once the controller knows every node's key (what the run's
+    known_hosts holds), beside the probes. Those keys are known at the first connection
+    when the controller's connections are OpenSSH masters and every node's key is
+    already in known_hosts (ssh accepts no other); else once the controller has
+    connected to every node. A pair whose node, or whose head, the controller's own
+    probe then finds failed is left out of the problems: those checks name what is
+    wrong, as when the reach waits for every node.
 
     The files are the draft plan's ssh files, placed in a folder of their own on the
     head (``/tmp/cpuaccel-reach-<run id>``, made exclusively and removed after)."""
@@ -64,30 +71,64 @@ class LauncherReach:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._problems: list[Problem] = []
+        self._started = False
+        self._looked = False  # whether the keys known before connecting were looked up
 
     def connected(self, conn: Connector) -> None:
-        self._settle(conn.host.name, conn.host_key(), ok=True)
+        known = None
+        if conn.opens_lazily and not self._looked:  # the first connection (or a few)
+            self._looked = True
+            known = self._known_keys()
+        self._settle(conn.host.name, conn.host_key(), ok=True, known=known)
 
     def finished(self, result: HostResult[Any]) -> None:
         self._settle(result.host.name, None, ok=result.ok)  # no-op once connected
 
-    def _settle(self, name: str, key: str | None, *, ok: bool) -> None:
+    def _known_keys(self) -> dict[str, str] | None:
+        """Every host's key as its connection will verify it, when each is an OpenSSH
+        master (its key read from known_hosts before it opens, the only one ssh
+        accepts) and has one there; None otherwise (a key learned by connecting, a
+        connector that tells it only once connected)."""
+        from cpuaccel.connectors.choose import connector_for
+
+        with self._lock:
+            waiting = [h for h in self.plan.hosts if h.name in self._waiting]
+        keys = {}
+        for host in waiting:
+            if host.is_local:
+                continue  # no ssh: no key, connected or not
+            conn = connector_for(host, self.pool.options)
+            key = conn.host_key() if conn.opens_lazily else None
+            if key is None:
+                return None
+            keys[host.name] = key
+        return keys
+
+    def _settle(
+        self, name: str, key: str | None, *, ok: bool, known: dict[str, str] | None = None
+    ) -> None:
         with self._lock:
             if name not in self._waiting:
                 return
             self._waiting.discard(name)
+            if not ok:
+                self._failed.add(name)  # after the start: its pair is left out
+            if self._started:
+                return  # the keys are the started check's now
             if key:
                 self._keys[name] = key
-            if not ok:
-                self._failed.add(name)
-            ready = not self._waiting
+            if known is not None:
+                self._keys.update({h: k for h, k in known.items() if h in self._waiting})
+            self._started = ready = not self._waiting or known is not None
         if ready:
             self._start()
 
     def _start(self) -> None:
         head = self.plan.head
-        targets = [h for h in self.targets if h.name not in self._failed]
-        if head.name in self._failed or not targets:
+        with self._lock:
+            failed = set(self._failed)
+        targets = [h for h in self.targets if h.name not in failed]
+        if head.name in failed or not targets:
             return  # the controller's own checks name what is wrong
 
         def work() -> None:
@@ -125,10 +166,18 @@ class LauncherReach:
             pass  # they end by themselves ControlPersist seconds after the check
 
     def problems(self) -> list[Problem]:
-        """What the check found, once it ended (bounded: the node program's timeout)."""
+        """What the check found, once it ended (bounded: the node program's timeout),
+        without the pairs of a node (or any of a head) that the controller's own checks
+        found failed after the reach had started."""
         if self._thread is not None:
             self._thread.join(REACH_TIMEOUT + 60)
-        return list(self._problems)
+        head = self.plan.head.name
+        with self._lock:
+            failed = set(self._failed)
+        if head in failed:
+            return []
+        left_out = {f"{head} -> {name}" for name in failed}
+        return [p for p in self._problems if p.host not in left_out]
 
 
 def check_launcher_reach(
@@ -138,7 +187,7 @@ def check_launcher_reach(
     targets: Sequence[Host],
     folder: str | None = None,
 ) -> list[Problem]:
-    """From the head node, ``ssh.sh NODE true`` to every node of ``targets`` at once,
+    """From the head node, ``ssh.sh -N NODE`` to every node of ``targets`` at once,
     with the run's own ssh.sh and ssh_config: the way MPI's launcher will start its
     proxies. A pair that fails is one problem naming head -> node and the fix.
     ``folder``: the head first makes the folder of the masters ``files`` keep open

@@ -3,7 +3,7 @@
 One connection per node, in parallel: the fact probe (versions, launchers, how the node
 resolves the others' names, the master port on the head) and a look at the node's copy
 of the project (its manifest hash against the controller's); and, on the head node once
-every node is connected, the launcher's own ssh (``ssh.sh NODE true``) to every other
+every node is connected, the launcher's own ssh (``ssh.sh -N NODE``) to every other
 node, so that no job starts that MPI cannot start. Each failure is one line naming the
 node (or the pair) and the fix; no job starts unless all pass.
 """

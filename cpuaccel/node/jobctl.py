@@ -15,8 +15,12 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      then remove RUN_DIR/secret.env (the job is over)
   reach RUN_DIR TIMEOUT [--mux=DIR|--keep=DIR] HOST...
                      payload: JSON {name: [mode, text]} (ssh.sh and its files): run
-                     ``ssh.sh HOST true`` for every HOST at once, as MPI's launcher
-                     will, within TIMEOUT s; the files and RUN_DIR are removed after.
+                     ``ssh.sh -N HOST`` for every HOST at once, MPI's launcher's ssh
+                     that authenticates and opens no session (no remote shell, no
+                     ~/.bashrc), within TIMEOUT s; each leaves a master (ControlPersist),
+                     which is what lets it return; a HOST whose master is alive already
+                     is asked ``ssh -O check`` instead (through a master, -N would open
+                     a session); the files and RUN_DIR are removed after.
                      With --mux, DIR is made first (0700, exclusively) for the ssh
                      masters the check leaves for the launch (ControlPersist; their
                      key exchange without sntrup761) and ended runs' folders are
@@ -24,7 +28,9 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      With --keep (``check``), DIR is made, or taken when it is this
                      user's and private, and the masters the ssh_config keeps there
                      (ControlMaster auto) outlive the check: the next one logs in
-                     through them; a DIR not ours is left alone and no master is used
+                     through them; a DIR not ours is left alone, and the masters go to
+                     a folder of the reach's own (as without either flag), removed
+                     after: they end a second after they authenticated
   unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
@@ -48,7 +54,7 @@ import time
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.mux import NO_MASTERS, end_masters, fast_kex, keep_folder, make_folder
+from cpuaccel.node.mux import end_masters, fast_kex, keep_folder, make_folder, own_masters
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
 from cpuaccel.node.progress import stacks
 from cpuaccel.node.runfiles import operation as run_files
@@ -176,15 +182,71 @@ def reach(
     code None when it did not answer within ``timeout``. ``mux``: the folder for the
     masters that the files' ssh_config keeps (made here: never one someone else made,
     whose sockets would carry the job's commands to another user's connection);
-    ``kept``: check's folder, kept across checks (``keep_folder``)."""
-    import subprocess
+    ``kept``: check's folder, kept across checks (``keep_folder``).
 
+    ``ssh -N`` opens no session, so no shell starts on the node (its ~/.bashrc is not
+    paid a second time after the controller's probe); it returns once authenticated
+    because it becomes a master; a host with a live master is asked ``ssh -O check``
+    (``_live_masters``). Where no folder may keep masters, they go to a private folder
+    made here and removed after."""
+    import shutil
+    import tempfile
+
+    own = None  # the folder of masters no one reuses
     if "ssh_config" in files:
         mode, config = files["ssh_config"]
-        if kept and mux is not None and not keep_folder(mux):
-            config = NO_MASTERS + config  # ssh takes a keyword's first value
+        if mux is None or (kept and not keep_folder(mux)):
+            own = tempfile.mkdtemp(prefix="cpuaccel-r-", dir="/tmp")  # short: a socket path
+            config = own_masters(own) + config  # ssh takes a keyword's first value
         # Every handshake without sntrup761 (node/mux.fast_kex): a check's or a run's.
         files = {**files, "ssh_config": (mode, config + fast_kex())}
+    started = time.monotonic()
+    lock = _one_at_a_time(mux, timeout) if kept and own is None and mux is not None else None
+    left = max(1.0, timeout - (time.monotonic() - started))
+    try:
+        return {"reach": _reach_all(run_dir, left, hosts, files, mux, own or mux, kept=kept)}
+    finally:
+        if lock is not None:
+            os.close(lock)  # and the lock with it
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
+
+
+def _one_at_a_time(folder: str, timeout: float) -> int | None:
+    """A descriptor of check's kept folder, locked (flock) for this reach, after the
+    reach of another check at the same moment has ended (at most ``timeout`` s, then on
+    without). Two at once would both try to become a node's master: the loser's
+    ``ssh -N`` finds the socket taken, stays a plain connection and never returns; one
+    after the other, the second finds the first's masters alive (``_live_masters``)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                return fd
+            time.sleep(0.02)
+
+
+def _reach_all(
+    run_dir: str,
+    timeout: float,
+    hosts: list[str],
+    files: Any,
+    mux: str | None,
+    masters: str | None,
+    *,
+    kept: bool,
+) -> dict[str, Any]:
+    import subprocess
+
     if mux is not None and not kept:
         make_folder(mux)  # and the folders of killed runs removed
     created = []  # the folders made here, removed again: preflight leaves nothing
@@ -209,24 +271,66 @@ def reach(
                 _write_files(fd, files)
             finally:
                 os.close(fd)
+            deadline = time.monotonic() + timeout
+            live = _live_masters(run_dir, hosts, masters, deadline)
             procs = {
                 host: subprocess.Popen(
-                    ["/bin/sh", os.path.join(run_dir, "ssh.sh"), host, "true"],
+                    ["/bin/sh", os.path.join(run_dir, "ssh.sh"), "-N", host],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     start_new_session=True,  # its own group: a timeout ends ssh and its children
                 )
                 for host in hosts
+                if host not in live
             }
-            deadline = time.monotonic() + timeout
-            found = {host: _reached(proc, deadline) for host, proc in procs.items()}
+            found = {host: [0, ""] for host in live}
+            found.update({host: _reached(proc, deadline) for host, proc in procs.items()})
+            found = {host: found[host] for host in hosts}
         finally:
             remove_at(parent, name)  # by descriptors: a link inside is removed, not followed
     finally:
         os.close(parent)
         _rmdirs(created)
-    return {"reach": found}
+    return found
+
+
+def _live_masters(run_dir: str, hosts: list[str], folder: str | None, deadline: float) -> set[str]:
+    """The hosts with a live master in ``folder`` (``ssh -O check``, with the files'
+    ssh_config: no connection, no session): an earlier check's, or an earlier pass's of
+    the same run. Through a master, ``ssh -N`` would open a session (a shell, its
+    ~/.bashrc); the master is already logged in, to the key it verified. None are
+    looked for in a folder without sockets (a run's first pass, the reach's own)."""
+    import subprocess
+
+    try:
+        if folder is None or not os.listdir(folder):
+            return set()
+    except OSError:
+        return set()
+    config = os.path.join(run_dir, "ssh_config")
+    try:
+        procs = {
+            host: subprocess.Popen(
+                ["ssh", "-F", config, "-O", "check", "--", host],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for host in hosts
+        }
+    except OSError:  # no ssh here: ssh.sh's own exit says so
+        return set()
+    live = set()
+    for host, proc in procs.items():
+        try:
+            if proc.wait(timeout=max(0.0, deadline - time.monotonic())) == 0:
+                live.add(host)
+        except subprocess.TimeoutExpired:
+            _kill([-proc.pid], signal.SIGKILL)
+            proc.wait()
+    return live
 
 
 def _reached(proc: Any, deadline: float) -> list[Any]:

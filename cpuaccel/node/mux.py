@@ -48,8 +48,11 @@ def make_folder(mux: str) -> None:
         raise SystemExit(f"cannot make {mux} for the launcher's ssh: {exc.strerror}") from None
 
 
-# Put first in an ssh_config: no master made or used (ssh takes a keyword's first value).
-NO_MASTERS = "Host *\n    ControlMaster no\n    ControlPath none\n"
+def own_masters(folder: str) -> str:
+    """The block put first in the reach's ssh_config when no kept folder may hold its
+    masters: each ``ssh -N`` becomes a master in ``folder`` (the reach's own, removed
+    after), which, with no session, ends one second after it authenticated."""
+    return f"Host *\n    ControlMaster auto\n    ControlPath {folder}/%C\n    ControlPersist 1\n"
 
 
 def keep_folder(mux: str) -> bool:

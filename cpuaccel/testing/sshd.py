@@ -7,6 +7,7 @@ path identifies it on /proc (see :func:`cpuaccel.testing.netns._is_our_sshd`).
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import socket
 import subprocess
@@ -194,13 +195,36 @@ def ssh_banner(address: str, timeout: float) -> bool:
 def is_session(pid: int) -> bool:
     """An idle connection's process: an sshd session ("sshd: user@notty", "sshd: user
     [priv]"), or on a head node the ssh master ``cpuaccel check`` keeps there for the
-    next check's launcher reach ("ssh: /tmp/cpuaccel-mux-c<hash>/<socket> [mux]",
-    node/mux.keep_folder), which ends by itself after ControlPersist."""
+    next check's launcher reach (node/mux.keep_folder), which ends by itself after
+    ControlPersist: one that a session started is named "ssh: /tmp/cpuaccel-mux-c<hash>/
+    <socket> [mux]"; one ``ssh -N`` started keeps its command line, and is known by its
+    socket in that folder."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # gone: nothing left to wait for
     kept = f"ssh: {MUX_PREFIX}c".encode()
+    if cmdline.startswith(b"ssh\0") and b"\0-N\0" in cmdline:
+        return _listens_below(pid, f"{MUX_PREFIX}c")
     return cmdline.startswith(b"sshd:") or (
         cmdline.startswith(kept) and cmdline.rstrip(b"\0").endswith(b" [mux]")
     )
+
+
+def _listens_below(pid: int, prefix: str) -> bool:
+    """Whether process ``pid`` holds a unix socket bound at a path starting ``prefix``
+    (an ssh master binds a temporary name there, then renames it into place)."""
+    try:
+        inodes = set()
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+        table = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return True  # gone: nothing left to wait for
+    for line in table:
+        fields = line.split()
+        if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith(prefix):
+            return True
+    return False

@@ -1,11 +1,12 @@
 """`cpuaccel check` against real nodes (namespaces with their own sshd): each node's own
 facts and the table, a node that cannot be reached, the head's kept masters, version
 drift, a missing interpreter, host keys unknown or changed, what run's preflight refuses,
-and two inventory names that are one account."""
+two inventory names that are one account, and the sessions (shells) each node pays."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
+from cpuaccel.testing import netns
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel
 
@@ -208,3 +210,33 @@ def test_check_notes_two_names_for_one_account(cluster: Cluster, tmp_path: Path)
     assert note["message"].startswith(f"node1, {address} are one machine and one user")
     table = cpuaccel("check", "-i", str(inv), env=clean_env(), timeout=120)
     assert table.returncode == 0 and "note" in table.stdout and "0 warning(s)" in table.stdout
+
+
+def test_the_heads_reach_opens_no_shell_on_the_other_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bash reads ~/.bashrc for every command sshd runs (a `conda init` there costs each
+    session): the controller's probe is the one session a node pays; the head's ssh to
+    the others authenticates (ssh -N) and starts no shell there, nor does the next
+    check, which finds the head's masters alive (ssh -O check)."""
+    marks = tmp_path / "marks"
+    rc = tmp_path / "bashrc"
+    rc.write_text(f'echo "$SSH_CONNECTION" >> {marks}\n' + netns.SKEL_BASHRC.read_text())
+    monkeypatch.setattr(netns, "SKEL_BASHRC", rc)  # what the bed mounts on ~/.bashrc
+    # Apart from the session cluster (CPUACCEL_TEST_CLUSTER_ID), so both can be up at once.
+    cluster_id = (int(os.environ.get("CPUACCEL_TEST_CLUSTER_ID", "0")) + 43) % 64
+    with Cluster(3, cluster_id=cluster_id) as cluster:
+        by_node = {n.address: n.name for n in cluster.nodes}
+        head, *others = cluster.names
+        for _ in range(2):  # the masters opened, then found
+            marks.write_text("")
+            code, report = check_json("-i", str(cluster.inventory_path))
+            assert (code, report["problems"]) == (EXIT_OK, []), report["problems"]
+            # [client address, client port, server address, server port] of every shell
+            sessions = [line.split() for line in marks.read_text().splitlines()]
+            shells = {
+                name: [by_node.get(s[0], "controller") for s in sessions if s[2] == address]
+                for address, name in by_node.items()
+            }
+            assert all(shells[name] == ["controller"] for name in others), shells
+            assert set(shells[head]) == {"controller"}, shells  # the probe, the reach's program

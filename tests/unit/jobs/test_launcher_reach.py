@@ -1,12 +1,13 @@
 """The head's launcher check (jobs/launcher_reach.py, the jobs program's ``reach``):
 every node tried at once and nothing left, problems naming the pair and the fix, the
-check started once every node is connected. The launch reuses its ssh: ``ssh.sh NODE
-true`` leaves ssh masters in a private folder, MPI's ssh reaches the nodes through them,
+check started once every node is connected. The launch reuses its ssh: ``ssh.sh -N
+NODE`` leaves ssh masters in a private folder, MPI's ssh reaches the nodes through them,
 and the sweep ends them and removes the folder; check's own masters are kept the same
 way."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
@@ -21,11 +22,12 @@ from typing import Any, cast
 
 import pytest
 
-from cpuaccel.connectors import controlpath, openssh
+from cpuaccel.connectors import choose, controlpath, openssh
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool, HostResult, Status
+from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launcher_reach
 from cpuaccel.jobs.launcher_reach import check_launcher_reach
@@ -39,6 +41,7 @@ from tests.unit.jobs.plans import RUN_ID, plan_of
 
 
 REACH_SSH = """#!/bin/sh
+[ "$1" = -N ] && shift
 case "$1" in
     good) exit 0 ;;
     denied) echo "alice@10.0.0.2: Permission denied (publickey)." >&2; exit 255 ;;
@@ -83,6 +86,8 @@ def test_reach_problems_name_the_pair_and_the_fix(tmp_path: Path) -> None:
 
 
 class _Connected:
+    opens_lazily = False  # a paramiko connection: its key known once connected
+
     def __init__(self, host: Host, key: str) -> None:
         self.host = host
         self.key = key
@@ -106,13 +111,14 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
         config = files["ssh_config"][1]
         if keep_masters:
             assert folder == f"--mux=/tmp/cpuaccel-mux-{RUN_ID}"
-            assert "ControlMaster yes" in config and "ControlMaster auto" not in config
+            # auto: a master an earlier pass of the run left is found, never connected past
+            assert config.endswith("Host *\n    ControlMaster auto\n")
         else:
             assert folder is not None and folder.startswith("--keep=/tmp/cpuaccel-mux-c")
             kept = folder.split("=", 1)[1]
             # First: ssh takes a keyword's first value, over the run's own ControlPath.
             assert config.startswith(f"Host *\n    ControlMaster auto\n    ControlPath {kept}/%C")
-            assert "ControlMaster yes" not in config
+            assert config.count("ControlMaster") == 1
         return []
 
     monkeypatch.setattr(launcher_reach, "check_launcher_reach", record)
@@ -124,7 +130,7 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     reach = launcher_reach.LauncherReach(
         plan,
         ConnectOptions(),
-        cast(ConnectionPool, SimpleNamespace(get=lambda h: None)),
+        cast(ConnectionPool, SimpleNamespace(get=lambda h: None, options=ConnectOptions())),
         keep_masters=keep_masters,
     )
     reach.connected(cast(Connector, _Connected(chosen[0], "ssh-ed25519 K1")))
@@ -137,6 +143,59 @@ def test_the_head_check_starts_once_every_node_is_connected_or_failed(
     known = "n1,10.0.0.1 ssh-ed25519 K1\nn2,10.0.0.2 ssh-ed25519 K2\n"
     # Once, in a folder of its own on the head, to the node the controller reached.
     assert calls == [(f"/tmp/cpuaccel-reach-{RUN_ID}", ["n2"], known)]
+
+
+class _Lazy(_Connected):
+    opens_lazily = True  # an OpenSSH master: its key read from known_hosts before it opens
+
+
+def test_with_every_key_known_before_connecting_the_check_starts_at_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenSSH masters verify against known_hosts only: the keys are known before the
+    probes end, so the head's check runs beside them. A node (or head) the controller's
+    probe finds failed after the start is left out of its problems, as before."""
+    calls: list[tuple[list[str], str]] = []
+
+    def every_pair_fails(
+        conn: Any, plan: RunPlan, files: Any, targets: list[Host], folder: str | None = None
+    ) -> list[Problem]:
+        calls.append(([t.name for t in targets], files["known_hosts"][1]))
+        return [Problem(ERROR, f"n1 -> {t.name}", "cannot ssh") for t in targets]
+
+    monkeypatch.setattr(launcher_reach, "check_launcher_reach", every_pair_fails)
+    keys = {f"n{i}": f"ssh-ed25519 K{i}" for i in (1, 2, 3, 4)}
+    monkeypatch.setattr(choose, "connector_for", lambda host, _: _Lazy(host, keys[host.name]))
+    chosen = [
+        Host(f"n{i}", {"ansible_host": f"10.0.0.{i}", "ansible_port": 22, "cpuaccel_workdir": "/w"})
+        for i in (1, 2, 3, 4)
+    ]
+    pool = cast(ConnectionPool, SimpleNamespace(get=lambda h: None, options=ConnectOptions()))
+
+    def started(*events: Any) -> launcher_reach.LauncherReach:
+        reach = launcher_reach.LauncherReach(plan_of(chosen), ConnectOptions(), pool)
+        for event in events:
+            if isinstance(event, HostResult):
+                reach.finished(event)
+            else:
+                reach.connected(cast(Connector, _Lazy(event, keys[event.name])))
+        return reach
+
+    down = HostResult(chosen[3], Status.UNREACHABLE, error="refused")
+    reach = started(chosen[1])  # n2's probe ended first; n1, n3 and n4 still at work
+    assert reach._thread is not None
+    reach._thread.join()
+    known = "".join(f"n{i},10.0.0.{i} ssh-ed25519 K{i}\n" for i in (1, 2, 3, 4))
+    assert calls == [(["n2", "n3", "n4"], known)]
+    for host in (chosen[0], chosen[2]):
+        reach.connected(cast(Connector, _Lazy(host, keys[host.name])))
+    reach.finished(down)  # n4 found unreachable after the start
+    assert [p.host for p in reach.problems()] == ["n1 -> n2", "n1 -> n3"]
+    # n4 failed before: never tried. The head failed after the start: nothing to say.
+    assert [p.host for p in started(down, chosen[2]).problems()] == ["n1 -> n2", "n1 -> n3"]
+    assert calls[-1][0] == ["n2", "n3"]
+    head_down = HostResult(chosen[0], Status.UNREACHABLE, error="refused")
+    assert started(chosen[1], head_down).problems() == []
 
 
 def test_reach_never_uses_a_folder_it_did_not_make(tmp_path: Path) -> None:
@@ -335,9 +394,31 @@ def test_check_keeps_its_masters_folder_private_and_reuses_it(tmp_path: Path, ke
         jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, "/etc/cpuaccel-mux-x", kept=True)
 
 
+def test_two_checks_at_once_reach_one_after_the_other(tmp_path: Path, kept: str) -> None:
+    """Both would try to become each node's master, and the loser's ssh -N would never
+    return: the second check's reach waits for the first's (a lock on the folder)."""
+    os.mkdir(kept, 0o700)
+    first = os.open(kept, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(first, fcntl.LOCK_EX)  # the first check's reach, still at work
+    files = {"ssh.sh": (0o700, FAKE_SSH)}
+    found: list[Any] = []
+
+    def second() -> None:
+        found.append(jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, kept, kept=True))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(0.5)
+    assert found == []
+    os.close(first)  # the first one ended
+    thread.join(5)
+    assert found == [{"reach": {"n2": [0, ""]}}]
+
+
 def test_check_uses_no_master_in_a_folder_others_can_enter(tmp_path: Path, kept: str) -> None:
-    """A socket there could be another user's in place of a master: the check connects
-    on its own (its answer still counts) and leaves the folder as it found it."""
+    """A socket there could be another user's in place of a master: the check's masters
+    go to a private folder of its own, removed after (its answer still counts), and the
+    folder is left as it was found."""
     seen = tmp_path / "seen"
     dump = f'#!/bin/sh\ncat "$(dirname "$0")/ssh_config" > {seen}\n'
     files = {"ssh.sh": (0o700, dump), "ssh_config": (0o600, "Host a\n    Port 22\n")}
@@ -345,5 +426,8 @@ def test_check_uses_no_master_in_a_folder_others_can_enter(tmp_path: Path, kept:
     os.chmod(kept, 0o777)
     found = jobs.reach(str(tmp_path / "r"), 5.0, ["n2"], files, kept, kept=True)
     assert found["reach"] == {"n2": [0, ""]}
-    assert seen.read_text().startswith(mux.NO_MASTERS + "Host a\n")
+    text = seen.read_text()
+    own = text.split("ControlPath ", 1)[1].split("/%C\n", 1)[0]
+    assert text.startswith(mux.own_masters(own) + "Host a\n")
+    assert own.startswith("/tmp/cpuaccel-r-") and not os.path.exists(own)
     assert os.lstat(kept).st_mode & 0o777 == 0o777
