@@ -24,7 +24,7 @@ from typing import Any
 
 from cpuaccel import ui
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import Target, target_of
+from cpuaccel.api.target import HostKeywords, Target
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
@@ -132,17 +132,10 @@ def check(
                     hint="give either inventory or slurm",
                 )
             inventory = f"slurm:{slurm}"
-        target = target_of(
-            inventory,
-            limit=limit,
-            extra_vars=extra_vars,
-            forks=forks,
-            connect_timeout=connect_timeout,
-            host_key_checking=host_key_checking,
-            config=config,
-            user=user,
-            private_key=private_key,
-        )
+        target = HostKeywords(
+            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
+            user, private_key,
+        ).target()  # fmt: skip
         return check_target(target)
 
 

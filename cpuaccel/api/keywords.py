@@ -243,3 +243,11 @@ def _env_words(value: Any) -> tuple[str, ...]:
             hint="e.g. env={'OMP_NUM_THREADS': '4'}, or env=['HF_TOKEN'] to pass it by name",
         )
     return tuple(value)
+
+
+def check_switches(**given: object) -> None:
+    """Each keyword that must be True or False, checked: UsageError naming the first
+    that is not."""
+    for name, value in given.items():
+        if not isinstance(value, bool):
+            raise UsageError(f"{name}={value!r}: expected True or False", hint=f"e.g. {name}=True")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from cpuaccel.api.keywords import FlagValues, flags_of_keywords
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.run_handle import Run
 from cpuaccel.api.script import check_script_kind, script_entry
-from cpuaccel.api.target import Target, target_of
+from cpuaccel.api.target import HostKeywords, Target
 from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import PreflightError, UsageError
@@ -78,41 +77,13 @@ def launch(
         report = start(target, settled, what, project, detach=detach)
         if report.ended_by == PREFLIGHT:
             raise PreflightError(report.error or "preflight failed", problems=report.problems)
-        return Run.of_report(report, hosts.head_options(), project / "runs")
+        return Run.of_report(report, _head_options(hosts), project / "runs")
 
 
-@dataclass(frozen=True)
-class HostKeywords:
-    """The host keywords of an API call, as given (``target_of`` checks them)."""
-
-    inventory: str | os.PathLike[str] | None = None
-    limit: str | None = None
-    extra_vars: Mapping[str, Any] | Sequence[str] = ()
-    forks: int = DEFAULT_FORKS
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    host_key_checking: bool = True
-    config: str | os.PathLike[str] | None = None
-    user: str | None = None
-    private_key: str | os.PathLike[str] | None = None
-
-    def target(self, variables: Mapping[str, Any]) -> Target:
-        """The Target, with ``variables`` (settings the inventory sets) over extra_vars."""
-        return target_of(
-            self.inventory,
-            limit=self.limit,
-            extra_vars=_with_variables(self.extra_vars, variables),
-            forks=self.forks,
-            connect_timeout=self.connect_timeout,
-            host_key_checking=self.host_key_checking,
-            config=self.config,
-            user=self.user,
-            private_key=self.private_key,
-        )
-
-    def head_options(self) -> HeadOptions:
-        """How the run's head is reached later (Run.status, logs, stop, fetch)."""
-        inventory = os.fspath(self.inventory) if self.inventory is not None else None
-        return HeadOptions(inventory, float(self.connect_timeout), not self.host_key_checking)
+def _head_options(hosts: HostKeywords) -> HeadOptions:
+    """How the run's head is reached later (Run.status, logs, stop, fetch)."""
+    inventory = os.fspath(hosts.inventory) if hosts.inventory is not None else None
+    return HeadOptions(inventory, float(hosts.connect_timeout), not hosts.host_key_checking)
 
 
 def settle(
@@ -124,19 +95,6 @@ def settle(
     flags, variables = flags_of_keywords(RUN, settings)
     target = hosts.target(variables)
     return target, target.settings(flags), flags
-
-
-def _with_variables(
-    extra_vars: Mapping[str, Any] | Sequence[str], variables: Mapping[str, Any]
-) -> Mapping[str, Any] | Sequence[str]:
-    """``extra_vars`` with the settings given as inventory variables over them."""
-    if not variables:
-        return extra_vars
-    if isinstance(extra_vars, Mapping):
-        return {**extra_vars, **variables}
-    import json
-
-    return [*extra_vars, json.dumps(dict(variables))]
 
 
 def script_for(script: str, args: Sequence[str], project: Path, flags: Mapping[str, Any]) -> Script:

@@ -13,16 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from cpuaccel import ui
-from cpuaccel.errors import UsageError
+from cpuaccel.api.keywords import check_switches
 
 
 @contextmanager
 def quiet_unless(progress: bool) -> Iterator[None]:
     """The block's output: on stdout and stderr when ``progress``, else discarded."""
-    if not isinstance(progress, bool):
-        raise UsageError(
-            f"progress={progress!r}: expected True or False", hint="e.g. progress=True"
-        )
+    check_switches(progress=progress)
     if progress:
         with ui.streams(sys.stdout, sys.stderr):
             yield

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel import ui
+from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import Target, beside_playbook, target_of
+from cpuaccel.api.target import HostKeywords, Target, beside_playbook
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
@@ -180,24 +181,13 @@ def provision(
             raise UsageError(
                 f"playbook={playbook!r}: expected a path", hint="e.g. playbook='site.yaml'"
             )
-        for name, value in (("check", check), ("diff", diff), ("become", become)):
-            if not isinstance(value, bool):
-                raise UsageError(
-                    f"{name}={value!r}: expected True or False", hint=f"e.g. {name}=True"
-                )
+        check_switches(check=check, diff=diff, become=become)
         chosen, skipped = _tags("tags", tags), _tags("skip_tags", skip_tags)
         settled = _become(become, become_user, become_password)
-        target = target_of(
-            inventory,
-            limit=limit,
-            extra_vars=extra_vars,
-            forks=forks,
-            connect_timeout=connect_timeout,
-            host_key_checking=host_key_checking,
-            config=config,
-            user=user,
-            private_key=private_key,
-        )
+        target = HostKeywords(
+            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
+            user, private_key,
+        ).target()  # fmt: skip
         given = os.fspath(playbook) if playbook is not None else None
         path, loaded, target = load_playbook(target, given)
         refuse_local_default(

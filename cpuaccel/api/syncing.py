@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from cpuaccel import ui
+from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import Target, target_of
+from cpuaccel.api.target import HostKeywords, Target
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, UsageError
 from cpuaccel.executor import DEFAULT_FORKS, HostResult
@@ -160,22 +161,11 @@ def sync(
         if dest is not None and not isinstance(dest, (str, os.PathLike)):
             raise UsageError(f"dest={dest!r}: expected a path", hint="e.g. dest='/scratch/job'")
         patterns = _patterns(exclude)
-        for name, value in (("delete", delete), ("copy_links", copy_links), ("check", check)):
-            if not isinstance(value, bool):
-                raise UsageError(
-                    f"{name}={value!r}: expected True or False", hint=f"e.g. {name}=True"
-                )
-        target = target_of(
-            inventory,
-            limit=limit,
-            extra_vars=extra_vars,
-            forks=forks,
-            connect_timeout=connect_timeout,
-            host_key_checking=host_key_checking,
-            config=config,
-            user=user,
-            private_key=private_key,
-        )
+        check_switches(delete=delete, copy_links=copy_links, check=check)
+        target = HostKeywords(
+            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
+            user, private_key,
+        ).target()  # fmt: skip
         return sync_target(
             target,
             paths,

@@ -218,3 +218,45 @@ def _extra_words(extra_vars: Mapping[str, Any] | Sequence[str]) -> tuple[str, ..
             hint="e.g. extra_vars={'cpuaccel_ppn': 2}",
         )
     return tuple(extra_vars)
+
+
+@dataclass(frozen=True)
+class HostKeywords:
+    """The host keywords of an API call, as given (``target_of`` checks them)."""
+
+    inventory: str | os.PathLike[str] | None = None
+    limit: str | None = None
+    extra_vars: Mapping[str, Any] | Sequence[str] = ()
+    forks: int = DEFAULT_FORKS
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    host_key_checking: bool = True
+    config: str | os.PathLike[str] | None = None
+    user: str | None = None
+    private_key: str | os.PathLike[str] | None = None
+
+    def target(self, variables: Mapping[str, Any] | None = None) -> Target:
+        """The Target, with ``variables`` (settings the inventory sets) over extra_vars."""
+        return target_of(
+            self.inventory,
+            limit=self.limit,
+            extra_vars=_with_variables(self.extra_vars, variables or {}),
+            forks=self.forks,
+            connect_timeout=self.connect_timeout,
+            host_key_checking=self.host_key_checking,
+            config=self.config,
+            user=self.user,
+            private_key=self.private_key,
+        )
+
+
+def _with_variables(
+    extra_vars: Mapping[str, Any] | Sequence[str], variables: Mapping[str, Any]
+) -> Mapping[str, Any] | Sequence[str]:
+    """``extra_vars`` with the settings given as inventory variables over them."""
+    if not variables:
+        return extra_vars
+    if isinstance(extra_vars, Mapping):
+        return {**extra_vars, **variables}
+    import json
+
+    return [*extra_vars, json.dumps(dict(variables))]

@@ -24,9 +24,11 @@ from pathlib import Path
 from types import CodeType, FunctionType
 from typing import Any, TextIO
 
-from cpuaccel.api.launching import HostKeywords, settle, start
+from cpuaccel.api.keywords import check_switches
+from cpuaccel.api.launching import settle, start
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
+from cpuaccel.api.target import HostKeywords
 from cpuaccel.errors import CpuaccelError, PreflightError, UsageError
 from cpuaccel.executor import run_on_hosts
 from cpuaccel.facts.gather import Facts
@@ -65,8 +67,7 @@ def launch_function(
     """``cpuaccel.notebook.launch``: see there."""
     if not callable(fn):
         raise UsageError(f"{fn!r} is not a function", hint="e.g. launch(train, nodes=2)")
-    if not isinstance(gather, bool):
-        raise UsageError(f"gather={gather!r}: expected True or False", hint="e.g. gather=True")
+    check_switches(gather=gather)
     refused = [k for k in NOT_HERE if k in settings]
     if refused:
         raise UsageError(

@@ -12,8 +12,9 @@ import pytest
 
 import cpuaccel
 from cpuaccel.api.keywords import setting_keywords
-from cpuaccel.api.launching import HostKeywords, settle
+from cpuaccel.api.launching import settle
 from cpuaccel.api.output import quiet_unless
+from cpuaccel.api.target import HostKeywords
 from cpuaccel.config.settings import FLAG, RUN, TABLE
 from cpuaccel.errors import InsecureWarning, InventoryError, UsageError
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
