@@ -24,6 +24,8 @@ DETERMINISTIC_ENV = "CPUACCEL_DETERMINISTIC"
 SWITCH_VALUES = ("1", "0", "true", "false", "yes", "no", "on", "off")
 TRACKERS_ENV = "CPUACCEL_TRACKERS"
 TRACKERS = ("tensorboard",)
+WEIGHTS_ENV = "CPUACCEL_WEIGHTS"
+WEIGHTS = ("fp32", "bf16")
 
 # name -> (the values it takes, whether a comma-separated list of them, what they mean)
 CHOICES: dict[str, tuple[tuple[str, ...], bool, str]] = {
@@ -33,6 +35,7 @@ CHOICES: dict[str, tuple[tuple[str, ...], bool, str]] = {
     GRAD_REDUCE_ENV: (GRAD_REDUCE_MODES, False, "in what order gradients are summed"),
     DETERMINISTIC_ENV: (SWITCH_VALUES, False, "whether timing may choose anything"),
     TRACKERS_ENV: (TRACKERS, True, "where ctx.log also writes"),
+    WEIGHTS_ENV: (WEIGHTS, False, "the parameters' dtype under bf16"),
 }
 
 

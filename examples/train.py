@@ -138,6 +138,13 @@ def main() -> None:
         help="default: what cpuaccel run --mixed-precision exported, else auto (bf16 where "
         "the CPU has AMX or AVX512-BF16, fp32 elsewhere)",
     )
+    parser.add_argument(
+        "--weights",
+        choices=["fp32", "bf16"],
+        help="under bf16: fp32 parameters (autocast casts them), or bf16 parameters with "
+        "fp32 master copies in the optimizer; default: what cpuaccel run --weights "
+        "exported, else fp32",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus-bytes", type=int, default=2_000_000)
     parser.add_argument("--log-every", type=int, default=10)
@@ -156,6 +163,7 @@ def main() -> None:
         mixed_precision={"fp32": "no"}.get(args.precision, args.precision),
         seed=args.seed,
         gradient_accumulation_steps=args.grad_accum,
+        weights=args.weights,
     )
     data = corpus(args.corpus_bytes)
     loader = DataLoader(
@@ -177,7 +185,7 @@ def main() -> None:
     ctx.samples_per_step = args.batch * ctx.world_size * args.grad_accum
     ctx.print(
         f"model {params / 1e6:.2f}M parameters, AdamW ({kind}), "
-        f"{'bf16' if ctx.dtype is not None else 'fp32'}, "
+        f"{'bf16' if ctx.dtype is not None else 'fp32'} ({ctx.weights} weights), "
         f"{ctx.world_size} rank(s) x {args.batch} x {args.grad_accum} sequences of "
         f"{args.context} bytes per step, {len(loader)} batches per rank and epoch"
     )

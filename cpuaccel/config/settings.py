@@ -46,6 +46,8 @@ from cpuaccel.rank_settings import (
     GRAD_REDUCE_ENV,
     GRAD_REDUCE_MODES,
     KNOWN_BACKENDS,
+    WEIGHTS,
+    WEIGHTS_ENV,
 )
 
 FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
@@ -354,6 +356,18 @@ TABLE: tuple[Entry, ...] = (
         env=("ACCELERATE_MIXED_PRECISION", "CPUACCEL_MIXED_PRECISION"),
         default="auto",
         note="bf16 if every node has AMX-BF16 or AVX512-BF16, else fp32",
+        shown=True,
+    ),
+    Entry(
+        "weights",
+        OneOf(WEIGHTS),
+        "the parameters' dtype under bf16: fp32 (autocast casts) or bf16 (fp32 masters)",
+        label="weights under bf16",
+        also=f"`--env {WEIGHTS_ENV}=...`",
+        key="weights",
+        variables=("cpuaccel_weights",),
+        env=(WEIGHTS_ENV,),
+        default="fp32",
         shown=True,
     ),
     Entry(
@@ -696,6 +710,7 @@ class LaunchSettings:
     # None: ccl where the head node has oneCCL's bindings
     backend: Setting[str | None] = field(default_factory=_DEFAULTS["backend"])
     grad_reduce: Setting[str] = field(default_factory=_DEFAULTS["grad_reduce"])
+    weights: Setting[str] = field(default_factory=_DEFAULTS["weights"])
     deterministic: Setting[bool | None] = field(default_factory=_DEFAULTS["deterministic"])
     fi_provider: Setting[str | None] = field(default_factory=_DEFAULTS["fi_provider"])
     secret_env: Setting[SecretEnv] = field(default_factory=_DEFAULTS["secret_env"])

@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cpuaccel.rank_settings import GRAD_REDUCE_MODES, KNOWN_BACKENDS, value_problem
+from cpuaccel.rank_settings import GRAD_REDUCE_MODES, KNOWN_BACKENDS, WEIGHTS, value_problem
 
 LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
 # The list as prose, for cpuaccel.yaml's comment and the questionnaire.
@@ -338,6 +338,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_templates": text,
     "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
     "cpuaccel_grad_reduce": choice(GRAD_REDUCE_MODES, fold=True),
+    "cpuaccel_weights": choice(WEIGHTS, fold=True),
     "cpuaccel_deterministic": boolean,
     "cpuaccel_env": env_mapping,
     "cpuaccel_secret_env": secret_env_mapping,

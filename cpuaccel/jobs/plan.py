@@ -28,7 +28,7 @@ from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launchers
 from cpuaccel.jobs.launchers import Launcher, LaunchSpec
-from cpuaccel.rank_settings import DETERMINISTIC_ENV, GRAD_REDUCE_ENV, switch
+from cpuaccel.rank_settings import DETERMINISTIC_ENV, GRAD_REDUCE_ENV, WEIGHTS_ENV, switch
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -266,6 +266,8 @@ def _rank_env(
         env["FI_PROVIDER"] = settings.fi_provider.value
     if settings.grad_reduce.source != DEFAULT:
         env[GRAD_REDUCE_ENV] = settings.grad_reduce.value
+    if settings.weights.source != DEFAULT:
+        env[WEIGHTS_ENV] = settings.weights.value
     if settings.deterministic.value is not None:
         env[DETERMINISTIC_ENV] = "1" if settings.deterministic.value else "0"
     user = dict(settings.env.value)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from cpuaccel import _progress
 from cpuaccel.errors import SettingError
-from cpuaccel.runtime import checkpoint, gradsync, group
+from cpuaccel.runtime import checkpoint, gradsync, group, master_weights
 from cpuaccel.runtime._log import note
 from cpuaccel.runtime.attention import AttentionChoice, StoreAgreement, routed
 from cpuaccel.runtime.backend import IPEX_DISTS, IPEX_MODULE, BackendChoice, find_extension
@@ -53,7 +53,9 @@ class Context:
     Created by :func:`init`. Attributes: ``rank``, ``world_size``, ``local_rank``,
     ``local_world_size``, ``is_main`` (rank 0), ``backend``, ``grad_sync`` ("mpi", "pg"
     or "none"), ``grad_reduce`` ("ordered" or "library"), ``deterministic``, ``dtype``
-    (autocast dtype, None for fp32), ``gradient_accumulation_steps``,
+    (autocast dtype, None for fp32), ``weights`` ("fp32", or "bf16": bf16 parameters
+    with fp32 masters, see :mod:`cpuaccel.runtime.master_weights`),
+    ``gradient_accumulation_steps``,
     ``sync_gradients`` (whether this micro-step syncs and should step the optimizer),
     ``samples_per_step`` (for the metrics' samples/s), ``run_dir``, ``metrics_path``,
     ``trackers`` (the names of the trackers ``log`` also writes to, e.g. tensorboard),
@@ -80,6 +82,7 @@ class Context:
         attention: str = "auto",
         ordered: bool = True,
         deterministic: bool = False,
+        weights: str = master_weights.FP32,
     ) -> None:
         if gradient_accumulation_steps < 1:
             raise SettingError("init(gradient_accumulation_steps=...) must be at least 1")
@@ -99,6 +102,10 @@ class Context:
         self.grad_reduce = "ordered" if ordered else "library"
         self.deterministic = deterministic
         self.dtype = dtype
+        master_weights.check_accumulation(weights, gradient_accumulation_steps, dtype)
+        # bf16 parameters with fp32 masters only where autocast runs in bf16
+        self.weights = weights if dtype == torch.bfloat16 else master_weights.FP32
+        self._masters: list[master_weights.MasterWeights] = []
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.seed = seed
         self.ipex = ipex
@@ -133,7 +140,11 @@ class Context:
         self.metrics = MetricsLog(
             self.metrics_path,
             enabled=self.is_main,
-            header={"precision": "bf16" if dtype else "fp32", "world_size": self.world_size},
+            header={
+                "precision": "bf16" if dtype else "fp32",
+                "weights": self.weights,
+                "world_size": self.world_size,
+            },
             trackers=writers,
         )
 
@@ -171,6 +182,8 @@ class Context:
         pairing = pair(items)
         if any(isinstance(o, nn.Module) for o in items):
             self._maybe_ipex(items, pairing)
+            if self.weights == master_weights.BF16:
+                self._bf16_weights(items, pairing)
         for i, obj in enumerate(items):
             if isinstance(obj, nn.Module):
                 items[i] = self._wrap(obj)
@@ -204,6 +217,36 @@ class Context:
         if not self._ipex_noted:
             self.note(reason)
             self._ipex_noted = True
+
+    def _bf16_weights(self, items: list[Any], pairing: Any) -> None:
+        """bf16 parameters and fp32 masters for each model with an optimizer of its own."""
+        for i, model in enumerate(items):
+            if not isinstance(model, nn.Module) or not needs_ddp(model):
+                continue
+            name = f"argument {i + 1} ({type(model).__name__})"
+            j = pairing.optimizer_of.get(i)
+            held = {id(p) for p in model.parameters()}
+            why = (
+                "it is already wrapped in DDP"
+                if isinstance(model, DistributedDataParallel)
+                else "it has no optimizer of its own"
+                if j is None
+                else "IPEX optimized it"
+                if any(p.dtype != torch.float32 for p in model.parameters())
+                else "its optimizer also holds other parameters"
+                if any(id(p) not in held for g in items[j].param_groups for p in g["params"])
+                else None
+            )
+            if why is not None:
+                self.note(f"weights bf16: {name} left fp32: {why}")
+                continue
+            master_weights.same_on_every_rank(model)
+            self._masters.append(master_weights.MasterWeights(model, items[j]))
+            count = len(self._masters[-1].masters)
+            self.note(
+                f"weights bf16: {name}'s {count} parameter(s) in bf16, "
+                "its optimizer updates fp32 master copies"
+            )
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         if self.world_size == 1 or not needs_ddp(model):
@@ -266,10 +309,19 @@ class Context:
         max_norm: float,
         norm_type: float = 2.0,
     ) -> torch.Tensor:
-        """Clip the (already averaged) gradients' norm; returns the norm before clipping."""
+        """Clip the (already averaged) gradients' norm; returns the norm before clipping.
+
+        With bf16 weights, the gradients are moved into the fp32 masters first and
+        clipped there, so the norm is computed in fp32.
+        """
         if isinstance(parameters, nn.Module):
             parameters = parameters.parameters()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        tensors = list(parameters)
+        for weights in self._masters:
+            tensors = weights.grads_for(tensors)
+        return torch.nn.utils.clip_grad_norm_(tensors, max_norm, norm_type=norm_type)
 
     # ------------------------------------------------------------------ across ranks
 

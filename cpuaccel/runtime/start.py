@@ -29,7 +29,7 @@ import torch
 
 from cpuaccel.errors import SettingError
 from cpuaccel.rank_settings import DETERMINISTIC_ENV, check, switch
-from cpuaccel.runtime import gradsync, group
+from cpuaccel.runtime import gradsync, group, master_weights
 from cpuaccel.runtime.attention import attention_policy
 from cpuaccel.runtime.backend import BackendChoice
 from cpuaccel.runtime.context import Context
@@ -55,6 +55,7 @@ def init(
     attention: str | None = None,
     grad_reduce: str | None = None,
     deterministic: bool | None = None,
+    weights: str | None = None,
 ) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
@@ -91,7 +92,11 @@ def init(
       runs it unless ``attention="fp32"``), asks Intel MPI for reproducible reductions
       (``I_MPI_CBWR=1`` unless set) and turns on
       ``torch.use_deterministic_algorithms`` (warning, not failing, on an op without a
-      deterministic kernel); default $CPUACCEL_DETERMINISTIC, else False.
+      deterministic kernel); default $CPUACCEL_DETERMINISTIC, else False;
+    - ``weights``: under bf16, ``"fp32"`` keeps the parameters fp32 (autocast casts
+      them each step); ``"bf16"`` makes them bf16 and has each optimizer update fp32
+      master copies (:mod:`cpuaccel.runtime.master_weights`: checkpoints keep the fp32
+      values, and a resumed run is exact); default $CPUACCEL_WEIGHTS, else ``"fp32"``.
 
     Rank, world size and rendezvous come from the launcher's environment (``cpuaccel
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
@@ -103,6 +108,8 @@ def init(
     tracker_names = choose_trackers(trackers, os.environ)  # before joining: fail early
     fixed = deterministic_setting(deterministic, os.environ)
     attention_name = attention_policy(attention, os.environ)
+    weights_name = master_weights.weights_policy(weights, os.environ)
+    master_weights.check_accumulation(weights_name, gradient_accumulation_steps, precision.dtype)
     ordered = gradsync.reduce_in_order(grad_reduce, os.environ)
     if fixed:
         if not ordered:
@@ -138,8 +145,11 @@ def init(
         attention=attention_name,
         ordered=ordered,
         deterministic=fixed,
+        weights=weights_name,
     )
     _note_choices(ctx, choice, sync, precision)
+    if weights_name != ctx.weights:
+        ctx.note(f"weights {weights_name} not used: the precision is fp32")
     return ctx
 
 

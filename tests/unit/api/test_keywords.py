@@ -41,6 +41,7 @@ VALUES: dict[str, tuple[Any, Any]] = {
     "mpirun": ("/usr/bin/mpirun.mpich", None),
     "backend": ("gloo", None),
     "grad_reduce": ("library", None),
+    "weights": ("bf16", None),
     "deterministic": (True, None),
     "fi_provider": ("tcp", None),
     "secret_env": ({"HF_TOKEN": "not-a-real-token"}, None),

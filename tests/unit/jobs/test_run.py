@@ -125,6 +125,21 @@ def test_the_reproducibility_settings_reach_every_rank_only_when_given(tmp_path:
     assert not any("GRAD_REDUCE" in line for line in env)  # the runtime's default: ordered
 
 
+def test_the_weights_setting_reaches_every_rank_only_when_given(tmp_path: Path) -> None:
+    proj = project(tmp_path)
+    common = ("run", "-i", str(EXAMPLE_INVENTORY), "--ppn", "1", "--dry-run")
+    plain = cpuaccel(*common, "train.py", cwd=proj)
+    assert not any("CPUACCEL_WEIGHTS" in line for line in section(plain.stdout, "env.sh"))
+    (proj / "cpuaccel.yaml").write_text("weights: bf16\n")
+    given = cpuaccel(*common, "train.py", cwd=proj)
+    assert given.returncode == 0, given.stderr
+    assert "export CPUACCEL_WEIGHTS=bf16" in section(given.stdout, "env.sh")
+    (proj / "cpuaccel.yaml").write_text("weights: bf17\n")
+    wrong = cpuaccel(*common, "train.py", cwd=proj)
+    assert wrong.returncode == 64 and "Traceback" not in wrong.stderr
+    assert "cpuaccel.yaml:1" in wrong.stderr and "fp32" in wrong.stderr, wrong.stderr
+
+
 def test_dry_run_without_ppn_shows_placeholders(tmp_path: Path) -> None:
     proc, elapsed = timed_cpuaccel(
         "run", "-i", str(EXAMPLE_INVENTORY), "--nodes", "2", "--dry-run", "train.py",
