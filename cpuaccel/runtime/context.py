@@ -231,14 +231,14 @@ class Context:
                 if isinstance(model, DistributedDataParallel)
                 else "it has no optimizer of its own"
                 if j is None
-                else "IPEX optimized it"
+                else "its parameters are not all fp32 (IPEX, or the script, cast them)"
                 if any(p.dtype != torch.float32 for p in model.parameters())
                 else "its optimizer also holds other parameters"
                 if any(id(p) not in held for g in items[j].param_groups for p in g["params"])
                 else None
             )
             if why is not None:
-                self.note(f"weights bf16: {name} left fp32: {why}")
+                self.note(f"weights bf16: {name} left as it is: {why}")
                 continue
             master_weights.same_on_every_rank(model)
             self._masters.append(master_weights.MasterWeights(model, items[j]))

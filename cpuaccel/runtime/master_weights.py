@@ -16,8 +16,9 @@ and gives its optimizer fp32 copies of them (the master weights) to update inste
   ``torch.save``) keep full precision and a resumed run continues exactly where the
   uninterrupted one was: the bf16 parameters are always the masters rounded.
 
-A model is left fp32 (with a note) when it has no optimizer of its own, its optimizer
-also holds other parameters, or IPEX optimized it. Gradient accumulation over several
+A model is left as it is (with a note) when it has no optimizer of its own, its
+optimizer also holds other parameters, or its parameters are not all fp32 (IPEX or the
+script cast them). Gradient accumulation over several
 micro-steps would sum the gradients in bf16, so ``init`` refuses it with this setting.
 """
 

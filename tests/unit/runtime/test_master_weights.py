@@ -118,16 +118,19 @@ def test_clipping_sees_fp32_gradients_and_one_backward_after_it_is_not_lost(
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_a_model_without_its_own_optimizer_stays_fp32(
+def test_a_model_without_an_optimizer_of_its_own_or_already_cast_is_left_as_it_is(
     bf16_ctx: Context, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    frozen, trained = Tiny(), Tiny()
+    frozen, trained, cast = Tiny(), Tiny(), Tiny().to(torch.bfloat16)
     shared = torch.optim.SGD([*trained.parameters(), nn.Parameter(torch.zeros(2))], lr=0.1)
-    frozen, trained, shared = bf16_ctx.prepare(frozen, trained, shared)
+    own = torch.optim.SGD(cast.parameters(), lr=0.1)
+    frozen, trained, shared, cast, own = bf16_ctx.prepare(frozen, trained, shared, cast, own)
     assert {p.dtype for m in (frozen, trained) for p in m.parameters()} == {torch.float32}
+    assert own.param_groups[0]["params"][0] is next(cast.parameters())  # no masters
     err = capsys.readouterr().err
-    assert "argument 1 (Tiny) left fp32: it has no optimizer of its own" in err
-    assert "argument 2 (Tiny) left fp32: its optimizer also holds other parameters" in err
+    assert "argument 1 (Tiny) left as it is: it has no optimizer of its own" in err
+    assert "argument 2 (Tiny) left as it is: its optimizer also holds other parameters" in err
+    assert "argument 4 (Tiny) left as it is: its parameters are not all fp32" in err
 
 
 def test_weights_is_checked_and_refused_with_accumulation(
