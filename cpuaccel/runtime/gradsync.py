@@ -98,10 +98,20 @@ class MpiState:
     ordered: bool = True  # grad_reduce "ordered"; False: the library's allreduce
     types: Mapping[torch.dtype, Any] = field(default_factory=dict)  # MPI datatypes
     timer: SyncTimer = field(default_factory=SyncTimer)
+    # Working buffers kept across steps, by shape and dtype: a fresh tensor as large as a
+    # bucket costs its page faults again every step.
+    kept: dict[tuple[tuple[int, ...], torch.dtype], torch.Tensor] = field(default_factory=dict)
 
     @property
     def in_rank_order(self) -> bool:
         return self.ordered and self.world_size > 2
+
+    def buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A working tensor of this shape and dtype, the same one at every call."""
+        key = (shape, dtype)
+        if key not in self.kept:
+            self.kept[key] = torch.empty(shape, dtype=dtype)
+        return self.kept[key]
 
 
 @dataclass
@@ -143,10 +153,11 @@ def mpi_allreduce_mean_(tensor: torch.Tensor, state: MpiState) -> torch.Tensor:
         _mpi_sum_(tensor, state)
         tensor.div_(state.world_size)
         return tensor
-    wide = tensor.to(torch.float32).contiguous()  # a copy with the same values
+    wide = state.buffer((tensor.numel(),), torch.float32)
+    wide.copy_(tensor.reshape(-1))  # the same values
     _mpi_sum_(wide, state)
     wide.div_(state.world_size)
-    tensor.copy_(wide)
+    tensor.copy_(wide.view_as(tensor))
     return tensor
 
 
@@ -158,7 +169,7 @@ def _mpi_sum_(tensor: torch.Tensor, state: MpiState) -> None:
     world, rank = state.world_size, state.rank
     counts, offsets = shards(tensor.numel(), world)
     mine = counts[rank]
-    parts = torch.empty((world, mine), dtype=tensor.dtype)
+    parts = state.buffer((world, mine), tensor.dtype)
     kind = state.types[tensor.dtype]
     array = tensor.numpy()
     state.comm.Alltoallv(

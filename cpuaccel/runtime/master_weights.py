@@ -75,6 +75,9 @@ class MasterWeights:
                 self.params.append(param)
                 self.masters.append(master)
         self.master_of = by_id
+        # The masters' fp32 gradients, allocated once: a fresh tensor a step costs its
+        # page faults again every step.
+        self.grads = [torch.empty_like(master) for master in self.masters]
         with torch.no_grad():
             for param in self.params:
                 param.data = param.data.to(torch.bfloat16)
@@ -91,12 +94,12 @@ class MasterWeights:
         """Move the bf16 gradients into the masters as fp32 (added to what a master holds
         already), leaving the parameters with none; a parameter without one keeps its
         master's as it is."""
-        for param, master in zip(self.params, self.masters, strict=True):
+        for param, master, kept in zip(self.params, self.masters, self.grads, strict=True):
             grad = param.grad
             if grad is None:
                 continue
             if master.grad is None:
-                master.grad = grad.to(torch.float32)
+                master.grad = kept.copy_(grad)
             else:
                 master.grad.add_(grad)
             param.grad = None
