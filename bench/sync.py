@@ -8,7 +8,8 @@ own sshd and private /srv/cpuaccel-node) by both tools, in three phases:
     no-change   the same sync again, right after one
     one-file    one file edited, then the sync (a different file each repeat)
 
-cpuaccel is its real CLI (start-up included, as a user types it); rsync is one
+cpuaccel is its real CLI (start-up included, as a user types it, its modules
+byte-compiled first as an install leaves them: byte_compile); rsync is one
 `rsync -a SRC/ root@ADDR:DEST/` per node, all started at once, timed until the last
 ends, each over its own plain ssh (one handshake a node, as a user types it).
 cpuaccel's check and sync keep ssh masters across commands (ControlPersist 60 s):
@@ -23,6 +24,7 @@ Afterwards both copies on every node are compared with the source, file by file.
 
     sudo .venv/bin/python bench/sync.py [--repeat 5] [--nodes 4,16] [--cluster-id 10]
                                         [--files 2000] [--megabytes 50] [--tmpfs]
+                                        [--no-byte-compile]
 """
 
 from __future__ import annotations
@@ -361,6 +363,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--tmpfs", action="store_true", help="destinations on a tmpfs in each node (mount_tmpfs)"
     )
+    parser.add_argument(
+        "--no-byte-compile",
+        action="store_true",
+        help="leave cpuaccel's modules as found (see byte_compile); .pyc files written "
+        "by an earlier run are used all the same",
+    )
     return parser.parse_args()
 
 
@@ -375,6 +383,7 @@ def main() -> None:
 
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
+    compiled = not args.no_byte_compile and byte_compile()
     work = Path(tempfile.mkdtemp(prefix="cpxl-bench-sync-"))
     results: list[tuple[int, dict[tuple[str, str], list[float]], list[str], Tools]] = []
     try:
@@ -401,6 +410,7 @@ def main() -> None:
     print(f"CPU: {cpu_name()}")
     where = "a tmpfs on each node (--tmpfs)" if args.tmpfs else "the test bed's ext4 disk"
     print(f"destinations: {where}")
+    print(f"cpuaccel's modules byte-compiled before the runs: {'yes' if compiled else 'no'}")
     print(f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}")
     print()
     print("| nodes | phase | cpuaccel sync | rsync -a (all nodes in parallel) | ratio | target |")
@@ -415,6 +425,18 @@ def main() -> None:
     for nodes, times, failures, tools in results:
         report(nodes, times, failures, tools, args.repeat + args.warmup)
     print(f"bench took {time.perf_counter() - started:.0f}s")
+
+
+def byte_compile() -> bool:
+    """Byte-compile the cpuaccel package the CLI runs, as installing it does (pip writes
+    every module's .pyc): in a checkout without .pyc files, under PYTHONDONTWRITEBYTECODE=1
+    (which stops Python writing them), each run would compile every module it imports
+    from source first, a cost no installed cpuaccel pays. True when done."""
+    import compileall
+
+    import cpuaccel  # the one the CLI imports: the same sys.path (PYTHONPATH) as this process
+
+    return bool(compileall.compile_dir(os.path.dirname(cpuaccel.__file__), quiet=1))
 
 
 def cpu_name() -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
@@ -164,24 +164,47 @@ def fan_out(
     if not items:
         return []
     if one_inline and len(items) == 1:
-        # No pool: its thread and concurrent.futures (with logging, which it imports)
-        # would weigh on a one-node check, whose cost is its start-up. Opt-in: a
-        # Ctrl-C then ends the work itself, where the pool lets it finish first.
+        # No worker thread for a one-node check, whose cost is its start-up. Opt-in: a
+        # Ctrl-C then ends the work itself, where the workers let it finish first.
         result = work(items[0])
         if on_done is not None:
             on_done(result)
         return [result]
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    # Worker threads of its own rather than concurrent.futures' pool: that module (with
+    # logging, which it imports) would weigh on the start-up of every command.
+    import queue
 
+    calls = iter([(index, ui.carried(work), item) for index, item in enumerate(items)])
+    taking = threading.Lock()
+    finished: queue.SimpleQueue[tuple[int, Any, BaseException | None]] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while True:
+            with taking:
+                call = next(calls, None)
+            if call is None:
+                return
+            index, run, item = call
+            try:
+                finished.put((index, run(item), None))
+            except BaseException as exc:  # raised by the calling thread, once all finish
+                finished.put((index, None, exc))
+
+    workers = [threading.Thread(target=worker) for _ in range(min(forks, len(items)))]
+    for thread in workers:
+        thread.start()
     results: dict[int, R] = {}
-    with ThreadPoolExecutor(max_workers=min(forks, len(items))) as workers:
-        futures = {
-            workers.submit(ui.carried(work), item): index for index, item in enumerate(items)
-        }
-        for future in as_completed(futures):
-            result = results[futures[future]] = future.result()
+    try:
+        for _ in items:
+            index, result, error = finished.get()
+            if error is not None:
+                raise error
+            results[index] = result
             if on_done is not None:
                 on_done(result)
+    finally:  # an error or a Ctrl-C: raised once every item has run, as pools do
+        for thread in workers:
+            thread.join()
     return [results[index] for index in range(len(items))]
 
 

@@ -57,6 +57,10 @@ class Process(abc.ABC):
     def close(self) -> None:
         """Close stdin and the connection to the process (it learns of it by EOF)."""
 
+    def end_input(self) -> None:  # noqa: B027 - a no-op unless the channel can half-close
+        """EOF on stdin while its output is still read: a process that ends at EOF ends
+        right after its last answer. By default nothing (``close`` sends the EOF)."""
+
 
 def split_lines(pending: bytes, chunk: bytes) -> tuple[list[str], bytes]:
     """Complete lines of pending+chunk, and what is left of an unfinished one."""

@@ -86,6 +86,9 @@ class LocalProcess(Process):
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
 
+    def end_input(self) -> None:
+        self.close()  # closing stdin is all close does: the output is still read
+
 
 class LocalConnector(Connector):
     def connect(self) -> None:

@@ -46,9 +46,18 @@ class _Chain:
         return self._tail.read(size)
 
 
+# Programs run without the ``site`` module (``python -S``): the sync receiver, started
+# on every node of every sync, needs nothing but the standard library, while site's
+# processing of site-packages (its .pth files and what they import, sitecustomize)
+# would be paid by every start. Not the others: the fact probe reads site-packages'
+# dist-info, and the agent's modules run pip.
+NO_SITE = frozenset({"treesession"})
+
+
 def argv(python: str, program: str, words: Sequence[str] = ()) -> list[str]:
     """The command that boots ``program`` (its source to be sent first on stdin)."""
-    return [python, "-c", BOOT, str(len(node.program(program))), *words]
+    flags = ["-S"] if program in NO_SITE else []
+    return [python, *flags, "-c", BOOT, str(len(node.program(program))), *words]
 
 
 def call(
@@ -222,6 +231,12 @@ class Kept:
             return self.answer(what, timeout)
         finally:
             self._asking.release()
+
+    def end_input(self) -> None:
+        """EOF to the program after the request just sent, its answer still to come: a
+        program that ends at EOF then ends right after answering, its end overlapping
+        the answer's way back rather than waiting for ``close``."""
+        self._process.end_input()
 
     def close(self) -> None:
         """EOF to the program (it ends, changing nothing more) and its channel closed."""

@@ -146,6 +146,10 @@ class SSHProcess(Process):
         with contextlib.suppress(*_CHANNEL_ERRORS):
             self._chan.close()
 
+    def end_input(self) -> None:
+        with contextlib.suppress(*_CHANNEL_ERRORS):
+            self._chan.shutdown_write()  # EOF to the command; its output still comes
+
 
 class SSHConnector(Connector):
     _conn: Connection | None = None

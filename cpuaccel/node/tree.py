@@ -205,13 +205,13 @@ def _entries(
     dest: str, found: dict[str, os.stat_result], cache: dict[str, Any]
 ) -> tuple[dict[str, Entry], _Cache]:
     """Entries of the found paths, and the cache trimmed to them (dirty when it changed)."""
-    kept = _Cache({os.path.join(dest, rel): cache[os.path.join(dest, rel)]
-                   for rel in found if os.path.join(dest, rel) in cache})  # fmt: skip
+    paths = {rel: os.path.join(dest, rel) for rel in found}  # each joined once: a look's cost
+    kept = _Cache({path: cache[path] for path in paths.values() if path in cache})
     kept.dirty = len(kept) != len(cache)
     entries = {}
     for rel, st in found.items():
         try:
-            entries[rel] = entry_of(os.path.join(dest, rel), st, kept)
+            entries[rel] = entry_of(paths[rel], st, kept)
         except FileNotFoundError:
             continue  # removed since the walk
     return entries, kept
@@ -221,7 +221,8 @@ def scan(
     dest: str, prune: set[str], create: bool, expect: str | None = None, keep: Any = None
 ) -> dict[str, Any]:
     """DEST's entries and hash; the entries are left out when the hash is ``expect``.
-    ``keep`` (a dict) receives the walk's stats and the entries (cpuaccel.node.treesession)."""
+    ``keep`` (a dict) receives the walk's stats, the entries and the hash cache as the
+    entries left it (cpuaccel.node.treesession)."""
     state = os.path.join(dest, STATE)
     made = create and not os.path.lexists(dest)
     if create:
@@ -235,7 +236,7 @@ def scan(
         pass
     entries, cache = _entries(dest, found, _load_cache(state))
     if keep is not None:
-        keep.update(found=found, entries=entries)
+        keep.update(found=found, entries=entries, cache=cache)
     if create and cache.dirty:
         _save_cache(state, cache)
     digest = manifest_hash(entries)

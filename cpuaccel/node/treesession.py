@@ -37,7 +37,6 @@ from cpuaccel.node.tree import (
     RSYNC_TMP,
     STATE,
     _fsid,
-    _load_cache,
     _prepare,
     _rel,
     _save_cache,
@@ -98,10 +97,12 @@ def _still_as_looked(dest: str, prune: set[str], looked: dict[str, Any]) -> bool
     return not leftovers and _signature(found) == looked["signature"]
 
 
-def _restat(dest: str, entries: dict[str, Any], touched: list[str], prune: set[str]) -> bool:
-    """Entries of the touched paths (and their folders) taken again; False when that
-    cannot stand for a walk (a folder gone or replaced, a name a walk skips)."""
-    cache = _load_cache(os.path.join(dest, STATE))
+def _restat(
+    dest: str, entries: dict[str, Any], touched: list[str], prune: set[str], cache: dict[str, Any]
+) -> bool:
+    """Entries of the touched paths (and their folders) taken again, ``cache`` (the
+    look's hash cache, trimmed to its walk) updated and saved; False when that cannot
+    stand for a walk (a folder gone or replaced, a name a walk skips)."""
     root = open_folder(dest)
     try:
         for rel in touched:
@@ -154,7 +155,7 @@ def apply_known(
     written = unpack(dest, stream, lambda r: _rel(dest, r), touched) if header.get("tar") else 0
     gone = [_rel(dest, rel) for rel in header.get("delete", [])]
     delete(dest, gone, lambda r: _rel(dest, r))
-    if _restat(dest, entries, touched + gone, prune):
+    if _restat(dest, entries, touched + gone, prune, dict(looked["cache"])):
         digest = manifest_hash(entries)
     else:
         digest = scan(dest, prune, create=True)["hash"]
@@ -248,6 +249,8 @@ def _looked(result: dict[str, Any], keep: dict[str, Any]) -> dict[str, Any] | No
         "fsid": result["fsid"],
         "entries": keep["entries"],
         "signature": _signature(keep["found"]),
+        # The hash cache as the look's walk left it: the file is not read again.
+        "cache": keep["cache"],
     }
 
 

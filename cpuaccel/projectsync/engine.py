@@ -70,6 +70,10 @@ class Syncer:
         # One receiver a node for the whole sync: the look's, which then writes.
         self.sessions: dict[str, NodeSession] = {}
         self._sessions_lock = threading.Lock()
+        # The tar of the change from a remembered tree (by its hash) to the source: made
+        # once for every node that holds that tree (_trip).
+        self._trips: dict[str, bytes] = {}
+        self._trips_lock = threading.Lock()
 
     def _session(self, conn: Connector) -> NodeSession:
         with self._sessions_lock:
@@ -109,6 +113,11 @@ class Syncer:
             return refused
         if found["entries"] is None:
             found["entries"] = last[2] if last else self.source.entries
+        if last is not None and found["hash"] == last[0] and not self.options.check:
+            # The one-trip change this node will get, made while other nodes still look;
+            # a failure here is met again, and reported, by _one_trip.
+            with contextlib.suppress(Exception):
+                self._trip(last[0], last[2])
         return found
 
     def _key(self, host: Host) -> str:
@@ -186,10 +195,8 @@ class Syncer:
             "delete": deleted,
             "tar": bool(changed),
         }
-        payload = json.dumps(header).encode() + b"\n"
-        stream = transfer.tar_stream(self.source, changed, payload)
-        with stream:
-            result = self._session(conn).request("apply", stream)
+        payload = json.dumps(header).encode() + b"\n" + self._trip(base, before)
+        result = self._session(conn).request("apply", payload, last=True)
         if result.get("base_mismatch"):
             scanned: dict[str, Any] = result["scan"]
             return scanned
@@ -208,6 +215,20 @@ class Syncer:
         added = [rel for rel in changed if rel not in before]
         return NodeReport(dest, changed, deleted, sent, method, in_sync=True, added=added)
 
+    def _trip(self, base: str, before: dict[str, Entry]) -> bytes:
+        """The tar of what differs between the remembered tree ``base`` (``before``) and
+        the source, empty when only deletions differ; made once (under the lock, so a
+        second node waits for the first one's rather than make its own), kept in memory:
+        a one-trip change is below RSYNC_MIN_BYTES."""
+        with self._trips_lock:
+            if base not in self._trips:
+                changed, _ = plan(self.source, before)
+                if not changed or _file_bytes(self.source, changed) >= transfer.RSYNC_MIN_BYTES:
+                    return b""  # no tar, or rsync's turf: none is kept
+                with transfer.tar_stream(self.source, changed, b"") as stream:
+                    self._trips[base] = stream.read()
+            return self._trips[base]
+
     def _dest(self, conn: Connector) -> str:
         return self.dests[conn.host.name]
 
@@ -215,7 +236,7 @@ class Syncer:
         self, conn: Connector, dest: str, writer: str, finished: threading.Event
     ) -> NodeReport:
         finished.wait()
-        after = self._session(conn).request("look", expect=self.source.hash)
+        after = self._session(conn).request("look", expect=self.source.hash, last=True)
         entries = after["entries"] if after["entries"] is not None else self.source.entries
         mismatches = [
             rel for rel, entry in self.source.entries.items() if entries.get(rel) != entry
@@ -285,12 +306,12 @@ class Syncer:
                 temp_dir=not scanned.get("created"),  # a folder this sync made
             )
             header = request(self.source, deleted, tar=False, trusted=changed)
-            result = self._session(conn).request("apply", header)
+            result = self._session(conn).request("apply", header, last=True)
             result["method"] = "rsync"
             return result
         stream = transfer.tar_stream(self.source, changed, request(self.source, deleted, tar=True))
         with stream:
-            result = self._session(conn).request("apply", stream)
+            result = self._session(conn).request("apply", stream, last=True)
         if self.on_bytes is not None:
             self.on_bytes(sent)
         result["method"] = "tar"
@@ -376,8 +397,8 @@ def _sync_once(
         ready = [h for h in hosts if h.name in syncer.looked]
         for r in run_on_hosts(ready, syncer, forks=forks, on_result=on_result, pool=pool):
             done[r.host.name] = r
-    if memory is not None:
-        memory.save()
+        if memory is not None:  # while the nodes' programs end (syncer.close waits for them)
+            memory.save()
     return [done[h.name] for h in hosts]
 
 

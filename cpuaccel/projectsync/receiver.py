@@ -20,26 +20,41 @@ REMOTE_TIMEOUT = 3600.0
 
 class NodeSession:
     """``treesession`` on one node (a ``programs.Kept``), started by the first request
-    (``look``) and kept until ``close``: the change is sent on the channel that looked,
-    once every node has accepted its destination. Every answer is awaited at most
-    REMOTE_TIMEOUT."""
+    (``look``) and kept until ``close`` or a ``last`` request: the change is sent on the
+    channel that looked, once every node has accepted its destination. Every answer is
+    awaited at most REMOTE_TIMEOUT."""
 
     def __init__(self, conn: Connector, dest: str) -> None:
         self.conn = conn
         self.dest = dest
         self._kept: programs.Kept | None = None
+        self._ended: list[programs.Kept] = []  # programs whose input ended (``last``)
 
     def request(
-        self, mode: str, payload: bytes | BinaryIO = b"", expect: str | None = None
+        self,
+        mode: str,
+        payload: bytes | BinaryIO = b"",
+        expect: str | None = None,
+        last: bool = False,
     ) -> dict[str, Any]:
         """MODE's answer on this node (``tree.answer``'s); DestinationRefused, or
-        HostError when the program or the connection ended without one."""
+        HostError when the program or the connection ended without one. ``last``: the
+        program's input ends with this request, so that it ends right after answering,
+        while the answer travels back, rather than when ``close`` comes; a request after
+        it (the long way, when a one-trip change did not apply) starts a new program."""
         what = f"syncing to {self.dest}"
         kept = self.start()
         length = len(payload) if isinstance(payload, bytes) else payload.seek(0, 2)
-        line = {"mode": mode, "expect": expect, "length": length}
-        kept.send(json.dumps(line).encode() + b"\n")  # a gone one says why it ended
-        kept.send(payload)
+        line = json.dumps({"mode": mode, "expect": expect, "length": length}).encode() + b"\n"
+        if isinstance(payload, bytes):
+            kept.send(line + payload)  # a gone one says why it ended
+        else:
+            kept.send(line)
+            kept.send(payload)
+        if last:
+            kept.end_input()
+            self._ended.append(kept)
+            self._kept = None  # a request after all (the long way) gets a program of its own
         return checked(self.conn.host.name, kept.answer(what, REMOTE_TIMEOUT))
 
     def start(self) -> programs.Kept:
@@ -51,14 +66,18 @@ class NodeSession:
         return self._kept
 
     def close(self) -> None:
-        """End the program (EOF on its stdin); ``wait`` for it afterwards."""
-        if self._kept is not None and self._kept.alive:
-            self._kept.close()
+        """End the programs (EOF on their stdin); ``wait`` for them afterwards."""
+        for kept in self._programs():
+            if kept.alive:
+                kept.close()
 
     def wait(self, deadline: float) -> None:
-        """Wait for the program's end (until the monotonic ``deadline``)."""
-        if self._kept is not None:
-            self._kept.wait(deadline)
+        """Wait for the programs' end (until the monotonic ``deadline``)."""
+        for kept in self._programs():
+            kept.wait(deadline)
+
+    def _programs(self) -> list[programs.Kept]:
+        return [*self._ended, *([self._kept] if self._kept is not None else [])]
 
 
 def words(mode: str, dest: str, workdir: str, expect: str | None = None) -> list[str]:

@@ -1,7 +1,7 @@
 """The SSH connector (paramiko, connectors/ssh.py) against real nodes: arguments and
 environment values arrive literally, and so does an rsync destination with spaces and
 shell characters (rsync's secluded args and ``--``), "~/" landing in the node's home;
-stdin, exit codes and timeouts."""
+stdin (its end while the output is read on), exit codes and timeouts."""
 
 from __future__ import annotations
 
@@ -38,6 +38,17 @@ def test_remote_arguments_and_env_arrive_literally(cluster: Cluster) -> None:
     assert not Path(marker).exists()
     inside = cluster.exec("node2", ["test", "-e", marker])
     assert inside.returncode != 0
+
+
+def test_ending_the_input_leaves_the_output_to_read(cluster: Cluster) -> None:
+    """end_input: EOF to the command (a half-close), its output and status still come."""
+    with _ssh(cluster, "node2") as conn:
+        proc = conn.start(["sh", "-c", "cat; echo done"])
+        proc.send(b"first\n")
+        proc.end_input()
+        assert list(proc.lines()) == [("out", "first"), ("out", "done")]
+        assert proc.wait(10) == 0
+        proc.close()
 
 
 def test_remote_stdin_exit_code_and_timeout(cluster: Cluster) -> None:

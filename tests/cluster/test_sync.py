@@ -449,11 +449,12 @@ LATE_PYTHON = """#!{python}
 # request only once another node of the shared filesystem is writing (temporary files
 # in flight). The real interpreter runs behind it; requests pass through line by line.
 import os, re, subprocess, sys, time
-args = sys.argv[1:]  # -c BOOT LENGTH DEST ...
+args = sys.argv[1:]  # [-S] -c BOOT LENGTH DEST ...
 child = subprocess.Popen([{python!r}, *args], stdin=subprocess.PIPE)
-child.stdin.write(sys.stdin.buffer.read(int(args[2])))  # the program
+boot = args.index("-c")
+child.stdin.write(sys.stdin.buffer.read(int(args[boot + 2])))  # the program
 child.stdin.flush()
-dest = args[3]
+dest = args[boot + 3]
 for line in iter(sys.stdin.buffer.readline, b""):
     deadline = time.monotonic() + 30 if b'"mode": "scan"' in line else 0
     while time.monotonic() < deadline:

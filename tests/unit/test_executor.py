@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -90,6 +92,28 @@ def test_fan_out_keeps_order_bounds_workers_and_reports_each() -> None:
     assert fan_out([], work, forks=1) == []
     with pytest.raises(ValueError):
         fan_out([1], work, forks=0)
+
+
+def test_fan_out_raises_a_bug_once_every_item_has_run_without_concurrent_futures() -> None:
+    ran: list[int] = []
+
+    def work(n: int) -> int:
+        if n == 0:
+            raise RuntimeError("a bug")
+        time.sleep(0.02)
+        ran.append(n)
+        return n
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        fan_out(range(4), work, forks=2)
+    assert sorted(ran) == [1, 2, 3]
+    code = (
+        "import sys; from cpuaccel.executor import fan_out; "
+        "assert fan_out([1, -2], abs, forks=2) == [1, 2]; "
+        "print('concurrent.futures' in sys.modules)"
+    )
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert found.stdout.strip() == "False", found.stderr
 
 
 def test_one_inline_runs_a_single_item_in_the_calling_thread() -> None:

@@ -93,3 +93,9 @@ def test_every_node_program_compiles(tmp_path: Path) -> None:
             [sys.executable, "-m", "py_compile", str(source)], capture_output=True, text=True
         )
         assert done.returncode == 0, (name, done.stderr)
+
+
+def test_the_sync_receiver_starts_without_site_and_the_other_programs_with_it() -> None:
+    """The receiver needs the standard library only; the fact probe reads site-packages."""
+    assert programs.argv("py", "treesession", ["/d"])[:3] == ["py", "-S", "-c"]
+    assert programs.argv("py", "facts")[:2] == ["py", "-c"]

@@ -63,6 +63,35 @@ def test_engine_syncs_then_has_nothing_to_do(tmp_path: Path) -> None:
     assert (tmp_path / "w1" / "proj" / "pkg" / "b.py").read_text() == "b"
 
 
+def test_a_small_change_is_packed_once_for_every_node_that_holds_the_same_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = make_tree(tmp_path / "src", {"a.py": "a", "pkg/b.py": "b"})
+    hosts = [local_host(f"n{i}", tmp_path / f"w{i}") for i in range(3)]
+    options = SyncOptions("{{ cpuaccel_workdir }}/proj")
+
+    def run() -> list[NodeReport]:
+        results = engine.sync(hosts, build([str(src)]), options, forks=3, connect=ConnectOptions())
+        assert all(r.status is Status.OK for r in results), [r.error for r in results]
+        return [r.value for r in results if r.value is not None]
+
+    run()
+    packed: list[Sequence[str]] = []
+    real_tar = transfer.tar_stream
+
+    def counted(source: Any, changed: Sequence[str], header: bytes) -> Any:
+        packed.append(list(changed))
+        return real_tar(source, changed, header)
+
+    monkeypatch.setattr(transfer, "tar_stream", counted)
+    (src / "pkg" / "b.py").write_text("bb")
+    reports = run()
+    assert [(r.changed, r.method, r.in_sync) for r in reports] == [(["pkg/b.py"], "tar", True)] * 3
+    assert packed == [["pkg/b.py"]]  # one tar, sent to the three nodes
+    for i in range(3):
+        assert (tmp_path / f"w{i}" / "proj" / "pkg" / "b.py").read_text() == "bb"
+
+
 def test_rsync_writes_without_a_temp_folder_only_where_the_sync_made_the_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -81,12 +81,24 @@ def test_an_apply_after_the_look_rewalks_stats_only_and_restats_what_it_wrote(
         scans.append(True)
         return real_scan(*args, **kw)
 
+    loads: list[str] = []
+    real_load = tree._load_cache
+
+    def loaded(state: str) -> dict[str, Any]:
+        loads.append(state)
+        return real_load(state)
+
     monkeypatch.setattr(tree, "scan", counted)
     monkeypatch.setattr(treesession, "scan", counted)
+    monkeypatch.setattr(tree, "_load_cache", loaded)
     looked, applied = _serve(dest, _request("look", expect=before.hash), _request("apply", change))
     assert looked["hash"] == before.hash and looked["entries"] is None
     assert applied == {"hash": source.hash, "mismatches": [], "written": 15, "fsid": node["fsid"]}
     assert len(scans) == 1  # the look's walk only: no scan before nor after the apply
+    assert len(loads) == 1  # the hash cache read by the look only, the apply keeps it
+    cached = json.loads((dest / ".cpuaccel" / "hashcache.json").read_text())
+    assert cached[str(dest / "pkg" / "new" / "c.py")][4] == source.entries["pkg/new/c.py"][3]
+    assert cached[str(dest / "train.py")][4] == source.entries["train.py"][3]
     assert (dest / "pkg" / "new" / "c.py").read_text() == "c = 1\n"
     assert (dest / ".cpuaccel" / "manifest").read_text().strip() == source.hash
     assert tree.scan(str(dest), set(PRUNE_NAMES), create=False)["hash"] == source.hash
@@ -167,6 +179,23 @@ def test_one_interpreter_answers_look_then_scan_and_refuses_before_writing(
         refused.request("scan")
     refused.close()
     assert not (tmp_path / "work").exists()
+
+
+def test_a_last_request_ends_the_program_with_its_answer_and_a_later_one_starts_another(
+    tmp_path: Path,
+) -> None:
+    """``last``: the program's input ends with the request, so that it ends right after
+    answering, with no close; a request after it (the long way) gets a program of its
+    own."""
+    session = NodeSession(_conn(tmp_path), str(tmp_path / "proj"))
+    first = session.start()
+    assert session.request("look", last=True)["fsid"] is None
+    assert first.alive  # never closed by the controller, and yet it ends
+    assert first._process.wait(10) == 0
+    scanned = session.request("scan")
+    assert scanned["fsid"] and session.start() is not first
+    session.close()
+    session.wait(time.monotonic() + 10)
 
 
 def test_a_receiver_that_dies_is_one_host_error(tmp_path: Path) -> None:
