@@ -70,9 +70,9 @@ class Syncer:
         # One receiver a node for the whole sync: the look's, which then writes.
         self.sessions: dict[str, NodeSession] = {}
         self._sessions_lock = threading.Lock()
-        # The tar of the change from a remembered tree (by its hash) to the source: made
-        # once for every node that holds that tree (_trip).
-        self._trips: dict[str, bytes] = {}
+        # The change from a remembered tree (by its hash) to the source: planned, and its
+        # tar made, once for every node that holds that tree (_trip).
+        self._trips: dict[str, _Trip] = {}
         self._trips_lock = threading.Lock()
 
     def _session(self, conn: Connector) -> NodeSession:
@@ -180,12 +180,12 @@ class Syncer:
         base, fsid, before = last
         if looked["hash"] != base or looked.get("fsid") != fsid or looked.get("leftovers"):
             return None
-        changed, deleted = plan(self.source, before)
+        trip = self._trip(base, before)
+        changed, deleted, sent = trip.changed, trip.deleted, trip.sent
         if not changed and not deleted:
             return None  # nothing to send: the node's own answer says whether it is in sync
         if deleted and not self.options.delete:
             return None  # the node keeps files the source dropped: its tree won't match
-        sent = _file_bytes(self.source, changed)
         if sent >= transfer.RSYNC_MIN_BYTES:
             return None  # rsync's turf
         header = {
@@ -195,7 +195,7 @@ class Syncer:
             "delete": deleted,
             "tar": bool(changed),
         }
-        payload = json.dumps(header).encode() + b"\n" + self._trip(base, before)
+        payload = json.dumps(header).encode() + b"\n" + trip.tar
         result = self._session(conn).request("apply", payload, last=True)
         if result.get("base_mismatch"):
             scanned: dict[str, Any] = result["scan"]
@@ -215,18 +215,20 @@ class Syncer:
         added = [rel for rel in changed if rel not in before]
         return NodeReport(dest, changed, deleted, sent, method, in_sync=True, added=added)
 
-    def _trip(self, base: str, before: dict[str, Entry]) -> bytes:
-        """The tar of what differs between the remembered tree ``base`` (``before``) and
-        the source, empty when only deletions differ; made once (under the lock, so a
-        second node waits for the first one's rather than make its own), kept in memory:
-        a one-trip change is below RSYNC_MIN_BYTES."""
+    def _trip(self, base: str, before: dict[str, Entry]) -> _Trip:
+        """What differs between the remembered tree ``base`` (``before``) and the source,
+        with the tar of the changed files when a one-trip change would send them (below
+        RSYNC_MIN_BYTES); made once (under the lock, so a second node waits for the first
+        one's rather than make its own), kept in memory."""
         with self._trips_lock:
             if base not in self._trips:
-                changed, _ = plan(self.source, before)
-                if not changed or _file_bytes(self.source, changed) >= transfer.RSYNC_MIN_BYTES:
-                    return b""  # no tar, or rsync's turf: none is kept
-                with transfer.tar_stream(self.source, changed, b"") as stream:
-                    self._trips[base] = stream.read()
+                changed, deleted = plan(self.source, before)
+                sent = _file_bytes(self.source, changed)
+                tar = b""
+                if changed and sent < transfer.RSYNC_MIN_BYTES:
+                    with transfer.tar_stream(self.source, changed, b"") as stream:
+                        tar = stream.read()
+                self._trips[base] = _Trip(changed, deleted, sent, tar)
             return self._trips[base]
 
     def _dest(self, conn: Connector) -> str:
@@ -400,6 +402,16 @@ def _sync_once(
         if memory is not None:  # while the nodes' programs end (syncer.close waits for them)
             memory.save()
     return [done[h.name] for h in hosts]
+
+
+@dataclass(frozen=True)
+class _Trip:
+    """The change from one remembered tree to the source (Syncer._trip)."""
+
+    changed: list[str]
+    deleted: list[str]
+    sent: int  # the changed files' bytes
+    tar: bytes  # the changed files' tar; empty when none, or when rsync sends them
 
 
 def _file_bytes(source: SourceManifest, rels: Sequence[str]) -> int:

@@ -102,7 +102,6 @@ class Context:
         self.grad_reduce = "ordered" if ordered else "library"
         self.deterministic = deterministic
         self.dtype = dtype
-        master_weights.check_accumulation(weights, gradient_accumulation_steps, dtype)
         # bf16 parameters with fp32 masters only where autocast runs in bf16
         self.weights = weights if dtype == torch.bfloat16 else master_weights.FP32
         self._masters: list[master_weights.MasterWeights] = []
