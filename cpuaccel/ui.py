@@ -8,6 +8,7 @@ import io
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
@@ -178,6 +179,24 @@ class Tracker:
     def advance(self, label: str = "") -> None:
         if self._progress is not None:
             self._progress.update(self._task, advance=1, detail=label)
+
+    def transfer(self, description: str) -> Callable[[int, int], None]:
+        """A second bar for bytes on their way: called with (bytes so far, of total), it
+        shows the share, the bytes and their rate, as rsync's --info=progress2 does."""
+        progress = self._progress
+        if progress is None:
+            return lambda done, total: None
+        task = progress.add_task(description, total=100, detail="")
+        start = time.monotonic()
+
+        def moved(done: int, total: int) -> None:
+            seconds = max(time.monotonic() - start, 1e-3)
+            rate = done / seconds / 2**20
+            detail = f"{done / 2**20:,.0f}/{total / 2**20:,.0f} MiB  {rate:,.1f} MiB/s"
+            share = 100 * done // total if total else 100
+            progress.update(task, completed=share, detail=detail)
+
+        return moved
 
 
 @contextmanager

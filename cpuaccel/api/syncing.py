@@ -115,6 +115,8 @@ def sync_target(
             forks=target.forks,
             connect=replace(target.connect, keep=True),
             on_result=lambda r: tracker.advance(r.host.name),
+            note=lambda line: ui.stderr().print(f"broadcast: {ui.escape(line)}"),
+            progress=tracker.transfer("broadcast"),
         )
     return SyncResult(source.hash, len(source.entries), tuple(results), check)
 

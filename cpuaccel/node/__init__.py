@@ -26,12 +26,14 @@ tested and type-checked one by one:
   prelaunch   run's fact probe and look at the project's copy in one interpreter; with
               ``--keep``, then the run's ``jobctl`` requests on the same channel (with
               jobctl)
+  relay       one node's part of a broadcast: keep a stream of files and pass it on to
+              the next nodes (cpuaccel.connectors.broadcast)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
 ``jobctl``, ``supervisor``, ``prelaunch`` (one request each), ``treesession`` and
-``agent`` (resident).
+``agent`` and ``relay`` (resident).
 ``program(name)`` bundles that part with the parts it imports, and no other: the fact
 probe, for one, carries ``common`` and nothing of the agent. On the node each part becomes
 the module it is here, so the parts import each other as usual.
@@ -48,7 +50,7 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "treesession", "jobctl", "agent", "detached", "prelaunch")
+PROGRAMS = ("facts", "tree", "treesession", "jobctl", "agent", "detached", "prelaunch", "relay")
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.

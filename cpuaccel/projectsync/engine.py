@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpuaccel.connectors import broadcast
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.choose import keeps_connection
 from cpuaccel.connectors.connect_options import ConnectOptions
@@ -34,6 +35,13 @@ from cpuaccel.projectsync.manifest import SourceChanging, SourceManifest, plan
 from cpuaccel.projectsync.memory import SyncMemory
 from cpuaccel.projectsync.node_result import NodeReport
 from cpuaccel.projectsync.receiver import NodeSession, request
+
+# A changed file of at least BROADCAST_FILE_BYTES that two nodes or more need goes to
+# them through one broadcast (cpuaccel.connectors.broadcast) rather than once per node,
+# when such files add up to BROADCAST_MIN_BYTES: below that the set-up of the
+# node-to-node pipeline costs more than the copies it saves.
+BROADCAST_FILE_BYTES = 1 << 20
+BROADCAST_MIN_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,14 @@ class Syncer:
         on_bytes: Callable[[int], None] | None = None,
         memory: SyncMemory | None = None,
         hosts: Sequence[Host] = (),
+        note: Callable[[str], None] = lambda line: None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.source = source
+        self.note = note
+        self.progress = progress
+        # Files each node holds already from the broadcast, verified there by sha256.
+        self.delivered: dict[str, frozenset[str]] = {}
         self.options = options
         self.dests = dests
         self.on_bytes = on_bytes
@@ -119,6 +133,75 @@ class Syncer:
             with contextlib.suppress(Exception):
                 self._trip(last[0], last[2])
         return found
+
+    def broadcast(self, hosts: Sequence[Host], pool: ConnectionPool) -> None:
+        """Send the large files that several nodes need through one broadcast, before
+        each node's own transfer: a node then gets only the rest, and trusts what the
+        broadcast delivered (its relay checked the sha256 before the file took its name).
+        A node the broadcast failed gets those files the usual way, from the controller."""
+        if self.options.check:
+            return
+        needs: dict[str, frozenset[str]] = {}
+        fsids: dict[str, int] = {}
+        for host in hosts:
+            looked = self.looked.get(host.name)
+            if looked is None or not broadcast.relays(host) or not host_has_ssh(pool, host):
+                continue
+            entries = looked["entries"] if looked["entries"] is not None else self.source.entries
+            changed, _ = plan(self.source, entries)
+            large = [
+                rel
+                for rel in changed
+                if self.source.entries[rel][0] == "f"
+                and int(self.source.entries[rel][2]) >= BROADCAST_FILE_BYTES
+            ]
+            if large:
+                needs[host.name] = frozenset(large)
+                if looked.get("fsid"):
+                    fsids[looked["fsid"]] = fsids.get(looked["fsid"], 0) + 1
+        # nodes that share a folder (one writes it for all) stay on the usual path
+        needs = {
+            name: rels
+            for name, rels in needs.items()
+            if fsids.get(self.looked[name].get("fsid") or "", 0) < 2
+            and self.looked[name].get("fsid") not in self._shared_fsids
+        }
+        union = sorted(set().union(*needs.values())) if needs else []
+        total = sum(int(self.source.entries[rel][2]) for rel in union)
+        if len(needs) < 2 or total < BROADCAST_MIN_BYTES:
+            return
+        chosen = [h for h in hosts if h.name in needs]
+        # a destination not made yet: made now (the scan), as the node's own transfer would
+        new = [h for h in chosen if self.looked[h.name].get("fsid") is None]
+        for made in run_on_hosts(new, self._make, forks=len(new) or 1, pool=pool):
+            if not made.ok:
+                needs.pop(made.host.name, None)
+        chosen = [h for h in chosen if h.name in needs]
+        if len(chosen) < 2:
+            return
+        files = [
+            broadcast.PayloadFile(
+                rel,
+                self.source.local[rel],
+                int(self.source.entries[rel][2]),
+                str(self.source.entries[rel][3]),
+                int(self.source.entries[rel][1]),
+            )
+            for rel in union
+        ]
+        roots = {h.name: str(self.looked[h.name]["dest"]) for h in chosen}
+        sender = broadcast.Broadcast(
+            pool.get, pool.options, chosen, roots, files, keep=needs, note=self.note,
+            on_bytes=self.on_bytes, progress=self.progress,
+        )  # fmt: skip
+        for name, delivery in sender.run().items():
+            if delivery.ok:
+                self.delivered[name] = frozenset(delivery.kept)
+            elif delivery.error:
+                self.note(f"{name}: the broadcast failed ({delivery.error}): sending it directly")
+
+    def _make(self, conn: Connector) -> None:
+        self.looked[conn.host.name] = self._session(conn).request("scan", expect=self.source.hash)
 
     def _key(self, host: Host) -> str:
         port = port_of(host)  # the port really used (ssh_config's when the inventory has none)
@@ -286,6 +369,9 @@ class Syncer:
         self, conn: Connector, scanned: dict[str, Any], changed: list[str], deleted: list[str]
     ) -> dict[str, Any]:
         node = scanned["entries"]
+        delivered = self.delivered.get(conn.host.name, frozenset())
+        given = [rel for rel in changed if rel in delivered]
+        changed = [rel for rel in changed if rel not in delivered]
         sent = _file_bytes(self.source, changed)
         retyped = any(
             rel in node and node[rel][0] != self.source.entries[rel][0] for rel in changed
@@ -307,16 +393,22 @@ class Syncer:
                 self.on_bytes,
                 temp_dir=not scanned.get("created"),  # a folder this sync made
             )
-            header = request(self.source, deleted, tar=False, trusted=changed)
+            header = request(self.source, deleted, tar=False, trusted=[*changed, *given])
             result = self._session(conn).request("apply", header, last=True)
-            result["method"] = "rsync"
+            result["method"] = "broadcast+rsync" if given else "rsync"
             return result
-        stream = transfer.tar_stream(self.source, changed, request(self.source, deleted, tar=True))
+        if given and not changed:
+            header = request(self.source, deleted, tar=False, trusted=given)
+            result = self._session(conn).request("apply", header, last=True)
+            result["method"] = "broadcast"
+            return result
+        header = request(self.source, deleted, tar=True, trusted=given)
+        stream = transfer.tar_stream(self.source, changed, header)
         with stream:
             result = self._session(conn).request("apply", stream, last=True)
         if self.on_bytes is not None:
             self.on_bytes(sent)
-        result["method"] = "tar"
+        result["method"] = "broadcast+tar" if given else "tar"
         return result
 
 
@@ -330,10 +422,15 @@ def sync(
     on_result: Callable[[HostResult[NodeReport]], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
     pool: ConnectionPool | None = None,
+    note: Callable[[str], None] = lambda line: None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[HostResult[NodeReport]]:
-    """Sync to every host in parallel. Destinations are checked as text before any
-    connection, then by every node as it resolves them, before any node is changed:
-    DestinationRefused (exit 64) when one refuses, and then nothing is written on the
+    """Sync to every host in parallel. Large files that several nodes need go through
+    one broadcast (``Syncer.broadcast``): ``note`` takes its lines (a node cut out, the
+    fall-back to the star), ``progress`` its bytes (so far, of the total).
+
+    Destinations are checked as text before any connection, then by every node as it
+    resolves them, before any node is changed: DestinationRefused (exit 64) when one refuses, and then nothing is written on the
     controller either (hash cache, sync memory).
 
     A node that failed while source files changed under the sync (a log being written)
@@ -342,7 +439,14 @@ def sync(
     held: list[HostResult[NodeReport]] = []  # failures: reported once we know their fate
     report = on_result or (lambda r: None)
     once = functools.partial(
-        _sync_once, options=options, forks=forks, connect=connect, on_bytes=on_bytes, pool=pool
+        _sync_once,
+        options=options,
+        forks=forks,
+        connect=connect,
+        on_bytes=on_bytes,
+        pool=pool,
+        note=note,
+        progress=progress,
     )
     results = once(
         hosts,
@@ -370,10 +474,12 @@ def _sync_once(
     on_result: Callable[[HostResult[NodeReport]], None] | None = None,
     on_bytes: Callable[[int], None] | None = None,
     pool: ConnectionPool | None = None,
+    note: Callable[[str], None] = lambda line: None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[HostResult[NodeReport]]:
     dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
     memory = None if options.check else SyncMemory(source.roots, options.dest_template)
-    syncer = Syncer(source, options, dests, on_bytes, memory, hosts)
+    syncer = Syncer(source, options, dests, on_bytes, memory, hosts, note, progress)
     with contextlib.ExitStack() as stack:
         if pool is None:  # one connection a host for both phases
             pool = stack.enter_context(ConnectionPool(connect))
@@ -397,6 +503,7 @@ def _sync_once(
             if on_result is not None:
                 on_result(failed)
         ready = [h for h in hosts if h.name in syncer.looked]
+        syncer.broadcast(ready, pool)
         for r in run_on_hosts(ready, syncer, forks=forks, on_result=on_result, pool=pool):
             done[r.host.name] = r
         if memory is not None:  # while the nodes' programs end (syncer.close waits for them)
@@ -412,6 +519,11 @@ class _Trip:
     deleted: list[str]
     sent: int  # the changed files' bytes
     tar: bytes  # the changed files' tar; empty when none, or when rsync sends them
+
+
+def host_has_ssh(pool: ConnectionPool, host: Host) -> bool:
+    """Whether the host is reached over ssh (it can then take part in a broadcast)."""
+    return bool(pool.get(host).rsync_ok)
 
 
 def _file_bytes(source: SourceManifest, rels: Sequence[str]) -> int:

@@ -1,0 +1,501 @@
+"""One payload to many nodes at the speed of one copy: a pipeline through the nodes.
+
+Sending a file to N nodes from the controller costs N copies through its one link. Here
+the controller sends one copy, to the first node, and every node keeps the stream and
+passes it on to the next (``fanout`` nodes each: 1 is a chain) over the node-to-node ssh
+that MPI's launcher needs anyway, with the keys and host-key policy the controller
+verified. The node side is ``cpuaccel.node.relay``; this module is the controller's one
+loop over all of them (``Broadcast.run``).
+
+Set-up is parallel: every relay starts at once and opens its own ssh to the next
+nodes; the first byte moves once every hop is up or has failed, so no hop waits for the
+one before it. Each node checks the sha256 of every file it keeps and renames it into
+place only when it matches; the controller checks the hashes it is told again. A node
+that fails (its relay ends, or is silent for STALL s) is named and cut out, and the
+nodes it fed are served directly by the controller, from the offset each already holds;
+so are the nodes behind one that falls LAG bytes behind the node feeding it. When the
+nodes cannot ssh to each other, every node is served directly (a star), with one line
+saying why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpuaccel.connectors import commandline, openssh, programs
+from cpuaccel.connectors.base import Connector, Process
+from cpuaccel.connectors.connect_options import ConnectOptions
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.inventory.host import Host
+from cpuaccel.node.relay import FEED
+
+CHAIN = 1  # each node passes the stream to one other: the default fan-out
+STALL = 20.0  # seconds without a relay's heartbeat (it sends one every half second)
+IDLE = 60.0  # seconds a relay waits for a byte, or a hop for its bytes, before it gives up
+# A node is slow when it falls LAG bytes behind the node feeding it (which holds up to
+# the relay's WINDOW for it), or takes nothing for SLOW s while that node has bytes for it.
+LAG = 48 << 20
+SLOW = 10.0
+READ = 1 << 20
+
+
+@dataclass(frozen=True)
+class PayloadFile:
+    """One file of the stream: where it lands below each node's root, and what it is."""
+
+    rel: str  # '/'-separated, normalised, below the node's root
+    local: str  # its path on the controller
+    size: int
+    sha256: str
+    mode: int
+
+
+@dataclass
+class Delivery:
+    """One node's outcome."""
+
+    host: str
+    kept: dict[str, str] = field(default_factory=dict)  # rel -> sha256, verified twice
+    bad: list[str] = field(default_factory=list)  # files that arrived wrong (removed)
+    error: str | None = None  # why the node failed, when it did
+    direct: bool = False  # served by the controller, not by another node
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.bad
+
+
+@dataclass
+class _Node:
+    host: Host
+    conn: Connector
+    keep: frozenset[str]
+    socket: str = field(default_factory=lambda: "cpuaccel-relay-" + secrets.token_hex(12))
+    key: str = field(default_factory=lambda: secrets.token_hex(32))
+    folder: str = field(default_factory=lambda: "/tmp/cpuaccel-relay-" + secrets.token_hex(8))
+    parent: str | None = None  # None: the controller feeds it
+    children: list[str] = field(default_factory=list)
+    kept: programs.Kept | None = None
+    got: int = 0
+    moved: float = field(default_factory=time.monotonic)  # when ``got`` last grew
+    hops: dict[str, bool | None] = field(default_factory=dict)  # up, lost, or not yet known
+    ready: bool = False
+    ended: bool = False
+    feeding: bool = False  # a direct feed of the controller's is running
+    cut_children: bool = False
+    kept_files: dict[str, str] = field(default_factory=dict)
+    bad_files: list[str] = field(default_factory=list)
+    delivery: Delivery | None = None
+
+
+class Broadcast:
+    """Send ``files`` to every host of ``hosts`` below its root (``roots``), each host
+    keeping the files ``keep`` names for it (all by default), through one pipeline.
+
+    ``connect`` gives a host's open connection (the pool's); ``note`` takes the lines
+    that name a node cut out or the fall-back to a star; ``on_bytes`` the bytes that
+    every live node now holds, as they grow; ``progress`` (those bytes, of the total)."""
+
+    def __init__(
+        self,
+        connect: Callable[[Host], Connector],
+        options: ConnectOptions,
+        hosts: Sequence[Host],
+        roots: Mapping[str, str],
+        files: Sequence[PayloadFile],
+        *,
+        keep: Mapping[str, frozenset[str]] | None = None,
+        fanout: int = CHAIN,
+        note: Callable[[str], None] = lambda line: None,
+        on_bytes: Callable[[int], None] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.connect = connect
+        self.progress = progress
+        self.options = options
+        self.hosts = list(hosts)
+        self.roots = dict(roots)
+        self.files = list(files)
+        self.total = sum(f.size for f in self.files)
+        self.keep = keep
+        self.fanout = fanout
+        self.note = note
+        self.on_bytes = on_bytes
+        self.nodes: dict[str, _Node] = {}
+        self.events: queue.Queue[tuple[str, dict[str, Any] | None, str]] = queue.Queue()
+        self._feeds: list[Process] = []
+        self._feeds_lock = threading.Lock()
+        self._reported = 0
+        self._hop_why: dict[tuple[str, str], str] = {}  # (parent, child) -> ssh's words
+
+    # ------------------------------------------------------------- the one loop
+    def run(self) -> dict[str, Delivery]:
+        """Every node's Delivery, once each has kept every file or failed."""
+        everything = frozenset(f.rel for f in self.files)
+        for host in self.hosts:
+            keep = self.keep.get(host.name, everything) if self.keep is not None else everything
+            try:
+                conn = self.connect(host)
+            except CpuaccelError as exc:
+                self.nodes[host.name] = _Node(host, None, keep)  # type: ignore[arg-type]
+                self._fail(host.name, str(exc))
+                continue
+            self.nodes[host.name] = _Node(host, conn, keep)
+        self._lay_out()
+        for node in self.nodes.values():
+            if node.delivery is None:
+                threading.Thread(target=self._start_relay, args=(node,), daemon=True).start()
+        try:
+            self._loop()
+        finally:
+            self._close()
+        return {h.name: self.nodes[h.name].delivery or Delivery(h.name) for h in self.hosts}
+
+    def _lay_out(self) -> None:
+        """Each node's parent: node i is fed by node (i-1)//fanout; the first by the
+        controller. Nodes without ssh to pass on (the controller itself) are fed directly."""
+        chain = [n for n in self.nodes.values() if n.delivery is None and relays(n.host)]
+        for node in self.nodes.values():
+            if node not in chain:
+                node.parent = None
+        if self.fanout < 1:
+            return
+        for i, node in enumerate(chain[1:], start=1):
+            parent = chain[(i - 1) // self.fanout]
+            node.parent = parent.host.name
+            parent.children.append(node.host.name)
+
+    def _loop(self) -> None:
+        started = False
+        settle_by = time.monotonic() + self.options.connect_timeout + 15
+        while not all(n.delivery is not None for n in self.nodes.values()):
+            try:
+                name, event, why = self.events.get(timeout=1.0)
+            except queue.Empty:
+                name, event, why = "", {}, ""
+            if name:
+                self._take(self.nodes[name], event, why)
+            if not started and (self._settled() or time.monotonic() > settle_by):
+                started = True
+                self._begin()
+            if started:
+                self._watch()
+            self._progress()
+
+    def _settled(self) -> bool:
+        """Every live relay is listening and every hop is up or lost."""
+        live = [n for n in self.nodes.values() if n.delivery is None]
+        return all(n.ready and None not in n.hops.values() for n in live)
+
+    def _begin(self) -> None:
+        """The first byte: hops that failed to come up are said, in one line when none did."""
+        lost = [
+            (n.host.name, child)
+            for n in self.nodes.values()
+            for child, up in n.hops.items()
+            if up is not True
+        ]
+        tried = sum(len(n.hops) for n in self.nodes.values())
+        if tried and len(lost) == tried:
+            parent, child = lost[0]
+            why = self._hop_why.get((parent, child), "no answer")
+            self.note(
+                f"the nodes cannot reach each other over ssh ({parent} -> {child}: {why}): "
+                "sending to each node from the controller"
+            )
+        else:
+            for parent, child in lost:
+                why = self._hop_why.get((parent, child), "no answer")
+                self.note(f"{parent} cannot ssh to {child} ({why}): {child} is served directly")
+        for node in self.nodes.values():
+            node.moved = time.monotonic()
+        for parent, child in lost:
+            self._tell(self.nodes[parent], {"drop": child})
+            self.nodes[child].parent = None
+        for node in self.nodes.values():
+            if node.delivery is None and node.parent is None:
+                self._feed(node)
+
+    def _watch(self) -> None:
+        """Cut out the nodes that fall behind the node that feeds them."""
+        for node in self.nodes.values():
+            if node.delivery is not None or node.cut_children or not node.children:
+                continue
+            if node.parent is None:
+                continue
+            behind = self.nodes[node.parent].got - node.got
+            still = time.monotonic() - node.moved
+            if behind > LAG or (behind > 0 and still > SLOW):
+                how = f"{behind >> 20} MiB behind" if behind > LAG else f"{still:.0f} s still,"
+                self.note(
+                    f"{node.host.name} is slow ({how} {node.parent}): "
+                    "the nodes it feeds are served directly"
+                )
+                self._cut_children(node)
+
+    def _take(self, node: _Node, event: dict[str, Any] | None, why: str) -> None:
+        if node.delivery is not None:
+            return
+        if event is None:
+            self._fail(node.host.name, why)
+            return
+        if event.get("ready"):
+            node.ready = True
+            node.hops = dict.fromkeys(node.children)
+        elif "hop" in event:
+            child = str(event["hop"])
+            if child not in node.hops:
+                return
+            if event.get("up"):
+                node.hops[child] = True
+            else:
+                first = node.hops[child] is None
+                node.hops[child] = False
+                self._hop_why[(node.host.name, child)] = str(event.get("lost", ""))
+                if not first:  # lost mid-stream: the child is fed directly from here on
+                    self._reroute(child, f"its feed from {node.host.name} ended")
+        elif "got" in event and "end" not in event:
+            if int(event["got"]) > node.got:
+                node.got, node.moved = int(event["got"]), time.monotonic()
+        elif "file" in event:
+            self._file(node, event)
+        elif "end" in event:
+            node.ended = True
+            node.got = int(event.get("got", node.got))
+            node.delivery = Delivery(
+                node.host.name, node.kept_files, node.bad_files, direct=node.parent is None
+            )
+            if not event["end"]:
+                failure = f": {event['failure']}" if event.get("failure") else ""
+                node.delivery.error = (
+                    f"its relay ended with {node.got} of {self.total} bytes{failure}"
+                )
+                self._cut_children(node)
+        elif "stalled" in event:
+            self._fail(node.host.name, f"no byte came within {IDLE:g} s")
+
+    def _file(self, node: _Node, event: dict[str, Any]) -> None:
+        rel = str(event["file"])
+        wanted = next((f.sha256 for f in self.files if f.rel == rel), None)
+        if "kept" in event and event["kept"] == wanted:
+            node.kept_files[rel] = str(event["kept"])
+        elif "kept" in event:  # it kept what it says is something else: not to be trusted
+            self._fail(
+                node.host.name,
+                f"it reported sha256 {str(event['kept'])[:16]}... for {rel}, "
+                f"not the sent {str(wanted)[:16]}...",
+            )
+        else:
+            node.bad_files.append(rel)
+            self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
+
+    def _fail(self, name: str, why: str) -> None:
+        node = self.nodes[name]
+        if node.delivery is not None and node.delivery.error:
+            return
+        node.delivery = Delivery(name, error=why, direct=node.parent is None)
+        if node.kept is not None:
+            node.kept.close()
+        if node.parent is not None and node.parent in self.nodes:
+            self._tell(self.nodes[node.parent], {"drop": name})
+        if node.children:
+            self.note(f"{name} failed ({why}): the nodes it fed are served directly")
+        self._cut_children(node)
+
+    def _cut_children(self, node: _Node) -> None:
+        node.cut_children = True
+        for child in node.children:
+            self._tell(node, {"drop": child})
+            self._reroute(child, f"{node.host.name} was cut out")
+
+    def _reroute(self, name: str, why: str) -> None:
+        child = self.nodes[name]
+        if child.delivery is not None or child.feeding:
+            return
+        child.parent = None
+        self._tell(child, {"reroute": True})
+        self._feed(child)
+
+    # ------------------------------------------------------------- the relays
+    def _start_relay(self, node: _Node) -> None:
+        name = node.host.name
+        try:
+            node.kept = programs.Kept(node.conn, "relay", [])
+            node.kept.send(json.dumps(self._request(node)).encode() + b"\n")
+            while True:
+                answer = node.kept.answer("the broadcast relay", STALL)
+                self.events.put((name, answer, ""))
+                if "end" in answer:
+                    return
+        except CpuaccelError as exc:
+            self.events.put((name, None, str(exc)))
+        except Exception as exc:
+            self.events.put((name, None, f"{type(exc).__name__}: {exc}"))
+
+    def _request(self, node: _Node) -> dict[str, Any]:
+        children = [self.nodes[c] for c in node.children]
+        known = f"{node.folder}/known_hosts"
+        config = "".join(openssh.ssh_config_stanza(c.host, self.options, known) for c in children)
+        config += _FAST + openssh.ssh_config_default(known)
+        keys = []
+        for child in children:
+            key = child.conn.host_key()
+            if key:
+                keys.append(openssh.known_hosts_line(child.host, key))
+        return {
+            "socket": node.socket,
+            "key": node.key,
+            "root": self.roots[node.host.name],
+            "files": [[f.rel, f.size, f.sha256, f.mode, f.rel in node.keep] for f in self.files],
+            "hops": [
+                {
+                    "name": c.host.name,
+                    "command": _feed_line(c.host),
+                    "socket": c.socket,
+                    "key": c.key,
+                }
+                for c in children
+            ],
+            "folder": node.folder,
+            "ssh_config": config,
+            "known_hosts": "".join(keys),
+            "idle": IDLE,
+        }
+
+    def _tell(self, node: _Node, word: dict[str, Any]) -> None:
+        if node.kept is not None and node.kept.alive:
+            with contextlib.suppress(CpuaccelError):
+                node.kept.send(json.dumps(word).encode() + b"\n")
+
+    # ------------------------------------------------------------- the controller's feeds
+    def _feed(self, node: _Node) -> None:
+        """Serve ``node`` from the controller, from the offset its relay asks for."""
+        node.feeding = True
+        if node.delivery is None and node.parent is None:
+            threading.Thread(target=self._send, args=(node,), daemon=True).start()
+
+    def _send(self, node: _Node) -> None:
+        name = node.host.name
+        try:
+            process = node.conn.start(commandline_argv(node.host))
+        except CpuaccelError as exc:
+            self.events.put((name, None, f"cannot start the controller's feed: {exc}"))
+            return
+        with self._feeds_lock:
+            self._feeds.append(process)
+        lines = process.lines()
+        try:
+            header = {"socket": node.socket, "key": node.key, "wait": IDLE}
+            process.send(json.dumps(header).encode() + b"\n")
+            start = _from(lines)
+            if start is None:
+                return  # the relay is gone: its own end says why
+            for chunk in _stream(self.files, start):
+                process.send(chunk)
+            process.end_input()
+            for _ in lines:  # the relay's closing line, then the end
+                pass
+        except (OSError, ValueError, CpuaccelError):
+            pass  # the relay's own answers say what became of the node
+        finally:
+            with contextlib.suppress(Exception):
+                process.close()
+
+    def _progress(self) -> None:
+        live = [n.got for n in self.nodes.values() if n.delivery is None or n.ended]
+        held = min(live) if live else self.total
+        if held > self._reported:
+            if self.on_bytes is not None:
+                self.on_bytes(held - self._reported)
+            if self.progress is not None:
+                self.progress(held, self.total)
+            self._reported = held
+
+    def _close(self) -> None:
+        for node in self.nodes.values():
+            if node.kept is not None:
+                node.kept.close()
+        with self._feeds_lock:
+            feeds = list(self._feeds)
+        for process in feeds:
+            with contextlib.suppress(Exception):
+                process.close()
+
+
+# An ssh between nodes moves bulk data: no compression (the data is often packed
+# already), and the ciphers fastest where the CPU has AES instructions first (every
+# OpenSSH has them; ssh takes the first the server also offers).
+_FAST = (
+    "Host *\n    Compression no\n"
+    "    Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
+    "aes128-ctr,aes256-ctr\n"
+)
+
+
+def relays(host: Host) -> bool:
+    """Whether the host can take part in a chain (reached over ssh by the other nodes)."""
+    return not host.is_local and host.vars.get("ansible_connection") != "slurm"
+
+
+def commandline_argv(host: Host) -> list[str]:
+    """The feed run on ``host`` (its Python, no site: stdlib only)."""
+    return [host.python, "-S", "-c", FEED]
+
+
+def _feed_line(host: Host) -> str:
+    return commandline.shell_line(commandline_argv(host))
+
+
+def _from(lines: Any) -> int | None:
+    """The offset the relay asks for, its first line through the feed."""
+    for stream, line in lines:
+        if stream != "out":
+            continue
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            return int(json.loads(line)["from"])
+        return None
+    return None
+
+
+def _stream(files: Sequence[PayloadFile], start: int) -> Any:
+    """The files' bytes one after another, from ``start``."""
+    at = 0
+    for f in files:
+        if at + f.size <= start:
+            at += f.size
+            continue
+        with open(f.local, "rb") as fh:
+            if start > at:
+                fh.seek(start - at)
+            sent = max(start - at, 0)
+            while sent < f.size:
+                chunk = fh.read(min(READ, f.size - sent))
+                if not chunk:
+                    raise ValueError(f"{f.local} is shorter than when the broadcast began")
+                sent += len(chunk)
+                yield chunk
+        at += f.size
+
+
+def payload_file(local: str, rel: str, sha256: str | None = None) -> PayloadFile:
+    """A file of the controller's as one of the stream's (hashed here unless given)."""
+    import hashlib
+    import stat
+
+    st = os.stat(local)
+    if sha256 is None:
+        digest = hashlib.sha256()
+        with open(local, "rb") as fh:
+            while chunk := fh.read(READ):
+                digest.update(chunk)
+        sha256 = digest.hexdigest()
+    return PayloadFile(rel, local, st.st_size, sha256, stat.S_IMODE(st.st_mode) & 0o777)

@@ -1,0 +1,513 @@
+"""The broadcast relay: keep a stream of files on this node and pass it on to the next.
+
+Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. The
+controller (cpuaccel.connectors.broadcast) starts one relay a node, all at once, and
+sends each its request as one JSON line on stdin:
+
+  socket   the abstract Unix socket name it listens on (Linux: one namespace a network
+           namespace, no file to leave behind), where its upstream's feed connects
+  key      what a feed must present first (never in argv: ``ps`` shows argv)
+  root     the folder the files land below; ``files``: [rel, size, sha256, mode, keep]
+           in the order of the stream (a file not kept is only passed on)
+  hops     the nodes it passes the stream to: name, the quoted remote command of their
+           feed, and their socket and key; ``folder`` and ``ssh_config``/``known_hosts``:
+           its private folder (made here, exclusively) and the ssh files it reaches them with
+  idle     seconds without a byte or a word from the controller before it gives up
+
+Every hop's ssh starts at once, before a byte moves. A feed (FEED, run on the next node
+by that ssh, or by the controller's own connection when a node is served directly)
+connects to the next relay's socket, presents the key, and hears from which offset the
+relay wants the stream: the relay keeps what it has across a change of upstream.
+
+A file is written under a temporary name (common.TMP_MARK) in its folder, reached by
+descriptors (nofollow), hashed as it arrives, and renamed onto its name only when its
+sha256 is the expected one; a file that differs is removed. Chunks are kept in memory
+for the hops (at most WINDOW bytes ahead of the slowest), so a slow next node does not
+slow this one until it falls that far behind.
+
+Answers are JSON lines on stdout: ``ready``, ``hop`` (up, or lost with ssh's words),
+``got`` (a heartbeat every HEARTBEAT s, with the bytes each hop has taken), ``file``
+(kept with its sha256, or bad), ``end``. Requests on stdin after the first: ``drop``
+(stop passing on to a hop), ``reroute`` (end the current upstream, take the next
+feed). EOF on stdin before the end: abort, temporary files removed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import hmac
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from cpuaccel.node.boundedjson import loads
+from cpuaccel.node.common import TMP_MARK, create_new
+from cpuaccel.node.nofollow import open_folder, parent_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
+    from typing import IO, Any, BinaryIO
+
+CHUNK = 1 << 20
+WINDOW = 64 << 20  # bytes held for the hops before the receiver waits for the slowest
+HEARTBEAT = 0.5
+ACCEPT_POLL = 0.2
+REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
+
+# A feed, run as ``python -S -c FEED``: the header line on stdin (socket, key, wait),
+# then the stream. It connects to the relay (retrying within ``wait`` s: the relay may
+# still be starting), presents the key, copies the relay's answer (the offset it wants)
+# to stdout, then stdin to the socket, and last the relay's closing line to stdout.
+FEED = """import json,os,socket,sys,time
+i=sys.stdin.buffer;h=json.loads(i.readline());s=socket.socket(socket.AF_UNIX)
+t=time.monotonic()+float(h["wait"])
+while 1:
+ try:s.connect("\\0"+h["socket"]);break
+ except OSError:
+  if time.monotonic()>t:sys.exit("no relay listening on this node")
+  time.sleep(0.05)
+s.sendall(json.dumps({"key":h["key"]}).encode()+b"\\n");r=s.makefile("rb")
+sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+while 1:
+ b=i.read1(1<<20)
+ if not b:break
+ s.sendall(b)
+s.shutdown(socket.SHUT_WR);sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+"""
+
+
+class Relay:
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.request = request
+        self.files = [list(f) for f in request["files"]]
+        self.total = sum(int(f[1]) for f in self.files)
+        self.idle = float(request.get("idle", 120))
+        self.got = 0
+        self.lock = threading.Condition()
+        self.out = threading.Lock()
+        # What the hops have yet to take: chunks and their offsets in the stream.
+        self.chunks: list[bytes] = []
+        self.offsets: list[int] = []
+        self.sent: dict[str, int] = {}
+        self.hops: dict[str, subprocess.Popen[bytes]] = {}
+        self.dropped: set[str] = set()
+        self.aborted = False
+        self.upstream: socket.socket | None = None
+        self.temps: list[tuple[int, str]] = []  # (folder descriptor, temporary name) open now
+        self.last_word = time.monotonic()
+        self.failure = ""  # why the receiver stopped, when it did before the end
+
+    # ------------------------------------------------------------- answers
+    def say(self, **answer: Any) -> None:
+        with self.out:
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+
+    # ------------------------------------------------------------- hops
+    def start_hops(self, folder: str) -> None:
+        config = os.path.join(folder, "ssh_config")
+        for hop in self.request["hops"]:
+            name = str(hop["name"])
+            argv = ["ssh", "-F", config, "-T", "-x", "-o", "ControlPath=none", name]
+            argv.append(str(hop["command"]))
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.say(hop=name, lost=f"cannot start ssh: {exc}")
+                self.dropped.add(name)
+                continue
+            header = {"socket": hop["socket"], "key": hop["key"], "wait": self.idle}
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(header).encode() + b"\n")
+                proc.stdin.flush()
+            except OSError:
+                pass  # its end is read below
+            self.hops[name] = proc
+            self.sent[name] = 0
+            threading.Thread(target=self.hop_up, args=(name, proc), daemon=True).start()
+
+    def hop_up(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        """The next relay's answer through the feed (the offset it wants), then pass the
+        stream on from there."""
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()
+        try:
+            start = int(loads(line)["from"])
+        except (ValueError, KeyError, TypeError):
+            self.lose(name, proc)
+            return
+        self.say(hop=name, up=True)
+        try:
+            self.forward(name, proc.stdin, start)
+            proc.stdin.close()
+        except (OSError, ValueError):
+            self.lose(name, proc)
+            return
+        # the next relay's closing line, or the feed's end
+        closing = proc.stdout.readline()
+        if not closing.strip() and name not in self.dropped:
+            self.lose(name, proc)
+            return
+        self.finish_hop(name)
+
+    def lose(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        why = ""
+        if proc.stderr is not None:
+            lines = proc.stderr.read().decode(errors="replace").strip().splitlines()
+            why = lines[-1] if lines else ""
+        with self.lock:
+            already = name in self.dropped
+            self.dropped.add(name)
+            self.lock.notify_all()
+        if not already:
+            self.say(hop=name, lost=why or f"its ssh ended (exit code {proc.returncode})")
+
+    def finish_hop(self, name: str) -> None:
+        with self.lock:
+            self.dropped.add(name)
+            self.lock.notify_all()
+
+    def forward(self, name: str, stream: IO[bytes], start: int) -> None:
+        """Pass the stream from ``start`` to one hop, as it arrives."""
+        at = start
+        while at < self.total:
+            with self.lock:
+                while True:
+                    if name in self.dropped or self.aborted:
+                        return
+                    piece = self._piece(at)
+                    if piece is not None:
+                        break
+                    self.lock.wait(HEARTBEAT)
+            stream.write(piece)
+            stream.flush()
+            at += len(piece)
+            with self.lock:
+                self.sent[name] = at
+                self._trim()
+                self.lock.notify_all()
+
+    def _piece(self, at: int) -> bytes | None:
+        i = bisect.bisect_right(self.offsets, at) - 1
+        if i < 0 or at >= self.got:
+            return None
+        return self.chunks[i][at - self.offsets[i] :]
+
+    def _trim(self) -> None:
+        """Drop the chunks every live hop has taken."""
+        live = [self.sent[n] for n in self.hops if n not in self.dropped]
+        low = min(live) if live else self.got
+        cut = bisect.bisect_right(self.offsets, low) - 1
+        if cut > 0:
+            del self.chunks[:cut]
+            del self.offsets[:cut]
+        if self.chunks and self.offsets[0] + len(self.chunks[0]) <= low:
+            self.chunks.clear()
+            self.offsets.clear()
+
+    def held(self) -> int:
+        return self.got - self.offsets[0] if self.offsets else 0
+
+    # ------------------------------------------------------------- the upstream
+    def accept(self, server: socket.socket) -> socket.socket | None:
+        """The next feed that presents the key, told the offset to send from."""
+        deadline = time.monotonic() + self.idle
+        key = str(self.request["key"]).encode()
+        while not self.aborted and time.monotonic() < deadline:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(10)
+            try:
+                line = conn.makefile("rb").readline(4096)
+                given = str(loads(line)["key"]).encode()
+            except (OSError, ValueError, KeyError, TypeError):
+                conn.close()
+                continue
+            if not hmac.compare_digest(given, key):
+                conn.close()
+                continue
+            conn.settimeout(self.idle)
+            with self.lock:
+                conn.sendall(json.dumps({"from": self.got}).encode() + b"\n")
+                self.upstream = conn
+            return conn
+        return None
+
+    def receive(self, server: socket.socket) -> None:
+        try:
+            self._receive(server)
+        except OSError as exc:
+            self.failure = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+            with self.lock:
+                self.aborted = True
+                self.lock.notify_all()
+
+    def _receive(self, server: socket.socket) -> None:
+        """Take the stream from feed after feed until every byte is here."""
+        index, done_in_file = 0, 0
+        index, current = self.advance(0, None)
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while self.got < self.total and not self.aborted:
+            conn = self.accept(server)
+            if conn is None:
+                self.say(stalled=self.got)
+                return
+            while self.got < self.total and not self.aborted:
+                with self.lock:
+                    while self.hops and self.held() > WINDOW and not self.aborted:
+                        if all(n in self.dropped for n in self.hops):
+                            break
+                        self.lock.wait(HEARTBEAT)
+                size = min(CHUNK, self.total - self.got)
+                try:
+                    n = conn.recv_into(view[:size])
+                except OSError:
+                    n = 0
+                if n == 0:
+                    break  # this upstream ended (or was rerouted): take the next one
+                data = bytes(view[:n])
+                pos = 0
+                while pos < n:
+                    f = self.files[index]
+                    room = int(f[1]) - done_in_file
+                    part = data[pos : pos + room]
+                    if current is not None:
+                        current[2].update(part)
+                        if current[0] >= 0:
+                            _write_all(current[0], part)
+                    pos += len(part)
+                    done_in_file += len(part)
+                    if done_in_file == int(f[1]) and current is not None:
+                        self.close_file(index, current)
+                        index, current = self.advance(index + 1, None)
+                        done_in_file = 0
+                with self.lock:
+                    if self.hops:
+                        self.chunks.append(data)
+                        self.offsets.append(self.got)
+                    self.got += n
+                    self.lock.notify_all()
+                self.last_word = time.monotonic()
+            with self.lock:
+                if self.upstream is conn:
+                    self.upstream = None
+            if self.got >= self.total:
+                conn.sendall(json.dumps({"end": self.got}).encode() + b"\n")
+            conn.close()
+
+    def advance(self, index: int, current: list[Any] | None) -> tuple[int, list[Any] | None]:
+        """File ``index`` opened (unless ``current`` is it), empty files kept at once."""
+        while index < len(self.files):
+            current = current or self.open_file(index)
+            if int(self.files[index][1]) > 0:
+                return index, current
+            self.close_file(index, current)
+            index, current = index + 1, None
+        return index, None
+
+    def reroute(self) -> None:
+        with self.lock:
+            conn = self.upstream
+        if conn is not None:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------- files
+    def open_file(self, index: int) -> list[Any]:
+        """[descriptor or -1, (folder, name, temporary name), sha256] of file ``index``."""
+        rel, _size, _sha, _mode, keep = self.files[index]
+        digest = hashlib.sha256()
+        if not keep:
+            return [-1, None, digest]
+        root = open_folder(self.root)
+        try:
+            way = parent_of(root, str(rel), create=True)
+        finally:
+            os.close(root)
+        assert way is not None
+        folder, name = way
+        temp = "." + name + TMP_MARK + os.urandom(8).hex()
+        fd = create_new(temp, 0o600, dir_fd=folder)
+        self.temps.append((folder, temp))
+        return [fd, (folder, name, temp), digest]
+
+    def close_file(self, index: int, current: list[Any]) -> None:
+        rel, _size, sha, mode, keep = self.files[index]
+        if not keep:
+            return
+        fd, (folder, name, temp), digest = current
+        got = digest.hexdigest()
+        try:
+            if got != sha:
+                os.close(fd)
+                os.unlink(temp, dir_fd=folder)
+                self.say(file=rel, bad=got)
+                return
+            os.fchmod(fd, int(mode) & 0o777)
+            os.close(fd)
+            os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            self.say(file=rel, kept=got)
+        except OSError as exc:
+            _unlink_quietly(temp, folder)
+            self.say(file=rel, bad=got, error=f"{exc.strerror or exc}")
+        finally:
+            self.temps.remove((folder, temp))
+            os.close(folder)
+
+    def remove_temps(self) -> None:
+        for folder, temp in list(self.temps):
+            _unlink_quietly(temp, folder)
+
+    @property
+    def root(self) -> str:
+        return str(self.request["root"])
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _unlink_quietly(name: str, folder: int) -> None:
+    try:
+        os.unlink(name, dir_fd=folder)
+    except OSError:
+        pass
+
+
+def _controller(relay: Relay, stdin: BinaryIO) -> None:
+    """Requests after the first line; EOF before the end aborts."""
+    while True:
+        line = stdin.readline(4096)
+        if not line:
+            with relay.lock:
+                if relay.got < relay.total or any(n not in relay.dropped for n in relay.hops):
+                    relay.aborted = True
+                relay.lock.notify_all()
+            relay.reroute()
+            for proc in relay.hops.values():
+                if proc.poll() is None:
+                    proc.kill()
+            return
+        relay.last_word = time.monotonic()
+        try:
+            word = loads(line)
+        except ValueError:
+            continue
+        if not isinstance(word, dict):
+            continue
+        if "drop" in word:
+            name = str(word["drop"])
+            dropped = relay.hops.get(name)
+            with relay.lock:
+                relay.dropped.add(name)
+                relay.lock.notify_all()
+            if dropped is not None and dropped.poll() is None:
+                dropped.kill()
+        elif "reroute" in word:
+            relay.reroute()
+
+
+def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
+    relay = Relay(request)
+    os.makedirs(relay.root, exist_ok=True)
+    folder = str(request["folder"])
+    os.mkdir(folder, 0o700)  # exclusively: the controller named it, nobody else may have
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        for name in ("ssh_config", "known_hosts"):
+            fd = create_new(os.path.join(folder, name), 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(str(request.get(name, "")))
+        server.bind("\0" + str(request["socket"]))
+        server.listen(4)
+        server.settimeout(ACCEPT_POLL)
+        relay.start_hops(folder)
+        relay.say(ready=True)
+        threading.Thread(target=_controller, args=(relay, stdin), daemon=True).start()
+        receiver = threading.Thread(target=relay.receive, args=(server,), daemon=True)
+        receiver.start()
+        while receiver.is_alive():
+            receiver.join(HEARTBEAT)
+            with relay.lock:
+                sent = {n: relay.sent[n] for n in relay.hops}
+            relay.say(got=relay.got, sent=sent)
+            if time.monotonic() - relay.last_word > relay.idle * 2:
+                relay.aborted = True  # neither a byte nor a word: the controller is gone
+        if relay.aborted or relay.got < relay.total:
+            relay.remove_temps()
+            relay.say(end=False, got=relay.got, failure=relay.failure)
+            return 1
+        # every byte is here: pass the rest on (while a hop takes bytes), then end
+        moved, before = time.monotonic(), None
+        while not relay.aborted and time.monotonic() - moved < relay.idle:
+            with relay.lock:
+                if all(n in relay.dropped for n in relay.hops):
+                    break
+                sent = {n: relay.sent[n] for n in relay.hops}
+                relay.lock.wait(HEARTBEAT)
+            if sent != before:
+                moved, before = time.monotonic(), sent
+            relay.say(got=relay.got, sent=sent)
+        with relay.lock:
+            sent = {n: relay.sent[n] for n in relay.hops}
+        relay.say(end=True, got=relay.got, sent=sent)
+        return 0
+    finally:
+        server.close()
+        for proc in relay.hops.values():
+            if proc.poll() is None:
+                proc.kill()
+        for name in ("ssh_config", "known_hosts"):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+
+
+def main() -> None:
+    # After BOOT's LENGTH (cpuaccel.connectors.programs): the request is stdin's next line.
+    stdin = sys.stdin.buffer
+    try:
+        request = loads(stdin.readline(REQUEST_LIMIT), REQUEST_LIMIT)
+        if not isinstance(request, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        print(json.dumps({"error": f"the relay's request was not understood: {exc}"}))
+        sys.exit(2)
+    try:
+        code = serve(request, stdin)
+    except OSError as exc:
+        print(json.dumps({"error": f"{exc.strerror or exc}: {exc.filename or ''}".strip(": ")}))
+        sys.stdout.flush()
+        code = 1
+    sys.stdout.flush()
+    os._exit(code)
