@@ -430,8 +430,9 @@ def sync(
     fall-back to the star), ``progress`` its bytes (so far, of the total).
 
     Destinations are checked as text before any connection, then by every node as it
-    resolves them, before any node is changed: DestinationRefused (exit 64) when one refuses, and then nothing is written on the
-    controller either (hash cache, sync memory).
+    resolves them, before any node is changed: DestinationRefused (exit 64) when one
+    refuses, and then nothing is written on the controller either (hash cache, sync
+    memory).
 
     A node that failed while source files changed under the sync (a log being written)
     is synced once more from the tree as it is then; when files change again, SourceChanging
