@@ -396,9 +396,12 @@ class Broadcast:
         try:
             header = {"socket": node.socket, "key": node.key, "wait": IDLE}
             process.send(json.dumps(header).encode() + b"\n")
-            start = _from(lines)
-            if start is None:
-                return  # the relay is gone: its own end says why
+            said: list[str] = []
+            start = _from(lines, said)
+            if start is None:  # no relay took the feed: the node cannot be served
+                why = said[-1] if said else "no answer"
+                self.events.put((name, None, f"the controller's feed ended: {why}"))
+                return
             for chunk in _stream(self.files, start):
                 process.send(chunk)
             process.end_input()
@@ -455,10 +458,12 @@ def _feed_line(host: Host) -> str:
     return commandline.shell_line(commandline_argv(host))
 
 
-def _from(lines: Any) -> int | None:
-    """The offset the relay asks for, its first line through the feed."""
+def _from(lines: Any, said: list[str]) -> int | None:
+    """The offset the relay asks for, its first line through the feed (the feed's
+    error lines before it go to ``said``)."""
     for stream, line in lines:
         if stream != "out":
+            said.append(line)
             continue
         with contextlib.suppress(ValueError, TypeError, KeyError):
             return int(json.loads(line)["from"])

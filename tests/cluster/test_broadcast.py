@@ -1,0 +1,280 @@
+"""The broadcast (cpuaccel/connectors/broadcast.py, cpuaccel/node/relay.py) on real
+nodes: through `cpuaccel sync`, whose large files it carries, and through its own loop
+where a node must fail in the middle.
+
+What arrived is always read on the node itself (``cluster.exec``), never through the code
+under test. The nodes share /tmp with the controller; /srv/cpuaccel-node is each one's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cpuaccel.connectors.broadcast import Broadcast, payload_file
+from cpuaccel.connectors.connect_options import ConnectOptions
+from cpuaccel.executor import ConnectionPool
+from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.node.common import TMP_MARK
+from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
+from cpuaccel.testing.command import cpuaccel
+
+pytestmark = pytest.mark.cluster
+
+NODES = ("node1", "node2", "node3")
+MB = 1 << 20
+
+
+@pytest.fixture
+def scratch(cluster: Cluster) -> Iterator[Path]:
+    """A project folder on the shared /tmp, and its destination on every node, removed after."""
+    name = f"cpxl-bcast-{uuid.uuid4().hex[:10]}"
+    folder = Path("/tmp") / name
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for node in NODES:
+            cluster.exec(node, ["rm", "-rf", f"{WORKDIR}/{name}", f"{NODE_DIR}/{name}"])
+
+
+def digests(cluster: Cluster, node: str, root: str) -> dict[str, str]:
+    """sha256 of every file below root on the node, read there; temporary files included."""
+    program = (
+        "import hashlib,json,os,sys\nout={}\n"
+        "for d,_,fs in os.walk(sys.argv[1]):\n"
+        " for f in fs:\n"
+        "  p=os.path.join(d,f)\n"
+        "  if not os.path.islink(p):\n"
+        "   out[os.path.relpath(p,sys.argv[1])]=hashlib.sha256(open(p,'rb').read()).hexdigest()\n"
+        "print(json.dumps(out))\n"
+    )
+    done = cluster.exec(node, [sys.executable, "-c", program, root])
+    assert done.returncode == 0, done.stderr
+    found: dict[str, str] = json.loads(done.stdout)
+    return {rel: h for rel, h in found.items() if not rel.startswith(".cpuaccel/")}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sync(
+    cluster: Cluster, src: Path, *args: str, inventory: Path | None = None
+) -> tuple[dict, str]:  # type: ignore[type-arg]
+    done = cpuaccel(
+        "sync", "-i", str(inventory or cluster.inventory_path), "--json", *args,
+        cwd=src, timeout=180,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout), done.stderr
+
+
+def project(folder: Path, large: int = 24 * MB) -> dict[str, bytes]:
+    files = {"train.py": b"print('hello')\n", "data/weights.bin": os.urandom(large)}
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    return files
+
+
+def methods(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
+    return {name: str(host["method"]) for name, host in report["hosts"].items()}
+
+
+# ---------------------------------------------------------------- through sync
+
+
+def test_sync_broadcasts_a_large_file_and_every_node_holds_its_bytes(
+    cluster: Cluster, scratch: Path
+) -> None:
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    report, _ = sync(cluster, src, "--dest", dest)
+    assert set(methods(report).values()) == {"broadcast+tar"}, report
+    want = {rel: sha(data) for rel, data in files.items()}
+    for node in NODES:
+        assert digests(cluster, node, dest) == want, node  # no temporary file left either
+    # a second sync finds every node in step: nothing is sent again
+    again, _ = sync(cluster, src, "--dest", dest)
+    assert set(methods(again).values()) == {"none"}, again
+
+
+def test_nodes_that_cannot_ssh_to_each_other_get_the_star_with_one_line(
+    cluster: Cluster, scratch: Path
+) -> None:
+    # The key lives where only the controller sees it: the nodes' own /srv/cpuaccel-node
+    # hides the controller's, so the relays' ssh between nodes has no key to offer.
+    hidden = NODE_DIR / scratch.name
+    hidden.mkdir(parents=True)
+    try:
+        shutil.copy(cluster.key_path, hidden / "id")
+        (hidden / "id").chmod(0o600)
+        inventory = cluster.write_inventory(
+            scratch / "inventory.yaml", ansible_ssh_private_key_file=str(hidden / "id")
+        )
+        src = scratch / "proj"
+        src.mkdir()
+        files = project(src)
+        dest = f"{WORKDIR}/{scratch.name}"
+        _, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
+    finally:
+        shutil.rmtree(hidden, ignore_errors=True)
+    lines = [line for line in stderr.splitlines() if "cannot reach each other over ssh" in line]
+    assert len(lines) == 1, stderr
+    assert "sending to each node from the controller" in lines[0]
+    want = {rel: sha(data) for rel, data in files.items()}
+    for node in NODES:
+        assert digests(cluster, node, dest) == want, node
+
+
+def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
+    cluster: Cluster, scratch: Path
+) -> None:
+    # node3's Python runs the relay with its report of a kept file's sha256 falsified.
+    liar = scratch / "liar"
+    liar.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "if len(sys.argv) < 5:  # not a node program (the feed): as it is\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+        "source = sys.stdin.buffer.read(int(sys.argv[4]))\n"
+        "source = source.replace(b'kept=got)', b'kept=\"0\" * 64)')\n"
+        "sys.argv = [sys.argv[0], *sys.argv[4:]]\n"
+        "exec(compile(source, 'cpuaccel', 'exec'))\n"
+    )
+    liar.chmod(0o755)
+    inventory = cluster.write_inventory(
+        scratch / "inventory.yaml", {"node3": {"cpuaccel_python": str(liar)}}
+    )
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    report, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
+    named = [line for line in stderr.splitlines() if "node3" in line and "sha256" in line]
+    assert named, stderr
+    assert "not the sent" in named[0]
+    used = methods(report)
+    assert used["node3"] in ("tar", "rsync"), report  # the whole change, from the controller
+    assert used["node1"] == used["node2"] == "broadcast+tar", report
+    want = {rel: sha(data) for rel, data in files.items()}
+    for node in NODES:
+        assert digests(cluster, node, dest) == want, node
+
+
+def test_a_symlinked_destination_file_is_replaced_never_written_through(
+    cluster: Cluster, scratch: Path
+) -> None:
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    outside = f"{NODE_DIR}/{scratch.name}"
+    for node in NODES:
+        made = cluster.exec(
+            node,
+            ["sh", "-c", f"mkdir -p {dest} {outside}/dir && echo keep > {outside}/file && "
+             f"ln -s {outside}/dir {dest}/data && ln -s {outside}/file {dest}/train.py"],
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    sync(cluster, src, "--dest", dest)
+    want = {rel: sha(data) for rel, data in files.items()}
+    for node in NODES:
+        assert digests(cluster, node, dest) == want, node
+        assert digests(cluster, node, outside) == {"file": sha(b"keep\n")}, node
+
+
+# ---------------------------------------------------------------- a node lost midway
+
+
+def relay_pid(cluster: Cluster, node: str) -> int | None:
+    """The pid of the relay listening in node's network namespace."""
+    shown = subprocess.run(
+        ["ip", "netns", "exec", cluster.node(node).namespace, "ss", "-xlpn"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    for line in shown.stdout.splitlines():
+        if "@cpuaccel-relay-" in line and (found := re.search(r"pid=(\d+)", line)):
+            return int(found.group(1))
+    return None
+
+
+@contextlib.contextmanager
+def slow_links(cluster: Cluster, rate: str = "100mbit") -> Iterator[None]:
+    """The controller's sends into the bridge at ``rate``: the broadcast lasts seconds."""
+    device = f"cpxl{cluster.cluster_id}br"
+    subprocess.run(
+        ["tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
+         "burst", "256kb", "latency", "50ms"],
+        check=True,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], check=False)
+
+
+def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
+    cluster: Cluster, scratch: Path
+) -> None:
+    data = os.urandom(40 * MB)
+    (scratch / "big").write_bytes(data)
+    files = [payload_file(str(scratch / "big"), "sub/big")]
+    root = f"{NODE_DIR}/{scratch.name}"
+    hosts = Inventory.load(cluster.inventory_path).select(None)
+    options = ConnectOptions()
+    notes: list[str] = []
+    killed: list[int] = []
+
+    def kill_node2_once_it_holds_bytes() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = cluster.exec("node2", ["sh", "-c", f"ls -a {root}/sub 2>/dev/null"])
+            pid = relay_pid(cluster, "node2")
+            if pid is not None and TMP_MARK in held.stdout:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    with slow_links(cluster), ConnectionPool(options) as pool:
+        killer = threading.Thread(target=kill_node2_once_it_holds_bytes)
+        killer.start()
+        sender = Broadcast(
+            pool.get, options, hosts, dict.fromkeys(NODES, root), files, note=notes.append
+        )
+        started = time.monotonic()
+        out = sender.run()
+        took = time.monotonic() - started
+        killer.join()
+    assert killed, "node2's relay was never seen holding part of the file"
+    assert out["node2"].error and not out["node2"].ok, out["node2"]
+    assert any(n.startswith("node2 failed") for n in notes), notes
+    assert out["node1"].ok and out["node3"].ok, out
+    assert out["node3"].direct  # node2 fed it: the controller took over
+    assert took < 60, took
+    for node in ("node1", "node3"):
+        assert digests(cluster, node, root) == {"sub/big": sha(data)}, node
+    # node2 holds no file under its final name: at most its temporary one
+    left = digests(cluster, "node2", root)
+    assert "sub/big" not in left
+    assert all(TMP_MARK in rel for rel in left), left

@@ -1,0 +1,193 @@
+"""The broadcast relay (cpuaccel/node/relay.py) as the nodes run it: the bundled program
+in a real interpreter, fed through the real FEED program over its abstract socket."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpuaccel import node
+from cpuaccel.connectors import programs
+from cpuaccel.node.common import TMP_MARK
+from cpuaccel.node.relay import FEED
+
+
+class Relay:
+    """One relay process with no hops, its answers collected as they come."""
+
+    def __init__(self, root: Path, files: list[tuple[str, bytes, bool]], tmp: Path) -> None:
+        self.socket = "cpuaccel-relay-test-" + secrets.token_hex(8)
+        self.key = secrets.token_hex(16)
+        request = {
+            "socket": self.socket,
+            "key": self.key,
+            "root": str(root),
+            "files": [
+                [rel, len(data), hashlib.sha256(data).hexdigest(), 0o640, keep]
+                for rel, data, keep in files
+            ],
+            "hops": [],
+            "folder": str(tmp / f"relay-{secrets.token_hex(4)}"),
+            "ssh_config": "",
+            "known_hosts": "",
+            "idle": 5,
+        }
+        argv = programs.argv(sys.executable, "relay")
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(node.program("relay") + json.dumps(request).encode() + b"\n")
+        self.proc.stdin.flush()
+        self.answers: list[dict[str, Any]] = []
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.answers.append(json.loads(line))
+
+    def feed(self, data: bytes, key: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        header = {"socket": self.socket, "key": key or self.key, "wait": 5}
+        return subprocess.run(
+            [sys.executable, "-S", "-c", FEED],
+            input=json.dumps(header).encode() + b"\n" + data,
+            capture_output=True,
+            timeout=30,
+        )
+
+    def end(self, close: bool = True) -> int:
+        assert self.proc.stdin is not None
+        if close:
+            self.proc.stdin.close()
+        code = self.proc.wait(30)
+        self._reader.join(10)
+        return code
+
+    def said(self, key: str) -> list[dict[str, Any]]:
+        return [a for a in self.answers if key in a]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "dest"
+    folder.mkdir()
+    yield folder
+
+
+def temporaries(root: Path) -> list[str]:
+    return [str(p) for p in root.rglob("*") if TMP_MARK in p.name]
+
+
+def test_files_are_kept_in_order_and_passed_over_when_not_kept(root: Path, tmp_path: Path) -> None:
+    one, two, three = os.urandom(3 << 20), b"", os.urandom(1000)
+    relay = Relay(
+        root, [("a/one", one, True), ("b/two", two, True), ("three", three, False)], tmp_path
+    )
+    fed = relay.feed(one + three)
+    assert fed.returncode == 0, fed.stderr
+    # the feed hears where to start, then the relay's closing line
+    assert [json.loads(line) for line in fed.stdout.splitlines()] == [
+        {"from": 0},
+        {"end": len(one) + len(three)},
+    ]
+    assert relay.end(close=False) == 0
+    assert (root / "a/one").read_bytes() == one
+    assert (root / "b/two").read_bytes() == b""
+    assert not (root / "three").exists()  # passed over: another node keeps it
+    assert (root / "a/one").stat().st_mode & 0o777 == 0o640
+    kept = {a["file"]: a["kept"] for a in relay.said("kept")}
+    assert kept == {
+        "a/one": hashlib.sha256(one).hexdigest(),
+        "b/two": hashlib.sha256(b"").hexdigest(),
+    }
+    assert relay.said("end")[-1]["end"] is True
+    assert temporaries(root) == []
+
+
+def test_a_file_that_arrives_wrong_is_removed_and_said(root: Path, tmp_path: Path) -> None:
+    data = os.urandom(1 << 20)
+    (root / "big").write_bytes(b"the old content")
+    relay = Relay(root, [("big", data, True)], tmp_path)
+    wrong = bytearray(data)
+    wrong[12345] ^= 0xFF
+    assert relay.feed(bytes(wrong)).returncode == 0
+    relay.end(close=False)
+    assert (root / "big").read_bytes() == b"the old content"  # never replaced
+    assert [a["file"] for a in relay.said("bad")] == ["big"]
+    assert relay.said("kept") == []
+    assert temporaries(root) == []
+
+
+def test_a_feed_without_the_key_is_refused(root: Path, tmp_path: Path) -> None:
+    data = os.urandom(1000)
+    relay = Relay(root, [("f", data, True)], tmp_path)
+    refused = relay.feed(b"x" * 1000, key="not-the-key")
+    assert refused.returncode != 0 or b"from" not in refused.stdout
+    assert not (root / "f").exists()
+    assert relay.feed(data).returncode == 0  # the right one is still taken
+    relay.end(close=False)
+    assert (root / "f").read_bytes() == data
+
+
+def test_a_second_feed_goes_on_from_what_the_first_left(root: Path, tmp_path: Path) -> None:
+    data = os.urandom(5 << 20)
+    relay = Relay(root, [("f", data, True)], tmp_path)
+    first = relay.feed(data[: 2 << 20])  # its upstream ended early
+    assert json.loads(first.stdout.splitlines()[0]) == {"from": 0}
+    second = relay.feed(b"")  # only to hear where to start
+    start = json.loads(second.stdout.splitlines()[0])["from"]
+    assert start == 2 << 20
+    assert relay.feed(data[start:]).returncode == 0
+    relay.end(close=False)
+    assert (root / "f").read_bytes() == data
+
+
+def test_the_controller_gone_before_the_end_leaves_nothing_half_written(
+    root: Path, tmp_path: Path
+) -> None:
+    data = os.urandom(4 << 20)
+    relay = Relay(root, [("sub/f", data, True)], tmp_path)
+    relay.feed(data[: 1 << 20])
+    assert temporaries(root) != []  # the part that came is held under a temporary name
+    assert relay.end(close=True) != 0
+    assert not (root / "sub/f").exists()
+    assert temporaries(root) == []
+    assert relay.said("end")[-1] == {"end": False, "got": 1 << 20, "failure": ""}
+
+
+def test_a_link_on_the_way_is_replaced_never_followed(root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_bytes(b"keep me")
+    (root / "sub").symlink_to(outside)
+    (root / "g").symlink_to(outside / "f")
+    data = os.urandom(1000)
+    relay = Relay(root, [("sub/f", data, True), ("g", data, True)], tmp_path)
+    assert relay.feed(data + data).returncode == 0
+    relay.end(close=False)
+    assert (outside / "f").read_bytes() == b"keep me"
+    assert not (root / "sub").is_symlink() and (root / "sub/f").read_bytes() == data
+    assert not (root / "g").is_symlink() and (root / "g").read_bytes() == data
+
+
+def test_a_request_that_is_not_json_is_one_error_line(tmp_path: Path) -> None:
+    argv = programs.argv(sys.executable, "relay")
+    done = subprocess.run(
+        argv, input=node.program("relay") + b"{not json\n", capture_output=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert "not understood" in json.loads(done.stdout)["error"]
+    assert b"Traceback" not in done.stderr
