@@ -142,7 +142,6 @@ class Syncer:
         if self.options.check:
             return
         needs: dict[str, frozenset[str]] = {}
-        fsids: dict[str, int] = {}
         for host in hosts:
             looked = self.looked.get(host.name)
             if looked is None or not broadcast.relays(host) or not host_has_ssh(pool, host):
@@ -157,28 +156,26 @@ class Syncer:
             ]
             if large:
                 needs[host.name] = frozenset(large)
-                if looked.get("fsid"):
-                    fsids[looked["fsid"]] = fsids.get(looked["fsid"], 0) + 1
-        # nodes that share a folder (one writes it for all) stay on the usual path
-        needs = {
-            name: rels
-            for name, rels in needs.items()
-            if fsids.get(self.looked[name].get("fsid") or "", 0) < 2
-            and self.looked[name].get("fsid") not in self._shared_fsids
-        }
-        union = sorted(set().union(*needs.values())) if needs else []
-        total = sum(int(self.source.entries[rel][2]) for rel in union)
-        if len(needs) < 2 or total < BROADCAST_MIN_BYTES:
+        if len(needs) < 2 or self._bytes_of(needs) < BROADCAST_MIN_BYTES:
             return
-        chosen = [h for h in hosts if h.name in needs]
-        # a destination not made yet: made now (the scan), as the node's own transfer would
-        new = [h for h in chosen if self.looked[h.name].get("fsid") is None]
+        # a destination not made yet: made now (the scan), as the node's own transfer
+        # would, so that its filesystem id tells whether other nodes share the folder
+        new = [h for h in hosts if h.name in needs and self.looked[h.name].get("fsid") is None]
         for made in run_on_hosts(new, self._make, forks=len(new) or 1, pool=pool):
             if not made.ok:
                 needs.pop(made.host.name, None)
-        chosen = [h for h in chosen if h.name in needs]
-        if len(chosen) < 2:
+        # nodes that share a folder (one writes it for all) stay on the usual path
+        fsids = [self.looked[name].get("fsid") for name in needs]
+        needs = {
+            name: rels
+            for name, rels in needs.items()
+            if fsids.count(self.looked[name].get("fsid")) == 1
+            and self.looked[name].get("fsid") not in self._shared_fsids
+        }
+        if len(needs) < 2 or self._bytes_of(needs) < BROADCAST_MIN_BYTES:
             return
+        chosen = [h for h in hosts if h.name in needs]
+        union = sorted(set().union(*needs.values()))
         files = [
             broadcast.PayloadFile(
                 rel,
@@ -199,6 +196,10 @@ class Syncer:
                 self.delivered[name] = frozenset(delivery.kept)
             elif delivery.error:
                 self.note(f"{name}: the broadcast failed ({delivery.error}): sending it directly")
+
+    def _bytes_of(self, needs: dict[str, frozenset[str]]) -> int:
+        """The bytes of every file some node needs, each once."""
+        return sum(int(self.source.entries[rel][2]) for rel in set().union(*needs.values()))
 
     def _make(self, conn: Connector) -> None:
         self.looked[conn.host.name] = self._session(conn).request("scan", expect=self.source.hash)

@@ -480,8 +480,10 @@ sys.exit(child.wait())
 def test_shared_filesystem_node_joining_during_the_write(env: Env, tmp_path: Path) -> None:
     """A late node's first look at a shared destination must not disturb the writer."""
     rng = random.Random(9)
-    for i in range(8):  # enough bytes for rsync
-        write(env.src / f"part{i}.bin", rng.randbytes(4 * MB))
+    # enough bytes for rsync, in files below the broadcast's size (the nodes' scans then
+    # come as each node's own transfer starts, which is the race exercised here)
+    for i in range(8):
+        write(env.src / f"part{i}.bin", rng.randbytes(MB - 1))
     expected = source_tree(env.src)
     seen = env.scratch / "late-node-saw-writes-in-flight"
     late = env.scratch / "late-python"
