@@ -36,6 +36,8 @@ from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.inventory.host import Host
+from cpuaccel.jsonsource import loads
+from cpuaccel.node import relay
 from cpuaccel.node.relay import FEED
 
 CHAIN = 1  # each node passes the stream to one other: the default fan-out
@@ -394,8 +396,7 @@ class Broadcast:
             self._feeds.append(process)
         lines = process.lines()
         try:
-            header = {"socket": node.socket, "key": node.key, "wait": IDLE}
-            process.send(json.dumps(header).encode() + b"\n")
+            process.send(relay.header(node.socket, node.key, IDLE))
             said: list[str] = []
             start = _from(lines, said)
             if start is None:  # no relay took the feed: the node cannot be served
@@ -466,7 +467,7 @@ def _from(lines: Any, said: list[str]) -> int | None:
             said.append(line)
             continue
         with contextlib.suppress(ValueError, TypeError, KeyError):
-            return int(json.loads(line)["from"])
+            return int(loads(line)["from"])
         return None
     return None
 

@@ -59,19 +59,19 @@ HEARTBEAT = 0.5
 ACCEPT_POLL = 0.2
 REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
 
-# A feed, run as ``python -S -c FEED``: the header line on stdin (socket, key, wait),
+# A feed, run as ``python -S -c FEED``: the header line on stdin (``header``'s words),
 # then the stream. It connects to the relay (retrying within ``wait`` s: the relay may
 # still be starting), presents the key, copies the relay's answer (the offset it wants)
 # to stdout, then stdin to the socket, and last the relay's closing line to stdout.
 FEED = """import json,os,socket,sys,time
-i=sys.stdin.buffer;h=json.loads(i.readline());s=socket.socket(socket.AF_UNIX)
-t=time.monotonic()+float(h["wait"])
+i=sys.stdin.buffer;h=i.readline().decode().split();s=socket.socket(socket.AF_UNIX)
+t=time.monotonic()+float(h[2])
 while 1:
- try:s.connect("\\0"+h["socket"]);break
+ try:s.connect("\\0"+h[0]);break
  except OSError:
   if time.monotonic()>t:sys.exit("no relay listening on this node")
   time.sleep(0.05)
-s.sendall(json.dumps({"key":h["key"]}).encode()+b"\\n");r=s.makefile("rb")
+s.sendall(json.dumps({"key":h[1]}).encode()+b"\\n");r=s.makefile("rb")
 sys.stdout.buffer.write(r.readline());sys.stdout.flush()
 while 1:
  b=i.read1(1<<20)
@@ -79,6 +79,11 @@ while 1:
  s.sendall(b)
 s.shutdown(socket.SHUT_WR);sys.stdout.buffer.write(r.readline());sys.stdout.flush()
 """
+
+
+def header(socket_name: str, key: str, wait: float) -> bytes:
+    """A feed's first line: the relay's socket, its key and how long to try (hex words)."""
+    return f"{socket_name} {key} {wait:g}\n".encode()
 
 
 class Relay:
@@ -127,10 +132,9 @@ class Relay:
                 self.say(hop=name, lost=f"cannot start ssh: {exc}")
                 self.dropped.add(name)
                 continue
-            header = {"socket": hop["socket"], "key": hop["key"], "wait": self.idle}
             try:
                 assert proc.stdin is not None
-                proc.stdin.write(json.dumps(header).encode() + b"\n")
+                proc.stdin.write(header(str(hop["socket"]), str(hop["key"]), self.idle))
                 proc.stdin.flush()
             except OSError:
                 pass  # its end is read below

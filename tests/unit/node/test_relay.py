@@ -19,7 +19,7 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.node.relay import FEED
+from cpuaccel.node.relay import FEED, header
 
 
 class Relay:
@@ -60,10 +60,9 @@ class Relay:
             self.answers.append(json.loads(line))
 
     def feed(self, data: bytes, key: str | None = None) -> subprocess.CompletedProcess[bytes]:
-        header = {"socket": self.socket, "key": key or self.key, "wait": 5}
         return subprocess.run(
             [sys.executable, "-S", "-c", FEED],
-            input=json.dumps(header).encode() + b"\n" + data,
+            input=header(self.socket, key or self.key, 5) + data,
             capture_output=True,
             timeout=30,
         )
