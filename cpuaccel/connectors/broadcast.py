@@ -185,7 +185,10 @@ class Broadcast:
             except queue.Empty:
                 name, event, why = "", {}, ""
             if name:
-                self._take(self.nodes[name], event, why)
+                try:
+                    self._take(self.nodes[name], event, why)
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    self._fail(name, f"its relay's answer was not understood: {event!r:.80}")
             if not started and (self._settled() or time.monotonic() > settle_by):
                 started = True
                 self._begin()

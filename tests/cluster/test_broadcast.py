@@ -94,6 +94,13 @@ def project(folder: Path, large: int = 24 * MB) -> dict[str, bytes]:
     return files
 
 
+def every_node_holds(cluster: Cluster, dest: str, files: dict[str, bytes]) -> None:
+    """Every node holds exactly these files below dest, read there (no temporary ones)."""
+    want = {rel: sha(data) for rel, data in files.items()}
+    for node in NODES:
+        assert digests(cluster, node, dest) == want, node
+
+
 def methods(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
     return {name: str(host["method"]) for name, host in report["hosts"].items()}
 
@@ -110,9 +117,7 @@ def test_sync_broadcasts_a_large_file_and_every_node_holds_its_bytes(
     dest = f"{WORKDIR}/{scratch.name}"
     report, _ = sync(cluster, src, "--dest", dest)
     assert set(methods(report).values()) == {"broadcast+tar"}, report
-    want = {rel: sha(data) for rel, data in files.items()}
-    for node in NODES:
-        assert digests(cluster, node, dest) == want, node  # no temporary file left either
+    every_node_holds(cluster, dest, files)
     # a second sync finds every node in step: nothing is sent again
     again, _ = sync(cluster, src, "--dest", dest)
     assert set(methods(again).values()) == {"none"}, again
@@ -141,9 +146,7 @@ def test_nodes_that_cannot_ssh_to_each_other_get_the_star_with_one_line(
     lines = [line for line in stderr.splitlines() if "cannot reach each other over ssh" in line]
     assert len(lines) == 1, stderr
     assert "sending to each node from the controller" in lines[0]
-    want = {rel: sha(data) for rel, data in files.items()}
-    for node in NODES:
-        assert digests(cluster, node, dest) == want, node
+    every_node_holds(cluster, dest, files)
 
 
 def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
@@ -176,9 +179,7 @@ def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
     used = methods(report)
     assert used["node3"] in ("tar", "rsync"), report  # the whole change, from the controller
     assert used["node1"] == used["node2"] == "broadcast+tar", report
-    want = {rel: sha(data) for rel, data in files.items()}
-    for node in NODES:
-        assert digests(cluster, node, dest) == want, node
+    every_node_holds(cluster, dest, files)
 
 
 def test_a_symlinked_destination_file_is_replaced_never_written_through(
@@ -197,9 +198,8 @@ def test_a_symlinked_destination_file_is_replaced_never_written_through(
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
     sync(cluster, src, "--dest", dest)
-    want = {rel: sha(data) for rel, data in files.items()}
+    every_node_holds(cluster, dest, files)
     for node in NODES:
-        assert digests(cluster, node, dest) == want, node
         assert digests(cluster, node, outside) == {"file": sha(b"keep\n")}, node
 
 
