@@ -83,7 +83,6 @@ class _Node:
     keep: frozenset[str]
     socket: str = field(default_factory=lambda: "cpuaccel-relay-" + secrets.token_hex(12))
     key: str = field(default_factory=lambda: secrets.token_hex(32))
-    folder: str = field(default_factory=lambda: "/tmp/cpuaccel-relay-" + secrets.token_hex(8))
     parent: str | None = None  # None: the controller feeds it
     children: list[str] = field(default_factory=list)
     kept: programs.Kept | None = None
@@ -348,7 +347,9 @@ class Broadcast:
 
     def _request(self, node: _Node) -> dict[str, Any]:
         children = [self.nodes[c] for c in node.children]
-        known = f"{node.folder}/known_hosts"
+        # the relay names its own in-memory known_hosts on ssh's command line, which wins
+        # over the config's: /dev/null here, so that no other file could ever be trusted
+        known = "/dev/null"
         config = "".join(openssh.ssh_config_stanza(c.host, self.options, known) for c in children)
         config += _FAST + openssh.ssh_config_default(known)
         keys = []
@@ -370,7 +371,6 @@ class Broadcast:
                 }
                 for c in children
             ],
-            "folder": node.folder,
             "ssh_config": config,
             "known_hosts": "".join(keys),
             "idle": IDLE,

@@ -10,8 +10,10 @@ sends each its request as one JSON line on stdin:
   root     the folder the files land below; ``files``: [rel, size, sha256, mode, keep]
            in the order of the stream (a file not kept is only passed on)
   hops     the nodes it passes the stream to: name, the quoted remote command of their
-           feed, and their socket and key; ``folder`` and ``ssh_config``/``known_hosts``:
-           its private folder (made here, exclusively) and the ssh files it reaches them with
+           feed, and their socket and key; ``ssh_config``/``known_hosts``: the texts of
+           the ssh files it reaches them with, kept in memory files (memfd) that its ssh
+           reads as /proc/self/fd/N: nothing on disk, and nothing left if the relay is
+           killed
   idle     seconds without a byte or a word from the controller before it gives up
 
 Every hop's ssh starts at once, before a byte moves. A feed (FEED, run on the next node
@@ -62,22 +64,27 @@ REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
 # A feed, run as ``python -S -c FEED``: the header line on stdin (``header``'s words),
 # then the stream. It connects to the relay (retrying within ``wait`` s: the relay may
 # still be starting), presents the key, copies the relay's answer (the offset it wants)
-# to stdout, then stdin to the socket, and last the relay's closing line to stdout.
+# to stdout, then stdin to the socket, and last the relay's closing line to stdout. No
+# wait on the relay lasts longer than ``wait`` s: a relay that stops taking bytes or
+# answering ends the feed with one line.
 FEED = """import json,os,socket,sys,time
 i=sys.stdin.buffer;h=i.readline().decode().split();s=socket.socket(socket.AF_UNIX)
-t=time.monotonic()+float(h[2])
+w=float(h[2]);t=time.monotonic()+w
 while 1:
  try:s.connect("\\0"+h[0]);break
  except OSError:
   if time.monotonic()>t:sys.exit("no relay listening on this node")
   time.sleep(0.05)
-s.sendall(json.dumps({"key":h[1]}).encode()+b"\\n");r=s.makefile("rb")
-sys.stdout.buffer.write(r.readline());sys.stdout.flush()
-while 1:
- b=i.read1(1<<20)
- if not b:break
- s.sendall(b)
-s.shutdown(socket.SHUT_WR);sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+s.settimeout(w)
+try:
+ s.sendall(json.dumps({"key":h[1]}).encode()+b"\\n");r=s.makefile("rb")
+ sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+ while 1:
+  b=i.read1(1<<20)
+  if not b:break
+  s.sendall(b)
+ s.shutdown(socket.SHUT_WR);sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+except OSError as e:sys.exit("the relay stopped taking the stream: %s"%(e.strerror or e))
 """
 
 
@@ -114,33 +121,44 @@ class Relay:
             sys.stdout.flush()
 
     # ------------------------------------------------------------- hops
-    def start_hops(self, folder: str) -> None:
-        config = os.path.join(folder, "ssh_config")
+    def start_hops(self) -> None:
+        if not self.request["hops"]:
+            return
+        # ssh closes every descriptor it inherits but 0-2 as it starts, so it reads the
+        # files through this process's own (open until the relay ends)
+        here = f"/proc/{os.getpid()}/fd"
+        config = _memory_file("ssh_config", str(self.request.get("ssh_config", "")))
+        known = _memory_file("known_hosts", str(self.request.get("known_hosts", "")))
         for hop in self.request["hops"]:
-            name = str(hop["name"])
-            argv = ["ssh", "-F", config, "-T", "-x", "-o", "ControlPath=none", name]
-            argv.append(str(hop["command"]))
-            try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                self.say(hop=name, lost=f"cannot start ssh: {exc}")
-                self.dropped.add(name)
-                continue
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(header(str(hop["socket"]), str(hop["key"]), self.idle))
-                proc.stdin.flush()
-            except OSError:
-                pass  # its end is read below
-            self.hops[name] = proc
-            self.sent[name] = 0
-            threading.Thread(target=self.hop_up, args=(name, proc), daemon=True).start()
+            self.start_hop(hop, f"{here}/{config}", f"{here}/{known}")
+
+    def start_hop(self, hop: dict[str, Any], config: str, known: str) -> None:
+        """One hop's ssh, its config and known keys read from the memory files (the
+        command line's UserKnownHostsFile wins over any the config names)."""
+        name = str(hop["name"])
+        argv = ["ssh", "-F", config, "-T", "-x", "-o", "ControlPath=none"]
+        argv += ["-o", f"UserKnownHostsFile={known}", name, str(hop["command"])]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self.say(hop=name, lost=f"cannot start ssh: {exc}")
+            self.dropped.add(name)
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(header(str(hop["socket"]), str(hop["key"]), self.idle))
+            proc.stdin.flush()
+        except OSError:
+            pass  # its end is read below
+        self.hops[name] = proc
+        self.sent[name] = 0
+        threading.Thread(target=self.hop_up, args=(name, proc), daemon=True).start()
 
     def hop_up(self, name: str, proc: subprocess.Popen[bytes]) -> None:
         """The next relay's answer through the feed (the offset it wants), then pass the
@@ -396,6 +414,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _memory_file(name: str, text: str) -> int:
+    """A file in memory holding ``text`` (memfd: gone with the last descriptor)."""
+    fd = os.memfd_create("cpuaccel-relay-" + name)
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data) :]
+    return fd
+
+
 def _unlink_quietly(name: str, folder: int) -> None:
     try:
         os.unlink(name, dir_fd=folder)
@@ -439,18 +466,12 @@ def _controller(relay: Relay, stdin: BinaryIO) -> None:
 def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
     relay = Relay(request)
     os.makedirs(relay.root, exist_ok=True)
-    folder = str(request["folder"])
-    os.mkdir(folder, 0o700)  # exclusively: the controller named it, nobody else may have
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        for name in ("ssh_config", "known_hosts"):
-            fd = create_new(os.path.join(folder, name), 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(str(request.get(name, "")))
         server.bind("\0" + str(request["socket"]))
         server.listen(4)
         server.settimeout(ACCEPT_POLL)
-        relay.start_hops(folder)
+        relay.start_hops()
         relay.say(ready=True)
         threading.Thread(target=_controller, args=(relay, stdin), daemon=True).start()
         receiver = threading.Thread(target=relay.receive, args=(server,), daemon=True)
@@ -486,15 +507,6 @@ def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
         for proc in relay.hops.values():
             if proc.poll() is None:
                 proc.kill()
-        for name in ("ssh_config", "known_hosts"):
-            try:
-                os.unlink(os.path.join(folder, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(folder)
-        except OSError:
-            pass
 
 
 def main() -> None:

@@ -115,8 +115,10 @@ def test_sync_broadcasts_a_large_file_and_every_node_holds_its_bytes(
     src.mkdir()
     files = project(src)
     dest = f"{WORKDIR}/{scratch.name}"
-    report, _ = sync(cluster, src, "--dest", dest)
+    report, stderr = sync(cluster, src, "--dest", dest)
     assert set(methods(report).values()) == {"broadcast+tar"}, report
+    # through the chain: every hop's ssh came up, no node was served directly
+    assert "served directly" not in stderr and "cannot reach" not in stderr, stderr
     every_node_holds(cluster, dest, files)
     # a second sync finds every node in step: nothing is sent again
     again, _ = sync(cluster, src, "--dest", dest)

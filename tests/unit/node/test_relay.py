@@ -37,7 +37,6 @@ class Relay:
                 for rel, data, keep in files
             ],
             "hops": [],
-            "folder": str(tmp / f"relay-{secrets.token_hex(4)}"),
             "ssh_config": "",
             "known_hosts": "",
             "idle": 5,
