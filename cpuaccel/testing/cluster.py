@@ -51,6 +51,7 @@ from cpuaccel.testing.netns import (
     Node,
     _alive,
     _check_id,
+    _cmdline,
     _is_our_sshd,
     _terminate,
     bridge_name,
@@ -74,6 +75,20 @@ __all__ = [
     "NODE_DIR", "WORKDIR", "Cluster", "ClusterError", "Node",
     "bridge_name", "lock_path_for", "namespace_name", "unavailable_reason", "veth_name",
 ]  # fmt: skip
+
+
+class Stray(int):
+    """A pid left running, shown with its command line: a failed idle check says what."""
+
+    command: str
+
+    def __new__(cls, pid: int, command: str) -> Stray:
+        stray = super().__new__(cls, pid)
+        stray.command = command[:200]
+        return stray
+
+    def __repr__(self) -> str:
+        return f"{int(self)} ({self.command or 'gone'})"
 
 
 class Cluster:
@@ -291,7 +306,10 @@ class Cluster:
         """Stop a node's sshd so that port 22 refuses connections (the node stays).
 
         Like stopping the ssh service on a real host, sessions already open survive unless
-        `kill_sessions` is set, which kills every process in the node.
+        `kill_sessions` is set, which kills every process in the node and then waits until
+        this machine's ends of those connections are closed too: a kept ssh master that
+        has not yet read its connection's end would still take the next session, and lose
+        it with no word, where a real host that went away refuses it.
         """
         node = self.node(name)
         groups = sshd.our_listeners([node], self.state_dir)
@@ -299,6 +317,8 @@ class Cluster:
         if kill_sessions:
             pids |= set(self.pids(name, include_sshd=True))
         _terminate(pids, groups)
+        if kill_sessions:
+            sshd.wait_connections_closed(node.address)
         proc = self._procs.pop(name, None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -352,7 +372,7 @@ class Cluster:
         found = node_pids(self.node(name), include_sshd=include_sshd)
         return slurm_daemons.without_daemons(self.slurm_bed, found)
 
-    def wait_idle(self, name: str, timeout: float = 10.0) -> list[int]:
+    def wait_idle(self, name: str, timeout: float = 10.0) -> list[Stray]:
         """Wait until node `name` runs no process but idle connections (sshd.is_session).
 
         An sshd session running no command stays idle: the controller's kept ssh
@@ -362,7 +382,7 @@ class Cluster:
         while True:
             left = [pid for pid in self.pids(name) if not sshd.is_session(pid)]
             if not left or time.monotonic() > deadline:
-                return left
+                return [Stray(pid, " ".join(_cmdline(pid))) for pid in left]
             time.sleep(0.05)
 
     def status(self) -> list[dict[str, Any]]:

@@ -192,6 +192,30 @@ def ssh_banner(address: str, timeout: float) -> bool:
         return False
 
 
+_TCP_OPEN = {"01", "08"}  # /proc/net/tcp's ESTABLISHED and CLOSE_WAIT
+
+
+def open_connections(address: str, port: int = 22) -> int:
+    """This machine's TCP connections to address:port not yet closed at this end
+    (established, or ended by the node but not yet closed by their process)."""
+    wanted = f"{socket.htonl(int.from_bytes(socket.inet_aton(address), 'big')):08X}:{port:04X}"
+    try:
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return 0
+    return sum(1 for row in rows if (cols := row.split())[2] == wanted and cols[3] in _TCP_OPEN)
+
+
+def wait_connections_closed(address: str, timeout: float = 5.0) -> int:
+    """Wait until this machine holds no open connection to address:22 (its processes,
+    kept ssh masters among them, have seen their connection end); how many are left
+    when ``timeout`` is up (a process that keeps its ended connection unclosed)."""
+    deadline = time.monotonic() + timeout
+    while (left := open_connections(address)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
+
+
 def is_session(pid: int) -> bool:
     """An idle connection's process: an sshd session ("sshd: user@notty", "sshd: user
     [priv]"), or on a head node the ssh master ``cpuaccel check`` keeps there for the
