@@ -41,6 +41,13 @@ from cpuaccel.node import relay
 from cpuaccel.node.relay import FEED
 
 CHAIN = 1  # each node passes the stream to one other: the default fan-out
+
+# What goes by broadcast (sync's changed files, a playbook's synchronize): a file of at
+# least FILE_BYTES that two nodes or more need, when such files add up to MIN_BYTES:
+# below that the set-up of the node-to-node pipeline costs more than the copies it saves.
+FILE_BYTES = 1 << 20
+MIN_BYTES = 16 << 20
+
 STALL = 20.0  # seconds without a relay's heartbeat (it sends one every half second)
 IDLE = 60.0  # seconds a relay waits for a byte, or a hop for its bytes, before it gives up
 # A node is slow when it falls LAG bytes behind the node feeding it (which holds up to
@@ -59,6 +66,7 @@ class PayloadFile:
     size: int
     sha256: str
     mode: int
+    mtime_ns: int | None = None  # set on the node's copy (rsync's quick check), or not
 
 
 @dataclass
@@ -104,7 +112,8 @@ class Broadcast:
 
     ``connect`` gives a host's open connection (the pool's); ``note`` takes the lines
     that name a node cut out or the fall-back to a star; ``on_bytes`` the bytes that
-    every live node now holds, as they grow; ``progress`` (those bytes, of the total)."""
+    every live node now holds, as they grow; ``progress`` (those bytes, of the total);
+    ``python`` the interpreter to run on a host (``host.python`` by default)."""
 
     def __init__(
         self,
@@ -119,8 +128,12 @@ class Broadcast:
         note: Callable[[str], None] = lambda line: None,
         on_bytes: Callable[[int], None] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        python: Callable[[Host], str] | None = None,
     ) -> None:
         self.connect = connect
+        # the node's interpreter for the relay and the feeds: cpuaccel's (host.python) by
+        # default; a playbook's runs before that one exists, with the module interpreter
+        self.python = python or (lambda host: host.python)
         self.progress = progress
         self.options = options
         self.hosts = list(hosts)
@@ -333,7 +346,7 @@ class Broadcast:
     def _start_relay(self, node: _Node) -> None:
         name = node.host.name
         try:
-            node.kept = programs.Kept(node.conn, "relay", [])
+            node.kept = programs.Kept(node.conn, "relay", [], self.python(node.host))
             node.kept.send(json.dumps(self._request(node)).encode() + b"\n")
             while True:
                 answer = node.kept.answer("the broadcast relay", STALL)
@@ -361,11 +374,14 @@ class Broadcast:
             "socket": node.socket,
             "key": node.key,
             "root": self.roots[node.host.name],
-            "files": [[f.rel, f.size, f.sha256, f.mode, f.rel in node.keep] for f in self.files],
+            "files": [
+                [f.rel, f.size, f.sha256, f.mode, f.rel in node.keep, f.mtime_ns]
+                for f in self.files
+            ],
             "hops": [
                 {
                     "name": c.host.name,
-                    "command": _feed_line(c.host),
+                    "command": commandline.shell_line(self._feed_argv(c.host)),
                     "socket": c.socket,
                     "key": c.key,
                 }
@@ -375,6 +391,10 @@ class Broadcast:
             "known_hosts": "".join(keys),
             "idle": IDLE,
         }
+
+    def _feed_argv(self, host: Host) -> list[str]:
+        """The feed run on ``host`` (its interpreter, no site: stdlib only)."""
+        return [self.python(host), "-S", "-c", FEED]
 
     def _tell(self, node: _Node, word: dict[str, Any]) -> None:
         if node.kept is not None and node.kept.alive:
@@ -391,7 +411,7 @@ class Broadcast:
     def _send(self, node: _Node) -> None:
         name = node.host.name
         try:
-            process = node.conn.start(commandline_argv(node.host))
+            process = node.conn.start(self._feed_argv(node.host))
         except CpuaccelError as exc:
             self.events.put((name, None, f"cannot start the controller's feed: {exc}"))
             return
@@ -453,15 +473,6 @@ def relays(host: Host) -> bool:
     return not host.is_local and host.vars.get("ansible_connection") != "slurm"
 
 
-def commandline_argv(host: Host) -> list[str]:
-    """The feed run on ``host`` (its Python, no site: stdlib only)."""
-    return [host.python, "-S", "-c", FEED]
-
-
-def _feed_line(host: Host) -> str:
-    return commandline.shell_line(commandline_argv(host))
-
-
 def _from(lines: Any, said: list[str]) -> int | None:
     """The offset the relay asks for, its first line through the feed (the feed's
     error lines before it go to ``said``)."""
@@ -495,8 +506,11 @@ def _stream(files: Sequence[PayloadFile], start: int) -> Any:
         at += f.size
 
 
-def payload_file(local: str, rel: str, sha256: str | None = None) -> PayloadFile:
-    """A file of the controller's as one of the stream's (hashed here unless given)."""
+def payload_file(
+    local: str, rel: str, sha256: str | None = None, *, keep_mtime: bool = False
+) -> PayloadFile:
+    """A file of the controller's as one of the stream's (hashed here unless given),
+    with its mtime for the node's copy when ``keep_mtime``."""
     import hashlib
     import stat
 
@@ -507,4 +521,5 @@ def payload_file(local: str, rel: str, sha256: str | None = None) -> PayloadFile
             while chunk := fh.read(READ):
                 digest.update(chunk)
         sha256 = digest.hexdigest()
-    return PayloadFile(rel, local, st.st_size, sha256, stat.S_IMODE(st.st_mode) & 0o777)
+    mode = stat.S_IMODE(st.st_mode) & 0o777
+    return PayloadFile(rel, local, st.st_size, sha256, mode, st.st_mtime_ns if keep_mtime else None)

@@ -136,10 +136,12 @@ class Kept:
     session and an interpreter start. Every wait for an answer is bounded; one that
     fails leaves the program closed (``alive``)."""
 
-    def __init__(self, conn: Connector, program: str, words: Sequence[str]) -> None:
+    def __init__(
+        self, conn: Connector, program: str, words: Sequence[str], python: str | None = None
+    ) -> None:
         self.conn = conn
         self.host = conn.host.name
-        self.python = conn.host.python
+        self.python = python or conn.host.python  # another: a playbook's module interpreter
         self._process = conn.start(argv(self.python, program, words))
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._stderr: deque[str] = deque(maxlen=20)

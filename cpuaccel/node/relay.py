@@ -7,8 +7,9 @@ sends each its request as one JSON line on stdin:
   socket   the abstract Unix socket name it listens on (Linux: one namespace a network
            namespace, no file to leave behind), where its upstream's feed connects
   key      what a feed must present first (never in argv: ``ps`` shows argv)
-  root     the folder the files land below; ``files``: [rel, size, sha256, mode, keep]
-           in the order of the stream (a file not kept is only passed on)
+  root     the folder the files land below; ``files``: [rel, size, sha256, mode, keep,
+           mtime_ns or null] in the order of the stream (a file not kept is only passed
+           on; a kept one gets the mtime given, else keeps the time it was written)
   hops     the nodes it passes the stream to: name, the quoted remote command of their
            feed, and their socket and key; ``ssh_config``/``known_hosts``: the texts of
            the ssh files it reaches them with, kept in memory files (memfd) that its ssh
@@ -360,7 +361,7 @@ class Relay:
     # ------------------------------------------------------------- files
     def open_file(self, index: int) -> list[Any]:
         """[descriptor or -1, (folder, name, temporary name), sha256] of file ``index``."""
-        rel, _size, _sha, _mode, keep = self.files[index]
+        rel, _size, _sha, _mode, keep = self.files[index][:5]
         digest = hashlib.sha256()
         if not keep:
             return [-1, None, digest]
@@ -377,7 +378,8 @@ class Relay:
         return [fd, (folder, name, temp), digest]
 
     def close_file(self, index: int, current: list[Any]) -> None:
-        rel, _size, sha, mode, keep = self.files[index]
+        rel, _size, sha, mode, keep = self.files[index][:5]
+        mtime = self.files[index][5] if len(self.files[index]) > 5 else None
         if not keep:
             return
         fd, (folder, name, temp), digest = current
@@ -389,6 +391,8 @@ class Relay:
                 self.say(file=rel, bad=got)
                 return
             os.fchmod(fd, int(mode) & 0o777)
+            if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
+                os.utime(fd, ns=(int(mtime), int(mtime)))
             os.close(fd)
             os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
             self.say(file=rel, kept=got)

@@ -154,8 +154,12 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
             return {"failed": True, "changed": False, "msg": msg}
         # rsync then deletes in the very folder judged (~ and links resolved there).
         dest = str(verdict["dest"]) + ("/" if dest.endswith("/") else "")
+    # Files a broadcast across the task's hosts put in place just before (each checked
+    # by sha256 on the node, with the source's mode and mtime): rsync finds them equal.
+    delivered, ctx.broadcast = ctx.broadcast, []
     if src.is_dir() and _unchanged_tree(ctx, src, dest, args):
-        return {"changed": False, "failed": False, "items": [], "count": 0}
+        done = {"changed": False, "failed": False, "items": [], "count": 0}
+        return {**done, "changed": True, "broadcast": delivered} if delivered else done
     # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
     flags = ["-a", "--mkpath", "--out-format=%i %n"]
     if ctx.check:
@@ -170,7 +174,8 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
         return {"failed": True, "changed": False, "rc": result.exit_code, "msg": msg}
     # rsync itemizes only what differs; "cd+++" of dest itself counts as a change too.
     items = [line for line in result.lines if line.strip()]
-    return {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
+    out = {"changed": bool(items), "failed": False, "items": items[:200], "count": len(items)}
+    return {**out, "changed": True, "broadcast": delivered} if delivered else out
 
 
 def _deletes(args: Mapping[str, Any]) -> bool:
@@ -180,7 +185,7 @@ def _deletes(args: Mapping[str, Any]) -> bool:
     return bool(args.get("delete")) or any(o == "--del" or o.startswith("--delete") for o in opts)
 
 
-def _listing(root: Path, excludes: list[str]) -> dict[str, list[int]]:
+def listing(root: Path, excludes: list[str]) -> dict[str, list[int]]:
     """The controller's side of the node's ``tree`` listing (see node/files.py)."""
     out: dict[str, list[int]] = {}
     for folder, dirs, names in os.walk(root):
@@ -199,21 +204,30 @@ def _excluded(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def plain_excludes(args: Mapping[str, Any]) -> list[str] | None:
+    """The names rsync_opts' plain --exclude=NAME options leave out, or None when any
+    other option is there (then only rsync knows what it sends)."""
+    excludes: list[str] = []
+    for opt in args.get("rsync_opts") or []:
+        if not str(opt).startswith("--exclude=") or "/" in str(opt):
+            return None
+        excludes.append(str(opt).removeprefix("--exclude="))
+    return excludes
+
+
 def _unchanged_tree(ctx: HostContext, src: Path, dest: str, args: Mapping[str, Any]) -> bool:
     """True when the node's copy already matches (sizes, times, modes), as rsync -a's
     own quick check would find, asked over the open connection: a no-op push then costs
     one message instead of an ssh handshake per node. Only plain --exclude options are
     understood; any other rsync option means rsync decides."""
-    excludes: list[str] = []
-    for opt in args.get("rsync_opts") or []:
-        if not str(opt).startswith("--exclude=") or "/" in str(opt):
-            return False
-        excludes.append(str(opt).removeprefix("--exclude="))
+    excludes = plain_excludes(args)
+    if excludes is None:
+        return False
     there = ctx.request("tree", {"path": dest.rstrip("/") or "/"})
     if there.get("failed") or not there.get("exists"):
         return False
     remote: dict[str, list[int]] = there.get("files") or {}
-    local = _listing(src, excludes)
+    local = listing(src, excludes)
     if any(remote.get(rel) != entry for rel, entry in local.items()):
         return False
     # Without --delete, extra files on the node stay; with it, only excluded ones may.

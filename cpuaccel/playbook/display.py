@@ -13,7 +13,7 @@ import difflib
 import json
 import shlex
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 
 from rich.console import Console
@@ -83,6 +83,11 @@ class ProgressBar(Listener):
         if self._tracker is not None:
             self._tracker.advance(host)
 
+    def transfer(self, description: str) -> Callable[[int, int], None]:
+        if self._tracker is None:
+            return super().transfer(description)
+        return self._tracker.transfer(description)
+
     def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None:
         if self._stack is not None:
             self._stack.close()
@@ -108,6 +113,10 @@ class Display(ProgressBar):
         self.verbose = verbose
         self.diff = diff
         self.commands = commands  # -vv
+        self._notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self._notes.append(text)  # printed under the task's line, once the bar is gone
 
     def play_start(self, play: Play, hosts: Sequence[str]) -> None:
         self.console.print(
@@ -123,6 +132,9 @@ class Display(ProgressBar):
         self.console.print(
             f"  [{_STYLE[worst]}]{worst:<11}[/] {escape(f'TASK [{title}]')}  {summary}", markup=True
         )
+        for text in self._notes:
+            self.console.print(f"      [yellow]note[/]: {escape(text)}")
+        self._notes.clear()
         for host, result in results.items():
             status = statuses[host]
             if status in ("failed", "unreachable", "ignored"):

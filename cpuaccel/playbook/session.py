@@ -131,6 +131,9 @@ class HostContext:
     become: sudo.Become | None = None
     sessions: dict[str | None, AgentSession] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    # What a broadcast across the current task's hosts put in place on this one
+    # (playbook.synchronize_broadcast): the task's own run reports it, and clears it.
+    broadcast: list[str] = field(default_factory=list)
 
     def agent(self) -> AgentSession:
         user = self.become.user if self.become else None

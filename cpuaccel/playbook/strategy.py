@@ -23,11 +23,21 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import EXTRA_VARS_SOURCE, Inventory
 from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
-from cpuaccel.playbook import templar
+from cpuaccel.playbook import synchronize_broadcast, templar
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
 from cpuaccel.playbook.loader import Play, Playbook, Task
 
 FACTS_VAR = "cpuaccel_facts"
+
+# A module's step across all of a task's hosts, before each host's own run: given the
+# hosts ready to run it (with their rendered arguments), the pool, a note taker and a
+# bytes meter.
+Preparer = Callable[
+    [Sequence[tuple[HostContext, dict[str, Any]]], ConnectionPool, Callable[[str], None],
+     Callable[[int, int], None]],
+    None,
+]  # fmt: skip
+PREPARERS: dict[str, Preparer] = {"synchronize": synchronize_broadcast.prepare}
 
 
 # ---------------------------------------------------------------- the recap's counts
@@ -90,6 +100,13 @@ class Listener:
 
     def host_progress(self, host: str) -> None:
         """A host finished the current step (called from the strategy's thread)."""
+
+    def note(self, text: str) -> None:
+        """A line about the task as a whole (a node a broadcast cut out)."""
+
+    def transfer(self, description: str) -> Callable[[int, int], None]:
+        """A meter for bytes on their way: called with (bytes so far, of total)."""
+        return lambda done, total: None
 
     def task_end(self, task: Task | None, title: str, results: Mapping[str, Result]) -> None: ...
 
@@ -264,6 +281,9 @@ class LinearStrategy:
         self.listener.task_start(task, title, [s.host.name for s in states])
         started = time.monotonic()
         targets = states[:1] if task is not None and task.run_once else states
+        notes: list[str] = []
+        if task is not None and task.module in PREPARERS and len(targets) >= 2:
+            self._prepare(play, task, targets, notes)
 
         def one(state: HostState) -> tuple[str, Result]:
             result = (
@@ -298,8 +318,42 @@ class LinearStrategy:
                 "where": task.where if task else None,
                 "seconds": round(time.monotonic() - started, 3),
                 "hosts": {name: _for_json(r) for name, r in results.items()},
+                **({"notes": notes} if notes else {}),
             }
         )
+
+    def _prepare(
+        self, play: Play, task: Task, states: Sequence[HostState], notes: list[str]
+    ) -> None:
+        """The module's step across the hosts (PREPARERS), for those whose task is ready
+        to run as it stands; a host whose arguments do not render, or that skips, is left
+        to its own run, which says why."""
+        if task.loop is not None:
+            return
+        ready: list[tuple[HostContext, dict[str, Any]]] = []
+        for state in states:
+            check = task.check_mode if task.check_mode is not None else state.ctx.check
+            if check:
+                continue
+            try:
+                variables = self.variables(state, play, task)
+                if not all(templar.condition(expr, variables) for expr in task.when):
+                    continue
+                become = becoming.resolve(self.become, (play.become, task.become), variables)
+                rendered = templar.render(dict(task.args), variables)
+                rendered.pop("timeout", None)
+                args = catalogue.normalise(catalogue.MODULES[task.module], rendered)
+            except CpuaccelError:
+                continue
+            if become is None:
+                state.ctx.become = None  # its requests go to the SSH user's agent, as the task's
+                ready.append((state.ctx, args))
+
+        def note(text: str) -> None:
+            notes.append(text)
+            self.listener.note(text)
+
+        PREPARERS[task.module](ready, self.pool, note, self.listener.transfer("broadcast"))
 
     def _settle(self, state: HostState, task: Task | None, result: Result) -> None:
         """Count the result, register it, and drop the host if it failed."""

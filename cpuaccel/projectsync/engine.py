@@ -36,13 +36,6 @@ from cpuaccel.projectsync.memory import SyncMemory
 from cpuaccel.projectsync.node_result import NodeReport
 from cpuaccel.projectsync.receiver import NodeSession, request
 
-# A changed file of at least BROADCAST_FILE_BYTES that two nodes or more need goes to
-# them through one broadcast (cpuaccel.connectors.broadcast) rather than once per node,
-# when such files add up to BROADCAST_MIN_BYTES: below that the set-up of the
-# node-to-node pipeline costs more than the copies it saves.
-BROADCAST_FILE_BYTES = 1 << 20
-BROADCAST_MIN_BYTES = 16 << 20
-
 
 @dataclass(frozen=True)
 class SyncOptions:
@@ -152,11 +145,11 @@ class Syncer:
                 rel
                 for rel in changed
                 if self.source.entries[rel][0] == "f"
-                and int(self.source.entries[rel][2]) >= BROADCAST_FILE_BYTES
+                and int(self.source.entries[rel][2]) >= broadcast.FILE_BYTES
             ]
             if large:
                 needs[host.name] = frozenset(large)
-        if len(needs) < 2 or self._bytes_of(needs) < BROADCAST_MIN_BYTES:
+        if len(needs) < 2 or self._bytes_of(needs) < broadcast.MIN_BYTES:
             return
         # a destination not made yet: made now (the scan), as the node's own transfer
         # would, so that its filesystem id tells whether other nodes share the folder
@@ -172,7 +165,7 @@ class Syncer:
             if fsids.count(self.looked[name].get("fsid")) == 1
             and self.looked[name].get("fsid") not in self._shared_fsids
         }
-        if len(needs) < 2 or self._bytes_of(needs) < BROADCAST_MIN_BYTES:
+        if len(needs) < 2 or self._bytes_of(needs) < broadcast.MIN_BYTES:
             return
         chosen = [h for h in hosts if h.name in needs]
         union = sorted(set().union(*needs.values()))

@@ -1,0 +1,153 @@
+"""A synchronize task's large files, sent to all of the task's hosts through one broadcast.
+
+synchronize is rsync from the controller, host by host: every byte leaves the controller
+once per node, which for a wheelhouse pushed to many nodes is most of provision's time.
+Before the task's per-host runs, the strategy hands this step the hosts whose task is
+ready to run (arguments rendered, ``when`` true, no become, not in check mode). Each node
+lists its destination (the ``tree`` request: rsync -a's quick check, size and mtime).
+The regular files of at least ``broadcast.FILE_BYTES`` that two nodes or more lack, when
+they add up to ``broadcast.MIN_BYTES``, go through one broadcast
+(cpuaccel.connectors.broadcast): each lands under its name only after its sha256 was
+checked on the node, with the source's mode and mtime. Each host's rsync then finds them
+equal and sends the rest (and deletes, with ``delete``). A node the broadcast failed is
+named in a note and gets everything from its rsync, as before.
+
+Which files each node got is left on its HostContext (``broadcast``) for the task's
+result: rsync itemizes only what it sent itself.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.connectors import broadcast
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.executor import ConnectionPool, fan_out
+from cpuaccel.playbook.actions import listing, plain_excludes
+from cpuaccel.playbook.session import HostContext, module_python
+
+Note = Callable[[str], None]
+Moved = Callable[[int, int], None]
+
+
+@dataclass
+class Survey:
+    """One node's copy of the folder: where it is, and what it lacks."""
+
+    ctx: HostContext
+    dest: str  # as it resolves on the node (links and ~ resolved there)
+    lacks: frozenset[str]  # the large files its copy lacks or holds another version of
+
+
+def prepare(
+    ready: Sequence[tuple[HostContext, dict[str, Any]]],
+    pool: ConnectionPool,
+    note: Note,
+    moved: Moved,
+) -> None:
+    """One broadcast per source folder that two hosts or more push, of the large files
+    they lack; ``note`` takes a line for each node cut out, ``moved`` the bytes."""
+    groups: dict[tuple[str, tuple[str, ...]], list[tuple[HostContext, dict[str, Any]]]] = {}
+    for ctx, args in ready:
+        src = Path(str(args["src"])).expanduser()
+        excludes = plain_excludes(args)
+        if excludes is None or not broadcast.relays(ctx.host):
+            continue  # rsync options only rsync knows, or a host the others cannot reach
+        if src.is_dir():
+            groups.setdefault((str(src.resolve()), tuple(excludes)), []).append((ctx, args))
+    for (folder, names), members in groups.items():
+        if len(members) >= 2:
+            _one_folder(Path(folder), list(names), members, pool, note, moved)
+
+
+def _one_folder(
+    src: Path,
+    excludes: list[str],
+    members: list[tuple[HostContext, dict[str, Any]]],
+    pool: ConnectionPool,
+    note: Note,
+    moved: Moved,
+) -> None:
+    local = {
+        rel: entry
+        for rel, entry in listing(src, excludes).items()
+        if entry[0] >= broadcast.FILE_BYTES and (src / rel).is_file()
+        and not (src / rel).is_symlink()
+    }  # fmt: skip
+    if sum(entry[0] for entry in local.values()) < broadcast.MIN_BYTES:
+        return
+
+    def look(member: tuple[HostContext, dict[str, Any]]) -> Survey | None:
+        ctx, args = member
+        try:
+            return survey(ctx, args, src, local)
+        except CpuaccelError:
+            return None  # unreachable, or the node's answer was bad: its own run says so
+
+    targets = [t for t in fan_out(members, look, forks=len(members)) if t is not None and t.lacks]
+    wanted = sorted(set().union(*(t.lacks for t in targets)))
+    if len(targets) < 2 or sum(local[rel][0] for rel in wanted) < broadcast.MIN_BYTES:
+        return
+    files = [broadcast.payload_file(str(src / rel), rel, keep_mtime=True) for rel in wanted]
+    if any(f.size != local[f.rel][0] for f in files):
+        return  # the source changed while we looked: rsync sends what is there now
+    sender = broadcast.Broadcast(
+        pool.get,
+        pool.options,
+        [t.ctx.host for t in targets],
+        {t.ctx.host.name: t.dest for t in targets},
+        files,
+        keep={t.ctx.host.name: t.lacks for t in targets},
+        note=note,
+        progress=moved,
+        python=module_python,  # the agent's: provision may be what makes cpuaccel_python
+    )
+    by_name = {t.ctx.host.name: t for t in targets}
+    for name, delivery in sender.run().items():
+        if delivery.ok:
+            by_name[name].ctx.broadcast = sorted(delivery.kept)
+        elif delivery.error:
+            note(f"{name}: the broadcast failed ({delivery.error}): rsync sends it all")
+
+
+def survey(
+    ctx: HostContext, args: dict[str, Any], src: Path, local: dict[str, list[int]]
+) -> Survey | None:
+    """Where the node's copy is, and which of the large files it lacks."""
+    dest = str(args["dest"])
+    verdict = ctx.request("destination", {"path": dest, "workdir": ctx.host.workdir})
+    resolved = verdict.get("dest")
+    if verdict.get("failed") or not isinstance(resolved, str) or not resolved.startswith("/"):
+        return None
+    if args.get("delete") and verdict.get("refused"):
+        return None  # the task refuses it, with the reason
+    # rsync's rule: "src/" fills dest; "src" (no slash) lands as dest/<name of src>
+    root = resolved if str(args["src"]).endswith("/") else posixpath.join(resolved, src.name)
+    there = ctx.request("tree", {"path": root})
+    if there.get("failed"):
+        return None
+    remote = there.get("files") or {}
+    if not isinstance(remote, dict):
+        return None
+    lacks = frozenset(
+        rel
+        for rel, entry in local.items()
+        if _differs(remote.get(rel), entry) and not _is_folder(remote.get(rel))
+    )
+    return Survey(ctx, posixpath.normpath(root), lacks)
+
+
+def _differs(there: object, here: list[int]) -> bool:
+    """What rsync -a's quick check would send: another size or mtime, or no file."""
+    return not (isinstance(there, list) and len(there) >= 2 and there[:2] == here[:2])
+
+
+def _is_folder(there: object) -> bool:
+    """A folder (or a listing not understood) where the file goes: rsync's to replace."""
+    return there is not None and not (
+        isinstance(there, list) and len(there) >= 2 and isinstance(there[0], int) and there[0] >= 0
+    )
