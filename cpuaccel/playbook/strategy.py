@@ -353,7 +353,14 @@ class LinearStrategy:
             notes.append(text)
             self.listener.note(text)
 
-        PREPARERS[task.module](ready, self.pool, note, self.listener.transfer("broadcast"))
+        meters: list[Callable[[int, int], None]] = []
+
+        def moved(done: int, total: int) -> None:
+            if not meters:  # a bar only once bytes move
+                meters.append(self.listener.transfer("broadcast"))
+            meters[0](done, total)
+
+        PREPARERS[task.module](ready, self.pool, note, moved)
 
     def _settle(self, state: HostState, task: Task | None, result: Result) -> None:
         """Count the result, register it, and drop the host if it failed."""
