@@ -38,7 +38,7 @@ from cpuaccel.history import node_files as runfiles
 from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic, tracebacks
-from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files
+from cpuaccel.jobs.connections import JobFiles, Nodes, broadcast_note, copy_files
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.rundir import SECRET_FILES, RunDir, render_job_files
@@ -236,7 +236,9 @@ class ForegroundRun(Supervised):
 
     def copy(self, plan: RunPlan, files: JobFiles) -> None:
         if not self.local or "secret.env" in files:  # the sweep took secret.env away
-            copy_files(plan, files, self.nodes)
+            cast = copy_files(plan, files, self.nodes, note=broadcast_note)
+            if cast:  # the nodes that took the large run files by broadcast
+                self.rundir.record(broadcast=cast)
 
     def run(self, k: int, resume: str | None) -> Outcome:
         plan, nodes = self.plan, self.nodes

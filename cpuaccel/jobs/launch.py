@@ -35,7 +35,13 @@ from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic
-from cpuaccel.jobs.connections import JobFiles, Nodes, copy_files, forget_secrets
+from cpuaccel.jobs.connections import (
+    JobFiles,
+    Nodes,
+    broadcast_note,
+    copy_files,
+    forget_secrets,
+)
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.foreground import (
     ForegroundRun,
@@ -191,7 +197,9 @@ def _detach(
     files.update(supervisor_files(plan, limits, min_nodes))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
-        copy_files(plan, files, nodes)
+        cast = copy_files(plan, files, nodes, note=broadcast_note)
+        if cast:  # the nodes that took the large run files by broadcast
+            run_dir.record(broadcast=cast)
     try:
         supervisor = _start_supervisor(plan, nodes.pool.get(plan.head), run_dir, inventory)
     except CpuaccelError:

@@ -123,6 +123,29 @@ def test_a_cells_function_runs_on_every_rank_and_returns(
     assert seconds < 90, seconds
 
 
+def test_a_large_value_the_function_captured_reaches_the_ranks_by_one_broadcast(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    # 20 MiB captured: the pickled call (base64, 27 MiB) is worth one broadcast
+    nb = notebook_of(
+        SETUP,
+        "import hashlib, os\n"
+        "BLOB = os.urandom(20 << 20)\n"
+        "def digest():\n"
+        "    return hashlib.sha256(BLOB).hexdigest()\n"
+        "values = cpuaccel.notebook.launch(digest, nodes=2, ppn=1, gather=True)\n"
+        "values == [hashlib.sha256(BLOB).hexdigest()] * 2",
+    )
+    project = run_notebook(nb, tmp_path, inventory)
+    cell = nb.cells[1]
+    assert errors(cell) == [], cell.outputs
+    assert cell.outputs[-1]["data"]["text/plain"] == "True", cell.outputs
+    assert streams(cell, "stderr") == ""  # no node was cut out of the broadcast
+    (record,) = [json.loads(p.read_text()) for p in (project / "runs").glob("*/run.json")]
+    assert record["broadcast"] == ["node1", "node2"], record
+    assert_nothing_left(cluster, record["run_id"])
+
+
 def test_a_rank_that_raises_is_the_cells_error_with_its_traceback(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
