@@ -13,7 +13,7 @@ TORCH_INDEX_URL ?=
 PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 TORCH_INDEX_VARS := $(if $(TORCH_INDEX_URL),-e cpuaccel_torch_index_url=$(TORCH_INDEX_URL))
 
-.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-broadcast-shape bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -72,6 +72,9 @@ bench-sync: $(STAMP)
 # 200 Mbit/s: one copy, parallel rsync, Ansible's copy and cpuaccel sync (needs root).
 bench-broadcast: $(STAMP)
 	$(BIN)/python bench/broadcast.py
+
+bench-broadcast-shape: $(STAMP)
+	$(BIN)/python bench/broadcast_shape.py
 
 bench-launch: $(STAMP)
 	$(BIN)/python bench/launch.py

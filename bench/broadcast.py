@@ -13,6 +13,9 @@ payload goes from the controller to the nodes' private folder (/srv/cpuaccel-nod
     cpuaccel sync    its real CLI with the cluster's inventory, `--dest DEST` (start-up
                      included, as a user types it; its modules byte-compiled first, as an
                      install leaves them: byte_compile)
+    cpuaccel         `cpuaccel provision PLAYBOOK` of one play with one synchronize task
+    synchronize      (SRC/ to DEST/), as provision pushes its wheelhouse: facts gathered,
+                     then the push
 
 Payloads (--payloads): `file`, one file of seeded random bytes in a project folder
 (--megabytes), and `wheelhouse`, the repo's wheelhouse folder (--wheelhouse).
@@ -70,7 +73,14 @@ FILE_NAME = "payload.bin"
 DEST_ROOT = NODE_DIR / "broadcast"  # per node: the only private path on a namespace node
 ANSIBLE_REMOTE_TMP = NODE_DIR / "broadcast-ansible-tmp"  # on the same mount as DEST_ROOT
 STATE_DIR = ".cpuaccel"  # cpuaccel sync's own folder in a destination, not the payload's
-METHODS = ("one copy", "parallel rsync", "Ansible copy", "cpuaccel sync")
+METHODS = ("one copy", "parallel rsync", "Ansible copy", "cpuaccel sync", "cpuaccel synchronize")
+PUSH_PLAYBOOK = """\
+- name: push
+  hosts: all
+  tasks:
+    - name: push
+      synchronize: {src: "{{ src }}", dest: "{{ dest }}"}
+"""
 
 
 class BenchFailure(Exception):
@@ -281,6 +291,15 @@ class Tools:
                     "-f", forks, "-m", "copy", "-a", f"src={src} dest={dest}/",
                 ]
             ]  # fmt: skip
+        if method == "cpuaccel synchronize":
+            book = self.work / "push.yaml"
+            book.write_text(PUSH_PLAYBOOK)
+            return [
+                [
+                    self.cpuaccel, "provision", str(book), "-i", str(self.cluster.inventory_path),
+                    "-e", f"src={src}", "-e", f"dest={dest}/",
+                ]
+            ]  # fmt: skip
         return [
             [
                 self.cpuaccel, "sync", "-i", str(self.cluster.inventory_path),
@@ -307,11 +326,11 @@ class Tools:
     def measure(self, method: str, payload: Payload, timeout: float) -> Run:
         """Prepare (not timed), time one copy by `method`, check every copy, remove it."""
         self.runs += 1
-        tag = method.split()[0].lower()
+        tag = "-".join(method.lower().split())
         dest = DEST_ROOT / f"{tag}-{payload.name}-{self.runs}"
         nodes = self.cluster.names[:1] if method == "one copy" else self.cluster.names
         self.remove(dest)
-        if method == "cpuaccel sync":
+        if method.startswith("cpuaccel"):
             shutil.rmtree(self.cache_home, ignore_errors=True)
             self.end_masters()
         argvs = self.argvs(method, payload, dest)
