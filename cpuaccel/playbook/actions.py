@@ -157,13 +157,16 @@ def _synchronize(ctx: HostContext, args: dict[str, Any], variables: Mapping[str,
     # Files a broadcast across the task's hosts put in place just before (each checked
     # by sha256 on the node, with the source's mode and mtime): rsync finds them equal.
     delivered, ctx.broadcast = ctx.broadcast, []
-    if src.is_dir() and _unchanged_tree(ctx, src, dest, args):
+    recheck, ctx.recheck = ctx.recheck, False
+    if src.is_dir() and not recheck and _unchanged_tree(ctx, src, dest, args):
         done = {"changed": False, "failed": False, "items": [], "count": 0}
         return {**done, "changed": True, "broadcast": delivered} if delivered else done
     # --mkpath: dest's parents may be made by an earlier task, which --check did not run.
     flags = ["-a", "--mkpath", "--out-format=%i %n"]
     if ctx.check:
         flags.append("--dry-run")
+    if recheck:
+        flags.append("--checksum")
     if args.get("delete"):
         flags.append("--delete")
     flags += [str(o) for o in args.get("rsync_opts") or []]

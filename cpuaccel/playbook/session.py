@@ -134,6 +134,9 @@ class HostContext:
     # What a broadcast across the current task's hosts put in place on this one
     # (playbook.synchronize_broadcast): the task's own run reports it, and clears it.
     broadcast: list[str] = field(default_factory=list)
+    # A broadcast to this host failed: a file may have taken its name there whose report
+    # was not believed, so the task's rsync compares contents (--checksum), not times.
+    recheck: bool = False
 
     def agent(self) -> AgentSession:
         user = self.become.user if self.become else None

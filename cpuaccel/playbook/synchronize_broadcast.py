@@ -10,7 +10,8 @@ they add up to ``broadcast.MIN_BYTES``, go through one broadcast
 (cpuaccel.connectors.broadcast): each lands under its name only after its sha256 was
 checked on the node, with the source's mode and mtime. Each host's rsync then finds them
 equal and sends the rest (and deletes, with ``delete``). A node the broadcast failed is
-named in a note and gets everything from its rsync, as before.
+named in a note, and its rsync compares contents (--checksum): a file may have taken
+its name there whose report was not believed.
 
 Which files each node got is left on its HostContext (``broadcast``) for the task's
 result: rsync itemizes only what it sent itself.
@@ -110,8 +111,10 @@ def _one_folder(
     for name, delivery in sender.run().items():
         if delivery.ok:
             by_name[name].ctx.broadcast = sorted(delivery.kept)
-        elif delivery.error:
-            note(f"{name}: the broadcast failed ({delivery.error}): rsync sends it all")
+        else:
+            by_name[name].ctx.recheck = True
+            if delivery.error:
+                note(f"{name}: the broadcast failed ({delivery.error}): rsync checks it all")
 
 
 def survey(

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,3 +141,21 @@ def second_sshd(cluster: Cluster, name: str, allow: str) -> Iterator[None]:
                     os.kill(pid, signal.SIGTERM)
         if node.pid is not None:  # the node's own namespace (sshd_stopped replaces it)
             cluster.exec(name, ["umount", "/etc/passwd"])
+
+
+def lying_python(folder: Path) -> Path:
+    """An interpreter for a node whose broadcast relay reports every kept file's sha256
+    falsified; any other program (and the feed) runs as it is."""
+    liar = folder / "liar"
+    liar.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "if len(sys.argv) < 5:  # not a node program (the feed): as it is\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+        "source = sys.stdin.buffer.read(int(sys.argv[4]))\n"
+        "source = source.replace(b'kept=got)', b'kept=\"0\" * 64)')\n"
+        "sys.argv = [sys.argv[0], *sys.argv[4:]]\n"
+        "exec(compile(source, 'cpuaccel', 'exec'))\n"
+    )
+    liar.chmod(0o755)
+    return liar

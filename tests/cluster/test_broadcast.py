@@ -32,6 +32,7 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.node.common import TMP_MARK
 from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
 from cpuaccel.testing.command import cpuaccel
+from tests.cluster.fixtures import lying_python
 
 pytestmark = pytest.mark.cluster
 
@@ -155,18 +156,7 @@ def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
     cluster: Cluster, scratch: Path
 ) -> None:
     # node3's Python runs the relay with its report of a kept file's sha256 falsified.
-    liar = scratch / "liar"
-    liar.write_text(
-        f"#!{sys.executable}\n"
-        "import os, sys\n"
-        "if len(sys.argv) < 5:  # not a node program (the feed): as it is\n"
-        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
-        "source = sys.stdin.buffer.read(int(sys.argv[4]))\n"
-        "source = source.replace(b'kept=got)', b'kept=\"0\" * 64)')\n"
-        "sys.argv = [sys.argv[0], *sys.argv[4:]]\n"
-        "exec(compile(source, 'cpuaccel', 'exec'))\n"
-    )
-    liar.chmod(0o755)
+    liar = lying_python(scratch)
     inventory = cluster.write_inventory(
         scratch / "inventory.yaml", {"node3": {"cpuaccel_python": str(liar)}}
     )

@@ -16,7 +16,7 @@ import pytest
 from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env
-from tests.cluster.fixtures import REPO
+from tests.cluster.fixtures import REPO, lying_python
 
 pytestmark = pytest.mark.cluster
 
@@ -239,6 +239,34 @@ def test_synchronize_sends_large_files_through_one_broadcast(
     for result in third["hosts"].values():
         assert "broadcast" not in result and any("a.bin" in i for i in result["items"]), result
     assert held() == dict.fromkeys(cluster.names, source())
+
+
+def test_a_node_lying_about_a_broadcast_file_is_named_and_gets_it_by_rsync(
+    cluster: Cluster, workspace: tuple[Path, str]
+) -> None:
+    folder, _ = workspace
+    big = {"a.bin": 9 * MIB, "b.bin": 8 * MIB}
+    for rel, size in big.items():
+        (folder / "big").mkdir(exist_ok=True)
+        (folder / "big" / rel).write_bytes(os.urandom(size))
+    book, _, base = playbook_on(cluster, workspace, LARGE_FOLDER)
+    # node3's agent and relay run under an interpreter that falsifies the kept sha256
+    inventory = cluster.write_inventory(
+        folder / "liar.yaml",
+        {"node3": {"ansible_python_interpreter": str(lying_python(folder))}},
+        base=base,
+    )
+    done = report(provision(inventory, "--playbook", str(book), "--json"))
+    assert done["ok"], json.dumps(done["plays"], indent=1)[-3000:]
+    push = next(t for t in done["plays"][0]["tasks"] if t["task"] == "push")
+    assert any("node3" in note and "sha256" in note for note in push["notes"]), push
+    assert push["hosts"]["node1"]["broadcast"] == sorted(big)
+    liar = push["hosts"]["node3"]
+    assert "broadcast" not in liar and liar["status"] == "changed", liar
+    for name in cluster.names:
+        for rel in big:
+            there = on_node(cluster, name, "sha256sum", f"{base}/big/{rel}").split()[0]
+            assert there == hashlib.sha256((folder / "big" / rel).read_bytes()).hexdigest()
 
 
 def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
