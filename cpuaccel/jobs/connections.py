@@ -61,17 +61,18 @@ def copy_files(
     the line for a node it cut out, which then gets them the usual way. Returns the
     hosts that took them by broadcast."""
     large = _large(files, plan.hosts)
-    written = {h.name for h in plan.hosts}
-    failed = _write(plan, plan.hosts, {n: f for n, f in files.items() if n not in large}, nodes)
+    results = _write(plan, plan.hosts, {n: f for n, f in files.items() if n not in large}, nodes)
+    holding = [r.host for r in results if r.ok]  # the hosts that took secret.env, if any
+    failed = [r for r in results if not r.ok]
     cast: list[str] = []
     if large and not failed:
         cast = _broadcast(plan, {n: files[n] for n in large}, nodes, note)
         rest = [h for h in plan.hosts if h.name not in cast]
-        failed = _write(plan, rest, {n: files[n] for n in large}, nodes) if rest else []
+        more = _write(plan, rest, {n: files[n] for n in large}, nodes) if rest else []
+        failed = [r for r in more if not r.ok]
     if failed:
-        if "secret.env" in files:  # no job starts: take the secrets back off the others
-            bad = {r.host.name for r in failed}
-            forget_secrets(plan, [h for h in plan.hosts if h.name in written - bad], nodes)
+        if "secret.env" in files:  # no job starts: take the secrets back off every holder
+            forget_secrets(plan, holding, nodes)
         raise UsageError(
             "; ".join(f"{r.host.name}: {r.error}" for r in failed),
             hint="check free disk and permissions at cpuaccel_workdir",
@@ -87,14 +88,11 @@ def broadcast_note(line: str) -> None:
 def _write(
     plan: RunPlan, hosts: list[Host], files: JobFiles, nodes: Nodes
 ) -> list[HostResult[fanout.Answer]]:
-    """``files`` written into the run folder on ``hosts`` (made there, 0700); the
-    results that failed."""
+    """``files`` written into the run folder on ``hosts`` (made there, 0700): each
+    host's result."""
     payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
     words, what = ["write", plan.run_dir], "writing the run's files"
-    results = fanout.call_all(
-        hosts, "jobctl", words, payload, what=what, timeout=600.0, **nodes.fan()
-    )
-    return [r for r in results if not r.ok]
+    return fanout.call_all(hosts, "jobctl", words, payload, what=what, timeout=600.0, **nodes.fan())
 
 
 def _large(files: JobFiles, hosts: list[Host]) -> frozenset[str]:
