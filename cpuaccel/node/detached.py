@@ -32,6 +32,15 @@ nodes reached through the run's ssh.sh, as MPI reaches them.
                           session to the head (``alive``) while the supervisor PID
                           lives; answer its pid
   alive RUN_ID PID        on the head: say so, then return once the supervisor ends
+  hold                    on every other node of an attempt, through ssh.sh: say so,
+                          then return when the head closes the session
+
+A lost node is found as a foreground run finds it. The controller of a foreground run
+holds a connection to every node, and one whose keepalives go unanswered is named
+lost and ends the attempt; here the supervisor holds a session (``hold``) through ssh.sh
+to every other node of the attempt, with the run's keepalives, so that a node that goes
+silent mid-attempt is named within the ServerAlive window instead of leaving the MPI
+launcher waiting on its dead connections.
 
 A lost head is handled as a foreground run handles it. When the controller loses its
 connection to a foreground run's head, it names the node and ends the job on the
@@ -90,6 +99,7 @@ MARK = "CPUACCEL_SUPERVISES"  # not CPUACCEL_RUN_ID: the sweep must not end the 
 ALIVE = "alive"  # the head's first word to a guard: the session is up
 SSH_FAILED = 255  # ssh's own exit code: the connection, not the command, failed
 REACH_TIMEOUT = 30.0  # a node's answer through ssh.sh: ssh's connect, the program, room
+GRACE_CLOSE = 5.0  # the ``hold`` sessions' end once their stdin closed
 SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
 ENV_MARK = "# cpuaccel: this attempt's"  # env.sh's lines from here on are rewritten
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -107,11 +117,9 @@ def _ask(
     run_dir: str, nodes: dict[str, str], words: list[str]
 ) -> dict[str, subprocess.Popen[bytes]]:
     """``supervisor.py - WORDS`` started on every node of ``nodes`` through ssh.sh."""
-    ssh = os.path.join(run_dir, "ssh.sh")
-    program = os.path.join(run_dir, "supervisor.py")
     return {
         name: subprocess.Popen(
-            ["/bin/sh", ssh, name, shlex.join([python, program, "-", *words])],
+            _through_ssh(run_dir, name, python, words),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -119,6 +127,37 @@ def _ask(
         )
         for name, python in nodes.items()
     }
+
+
+def _through_ssh(run_dir: str, name: str, python: str, words: list[str]) -> list[str]:
+    """The argv of ``supervisor.py - WORDS`` on node ``name`` through the run's ssh.sh."""
+    program = os.path.join(run_dir, "supervisor.py")
+    return [
+        "/bin/sh",
+        os.path.join(run_dir, "ssh.sh"),
+        name,
+        shlex.join([python, program, "-", *words]),
+    ]
+
+
+def _session(run_dir: str, name: str, python: str, words: list[str]) -> subprocess.Popen[bytes]:
+    """``supervisor.py - WORDS`` on node ``name`` through ssh.sh, its stdin a pipe held
+    here: the node's program sees it close when this process closes it or dies."""
+    return subprocess.Popen(
+        _through_ssh(run_dir, name, python, words),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:
+        pass  # the session already broke
 
 
 def _answers(procs: dict[str, subprocess.Popen[bytes]], timeout: float) -> dict[str, Any]:
@@ -209,6 +248,7 @@ class HeadSide(Side):
         self.pythons: dict[str, str] = dict(config.get("nodes", {}))  # other node -> python
         self.launch_files: dict[str, str] = dict(config.get("launch_files") or {})
         self.forget = not config.get("max_restarts")  # a one-attempt run's sweep forgets
+        self.held: dict[str, subprocess.Popen[bytes]] = {}  # node -> its ``hold`` session
 
     @property
     def nodes(self) -> dict[str, str]:
@@ -219,6 +259,7 @@ class HeadSide(Side):
         print(text, flush=True)  # the supervisor's stdout: supervisor.log
 
     def start(self) -> Launched:
+        self.hold()
         name = "launch.sh"
         if len(self.hosts) < len(self.all_hosts):  # nodes left out: fewer ranks
             name = self.launch_files[str(len(self.hosts))]
@@ -231,6 +272,32 @@ class HeadSide(Side):
             cwd=self.run_dir,
         )
         return _Child(proc)
+
+    def hold(self) -> None:
+        """A ``hold`` session to every node of the attempt that has none open, started
+        beside the launch: ssh's keepalives then watch each node for the attempt."""
+        for name, python in self.nodes.items():
+            held = self.held.get(name)
+            if held is None or held.poll() is not None:
+                self.held[name] = _session(self.run_dir, name, python, ["hold"])
+
+    def lost(self) -> list[str]:
+        """The attempt's nodes whose session broke: ssh's own exit code, after the
+        keepalives went unanswered or the node could not be reached at all."""
+        return [n for n in self.nodes if n in self.held and self.held[n].poll() == SSH_FAILED]
+
+    def release(self) -> None:
+        """Every session closed (each node's ``hold`` returns), within a bound."""
+        for held in self.held.values():
+            _close(held)
+        deadline = time.monotonic() + GRACE_CLOSE
+        for held in self.held.values():
+            try:
+                held.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(held.pid, signal.SIGKILL)
+                held.wait()
+        self.held = {}
 
     def signal_launcher(self, signum: int, lost: Sequence[str]) -> None:
         signal_launcher(self.run_id, os.path.join(self.run_dir, "launcher.pid"), signum)
@@ -441,6 +508,15 @@ def watch_head(run_id: str, run_dir: str, head: str, python: str, pid: int) -> d
     return {"head": "lost"}
 
 
+def hold() -> dict[str, Any]:
+    """On another node: ALIVE at once, then wait until the head closes the session."""
+    sys.stdout.write(ALIVE + "\n")
+    sys.stdout.flush()
+    while sys.stdin.buffer.read(4096):
+        pass
+    return {}
+
+
 def alive(run_id: str, pid: int) -> dict[str, Any]:
     """On the head: ALIVE at once, then wait while the supervisor lives."""
     sys.stdout.write(ALIVE + "\n")
@@ -502,7 +578,10 @@ def watch(run_dir: str) -> dict[str, Any]:
     python = config.get("python") or sys.executable
     guards = threading.Thread(target=_start_guards, args=(run.side, python), daemon=True)
     guards.start()  # beside attempt 0's launch, not before it
-    run.supervise()
+    try:
+        run.supervise()
+    finally:
+        run.side.release()
     guards.join(REACH_TIMEOUT)
     return {}
 
@@ -541,6 +620,8 @@ def main() -> None:
         result = guard(args[0], args[1], args[2], args[3], int(args[4]))
     elif mode == "watchhead":
         result = watch_head(args[0], args[1], args[2], args[3], int(args[4]))
+    elif mode == "hold":
+        result = hold()
     elif mode == "alive":
         result = alive(args[0], int(args[1]))
     else:

@@ -105,8 +105,8 @@ def test_sync_and_check_over_openssh_load_no_paramiko(cluster: Cluster, scratch:
 
 def test_checks_connected_line_is_built_only_for_v(cluster: Cluster) -> None:
     """The -v line's user (getpass) and port (ssh_config read) are looked up only when
-    -v asks for the line: after the probe's answer, on a one-node check's path (issue
-    17); with -v it is still said."""
+    -v asks for the line: after the probe's answer, on a one-node check's path; with -v
+    it is still said."""
     argv = ["check", "-i", str(cluster.inventory_path), "--limit", "node1", "--json"]
     script = PROBE.replace(
         '("paramiko", "cryptography", "fabric", "invoke", "nacl")', '("getpass",)'

@@ -232,3 +232,19 @@ def test_every_verb_is_in_the_readmes_table_of_verbs() -> None:
     table = "\n".join(line for _, line in found[1] if line.lstrip().startswith("|"))
     missing = [verb for verb in sorted(VERBS) if f"`{verb}`" not in table]
     assert not missing, f"README.md's table of verbs lacks {missing}"
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MAX_ARCHITECTURE_CHARS = 6000  # one screen's map: the reference lives in the other pages
+
+
+def test_the_architecture_map_is_one_screen_and_names_every_package() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert len(text) <= MAX_ARCHITECTURE_CHARS, (
+        f"docs/architecture.md has {len(text)} characters, over {MAX_ARCHITECTURE_CHARS}: "
+        "say less in it, and move detail to the page of that part"
+    )
+    packages = sorted(p.parent.name for p in (ROOT / "cpuaccel").glob("*/__init__.py"))
+    named = set(re.findall(r"`([a-z_]+)/?`", text)) | set(re.findall(r"`([a-z_]+)/", text))
+    missing = [name for name in packages if name not in named]
+    assert not missing, f"docs/architecture.md does not name the package(s) {missing}"
