@@ -20,6 +20,13 @@ Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
 
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
+
+In parallel (``make test`` runs ``pytest -n 3 --dist loadgroup``, pytest-xdist), the tests
+fall into three groups, each run by one worker in its own order: the cluster tests of
+the first bed, those of the second (every Slurm test among them) and every other test.
+The two beds are two session clusters, one a worker (its id the base id plus ten times
+the worker's number), so that no two cluster tests ever share a node at the same time,
+and no two plain tests run at once either (a local run's ranks meet on one fixed port).
 """
 
 from __future__ import annotations
@@ -37,6 +44,19 @@ from cpuaccel.testing.cluster import Cluster, unavailable_reason
 REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
 CLUSTER_ID_ENV = "CPUACCEL_TEST_CLUSTER_ID"
 SESSION_NODES = 3
+WORKER_ID_STEP = 10  # a worker's session cluster id: base + step x its number (gw0, gw1...)
+
+# The cluster test files of the second bed, chosen so that the two beds take about the
+# same time (their files' durations in `pytest --durations=0`; docs/testing.md). Every
+# Slurm test is here, so that one Slurm bed serves them all; a new file goes to the first.
+SECOND_BED = frozenset({
+    "test_api.py", "test_become.py", "test_dashboard_page.py", "test_dashboard_server.py",
+    "test_elastic.py", "test_inventory_forms.py", "test_login_flags.py", "test_mixed_nodes.py",
+    "test_openssh_masters.py", "test_provision.py", "test_ps_logs_fetch.py", "test_restart.py",
+    "test_run.py", "test_run_options.py", "test_runtime.py", "test_seed_scenario.py",
+    "test_slurm_bed.py", "test_slurm_inventory.py", "test_slurm_run.py",
+    "test_slurm_submit.py",
+})  # fmt: skip
 
 
 def _cluster_required() -> bool:
@@ -66,6 +86,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "these tests use the cluster fixture but are not marked `cluster` (see "
             "tests/conftest.py): " + ", ".join(unmarked)
         )
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def _group(item: pytest.Item) -> str:
+    """The xdist group of a test (see the module's docstring)."""
+    if item.get_closest_marker("cluster") is None:
+        return "plain"
+    return "second-bed" if item.path.name in SECOND_BED else "first-bed"
+
+
+def session_cluster_id() -> int:
+    """This session's cluster id: the base id, moved by the xdist worker's number."""
+    base = int(os.environ.get(CLUSTER_ID_ENV, "0"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    number = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return base + WORKER_ID_STEP * number
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -90,8 +127,7 @@ def cluster() -> Iterator[Cluster]:
         if _cluster_required():
             pytest.fail(refusal, pytrace=False)
         pytest.skip(refusal)
-    cluster_id = int(os.environ.get(CLUSTER_ID_ENV, "0"))
-    with Cluster(SESSION_NODES, cluster_id=cluster_id) as started:
+    with Cluster(SESSION_NODES, cluster_id=session_cluster_id()) as started:
         yield started
 
 
