@@ -21,7 +21,7 @@ Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
 
-In parallel (``make test`` runs ``pytest -n 3 --dist loadgroup``, pytest-xdist), the tests
+In parallel (``pytest -n 3 --dist loadgroup``, pytest-xdist), the tests
 fall into three groups, each run by one worker in its own order: the cluster tests of
 the first bed, those of the second (every Slurm test among them) and every other test.
 The two beds are two session clusters, one a worker (its id the base id plus ten times
