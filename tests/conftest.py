@@ -47,7 +47,7 @@ SESSION_NODES = 3
 WORKER_ID_STEP = 10  # a worker's session cluster id: base + step x its number (gw0, gw1...)
 
 # The cluster test files of the second bed, chosen so that the two beds take about the
-# same time (their files' durations in `pytest --durations=0`; docs/testing.md). Every
+# same time (their files' durations in `pytest --durations=0`). Every
 # Slurm test is here, so that one Slurm bed serves them all; a new file goes to the first.
 SECOND_BED = frozenset({
     "test_api.py", "test_become.py", "test_dashboard_page.py", "test_dashboard_server.py",
