@@ -32,8 +32,10 @@ nodes reached through the run's ssh.sh, as MPI reaches them.
                           session to the head (``alive``) while the supervisor PID
                           lives; answer its pid
   alive RUN_ID PID        on the head: say so, then return once the supervisor ends
-  hold                    on every other node of an attempt, through ssh.sh: say so,
-                          then return when the head closes the session
+  hold RUN_DIR            on every other node of an attempt, through ssh.sh: say so,
+                          then return when the head closes the session, or once this
+                          node's guard wrote lost.json (the head is gone: nothing will
+                          close it)
 
 A lost node is found as a foreground run finds it. The controller of a foreground run
 holds a connection to every node, and one whose keepalives go unanswered is named
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import signal
 import socket
@@ -100,6 +103,8 @@ ALIVE = "alive"  # the head's first word to a guard: the session is up
 SSH_FAILED = 255  # ssh's own exit code: the connection, not the command, failed
 REACH_TIMEOUT = 30.0  # a node's answer through ssh.sh: ssh's connect, the program, room
 GRACE_CLOSE = 5.0  # the ``hold`` sessions' end once their stdin closed
+HOLD_POLL = 1.0  # how often a ``hold`` looks for lost.json
+HOLD_BEAT = 15.0  # a ``hold`` writes a line this often: its sshd then finds a dead peer
 SWEEP_TIMEOUT = 30.0  # another node's sweep through ssh.sh: its 2 s grace, ssh, room
 ENV_MARK = "# cpuaccel: this attempt's"  # env.sh's lines from here on are rewritten
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -279,7 +284,7 @@ class HeadSide(Side):
         for name, python in self.nodes.items():
             held = self.held.get(name)
             if held is None or held.poll() is not None:
-                self.held[name] = _session(self.run_dir, name, python, ["hold"])
+                self.held[name] = _session(self.run_dir, name, python, ["hold", self.run_dir])
 
     def lost(self) -> list[str]:
         """The attempt's nodes whose session broke: ssh's own exit code, after the
@@ -508,13 +513,30 @@ def watch_head(run_id: str, run_dir: str, head: str, python: str, pid: int) -> d
     return {"head": "lost"}
 
 
-def hold() -> dict[str, Any]:
-    """On another node: ALIVE at once, then wait until the head closes the session."""
+def hold(run_dir: str) -> dict[str, Any]:
+    """On another node: ALIVE at once, then wait until the head closes the session.
+
+    A head whose link went silent never closes it, and this node's sshd, which sends
+    no keepalives of its own, would keep the session forever: so the wait also ends
+    once this node's guard wrote lost.json (it found the head lost), and a line every
+    HOLD_BEAT seconds makes sshd's TCP give up on a peer that never answers."""
     sys.stdout.write(ALIVE + "\n")
     sys.stdout.flush()
-    while sys.stdin.buffer.read(4096):
-        pass
-    return {}
+    lost = os.path.join(run_dir, "lost.json")
+    beat = time.monotonic() + HOLD_BEAT
+    while True:
+        ready, _, _ = select.select([sys.stdin.fileno()], [], [], HOLD_POLL)
+        if ready and not os.read(sys.stdin.fileno(), 4096):
+            return {}
+        if os.path.lexists(lost):
+            return {"head": "lost"}
+        if time.monotonic() >= beat:
+            beat = time.monotonic() + HOLD_BEAT
+            try:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            except OSError:  # the session is gone
+                return {}
 
 
 def alive(run_id: str, pid: int) -> dict[str, Any]:
@@ -621,7 +643,7 @@ def main() -> None:
     elif mode == "watchhead":
         result = watch_head(args[0], args[1], args[2], args[3], int(args[4]))
     elif mode == "hold":
-        result = hold()
+        result = hold(args[0])
     elif mode == "alive":
         result = alive(args[0], int(args[1]))
     else:

@@ -213,3 +213,6 @@ def test_a_detached_run_leaves_out_a_silent_node_while_min_nodes_remain(
     hostfile = head_file(cluster, run_id, "hostfile") or ""
     assert hostfile.split() == ["node1", "node2"], hostfile
     assert_nothing_left(cluster, run_id)
+    # On node3, its guard found the head lost in the same window: the job and the
+    # head's held session there ended, though nothing could close that session.
+    assert cluster.wait_idle("node3", timeout=10) == []

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,40 @@ def test_supervisor_program_is_bundled_with_what_it_imports() -> None:
     parts = node.parts("detached")
     assert parts[-1] == "detached" and {"supervisor", "jobctl", "common"} <= set(parts)
     assert os.environ.get(detached.MARK) is None
+
+
+def _hold(run_dir: str) -> subprocess.Popen[bytes]:
+    """``supervisor.py - hold RUN_DIR`` as the head's ssh.sh starts it, stdin held here."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(run_dir, "supervisor.py"), "-", "hold", run_dir],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == detached.ALIVE.encode() + b"\n"
+    return proc
+
+
+def test_a_held_session_ends_when_the_head_closes_it(tmp_path: Path) -> None:
+    proc = _hold(make_run(tmp_path, "true"))
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    assert proc.wait(timeout=10) == 0 and json.loads(out.splitlines()[-1]) == {}
+
+
+def test_a_held_session_ends_once_the_guard_found_the_head_lost(tmp_path: Path) -> None:
+    """The head's link went silent: nothing closes the session, the guard's lost.json
+    ends it (the stdin pipe stays open here throughout)."""
+    run_dir = make_run(tmp_path, "true")
+    proc = _hold(run_dir)
+    time.sleep(detached.HOLD_POLL * 2)
+    assert proc.poll() is None  # open stdin, no lost.json: it holds
+    Path(run_dir, "lost.json").write_text('{"lost": "here"}\n')
+    assert proc.stdout is not None
+    out = proc.stdout.read()  # ends without stdin closing
+    assert proc.wait(timeout=10) == 0
+    assert json.loads(out.splitlines()[-1]) == {"head": "lost"}
+    assert proc.stdin is not None
+    proc.stdin.close()
