@@ -43,12 +43,13 @@ system-deps:
 	bash tools/system-deps.sh
 
 # The multi-node tests start real namespace nodes and need root; CI sets
-# CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there.
+# CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there. Three workers: one
+# a cluster bed, the other tests on whichever is free (tests/conftest.py, the groups).
 test: lint system-deps wheelhouse
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 3 --dist loadgroup
 
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not cluster"
+	$(BIN)/pytest -q -m "not cluster" -n 2 --dist loadgroup
 
 # Precision auto: bf16 where the CPU has AMX or AVX512-BF16, fp32 elsewhere (a short
 # run either way: docs/benchmarks.md, "The demo").

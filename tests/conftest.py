@@ -21,12 +21,19 @@ Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
 
-In parallel (``pytest -n 3 --dist loadgroup``, pytest-xdist), the tests
-fall into three groups, each run by one worker in its own order: the cluster tests of
-the first bed, those of the second (every Slurm test among them) and every other test.
-The two beds are two session clusters, one a worker (its id the base id plus ten times
-the worker's number), so that no two cluster tests ever share a node at the same time,
-and no two plain tests run at once either (a local run's ranks meet on one fixed port).
+In parallel (``pytest -n 3 --dist loadgroup``, pytest-xdist), a group of tests is run
+by one worker in its own order, and the other tests go to whichever worker is free:
+
+- the cluster tests of the first bed, and those of the second (every Slurm test among
+  them): two session clusters, one a worker (its id the base id plus ten times the
+  worker's number), so that no two cluster tests ever share a node at the same time;
+- the tests that start a local run on the default master port (LOCAL_PORT_FILES): their
+  ranks meet on that one port of this machine;
+- the hostile-input corpus, whose module fixture starts every selected case at once.
+
+The groups are read off each test's file by the scheduler below, not from
+``xdist_group`` marks: xdist carries a mark as a suffix of the test's id, which pytest 9
+no longer lets a plugin change, so such marks group nothing there.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -59,6 +67,17 @@ SECOND_BED = frozenset({
 })  # fmt: skip
 
 
+# The plain test files whose tests start a local run on the default master port (found by
+# holding that port during every test: these, and only these, failed). A new such file
+# joins them, or its runs name a free port.
+LOCAL_PORT_FILES = frozenset({
+    "tests/unit/api/test_launching.py", "tests/unit/jobs/test_given_id.py",
+    "tests/unit/jobs/test_hang.py", "tests/unit/jobs/test_tracebacks.py",
+    "tests/unit/notebook/test_launching.py",
+})  # fmt: skip
+HOSTILE_FILE = "tests/unit/cli/test_hostile_input.py"
+
+
 def _cluster_required() -> bool:
     return os.environ.get(REQUIRE_ENV, "") == "1"
 
@@ -70,6 +89,18 @@ def _refusal() -> str | None:
     if _cluster_required():
         return f"{REQUIRE_ENV}=1 but the cluster tests cannot run: {reason}"
     return f"cluster test skipped: {reason} (set {REQUIRE_ENV}=1 to make this a failure)"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The files the groups name exist: a renamed one would leave its tests ungrouped."""
+    root = config.rootpath / "tests"
+    named = [f"cluster/{name}" for name in sorted(SECOND_BED)]
+    named += [path.removeprefix("tests/") for path in (*sorted(LOCAL_PORT_FILES), HOSTILE_FILE)]
+    missing = [name for name in named if not (root / name).is_file()]
+    if missing:
+        raise pytest.UsageError(
+            "tests/conftest.py groups files that do not exist: " + ", ".join(missing)
+        )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -86,15 +117,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "these tests use the cluster fixture but are not marked `cluster` (see "
             "tests/conftest.py): " + ", ".join(unmarked)
         )
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    elsewhere = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("cluster") is not None
+        and not item.nodeid.startswith("tests/cluster/")
+    ]
+    if elsewhere:
+        raise pytest.UsageError(
+            "these cluster tests are outside tests/cluster/, where the parallel run's "
+            "groups look for them (tests/conftest.py): " + ", ".join(elsewhere)
+        )
 
 
-def _group(item: pytest.Item) -> str:
-    """The xdist group of a test (see the module's docstring)."""
-    if item.get_closest_marker("cluster") is None:
-        return "plain"
-    return "second-bed" if item.path.name in SECOND_BED else "first-bed"
+def group_of(nodeid: str) -> str | None:
+    """The group of a test by its id's file (see the module's docstring), or None: any
+    worker. Every cluster test lives in tests/cluster/."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/cluster/"):
+        return "second-bed" if path.rsplit("/", 1)[-1] in SECOND_BED else "first-bed"
+    if path in LOCAL_PORT_FILES:
+        return "local-port"
+    return "hostile" if path == HOSTILE_FILE else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``: xdist's scope scheduling, a scope being a test's group
+    (or the test itself when it has none); any other mode is xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return ByGroup(config, log)
 
 
 def session_cluster_id() -> int:
