@@ -24,9 +24,9 @@ A render is bounded in size and in time, whatever the template says:
   ``expandtabs``, ``fromkeys``, ``to_bytes``) are unsafe attributes.
 - A render ends after RENDER_SECONDS: the rendering thread's trace function looks at the
   clock every few thousand steps of Python (a loop of loops over ``range`` would
-  otherwise run for hours). ``regex_replace`` runs in a process of its own, which its
-  own alarm interrupts after REGEX_SECONDS (Python's regular expressions can backtrack
-  for hours, and only a process's main thread can stop them).
+  otherwise run for hours). ``regex_replace`` runs in the process of cpuaccel.userregex,
+  whose own alarm interrupts it after REGEX_SECONDS (Python's regular expressions can
+  backtrack for hours, and only a process's main thread can stop them).
 
 Either refusal is a ``RenderLimit`` (a Jinja2 TemplateRuntimeError, so that every
 caller's ``except jinja2.TemplateError`` names its template) with the fix as its hint.
@@ -40,11 +40,8 @@ import math
 import os
 import posixpath
 import re
-import select
 import string
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -56,6 +53,7 @@ from jinja2.nodes import Concat
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum
 
+from cpuaccel import userregex
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.inventory.variables import parse_bool
@@ -71,7 +69,7 @@ MAX_CHARS = 16 * 1024 * 1024  # characters of a value built, and of a render's o
 MAX_INT_BITS = 1 << 16  # a number of more bits (some 19,700 digits) is no setting
 MAX_COUNT = 100_000  # pieces a filter may be asked to make (as Jinja2's MAX_RANGE)
 RENDER_SECONDS = 10.0
-REGEX_SECONDS = 5.0
+REGEX_SECONDS = userregex.SECONDS
 _TRACE_EVERY = 4096  # trace events between two looks at the clock
 _SIZE_HINT = (
     f"build smaller values: what an expression builds, and a template's output, hold at "
@@ -517,107 +515,6 @@ def within_time(render: Callable[[], Any], seconds: float | None = None) -> Any:
         sys.settrace(None)
 
 
-# ---------------------------------------------------------------- regex_replace
-# re.sub in a process of its own: only a process's main thread can interrupt a regular
-# expression (its engine looks for signals as it backtracks), and templates render in
-# any thread. The process bounds its memory, and its own alarm ends a sub that runs past
-# its time; it then answers "late" and stays for the next one. It reads and writes
-# length-prefixed UTF-8: "SECONDS LEN LEN LEN\n" and the pattern, replacement and text;
-# "ok|late|error LEN\n" and the result or the error.
-_REGEX_PROGRAM = r"""
-import re, resource, signal, sys
-class Late(Exception):
-    pass
-def late(*_):
-    raise Late
-signal.signal(signal.SIGALRM, late)
-resource.setrlimit(resource.RLIMIT_AS, (%d, %d))
-read, write = sys.stdin.buffer, sys.stdout.buffer
-while True:
-    head = read.readline()
-    if not head:
-        break
-    seconds, *sizes = head.split()
-    pattern, replacement, text = (read.read(int(n)).decode("utf-8", "surrogatepass") for n in sizes)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, float(seconds))
-        try:
-            status, out = b"ok", re.sub(pattern, replacement, text).encode("utf-8", "surrogatepass")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except Late:
-        status, out = b"late", b""
-    except Exception as exc:
-        status, out = b"error", ("%%s: %%s" %% (type(exc).__name__, exc)).encode()
-    write.write(status + b" %%d\n" %% len(out) + out)
-    write.flush()
-"""
-_REGEX_MEMORY = 2 * 1024**3  # bytes of address space the regex process may take
-
-
-class _RegexProcess:
-    """The process ``regex_replace`` runs in, started at its first use and kept; one
-    request at a time."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def sub(self, pattern: str, replacement: str, text: str, seconds: float) -> str:
-        parts = [x.encode("utf-8", "surrogatepass") for x in (pattern, replacement, text)]
-        head = f"{seconds:g} " + " ".join(str(len(x)) for x in parts) + "\n"
-        with self._lock:
-            proc = self._started()
-            assert proc.stdin is not None and proc.stdout is not None
-            try:
-                proc.stdin.write(head.encode() + b"".join(parts))
-                proc.stdin.flush()
-                # Its alarm answers within its time; this wait is for a process gone wrong.
-                ready, _, _ = select.select([proc.stdout], [], [], seconds + 10.0)
-                answer = proc.stdout.readline().split() if ready else []
-                status, size = answer[0], int(answer[1])
-                if size > MAX_CHARS * 4:
-                    raise _too_large("the result of regex_replace")
-                out = proc.stdout.read(size)
-            except (OSError, ValueError, IndexError):
-                self._end()
-                raise RenderLimit(
-                    "regex_replace: its process gave no answer", hint=_REGEX_HINT
-                ) from None
-            except RenderLimit:
-                self._end()
-                raise
-        if status == b"late":
-            raise RenderLimit(
-                f"regex_replace: the pattern {pattern!r} took more than {seconds:g} s "
-                f"on {len(text):,} characters",
-                hint=_REGEX_HINT,
-            )
-        if status != b"ok":
-            raise jinja2.TemplateRuntimeError(f"regex_replace: {out.decode(errors='replace')}")
-        return out.decode("utf-8", "surrogatepass")
-
-    def _started(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
-            program = _REGEX_PROGRAM % (_REGEX_MEMORY, _REGEX_MEMORY)
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", program],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-            )
-        return self._proc
-
-    def _end(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            self._proc = None
-
-
-_REGEX = _RegexProcess()
-
-
 def _bool(value: Any) -> bool:
     """Ansible's ``| bool``, strict: a word that is no boolean spelling is an error, not
     False (``ture`` must not quietly turn something off)."""
@@ -656,7 +553,22 @@ def _regex_replace(value: Any, pattern: str, replacement: str = "") -> str:
         raise jinja2.TemplateRuntimeError(
             f"regex_replace: bad pattern {pattern!r}: {exc}"
         ) from None
-    found = _REGEX.sub(str(pattern), str(replacement), text, REGEX_SECONDS)
+    try:
+        found = userregex.sub(str(pattern), str(replacement), text, REGEX_SECONDS, MAX_CHARS * 4)
+    except userregex.RegexRefused as exc:
+        if exc.kind == "large":
+            raise _too_large("the result of regex_replace") from None
+        if exc.kind == "late":
+            raise RenderLimit(
+                f"regex_replace: the pattern {pattern!r} took more than {REGEX_SECONDS:g} s "
+                f"on {len(text):,} characters",
+                hint=_REGEX_HINT,
+            ) from None
+        if exc.kind == "gone":
+            raise RenderLimit(
+                "regex_replace: its process gave no answer", hint=_REGEX_HINT
+            ) from None
+        raise jinja2.TemplateRuntimeError(f"regex_replace: {exc}") from None
     if len(found) > MAX_CHARS:
         raise _too_large("the result of regex_replace")
     return found

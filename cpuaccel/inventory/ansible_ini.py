@@ -98,6 +98,9 @@ class _IniReader:
     built: InventoryBuilder = field(init=False)
     declared: set[str] = field(default_factory=lambda: {"all", "ungrouped"})
     pending: dict[str, _Pending] = field(default_factory=dict)
+    # Child groups named before any section of theirs: the parents (and the lines naming
+    # them) that take each as a child once it is declared, as Ansible adds them then.
+    waiting: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     lineno: int = 0
 
     def __post_init__(self) -> None:
@@ -176,6 +179,8 @@ class _IniReader:
         else:
             self.declared.add(name)
             self.pending.pop(name, None)
+            for parent, line in self.waiting.pop(name, []):
+                self.built.groups[parent].children.setdefault(name, line)
         return name, kind
 
     def host_line(self, group: GroupDraft, line: str) -> None:
@@ -261,8 +266,13 @@ class _IniReader:
                 f"'all' cannot be a child group of {group.name!r}",
                 "'all' contains every group already",
             )
-        group.children.setdefault(child, self.lineno)
-        self.built.group(child, self.lineno)
+        if child in self.built.groups or child == "ungrouped":
+            group.children.setdefault(child, self.lineno)
+            self.built.group(child, self.lineno)
+        else:
+            # Ansible adds a child group not yet in the file when its section comes:
+            # that moment sets its place among the parent's children, and the groups'.
+            self.waiting.setdefault(child, []).append((group.name, self.lineno))
         if child not in self.declared:
             self.pending.setdefault(
                 child,

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,12 @@ from cpuaccel.inventory import ansible_ini, groupvars
 from cpuaccel.inventory.ansible_yaml import read_inventory
 from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
 from cpuaccel.inventory.host import Host
-from cpuaccel.inventory.patterns import expand_host_pattern, parse_host_key, select_hosts
+from cpuaccel.inventory.patterns import (
+    expand_host_pattern,
+    parse_host_key,
+    pattern_hosts,
+    select_hosts,
+)
 from cpuaccel.inventory.variables import host_name_problem
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import MAX_DEPTH, NestedTooDeep, YamlReader, safe_load
@@ -194,31 +199,87 @@ class Inventory:
         limit: str | None,
         hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
     ) -> list[Host]:
-        """The hosts an Ansible host pattern (--limit) selects; all hosts for None.
+        """The hosts an Ansible host pattern given as --limit selects, in the order of
+        ``all`` (as Ansible's --limit keeps it); all hosts for None.
         ``hostnames``: the nodes' own hostnames a term may name (patterns.select_hosts)."""
+        groups = _AnsibleGroups(self.hosts, self.groups)
         if limit is None:
-            return list(self.hosts.values())
-        group_hosts = {name: self.group_hosts(name) for name in self.groups}
+            return [self.hosts[name] for name in groups["all"]]
         names = select_hosts(
-            limit, list(self.hosts), group_hosts, source=self.source, hostnames=hostnames
+            limit, list(self.hosts), groups, source=self.source, hostnames=hostnames
         )
         return [self.hosts[name] for name in names]
 
+    def select_pattern(self, pattern: str) -> list[Host]:
+        """The hosts a host pattern selects in the order Ansible gives them for it
+        (``ansible PATTERN``, a play's ``hosts:``): term by term."""
+        groups = _AnsibleGroups(self.hosts, self.groups)
+        names = pattern_hosts(pattern, list(self.hosts), groups, source=self.source)
+        return [self.hosts[name] for name in names]
+
     def group_hosts(self, name: str) -> list[str]:
-        """All hosts of a group, its children's included, in inventory order."""
-        members: set[str] = set()
-        pending, seen = [name], set()
-        while pending:
-            group = self.groups[pending.pop()]
-            if group.name not in seen:
-                seen.add(group.name)
-                members.update(group.hosts)
-                pending.extend(group.children)
-        return [host for host in self.hosts if host in members]
+        """All hosts of a group, its children's included, in Ansible's order for it."""
+        return list(_AnsibleGroups(self.hosts, self.groups)[name])
 
     def origin(self, host: str, var: str) -> Origin | None:
         """Where the value of ``var`` that ``host`` ended up with was written."""
         return self._origins.get(host, {}).get(var)
+
+
+class _AnsibleGroups(Mapping[str, list[str]]):
+    """Every group's hosts, children included, as Ansible lists them for host patterns;
+    the groups in Ansible's order, each group's hosts worked out when first asked for.
+
+    Ansible holds "all" and "ungrouped" before any group of the file, "ungrouped" as the
+    first child of "all" and holding every host of no other group. A group's hosts
+    (``Group.get_hosts``) are its own, then those of its children, then of their
+    children, level by level, each host once. Within a level below the children, Ansible
+    takes the groups in the order of a set of objects, which is not fixed from one run
+    to the next; here they come in the order the file introduced them.
+    """
+
+    def __init__(self, hosts: Mapping[str, Host], groups: Mapping[str, Group]) -> None:
+        self._own = {name: list(group.hosts) for name, group in groups.items()}
+        self._children = {name: list(group.children) for name, group in groups.items()}
+        named = {h for name, own in self._own.items() if name not in _BUILTIN for h in own}
+        listed = [h for h in self._own.get("ungrouped", []) if h not in named]
+        named.update(listed)
+        self._own["ungrouped"] = listed + [h for h in hosts if h not in named]
+        self._children.setdefault("ungrouped", [])
+        rest = [c for c in self._children.get("all", []) if c != "ungrouped"]
+        self._children["all"] = ["ungrouped", *rest]
+        self._order = [*_BUILTIN, *(name for name in groups if name not in _BUILTIN)]
+        self._hosts: dict[str, list[str]] = {}
+
+    def __getitem__(self, name: str) -> list[str]:
+        if name not in self._children:
+            raise KeyError(name)
+        if name not in self._hosts:
+            self._hosts[name] = self._walk(name)
+        return self._hosts[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def _walk(self, name: str) -> list[str]:
+        ordered = [name, *self._children[name]]
+        level, seen = list(ordered), set(ordered)
+        while level:
+            below: list[str] = []
+            for group in level:
+                for child in self._children[group]:
+                    if child not in seen:
+                        seen.add(child)
+                        below.append(child)
+            ordered += below
+            level = below
+        return list(dict.fromkeys(h for group in ordered for h in self._own[group]))
+
+
+_BUILTIN = ("all", "ungrouped")
 
 
 def _unnamed_kind(text: str, source: str, warnings: list[str]) -> InventoryBuilder:

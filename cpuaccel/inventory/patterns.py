@@ -11,6 +11,7 @@ import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 
+from cpuaccel import userregex
 from cpuaccel.errors import InventoryError
 
 _RANGE_HINT = "write a range as [START:END] or [START:END:STEP], e.g. node[01:16] or rack[a:d]"
@@ -112,30 +113,322 @@ def _range_values(body: str, pattern: str) -> list[str]:
     )
 
 
-def split_limit(limit: str, host_names: Sequence[str] = ()) -> list[str]:
-    """Split a host pattern into terms, on commas and on colons outside brackets.
+# ---------------------------------------------------------------- host patterns
+# The rules are those of Ansible's InventoryManager (lib/ansible/inventory/manager.py),
+# so that a pattern selects here the hosts it selects in Ansible:
+#
+# - A pattern holding a comma is split on commas alone (``web:!db,x`` is the two terms
+#   ``web:!db`` and ``x``). One without is kept whole when it reads as one address (an
+#   IPv6 address, ``name:port``, a name with ``[1:3]`` ranges), else split on colons and
+#   whitespace outside brackets.
+# - Plain terms are united first, then ``&`` terms intersect and ``!`` terms exclude,
+#   whatever the order written; with no plain term the pattern starts from ``all``.
+# - A term that is a host's name is that host. Else it is a glob (``fnmatch``, with
+#   ``*``, ``?`` and ``[...]``), or a regular expression after ``~`` (``re.match``:
+#   anchored at the start), matched against the group names, each matching group giving
+#   its hosts, and against the host names too when no group matched or the term holds
+#   one of ``~ . ? * [``.
+# - A term may end in a subscript: ``[i]`` (negative from the end), ``[i:j]`` (both
+#   ends included), ``[i:]``; it picks among the term's hosts in their order.
+# - The hosts come out in the order the terms gave them, each once. A --limit filters
+#   the hosts of ``all``, so that its selection keeps the inventory's order; ``@FILE``
+#   in a --limit stands for the file's lines, each one term.
+#
+# Where Ansible only warns (a term that matches nothing) or goes on without a term (an
+# empty group, an empty slice), cpuaccel refuses: a typo must not launch on the wrong
+# set of nodes. So are the forms Ansible fails on, drops characters of (a bracket that
+# closes nothing) or leaves to templating, each with its own message.
 
-    A comma-separated part that is itself a host name is kept whole, so hosts named
-    after IPv6 addresses can still be selected.
-    """
-    hosts = set(host_names)
-    terms: list[str] = []
-    for part in limit.split(","):
-        part = part.strip()
-        if part in hosts or part[1:] in hosts:
-            terms.append(part)
-            continue
-        depth, current = 0, ""
-        for char in part:
-            # Brackets (globs) and parentheses (regex groups like "(?:") may hold colons.
-            depth += (char in "[(") - (char in "])")
-            if char == ":" and depth <= 0:
-                terms.append(current.strip())
-                current = ""
+# Ansible's names for this machine, which it adds as an implicit host when asked.
+IMPLICIT_LOCALHOST = ("localhost", "127.0.0.1", "::1")
+_FORMS_HINT = (
+    "use host or group names, globs (node*), ~regex, subscripts (web[0], web[1:3]), "
+    "&group to intersect, !group to exclude, @FILE for a file of terms"
+)
+_SUBSCRIPT_HINT = (
+    "subscripts count from 0: web[0] is the group's first host, web[-1] its last, "
+    "web[1:3] its hosts 1 to 3 (both included), web[2:] those from 2 on"
+)
+# Words of a pattern without a comma: runs of characters other than whitespace, ':' and
+# brackets, and whole [...] expressions.
+_WORD = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")
+# A range in an address: [a:f] or [01:20], with an optional :step.
+_RANGE = r"\[(?:[a-z]:[a-z]|[0-9]+:[0-9]+)(?::[0-9]+)?\]"
+_LABEL = rf"(?:\w|{_RANGE})(?:[\w-]|{_RANGE})*(?<![_-])"
+_ADDRESS_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.IGNORECASE)
+_HEX_RANGE = re.compile(r"\[[0-9a-f]+:[0-9a-f]+(?::[0-9]+)?\]", re.IGNORECASE)
+_HEX = re.compile(r"[0-9a-f]{1,4}", re.IGNORECASE)
+_PORT_BRACKETED = re.compile(r"\[(.+)\]:[0-9]+")
+_PORT = re.compile(r"((?:[^:\[\]]|\[[^\]]*\])*):[0-9]+")
+# The heads an IPv4 address may follow inside an IPv6 one.
+_V4_HEADS = ("::", "::ffff:", "0:0:0:0:0:0:", "0:0:0:0:0:ffff:")
+# A term's subscript: [i], [-i], [i:j], [i:] (and the old [i-j]).
+_SUBSCRIPT = re.compile(r"(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]*))\]")
+
+
+def split_host_pattern(pattern: str) -> list[str]:
+    """The terms of a host pattern, split as Ansible splits them (see above)."""
+    if "," in pattern:
+        parts = pattern.split(",")
+    elif _one_address(pattern):
+        parts = [pattern]
+    else:
+        parts = _WORD.findall(pattern)
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _terms(pattern: str, what: str, source: str | None) -> list[str]:
+    """The terms of a pattern. Refused: ``{{ }}`` (no pattern is templated here), and a
+    bracket that opens or closes nothing where colons split (Ansible drops it, and
+    reads what is left)."""
+    if "{{" in pattern or "{%" in pattern:
+        raise InventoryError(
+            f"{what}: variables ({{{{ }}}}) in a host pattern are not templated",
+            source=source,
+            hint="write the group and host names themselves (Ansible templates a pattern "
+            "only in a play's hosts:, and never a --limit)",
+        )
+    if "," not in pattern and not _paired(pattern):
+        raise _unpaired(what, source)
+    return split_host_pattern(pattern)
+
+
+def _paired(text: str) -> bool:
+    """Whether each '[' is closed by a ']' before the next '[' opens (the brackets of a
+    subscript, a glob's class or a range), so that no bracket is read as a literal, and
+    the patterns below look at each character a bounded number of times."""
+    inside = False
+    for char in text:
+        if char == "[":
+            if inside:
+                return False
+            inside = True
+        elif char == "]":
+            if not inside:
+                return False
+            inside = False
+    return not inside
+
+
+def _unpaired(what: str, source: str | None) -> InventoryError:
+    return InventoryError(
+        f"{what}: a '[' or ']' that opens or closes nothing",
+        source=source,
+        hint="a '[' opens a subscript (web[0]) or a glob's class (node0[!1]) and needs "
+        "its ']'; a regular expression is kept whole, brackets and ':' included, in a "
+        "pattern holding a comma: end it with one ('~node0[1-3](a|b),')",
+    )
+
+
+def _one_address(text: str) -> bool:
+    """Whether ``text`` reads as one host address, ranges allowed: a name or IPv4
+    address with an optional :port, an IPv6 address, or either in brackets with a
+    :port. Such a pattern is one term, its colons not separators."""
+    if not _paired(text):
+        return False  # no form of an address holds such brackets
+    for with_port in (_PORT_BRACKETED, _PORT):
+        found = with_port.fullmatch(text)
+        if found:
+            text = found.group(1)
+    return _ADDRESS_NAME.fullmatch(text) is not None or _ipv6(text)
+
+
+def _ipv6(text: str) -> bool:
+    # A range stands for one group of hex digits: "fffe" is one, and none of the
+    # literal groups ("0", "ffff") of the IPv4 forms below.
+    text = _HEX_RANGE.sub("fffe", text)
+    if "." in text:
+        head, _, v4 = text.rpartition(":")
+        groups = v4.split(".")
+        return (
+            len(groups) == 4
+            and all(_HEX.fullmatch(g) for g in groups)
+            and (head + ":").lower() in _V4_HEADS
+        )
+    if "::" in text:
+        left, _, right = text.partition("::")
+        before, after = left.split(":") if left else [], right.split(":") if right else []
+        if not all(_HEX.fullmatch(g) for g in before + after):
+            return False
+        if before and after:
+            return len(before) + len(after) <= 7
+        return len(before) <= 6 and len(after) <= 6
+    groups = text.split(":")
+    return len(groups) == 8 and all(_HEX.fullmatch(g) for g in groups)
+
+
+def order_patterns(terms: Sequence[str]) -> list[str]:
+    """Plain terms first (``all`` when there is none), then ``&`` terms, then ``!``."""
+    plain = [t for t in terms if t and t[0] not in "&!"]
+    return (
+        (plain or ["all"])
+        + [t for t in terms if t and t[0] == "&"]
+        + [t for t in terms if t and t[0] == "!"]
+    )
+
+
+def _split_subscript(term: str) -> tuple[str, tuple[int, int | None] | None]:
+    """A term without its subscript, and the subscript as (start, end): end None for
+    one host, -1 for "to the last". A regular expression has none."""
+    found = None if term.startswith("~") else _SUBSCRIPT.fullmatch(term)
+    if found is None:
+        return term, None
+    expr, index, start, _, end = found.groups()
+    if index is not None:
+        return expr, (_number(index), None)
+    return expr, (_number(start), _number(end) if end else -1)
+
+
+def _number(digits: str) -> int:
+    # Past 18 digits no list is that long: the same slice or IndexError, and no
+    # conversion of thousands of digits.
+    if len(digits.lstrip("-")) > 18:
+        return -(10**18) if digits.startswith("-") else 10**18
+    return int(digits)
+
+
+def _apply_subscript(hosts: list[str], subscript: tuple[int, int | None]) -> list[str]:
+    """Ansible's reading: [i:j] includes j; an end of 0 (as [2:0]) is read as [i]."""
+    start, end = subscript
+    if end:
+        return hosts[start : (len(hosts) - 1 if end == -1 else end) + 1]
+    return [hosts[start]]
+
+
+class _Patterns:
+    """One inventory's hosts and groups, matched against the terms of one pattern."""
+
+    def __init__(
+        self,
+        what: str,
+        host_names: Sequence[str],
+        group_hosts: Mapping[str, Sequence[str]],
+        source: str | None,
+        hostnames: Callable[[], Mapping[str, Sequence[str]]] | None,
+    ) -> None:
+        self.what = what
+        self.host_names = list(host_names)
+        self.known = set(host_names)
+        self.group_hosts = group_hosts
+        self.source = source
+        self.hostnames = hostnames
+        self._matched: dict[str, list[str]] = {}
+
+    def error(self, message: str, hint: str) -> InventoryError:
+        return InventoryError(f"{self.what}: {message}", source=self.source, hint=hint)
+
+    def evaluate(self, terms: Sequence[str]) -> list[str]:
+        """The hosts ``terms`` select, in Ansible's order for them."""
+        chosen: list[str] = []
+        for term in order_patterns(terms):
+            if term in self.known:
+                chosen.append(term)
+                continue
+            matched = self.match(term)
+            if term[0] == "!":
+                dropped = set(matched)
+                chosen = [name for name in chosen if name not in dropped]
+            elif term[0] == "&":
+                kept = set(matched)
+                chosen = [name for name in chosen if name in kept]
             else:
-                current += char
-        terms.append(current.strip())
-    return [term for term in terms if term]
+                chosen += matched
+        return list(dict.fromkeys(chosen))
+
+    def match(self, term: str) -> list[str]:
+        """The hosts one term stands for, its ``&`` or ``!`` aside."""
+        body = term[1:] if term[0] in "&!" else term
+        if body not in self._matched:
+            self._matched[body] = self._match(body)
+        return self._matched[body]
+
+    def _match(self, body: str) -> list[str]:
+        if not body:
+            raise self.error(
+                "'&' or '!' stands alone: it names no host or group",
+                "write the group or host right after it, e.g. web:!atlanta or web:&staging",
+            )
+        if body[0] != "~" and not _paired(body):
+            raise _unpaired(self.what, self.source)
+        expr, subscript = _split_subscript(body)
+        groups = self._names_matching(list(self.group_hosts), expr)
+        found = [name for group in groups for name in self.group_hosts[group]]
+        if not groups or expr[0] == "~" or any(c in expr for c in ".?*["):
+            found += self._names_matching(self.host_names, expr)
+        if not found and not groups and self.hostnames is not None:
+            found = [n for n in self.hostnames().get(expr, ()) if n in self.known]
+        if not found:
+            raise self._nothing(body, expr, groups)
+        if subscript is None:
+            return found
+        try:
+            picked = _apply_subscript(found, subscript)
+        except IndexError:
+            raise self.error(
+                f"{body!r}: {expr!r} has {len(found)} host{'s' * (len(found) != 1)}, "
+                f"so no host [{subscript[0]}]",
+                _SUBSCRIPT_HINT,
+            ) from None
+        if not picked:
+            raise self.error(
+                f"{body!r} selects no host: {expr!r} has {len(found)} "
+                f"host{'s' * (len(found) != 1)}",
+                _SUBSCRIPT_HINT,
+            )
+        return picked
+
+    def _nothing(self, body: str, expr: str, groups: list[str]) -> InventoryError:
+        if groups:
+            return self.error(
+                f"{body!r} selects no host: group{'s' * (len(groups) > 1)} "
+                f"{', '.join(groups)} {'have' if len(groups) > 1 else 'has'} none",
+                "add hosts to the group, or leave it out of the pattern",
+            )
+        if expr in IMPLICIT_LOCALHOST:
+            return self.error(
+                f"{body!r} matches no host: the inventory has no {expr} (Ansible would "
+                "add its implicit localhost; cpuaccel runs only on hosts an inventory lists)",
+                "list localhost in the inventory (localhost ansible_connection=local), "
+                "or leave out -i to run on this machine alone",
+            )
+        names = [*self.group_hosts, *self.host_names]
+        hint = _groups_hint(expr, self.group_hosts, names)
+        if body != expr:
+            hint = (
+                f"{body} is read as a subscript of {expr!r} (its hosts by position), not "
+                "as a range of host names: for node01 to node03 write ~node0[1-3]$; " + hint
+            )
+        elif ":" in expr and not _one_address(expr):
+            hint = (
+                "a pattern holding a comma is split on its commas alone, and this term "
+                "holds a ':': separate every term with commas (web,db,&staging,!atlanta); " + hint
+            )
+        return self.error(f"{body!r} matches no host or group", hint)
+
+    def _names_matching(self, names: list[str], expr: str) -> list[str]:
+        """The names a glob or (after '~') a regular expression matches from the start."""
+        if not expr.startswith("~"):
+            glob = re.compile(fnmatch.translate(expr))
+            return [name for name in names if glob.match(name)]
+        try:
+            re.compile(expr[1:])
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise self.error(
+                f"{expr!r} is not a valid regular expression ({exc})",
+                "after '~' write a Python regular expression, e.g. '~node0[1-4]'; in a "
+                "pattern without a comma ':' separates terms, so end a regex holding ':' "
+                "with a comma: '~(?:web|db)1,'",
+            ) from None
+        try:
+            flags = userregex.match(expr[1:], names, userregex.SECONDS)
+        except userregex.RegexRefused as exc:
+            why = f"took more than {userregex.SECONDS:g} s" if exc.kind == "late" else str(exc)
+            raise self.error(
+                f"the regular expression {expr!r} {why} on {len(names):,} names",
+                "rewrite the pattern so that it cannot backtrack: no repetition inside "
+                "repetition ('a+$', not '(a+)+$'), and no alternatives that match the same text",
+            ) from None
+        return [name for name, hit in zip(names, flags, strict=True) if hit]
 
 
 def select_hosts(
@@ -146,84 +439,71 @@ def select_hosts(
     source: str | None = None,
     hostnames: Callable[[], Mapping[str, Sequence[str]]] | None = None,
 ) -> list[str]:
-    """The host names a --limit pattern selects, in inventory order.
+    """The host names a --limit pattern selects, in the order of ``all``: Ansible's
+    ``--limit``, which filters the hosts of the play (here every host of the inventory).
 
+    ``host_names``: the inventory's hosts in the order they were first listed.
+    ``group_hosts``: every group's hosts, children included, in Ansible's orders (its
+    groups as Ansible holds them, each group's hosts as ``group.get_hosts()`` lists them;
+    "all" among them). Its values are read only for the groups a term matches.
     ``hostnames`` (called only for a term that matches no host or group) maps a node's
-    own hostname to the inventory names it was recorded under: a plain term that is such
-    a hostname selects those of them this inventory has.
-
-    ``group_hosts`` maps every group to all its hosts, children included. As in Ansible,
-    plain terms are united first, then ``&`` terms intersect and ``!`` terms exclude; a
-    pattern of only ``&``/``!`` terms starts from all hosts. Unlike Ansible, which only
-    warns, a term matching nothing is an error: a typo must not silently launch on the
-    wrong set of nodes.
+    own hostname to the inventory names it was recorded under: a term that is such a
+    hostname selects those of them this inventory has.
     """
-    terms = split_limit(limit, host_names)
+    what = f"--limit {limit!r}"
+    terms: list[str] = []
+    for term in _terms(limit, what, source):
+        terms += _limit_file(term[1:], what, source) if term[0] == "@" else [term]
     if not terms:
-        raise InventoryError(
-            f"--limit {limit!r} is empty", source=source, hint=_groups_hint("", group_hosts)
-        )
-    plain = [t for t in terms if t[0] not in "&!"]
-    ordered = (plain or ["all"]) + [t for t in terms if t[0] == "&"]
-    ordered += [t for t in terms if t[0] == "!"]
-    chosen: set[str] = set()
-    for term in ordered:
-        body = term[1:] if term[0] in "&!" else term
-        matched = _match_term(body, host_names, group_hosts, limit, source)
-        if not matched and hostnames is not None:
-            matched = {name for name in hostnames().get(body, ()) if name in host_names}
-        if not matched:
-            names = [*group_hosts, *host_names]
-            raise InventoryError(
-                f"--limit {limit!r}: {body!r} matches no host or group",
-                source=source,
-                hint=_groups_hint(body, group_hosts, names),
-            )
-        if term[0] == "!":
-            chosen -= matched
-        elif term[0] == "&":
-            chosen &= matched
-        else:
-            chosen |= matched
-    selected = [name for name in host_names if name in chosen]
+        raise InventoryError(f"{what} is empty", source=source, hint=_groups_hint("", group_hosts))
+    patterns = _Patterns(what, host_names, group_hosts, source, hostnames)
+    chosen = set(patterns.evaluate(terms))
+    selected = [name for name in patterns.evaluate(["all"]) if name in chosen]
     if not selected:
         raise InventoryError(
-            f"--limit {limit!r} selects no host: its terms exclude each other",
+            f"{what} selects no host: its terms exclude each other",
             source=source,
             hint=_groups_hint("", group_hosts),
         )
     return selected
 
 
-def _match_term(
-    body: str,
+def pattern_hosts(
+    pattern: str,
     host_names: Sequence[str],
     group_hosts: Mapping[str, Sequence[str]],
-    limit: str,
-    source: str | None,
-) -> set[str]:
-    if body in ("all", "*"):
-        return set(host_names)
-    if body.startswith("~"):
-        try:
-            regex = re.compile(body[1:])
-        except re.error as exc:
-            raise InventoryError(
-                f"--limit {limit!r}: {body!r} is not a valid regular expression ({exc})",
-                source=source,
-                hint="after '~' write a Python regular expression, e.g. '~node0[1-4]'",
-            ) from None
-        # re.match, as Ansible does: the regex is anchored at the start of the name.
-        return {name for name in host_names if regex.match(name)}
-    if "*" in body or "?" in body:
-        matched = {name for name in host_names if fnmatch.fnmatchcase(name, body)}
-        for group, members in group_hosts.items():
-            if fnmatch.fnmatchcase(group, body):
-                matched.update(members)
-        return matched
-    if body in group_hosts:
-        return set(group_hosts[body])
-    return {body} if body in host_names else set()
+    *,
+    source: str | None = None,
+) -> list[str]:
+    """The host names a host pattern selects in the order Ansible gives them for it
+    (``ansible PATTERN``, a play's ``hosts:``): each term's hosts in turn, a group's in
+    ``group.get_hosts()`` order. Arguments as for :func:`select_hosts`."""
+    what = f"pattern {pattern!r}"
+    terms = _terms(pattern, what, source)
+    if not terms:
+        raise InventoryError(f"{what} is empty", source=source, hint=_FORMS_HINT)
+    selected = _Patterns(what, host_names, group_hosts, source, None).evaluate(terms)
+    if not selected:
+        raise InventoryError(
+            f"{what} selects no host: its terms exclude each other",
+            source=source,
+            hint=_groups_hint("", group_hosts),
+        )
+    return selected
+
+
+def _limit_file(path: str, what: str, source: str | None) -> list[str]:
+    """``--limit @FILE``: each line of the file is one term (Ansible's retry files list a
+    host a line); blank lines are skipped."""
+    from cpuaccel.sourcefile import read_source
+
+    text = read_source(
+        path,
+        InventoryError,
+        f"{what}: limit file",
+        "give @FILE the path of a file of host names or patterns, one a line",
+    )
+    return [line.strip() for line in text.split("\n") if line.strip()]
 
 
 def _groups_hint(
@@ -233,7 +513,5 @@ def _groups_hint(
 
     close = difflib.get_close_matches(body, names, n=3) if body else []
     maybe = f"did you mean {', '.join(close)}? " if close else ""
-    return (
-        f"{maybe}use host names, group names, globs (node*), ~regex, &group or !host; "
-        f"groups in the inventory: {', '.join(group_hosts)}"
-    )
+    groups = [g for g in group_hosts if g != "ungrouped"]
+    return f"{maybe}{_FORMS_HINT}; groups in the inventory: {', '.join(groups)}"

@@ -66,7 +66,9 @@ def test_children_and_priority_follow_ansible_precedence() -> None:
     children = Inventory.load(CORPUS / "children.ini")
     assert children.hosts["host1"].vars["escape_pods"] == 2
     assert children.hosts["host3"].vars["escape_pods"] == 4  # the child group wins
-    assert children.group_hosts("usa") == [f"host{i}" for i in range(1, 7)]
+    # As Ansible lists a group's hosts: its children's own hosts (northeast, northwest,
+    # southwest) before those of its grandchildren (atlanta, raleigh).
+    assert children.group_hosts("usa") == ["host4", "host5", "host6", "host1", "host2", "host3"]
     priority = Inventory.load(CORPUS / "priority.ini")
     assert priority.hosts["h1"].vars["winner"] == "a"
     assert priority.hosts["h0"].vars["where"] == "ungrouped"
