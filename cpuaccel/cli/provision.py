@@ -93,7 +93,8 @@ def _list_hosts(playbook: Playbook, target: Target) -> None:
     chosen = {host.name for host in target.hosts}
     for index, play in enumerate(playbook.plays, 1):
         ui.stdout().print(escape(f"play #{index} ({play.hosts}): {play.name}"))
-        print_hosts([h.name for h in target.inventory.select(play.hosts) if h.name in chosen])
+        hosts = target.inventory.select_pattern(play.hosts)
+        print_hosts([h.name for h in hosts if h.name in chosen])
 
 
 def _listener(as_json: bool, diff: bool) -> Listener:

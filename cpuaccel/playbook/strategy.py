@@ -230,7 +230,7 @@ class LinearStrategy:
         names = self._selected.get(play.hosts)
         if names is None:
             names = self._selected[play.hosts] = [
-                h.name for h in self.inventory.select(play.hosts) if h.name in self.limit
+                h.name for h in self.inventory.select_pattern(play.hosts) if h.name in self.limit
             ]
         return [self.states[name] for name in names]
 

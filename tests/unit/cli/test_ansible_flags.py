@@ -4,6 +4,7 @@ error: -u and --private-key, --list-hosts, -v/-vv/-vvv, sync's -C and -D, and pr
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from cpuaccel.connectors.openssh import ssh_argv, ssh_config_stanza
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.inventory.host import Host
 from cpuaccel.testing.command import cpuaccel
+from tests.unit.ansible_cli import ANSIBLE, ANSIBLE_PLAYBOOK, ansible_env
 
 # Addresses of TEST-NET-1 (RFC 5737): nothing answers there, so a command that tried to
 # connect would take its connect timeout and fail; --list-hosts must do neither.
@@ -145,6 +147,33 @@ def test_provision_lists_each_plays_hosts(project: Path) -> None:
         "play #1 (all): play 1\n  hosts (2):\n    node1\n    node2\n"
         "play #2 (node2:node3): second\n  hosts (1):\n    node2\n"
     )
+
+
+def test_a_plays_hosts_come_in_its_patterns_order_as_ansible_runs_them(project: Path) -> None:
+    """A play's ``hosts:`` is a pattern, not a --limit: its terms' hosts in turn (not the
+    inventory's order), and no ``@file``. Ansible runs a play's hosts in the order
+    ``ansible PATTERN`` lists (ansible-playbook's own --list-hosts prints a set)."""
+    (project / "site.yaml").write_text("- hosts: 'node3:node1'\n  tasks: []\n")
+    proc = cpuaccel("provision", "-i", "inventory.yaml", "site.yaml", "--list-hosts", cwd=project)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    ours = [line.strip() for line in proc.stdout.splitlines()[2:]]
+    home = project / "ansible-home"
+    home.mkdir()
+    theirs = {}
+    for program, args in ((ANSIBLE, ["node3:node1"]), (ANSIBLE_PLAYBOOK, ["site.yaml"])):
+        done = subprocess.run(
+            [str(program), "-i", "inventory.yaml", *args, "--list-hosts"],
+            capture_output=True, text=True, cwd=project, timeout=120, check=True,
+            env=ansible_env(home),
+        )  # fmt: skip
+        theirs[program.name] = done.stdout.split("hosts (2):")[1].split()
+    assert ours == theirs["ansible"] == ["node3", "node1"], (proc.stdout, theirs)
+    assert sorted(theirs["ansible-playbook"]) == sorted(ours)
+    (project / "hosts.txt").write_text("node2\n")
+    (project / "site.yaml").write_text("- hosts: '@hosts.txt'\n  tasks: []\n")
+    proc = cpuaccel("provision", "-i", "inventory.yaml", "site.yaml", "--list-hosts", cwd=project)
+    assert proc.returncode == EXIT_USAGE and "@hosts.txt" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_provision_takes_the_playbook_in_ansible_playbooks_order(project: Path) -> None:

@@ -20,7 +20,6 @@ with no host, must be refused (InventoryError, exit 64 at the CLI).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -36,8 +35,7 @@ from cpuaccel.errors import EXIT_USAGE, InventoryError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.testing.command import cpuaccel
-
-ANSIBLE = Path(sys.executable).parent / "ansible"
+from tests.unit.ansible_cli import ANSIBLE, ansible_env
 
 # Hosts before any section are "ungrouped"; bastion is an alias whose ansible_host is an
 # address. dc names its children before their sections: Ansible adds each child when
@@ -338,24 +336,6 @@ def answer(code: int, text: str) -> Answer:
     hosts = [line.strip() for line in lines[heads[0] + 1 :]] if heads else []
     unmatched = "Could not match supplied host pattern" in text
     return Answer(hosts, unmatched, code != 0 or "[ERROR]" in text, text)
-
-
-def ansible_env(home: Path) -> dict[str, str]:
-    """Ansible's defaults, whatever this machine's configuration, and nothing written
-    outside ``home``."""
-    keep = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "TMPDIR")
-    config = home / "ansible.cfg"
-    config.write_text("[defaults]\n")
-    return {
-        **{k: os.environ[k] for k in keep if k in os.environ},
-        "HOME": str(home),
-        "ANSIBLE_HOME": str(home / ".ansible"),
-        "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
-        "ANSIBLE_CONFIG": str(config),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_INVENTORY_ENABLED": "yaml,ini",
-        "PYTHONWARNINGS": "ignore",
-    }
 
 
 def list_hosts_argv(inventory: Path, pattern: str, limit: bool) -> list[str]:
