@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import socket
 import stat
 import subprocess
@@ -36,7 +37,9 @@ from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import cpuaccel_run, make_project
 from tests.unit.node.test_supervisor import final_status
 
-RUN_ID = "20260101-000000-abcdef"
+# Its own id: a run's processes are found (and swept) by run id, and another test file
+# may run a job at the same time.
+RUN_ID = f"20260101-000000-{secrets.token_hex(3)}"
 HERE = socket.gethostname()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ from cpuaccel.history import teardown as stop
 from cpuaccel.node import detached, progress, supervisor
 from cpuaccel.testing.command import clean_env, cpuaccel
 
-RUN_ID = "20260101-000000-abcdef"
+# Its own id: a run's processes are found (and swept) by run id, and another test file
+# may run a job at the same time.
+RUN_ID = f"20260101-000000-{secrets.token_hex(3)}"
 
 
 def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:

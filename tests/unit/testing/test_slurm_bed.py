@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -66,7 +67,12 @@ def test_a_daemon_that_never_answers_is_a_bounded_wait(tmp_path: Path) -> None:
     slurm._spawn(bed, "slurmd-node1", ["sleep", "60"])
     pid = bed.pids["slurmd-node1"]
     try:
-        assert slurm_files.marked_with(pid, bed.paths.root)  # found again by its marker
+        # Found again by its marker, once the child has exec'd (before, /proc shows the
+        # environment it was forked with).
+        deadline = time.monotonic() + 10
+        while not slurm_files.marked_with(pid, bed.paths.root) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert slurm_files.marked_with(pid, bed.paths.root)
         with pytest.raises(ClusterError, match=r"^slurmd-node1 did not answer within 0s; "):
             slurm._wait_for(bed, "slurmd-node1", lambda: False, 0.2)
     finally:
