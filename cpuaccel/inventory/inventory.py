@@ -202,7 +202,7 @@ class Inventory:
         """The hosts an Ansible host pattern given as --limit selects, in the order of
         ``all`` (as Ansible's --limit keeps it); all hosts for None.
         ``hostnames``: the nodes' own hostnames a term may name (patterns.select_hosts)."""
-        groups = _AnsibleGroups(self.hosts, self.groups)
+        groups = self.every_group_hosts()
         if limit is None:
             return [self.hosts[name] for name in groups["all"]]
         names = select_hosts(
@@ -213,13 +213,18 @@ class Inventory:
     def select_pattern(self, pattern: str) -> list[Host]:
         """The hosts a host pattern selects in the order Ansible gives them for it
         (``ansible PATTERN``, a play's ``hosts:``): term by term."""
-        groups = _AnsibleGroups(self.hosts, self.groups)
+        groups = self.every_group_hosts()
         names = pattern_hosts(pattern, list(self.hosts), groups, source=self.source)
         return [self.hosts[name] for name in names]
 
     def group_hosts(self, name: str) -> list[str]:
         """All hosts of a group, its children's included, in Ansible's order for it."""
-        return list(_AnsibleGroups(self.hosts, self.groups)[name])
+        return list(self.every_group_hosts()[name])
+
+    def every_group_hosts(self) -> Mapping[str, list[str]]:
+        """Every group's hosts as :meth:`group_hosts` gives them, worked out once for
+        all the groups a caller asks for (each when first asked)."""
+        return _AnsibleGroups(self.hosts, self.groups)
 
     def origin(self, host: str, var: str) -> Origin | None:
         """Where the value of ``var`` that ``host`` ended up with was written."""

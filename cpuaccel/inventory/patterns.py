@@ -460,11 +460,7 @@ def select_hosts(
     chosen = set(patterns.evaluate(terms))
     selected = [name for name in patterns.evaluate(["all"]) if name in chosen]
     if not selected:
-        raise InventoryError(
-            f"{what} selects no host: its terms exclude each other",
-            source=source,
-            hint=_groups_hint("", group_hosts),
-        )
+        raise _excluding_each_other(what, source, group_hosts)
     return selected
 
 
@@ -484,12 +480,19 @@ def pattern_hosts(
         raise InventoryError(f"{what} is empty", source=source, hint=_FORMS_HINT)
     selected = _Patterns(what, host_names, group_hosts, source, None).evaluate(terms)
     if not selected:
-        raise InventoryError(
-            f"{what} selects no host: its terms exclude each other",
-            source=source,
-            hint=_groups_hint("", group_hosts),
-        )
+        raise _excluding_each_other(what, source, group_hosts)
     return selected
+
+
+def _excluding_each_other(
+    what: str, source: str | None, group_hosts: Mapping[str, Sequence[str]]
+) -> InventoryError:
+    """A pattern whose terms left no host between them."""
+    return InventoryError(
+        f"{what} selects no host: its terms exclude each other",
+        source=source,
+        hint=_groups_hint("", group_hosts),
+    )
 
 
 def _limit_file(path: str, what: str, source: str | None) -> list[str]:

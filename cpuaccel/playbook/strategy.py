@@ -169,7 +169,8 @@ class LinearStrategy:
         self.become = become or becoming.CliBecome()
         self.states: dict[str, HostState] = {}
         # Neither the inventory nor -e changes during a run: derived once, not per task.
-        self.groups = {name: inventory.group_hosts(name) for name in inventory.groups}
+        every = inventory.every_group_hosts()
+        self.groups = {name: list(every[name]) for name in inventory.groups}
         self._selected: dict[str, list[str]] = {}
         for host in hosts:
             ctx = HostContext(
