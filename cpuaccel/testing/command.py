@@ -37,8 +37,17 @@ def cpuaccel_argv(*args: str, prelude: str | None = None) -> list[str]:
 
 
 def inherited_env(**extra: str) -> dict[str, str]:
-    """This process's environment without CPUACCEL_INVENTORY, plus NO_COLOR=1 and `extra`."""
-    base = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
+    """This process's environment without CPUACCEL_INVENTORY, plus NO_COLOR=1 and `extra`.
+
+    Safe from a thread: pytest sets and removes PYTEST_CURRENT_TEST in the main thread
+    meanwhile, and ``os.environ.items()`` raises KeyError for a key gone between its
+    listing and its lookup. The keys are listed once, and a vanished one is left out.
+    """
+    base: dict[str, str] = {}
+    for key in list(os.environ):
+        value = os.environ.get(key)
+        if value is not None and key != "CPUACCEL_INVENTORY":
+            base[key] = value
     return {**base, "NO_COLOR": "1", **extra}
 
 

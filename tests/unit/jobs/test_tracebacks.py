@@ -82,10 +82,30 @@ def test_a_traceback_cut_short_is_shown_at_the_attempts_end() -> None:
     assert screen.lines == ["[rank 0 vm] Traceback (most recent call last):"]
 
 
+# Both ranks raise together, and neither ends before both tracebacks are written: a
+# rank that fails first would otherwise have the other one ended before it raised.
+BOTH_RAISE = """\
+import atexit, os, pathlib, time
+def meet(stage):
+    folder = pathlib.Path({folder!r})
+    (folder / f"{{stage}}-{{os.environ['RANK']}}").touch()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if all((folder / f"{{stage}}-{{rank}}").exists() for rank in "01"):
+            return
+        time.sleep(0.01)
+atexit.register(meet, "raised")
+meet("ready")
+def f():
+    raise ValueError('boom')
+f()
+"""
+
+
 def test_a_local_run_shows_the_failure_of_every_rank_once(tmp_path: Path) -> None:
     """A real run of two ranks on this machine: one traceback, "[ranks 0-1 HOST]", no
     worker.py or runpy frame on the terminal; each rank's log keeps them."""
-    (tmp_path / "train.py").write_text("def f():\n    raise ValueError('boom')\n\nf()\n")
+    (tmp_path / "train.py").write_text(BOTH_RAISE.format(folder=str(tmp_path)))
     args = ("run", "--nodes", "1", "--ppn", "2", "train.py")
     proc = cpuaccel(*args, cwd=tmp_path, env=clean_env(), timeout=120)
     assert proc.returncode == 1, proc.stderr
