@@ -4,7 +4,8 @@ cpuaccel.testing (the nodes, ``make_project``, ``cpuaccel_run``, ``job_processes
 - the checkout: REPO (its examples/ are copied into projects) and TREE, the ``--env``
   that makes the ranks import cpuaccel from the tree under test (a worktree's, when it
   is one) rather than from the nodes' venv;
-- the job shapes and ends: TWO_BY_TWO, and ``assert_nothing_left`` of a job on NODES;
+- the job shapes and ends: TWO_BY_TWO, ``master_port`` for each job, and
+  ``assert_nothing_left`` of a job on NODES;
 - a node cut off: ``link_down`` and the longest a run may take to end without it
   (DEAD_NODE_BOUND);
 - a node reached on another port as another user: ``second_sshd`` (PORT, USER).
@@ -13,7 +14,9 @@ cpuaccel.testing (the nodes, ``make_project``, ``cpuaccel_run``, ``job_processes
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -53,6 +56,22 @@ def train_args(
 
 
 TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
+
+# Master ports for the jobs: a new one each job (a job just ended leaves its port in
+# TIME_WAIT), all below the kernel's ephemeral range (32768-60999), from which the
+# nodes' own outgoing connections (ssh, slurmd) take their local ports.
+_MASTER_PORTS = itertools.count(random.randrange(20000, 30000, 100))
+
+
+def master_port(span: int = 1) -> str:
+    """A master port no job of this session had, with the ``span - 1`` after it (for a
+    command that starts several jobs on consecutive ports)."""
+    first = next(_MASTER_PORTS)
+    for _ in range(span - 1):
+        next(_MASTER_PORTS)
+    return str(first)
+
+
 NODES = ("node1", "node2", "node3")
 
 

@@ -5,7 +5,6 @@ leaving nothing on any node."""
 from __future__ import annotations
 
 import json
-import random
 import re
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 
 from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.runs import ENV, job_processes, make_project
-from tests.cluster.fixtures import REPO, assert_nothing_left
+from tests.cluster.fixtures import REPO, assert_nothing_left, master_port
 
 pytestmark = pytest.mark.cluster
 
@@ -59,7 +58,7 @@ def test_a_python_process_launches_follows_waits_fetches_and_stops(
 ) -> None:
     train = (REPO / "examples" / "train.py").read_text()
     project = make_project(tmp_path, {"train.py": train, "sleep.py": SLEEP, "drive.py": DRIVER})
-    port = str(random.randrange(40000, 60000, 20))
+    port = master_port(20)
     done = subprocess.run(
         [sys.executable, "drive.py", inventory, port],
         cwd=project,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 from cpuaccel.testing.runs import cpuaccel_run, job_processes, make_project
+from tests.cluster.fixtures import master_port
 
 pytestmark = pytest.mark.cluster
 
@@ -121,7 +121,7 @@ def test_the_page_watches_a_detached_2x2_job_and_its_stop_button_ends_it(
     project = make_project(tmp_path, {"train_slow.py": TRAIN})
     started = cpuaccel_run(
         project, "-i", inventory, "--nodes", "2", "--ppn", "2",
-        "--master-port", str(random.randrange(40000, 60000)), "--detach",
+        "--master-port", master_port(), "--detach",
         "train_slow.py", "3000",
     )  # fmt: skip
     assert started.code == EXIT_OK, started

@@ -8,7 +8,6 @@ The browser's side: test_dashboard_page.py."""
 from __future__ import annotations
 
 import json
-import random
 import re
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
-from tests.cluster.fixtures import TWO_BY_TWO
+from tests.cluster.fixtures import TWO_BY_TWO, master_port
 
 pytestmark = pytest.mark.cluster
 
@@ -41,10 +40,6 @@ for i in range(int(sys.argv[1])):
             f.write(json.dumps({"step": i, "loss": 1.0 / (i + 1), "samples_per_s": 10.0}) + "\\n")
     time.sleep(0.3)
 """
-
-
-def port() -> str:
-    return str(random.randrange(40000, 60000))
 
 
 class Page:
@@ -120,7 +115,7 @@ def test_a_detached_run_is_served_live_from_its_head_and_stopped_from_the_page(
 ) -> None:
     project = make_project(tmp_path, {"tick.py": TICKER})
     started = cpuaccel_run(
-        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--detach",
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "--detach",
         "tick.py", "400",
     )  # fmt: skip
     assert started.code == EXIT_OK, started
@@ -156,7 +151,7 @@ def test_run_detach_dashboard_serves_until_ctrl_c_and_the_job_goes_on(
 ) -> None:
     project = make_project(tmp_path, {"tick.py": TICKER})
     served = Serving(
-        project, "run", "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--detach",
+        project, "run", "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "--detach",
         "--dashboard", "tick.py", "400",
     )  # fmt: skip
     run_id = served.page.run_id
@@ -182,7 +177,7 @@ def test_a_foreground_runs_page_closes_with_the_run(
 ) -> None:
     project = make_project(tmp_path, {"tick.py": TICKER})
     job = BackgroundRun(
-        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--dashboard",
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "--dashboard",
         "tick.py", "40",
     )  # fmt: skip
     try:
@@ -204,7 +199,7 @@ def test_a_foreground_runs_own_page_stops_it(
 ) -> None:
     project = make_project(tmp_path, {"tick.py": TICKER})
     job = BackgroundRun(
-        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--dashboard",
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "--dashboard",
         "tick.py", "400",
     )  # fmt: skip
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from cpuaccel.node.supervisor import GRACE
 from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import BackgroundRun, make_project
-from tests.cluster.fixtures import REPO, TREE, link_down, train_args
+from tests.cluster.fixtures import REPO, TREE, link_down, master_port, train_args
 
 pytestmark = pytest.mark.cluster
 
@@ -69,7 +68,7 @@ def test_a_node_cut_off_mid_run_is_left_out_and_the_job_finishes_on_the_others(
     example = (REPO / "examples" / "train.py").read_text()
     project = make_project(tmp_path, {"train.py": example, "slow.py": SLOW})
     before = set(cluster.pids(LOST))
-    port = str(random.randrange(30000, 39000))
+    port = master_port()
     job = BackgroundRun(
         project, "-i", inventory, "--nodes", "2:3", "--ppn", "1", "--max-restarts", "1",
         "--restart-delay", "1", "-T", "3", "--timeout", "300", "--master-port", port,

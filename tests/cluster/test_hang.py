@@ -9,7 +9,6 @@ tests/unit/jobs/test_hang.py.
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 from pathlib import Path
@@ -21,13 +20,12 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import NODE_DIR, Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_cli
 from cpuaccel.testing.runs import ENV, cpuaccel_run, job_processes, make_project
-from tests.cluster.fixtures import TREE
+from tests.cluster.fixtures import TREE, master_port
 
 pytestmark = pytest.mark.cluster
 
 WORKDIR = NODE_DIR / "work"
 EXIT_HANG = 124
-_ports = iter(range(random.randrange(30000, 39000, 100), 65000))
 
 # Steps through the runtime (ctx.backward writes the progress marker); at step HANG_AT
 # rank 1 sleeps inside the step, before its backward, and rank 0 blocks in it.
@@ -68,7 +66,7 @@ def test_a_rank_stuck_in_a_step_is_detected_reported_and_ended(
     proj = make_project(tmp_path, {"hang.py": HANGING})
     run = cpuaccel_run(
         proj, "-i", inventory, "--nodes", "2", "--ppn", "1", *TREE,
-        "--master-port", str(next(_ports)), "--hang-timeout", "20", "hang.py", "15",
+        "--master-port", master_port(), "--hang-timeout", "20", "hang.py", "15",
     )  # fmt: skip
     assert run.code == EXIT_HANG, run
     said = re.search(
@@ -113,7 +111,7 @@ def test_a_detached_run_that_hangs_is_ended_by_its_supervisor(
     proj = make_project(tmp_path, {"hang.py": HANGING})
     run = cpuaccel_run(
         proj, "-i", inventory, "--nodes", "2", "--ppn", "1", *TREE, "--detach", "--json",
-        "--master-port", str(next(_ports)), "--hang-timeout", "10", "hang.py", "10",
+        "--master-port", master_port(), "--hang-timeout", "10", "hang.py", "10",
     )  # fmt: skip
     assert run.code == EXIT_OK, run
     run_id = json.loads(run.stdout)["run_id"]

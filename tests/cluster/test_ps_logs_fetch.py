@@ -20,15 +20,9 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
 from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
-from tests.cluster.fixtures import REPO, TWO_BY_TWO
+from tests.cluster.fixtures import REPO, TWO_BY_TWO, master_port
 
 pytestmark = pytest.mark.cluster
-
-_ports = iter(range(random.randrange(40000, 49000, 100), 65000))
-
-
-def port() -> str:
-    return str(next(_ports))
 
 
 def verb(project: Path, *args: str) -> tuple[int, str, str]:
@@ -43,7 +37,7 @@ def test_two_node_run_comes_home_and_report_draws_it(
     project = make_project(tmp_path, {"train.py": (REPO / "examples" / "train.py").read_text()})
     common = ("-i", inventory, *TWO_BY_TWO, "--master-port")
     small = ("--steps", "6", "--log-every", "2", "--width", "32", "--layers", "1", "--heads", "2")
-    first = cpuaccel_run(project, *common, port(), "train.py", *small)
+    first = cpuaccel_run(project, *common, master_port(), "train.py", *small)
     assert first.code == 0, first
     run_id = first.record()["run_id"]
     home = project / "runs" / run_id
@@ -71,7 +65,7 @@ def test_two_node_run_comes_home_and_report_draws_it(
     code, _, err = verb(project, "fetch", "last", "-i", inventory)
     assert code == EXIT_OK and "nothing new" in err, err
     # --resume RUN_ID: rank 0 finds that run's checkpoint.pt beside its own run folder.
-    more = cpuaccel_run(project, *common, port(), "train.py", *small[:1], "8", *small[2:],
+    more = cpuaccel_run(project, *common, master_port(), "train.py", *small[:1], "8", *small[2:],
                         "--resume", run_id)  # fmt: skip
     assert more.code == 0, more
     assert re.search(rf"resumed from \S*{run_id}/checkpoint.pt at step 6", more.stdout), more
@@ -94,7 +88,7 @@ def test_a_running_job_in_ps_logs_follow_and_metrics_come_while_it_runs(
 ) -> None:
     project = make_project(tmp_path, {"slow.py": SLOW})
     job = BackgroundRun(
-        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "slow.py", "30"
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "slow.py", "30"
     )
     try:
         job.wait_for("line 2 of rank 3", 1, timeout=90)
@@ -105,7 +99,7 @@ def test_a_running_job_in_ps_logs_follow_and_metrics_come_while_it_runs(
         deadline = time.monotonic() + 20
         while not copy.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert copy.exists() and job.proc.poll() is None, job.report()
+        assert copy.exists() and job.proc.poll() is None, job.remaster_port()
         code, out, err = verb(project, "logs", "last", "-f", "--rank", "3")
         ended = job.finish()
     finally:
@@ -199,7 +193,7 @@ def test_a_real_detached_run_in_ps_logs_follow_stop_and_fetch(
 ) -> None:
     project = make_project(tmp_path, {"tick.py": TICKER})
     started = cpuaccel_run(
-        project, "-i", inventory, *TWO_BY_TWO, "--master-port", port(), "--detach", "tick.py"
+        project, "-i", inventory, *TWO_BY_TWO, "--master-port", master_port(), "--detach", "tick.py"
     )
     assert started.code == EXIT_OK, started
     run_id = started.stdout.strip().splitlines()[-1]

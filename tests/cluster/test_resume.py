@@ -16,7 +16,6 @@ The restart loop itself (one run, attempts) is ft-restart's: tests/cluster/test_
 from __future__ import annotations
 
 import json
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
 from cpuaccel.testing.netns import WORKDIR
 from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
-from tests.cluster.fixtures import REPO, TREE, train_args
+from tests.cluster.fixtures import REPO, TREE, master_port, train_args
 
 pytestmark = pytest.mark.cluster
 
@@ -62,12 +61,11 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.argv[0] = os.path.join(here, "train.py")
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
-_ports = iter(range(random.randrange(30000, 39000, 100), 65000))
 
 
 def job(project: Path, inventory: str, *args: str, killed: bool = False) -> Run:
     words = (
-        "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port", str(next(_ports)),
+        "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port", master_port(),
         *TREE, *args,
     )  # fmt: skip
     if not killed:
@@ -196,7 +194,7 @@ ACCELERATE = ("--steps", "20", "--save-every", "5", "--batch", "4")
 
 def accelerate_job(project: Path, inventory: str, *args: str, killed: bool = False) -> Run:
     words = (
-        "-i", inventory, "--nodes", "2", "--ppn", "1", "--master-port", str(next(_ports)),
+        "-i", inventory, "--nodes", "2", "--ppn", "1", "--master-port", master_port(),
         *TREE, *args,
     )  # fmt: skip
     if not killed:

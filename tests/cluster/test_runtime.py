@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 from pathlib import Path
 from typing import Any
@@ -24,17 +23,9 @@ import pytest
 
 from cpuaccel.testing.cluster import WORKDIR, Cluster
 from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
-from tests.cluster.fixtures import REPO, TREE
+from tests.cluster.fixtures import REPO, TREE, master_port
 
 pytestmark = pytest.mark.cluster
-
-_ports = iter(range(random.randrange(30000, 39000, 100), 65000))
-
-
-def port() -> str:
-    """A master port of its own for each job: a port still in TIME_WAIT from the job
-    before counts as taken for cpuaccel's preflight."""
-    return str(next(_ports))
 
 
 def rank_json(run: Run, world: int) -> dict[int, dict[str, Any]]:
@@ -114,8 +105,9 @@ def sync_run(
     project: Path, inventory: str, mode: str, steps: int, out: Path
 ) -> dict[int, dict[str, Any]]:
     run = cpuaccel_run(
-        project, "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port", port(), *TREE,
-        "--env", f"CPUACCEL_GRAD_SYNC={mode}", "sync.py", str(steps), str(out),
+        project, "-i", inventory, "--nodes", "2", "--ppn", "2", "--master-port",
+        master_port(), *TREE, "--env", f"CPUACCEL_GRAD_SYNC={mode}", "sync.py", str(steps),
+        str(out),
     )  # fmt: skip
     assert run.code == 0, run
     assert f"cpuaccel: gradient sync {mode}: forced by $CPUACCEL_GRAD_SYNC" in run.stderr, run
@@ -224,7 +216,7 @@ def test_checkpoint_kill_and_resume_give_the_same_loss_curve(
     common = ("-i", inventory, "--nodes", "2", "--ppn", "1", *TREE)
     # 48 samples / 2 ranks / 4 a batch: 6 steps an epoch; 14 steps cross two epoch ends.
     whole = cpuaccel_run(
-        project, *common, "--master-port", port(), "resume.py",
+        project, *common, "--master-port", master_port(), "resume.py",
         "--steps", "14", "--save-every", "4", "--checkpoint", str(tmp_path / "whole.pt"),
     )  # fmt: skip
     assert whole.code == 0, whole
@@ -236,7 +228,7 @@ def test_checkpoint_kill_and_resume_give_the_same_loss_curve(
 
     ckpt = tmp_path / "ckpt.pt"
     killed = cpuaccel_run(
-        project, *common, "--master-port", port(), "resume.py",
+        project, *common, "--master-port", master_port(), "resume.py",
         "--steps", "14", "--save-every", "4", "--checkpoint", str(ckpt), "--die-after", "6",
     )  # fmt: skip
     assert killed.code == 137, killed
@@ -248,7 +240,7 @@ def test_checkpoint_kill_and_resume_give_the_same_loss_curve(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")] == []
 
     resumed = cpuaccel_run(
-        project, *common, "--master-port", port(), "resume.py",
+        project, *common, "--master-port", master_port(), "resume.py",
         "--steps", "14", "--save-every", "4", "--checkpoint", str(ckpt), "--resume",
     )  # fmt: skip
     assert resumed.code == 0, resumed
@@ -270,7 +262,7 @@ def test_example_loss_falls_and_it_resumes(
     project = make_project(tmp_path, {"train.py": example})
     common = ("-i", inventory, "--nodes", "1", "--ppn", "2", *TREE)
     first = cpuaccel_run(
-        project, *common, "--master-port", port(), "train.py",
+        project, *common, "--master-port", master_port(), "train.py",
         "--steps", "40", "--log-every", "10", "--checkpoint", "ckpt.pt",
     )  # fmt: skip
     assert first.code == 0, first
@@ -294,7 +286,7 @@ def test_example_loss_falls_and_it_resumes(
     assert lines[-1]["loss"] == pytest.approx(end, abs=1e-3)
 
     more = cpuaccel_run(
-        project, *common, "--master-port", port(), "train.py",
+        project, *common, "--master-port", master_port(), "train.py",
         "--steps", "44", "--log-every", "10", "--checkpoint", "ckpt.pt", "--resume", "ckpt.pt",
     )  # fmt: skip
     assert more.code == 0, more

@@ -6,7 +6,6 @@ no process of the run is left on any node."""
 from __future__ import annotations
 
 import json
-import random
 import re
 import subprocess
 import threading
@@ -20,7 +19,7 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
 from cpuaccel.testing.runs import job_processes, make_project
 from cpuaccel.testing.slurm import SlurmBed
-from tests.cluster.fixtures import REPO
+from tests.cluster.fixtures import REPO, master_port
 
 pytestmark = pytest.mark.cluster
 
@@ -45,7 +44,7 @@ for i in range(600):
 
 def _project(tmp_path: Path, files: dict[str, str]) -> Path:
     # Its own master port: a job just ended leaves the last one in TIME_WAIT.
-    port = random.randrange(40000, 60000)
+    port = master_port()
     return make_project(tmp_path, {**files, "cpuaccel.yaml": f"master_port: {port}\n"})
 
 

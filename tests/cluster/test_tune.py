@@ -8,7 +8,6 @@ The script is a pure Python loop calling ctx.log(samples=...): no model, few ste
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import time
@@ -21,7 +20,7 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel as cpuaccel_command
 from cpuaccel.testing.command import start_cpuaccel
 from cpuaccel.testing.runs import ENV, job_processes, make_project
-from tests.cluster.fixtures import TREE
+from tests.cluster.fixtures import TREE, master_port
 
 pytestmark = pytest.mark.cluster
 
@@ -52,7 +51,7 @@ def test_tune_measures_each_setting_and_writes_the_best(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
     project = make_project(tmp_path, {"loop.py": LOOP, "cpuaccel.yaml": PROJECT_FILE})
-    port = str(random.randrange(30000, 39000))
+    port = master_port(20)
     result = cpuaccel_command(
         "tune", "-i", inventory, "--master-port", port, *TREE, "--steps", "6",
         "--grid", "ppn=1,2 threads=1,2", "--trial-timeout", "120", "--write", "--json",
@@ -106,7 +105,7 @@ def test_ctrl_c_ends_the_trial_on_every_node_and_writes_nothing(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
     project = make_project(tmp_path, {"slow.py": SLOW, "cpuaccel.yaml": PROJECT_FILE})
-    port = str(random.randrange(30000, 39000))
+    port = master_port(20)
     errors = tmp_path / "stderr.txt"
     with errors.open("w") as err:
         proc = start_cpuaccel(
