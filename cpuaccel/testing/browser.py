@@ -1,6 +1,8 @@
 """A real headless browser for the dashboard's page tests: Playwright's sync API
 driving Debian's chromium (/usr/bin/chromium, not a Playwright download), with a fresh
-profile per browser and no network but the dashboard's own server.
+context (its own cookies, storage and cache) per browser and no network but the
+dashboard's own server. One :class:`Chromium` process may serve several browsers in
+turn, so that a file of page tests starts chromium once.
 
 Every request the page makes goes through a route: one to another address than the
 server's (a CDN, a font, a telemetry ping) is refused and recorded, and ``close`` (or
@@ -11,14 +13,15 @@ to look at.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
+from playwright.sync_api import (
+    Browser as PlaywrightBrowser,
+)
 from playwright.sync_api import (
     BrowserContext,
     Page,
@@ -50,10 +53,45 @@ def origin(url: str) -> tuple[str, str, int | None]:
     return parts.scheme, parts.hostname or "", parts.port
 
 
-class Browser:
-    """One chromium with a fresh user-data-dir, allowed to reach ``base`` only."""
+class Chromium:
+    """One headless chromium process, for browsers opened on it one after another."""
 
-    def __init__(self, base: str, shots: Path = ARTIFACTS) -> None:
+    def __init__(self) -> None:
+        self._playwright: Playwright | None = None
+        self.process: PlaywrightBrowser | None = None
+
+    def __enter__(self) -> Chromium:
+        self._playwright = sync_playwright().start()
+        try:
+            self.process = self._playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=FLAGS
+            )
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+        if self._playwright is not None:
+            self._playwright.stop()
+            self._playwright = None
+
+
+class Browser:
+    """A fresh browser context allowed to reach ``base`` only: on ``chromium`` when one
+    is given, else on a chromium of its own."""
+
+    def __init__(
+        self, base: str, shots: Path = ARTIFACTS, chromium: Chromium | None = None
+    ) -> None:
         self.base = base.rstrip("/")
         self.allowed = origin(self.base)
         if self.allowed[1] != "127.0.0.1":
@@ -61,18 +99,17 @@ class Browser:
         self.shots = shots
         self.external: list[str] = []  # requests refused: each one fails the test
         self.errors: list[str] = []  # uncaught exceptions in the page's scripts
-        self.profile = Path(tempfile.mkdtemp(prefix="cpuaccel-chromium-"))
-        self._playwright: Playwright | None = None
+        self._chromium = chromium
+        self._own: Chromium | None = None
         self._context: BrowserContext | None = None
 
     def __enter__(self) -> Browser:
-        self._playwright = sync_playwright().start()
         try:
-            self._context = self._playwright.chromium.launch_persistent_context(
-                str(self.profile),
-                executable_path=CHROMIUM,
-                headless=True,
-                args=FLAGS,
+            chromium = self._chromium
+            if chromium is None:
+                chromium = self._own = Chromium().__enter__()
+            assert chromium.process is not None, "use Chromium as a context manager"
+            self._context = chromium.process.new_context(
                 viewport=VIEWPORT,
                 service_workers="block",  # their fetches would bypass the route
             )
@@ -110,10 +147,9 @@ class Browser:
         if self._context is not None:
             self._context.close()
             self._context = None
-        if self._playwright is not None:
-            self._playwright.stop()
-            self._playwright = None
-        shutil.rmtree(self.profile, ignore_errors=True)
+        if self._own is not None:
+            self._own.close()
+            self._own = None
 
     def assert_offline(self) -> None:
         assert not self.external, f"the page asked for other addresses: {self.external}"

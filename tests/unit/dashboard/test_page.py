@@ -18,7 +18,7 @@ pytest.importorskip("playwright")
 
 from cpuaccel.dashboard.server import Server, Services, build_app
 from cpuaccel.errors import UsageError
-from cpuaccel.testing.browser import CHROMIUM, Browser, points, wait_for
+from cpuaccel.testing.browser import CHROMIUM, Browser, Chromium, points, wait_for
 from cpuaccel.testing.fake_run import FakeRun, make_run, metric_line
 
 if not os.access(CHROMIUM, os.X_OK):
@@ -50,14 +50,21 @@ def stopper() -> Stopper:
     return Stopper()
 
 
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Chromium]:
+    """One chromium for the file's tests; each test's browser is a fresh context on it."""
+    with Chromium() as started:
+        yield started
+
+
 @pytest.fixture
-def browser(runs: Path, stopper: Stopper) -> Iterator[Browser]:
+def browser(runs: Path, stopper: Stopper, chromium: Chromium) -> Iterator[Browser]:
     services = Services(runs, TOKEN, {"127.0.0.1"}, stopper)
     server = Server(build_app(services), "127.0.0.1", 0)
     server.start()
     try:
-        with Browser(f"http://127.0.0.1:{server.port}") as chromium:
-            yield chromium
+        with Browser(f"http://127.0.0.1:{server.port}", chromium=chromium) as opened:
+            yield opened
     finally:
         server.stop()
 
@@ -264,19 +271,19 @@ class FailingHead:
         return {"error": "node7: connection refused", "fetched": None}
 
 
-def test_a_remote_run_whose_head_cannot_be_reached_says_so(runs: Path) -> None:
+def test_a_remote_run_whose_head_cannot_be_reached_says_so(runs: Path, chromium: Chromium) -> None:
     run = make_run(runs, nodes=2, ppn=2, metrics=10)
     services = Services(runs, TOKEN, {"127.0.0.1"}, None, FailingHead())  # type: ignore[arg-type]
     server = Server(build_app(services), "127.0.0.1", 0)
     server.start()
     try:
-        with Browser(f"http://127.0.0.1:{server.port}") as chromium:
-            page = chromium.open(f"/run/{run.run_id}?token={TOKEN}")
+        with Browser(f"http://127.0.0.1:{server.port}", chromium=chromium) as browser:
+            page = browser.open(f"/run/{run.run_id}?token={TOKEN}")
             page.wait_for_selector("#remote[data-error]")
             text = page.text_content("#remote") or ""
             assert "copying from the run's head failed: node7: connection refused" in text
             assert points(page) == 10  # what was copied is still shown
-            chromium.shot(page, "page-remote-error")
+            browser.shot(page, "page-remote-error")
     finally:
         server.stop()
 
