@@ -43,8 +43,8 @@ system-deps:
 	bash tools/system-deps.sh
 
 # The multi-node tests start real namespace nodes and need root; CI sets
-# CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there. Three workers: one
-# a cluster bed, the other tests on whichever is free (tests/conftest.py, the groups).
+# CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there. Three workers, a
+# test file the unit of work, each worker its own cluster (tests/conftest.py).
 test: lint system-deps wheelhouse
 	$(BIN)/pytest -q -n 3 --dist loadgroup
 

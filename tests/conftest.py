@@ -21,15 +21,19 @@ Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
 
-In parallel (``pytest -n 3 --dist loadgroup``, pytest-xdist), a group of tests is run
-by one worker in its own order, and the other tests go to whichever worker is free:
+In parallel (``pytest -n 3 --dist loadgroup``, pytest-xdist), the unit of work is a
+file: its tests run on one worker in their order, so that its module fixtures (a
+cluster test file's state, the hostile corpus's cases started all at once, a browser,
+Ansible's answers) run once. Files go to whichever worker is free, and two kinds of
+file go together as one unit:
 
-- the cluster tests of the first bed, and those of the second (every Slurm test among
-  them): two session clusters, one a worker (its id the base id plus ten times the
-  worker's number), so that no two cluster tests ever share a node at the same time;
-- the tests that start a local run on the default master port (LOCAL_PORT_FILES): their
-  ranks meet on that one port of this machine;
-- the hostile-input corpus, whose module fixture starts every selected case at once.
+- the Slurm test files (SLURM_FILES): one worker starts the one Slurm bed;
+- the files whose tests start a local run on the default master port
+  (LOCAL_PORT_FILES): their ranks meet on that one port of this machine.
+
+Each worker that runs a cluster test has a session cluster of its own (its id the base
+id plus ten times the worker's number), so no two cluster tests ever share a node at
+the same time.
 
 The groups are read off each test's file by the scheduler below, not from
 ``xdist_group`` marks: xdist carries a mark as a suffix of the test's id, which pytest 9
@@ -54,16 +58,9 @@ CLUSTER_ID_ENV = "CPUACCEL_TEST_CLUSTER_ID"
 SESSION_NODES = 3
 WORKER_ID_STEP = 10  # a worker's session cluster id: base + step x its number (gw0, gw1...)
 
-# The cluster test files of the second bed, chosen so that the two beds take about the
-# same time (their files' durations in `pytest --durations=0`). Every
-# Slurm test is here, so that one Slurm bed serves them all; a new file goes to the first.
-SECOND_BED = frozenset({
-    "test_api.py", "test_become.py", "test_dashboard_page.py", "test_dashboard_server.py",
-    "test_elastic.py", "test_inventory_forms.py", "test_login_flags.py", "test_mixed_nodes.py",
-    "test_openssh_masters.py", "test_provision.py", "test_ps_logs_fetch.py", "test_restart.py",
-    "test_run.py", "test_run_options.py", "test_runtime.py", "test_seed_scenario.py",
-    "test_slurm_bed.py", "test_slurm_inventory.py", "test_slurm_run.py",
-    "test_slurm_submit.py",
+# The cluster test files that use the Slurm bed: one group, so that one worker starts it.
+SLURM_FILES = frozenset({
+    "test_slurm_bed.py", "test_slurm_inventory.py", "test_slurm_run.py", "test_slurm_submit.py",
 })  # fmt: skip
 
 
@@ -75,7 +72,6 @@ LOCAL_PORT_FILES = frozenset({
     "tests/unit/jobs/test_hang.py", "tests/unit/jobs/test_tracebacks.py",
     "tests/unit/notebook/test_launching.py",
 })  # fmt: skip
-HOSTILE_FILE = "tests/unit/cli/test_hostile_input.py"
 
 
 def _cluster_required() -> bool:
@@ -94,8 +90,8 @@ def _refusal() -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     """The files the groups name exist: a renamed one would leave its tests ungrouped."""
     root = config.rootpath / "tests"
-    named = [f"cluster/{name}" for name in sorted(SECOND_BED)]
-    named += [path.removeprefix("tests/") for path in (*sorted(LOCAL_PORT_FILES), HOSTILE_FILE)]
+    named = [f"cluster/{name}" for name in sorted(SLURM_FILES)]
+    named += [path.removeprefix("tests/") for path in sorted(LOCAL_PORT_FILES)]
     missing = [name for name in named if not (root / name).is_file()]
     if missing:
         raise pytest.UsageError(
@@ -130,28 +126,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
-def group_of(nodeid: str) -> str | None:
-    """The group of a test by its id's file (see the module's docstring), or None: any
-    worker. Every cluster test lives in tests/cluster/."""
+def group_of(nodeid: str) -> str:
+    """The unit of work of a test by its id's file (see the module's docstring): the
+    file itself, or the group it belongs to. Every cluster test lives in tests/cluster/."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith("tests/cluster/"):
-        return "second-bed" if path.rsplit("/", 1)[-1] in SECOND_BED else "first-bed"
-    if path in LOCAL_PORT_FILES:
-        return "local-port"
-    return "hostile" if path == HOSTILE_FILE else None
+    if path.startswith("tests/cluster/") and path.rsplit("/", 1)[-1] in SLURM_FILES:
+        return "slurm-bed"
+    return "local-port" if path in LOCAL_PORT_FILES else path
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``--dist loadgroup``: xdist's scope scheduling, a scope being a test's group
-    (or the test itself when it has none); any other mode is xdist's own."""
+    """With ``--dist loadgroup``: xdist's scope scheduling, a scope being a test's unit
+    of work (:func:`group_of`); any other mode is xdist's own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid) or nodeid
+            return group_of(nodeid)
 
     return ByGroup(config, log)
 
