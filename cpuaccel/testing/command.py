@@ -1,4 +1,5 @@
-"""Run ``python -m cpuaccel`` as a user does, for tests and benchmarks: always a child process.
+"""Run ``python -m cpuaccel`` as a user does, for tests and benchmarks: always a child process
+(:func:`cpuaccel` forks most of them from a server that has the CLI imported).
 
 The one place that knows how the command line is started, so that every test exercises the
 same entry point (``cpuaccel/__main__.py``) with one of two environments:
@@ -19,6 +20,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from cpuaccel.testing import forkserver
 
 CLEAN_PATH = "/usr/bin:/bin"
 
@@ -67,14 +70,18 @@ def cpuaccel(
     timeout: float | None = 60.0,
     prelude: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``cpuaccel ARGS`` to its end, output captured as text (env: :func:`inherited_env`)."""
+    """``cpuaccel ARGS`` to its end, output captured as text (env: :func:`inherited_env`).
+
+    Forked from a server that has the CLI imported where that is the same as a fresh
+    interpreter (:mod:`cpuaccel.testing.forkserver`), else started afresh."""
+    argv = cpuaccel_argv(*args, prelude=prelude)
+    environ = dict(env) if env is not None else inherited_env()
+    if prelude is None:
+        done = forkserver.run("cpuaccel", args, cwd=cwd, env=environ, timeout=timeout)
+        if done is not None:
+            return done
     return subprocess.run(
-        cpuaccel_argv(*args, prelude=prelude),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=dict(env) if env is not None else inherited_env(),
-        timeout=timeout,
+        argv, capture_output=True, text=True, cwd=cwd, env=environ, timeout=timeout
     )
 
 
