@@ -45,11 +45,15 @@ system-deps:
 # The multi-node tests start real namespace nodes and need root; CI sets
 # CPUACCEL_REQUIRE_CLUSTER=1 so that they fail rather than skip there. Three workers, a
 # test file the unit of work, each worker its own cluster (tests/conftest.py).
+# The tests start thousands of interpreters: they keep their bytecode (__pycache__,
+# ignored by git) even where PYTHONDONTWRITEBYTECODE is set.
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 test: lint system-deps wheelhouse
-	$(BIN)/pytest -q -n 3 --dist loadgroup
+	$(PYTEST) -q -n 3 --dist loadgroup
 
+# Three workers on two cores too: the page, hang and provision tests wait on timers.
 unit: $(STAMP)
-	$(BIN)/pytest -q -m "not cluster" -n 2 --dist loadgroup
+	$(PYTEST) -q -m "not cluster" -n 3 --dist loadgroup
 
 # Precision auto: bf16 where the CPU has AMX or AVX512-BF16, fp32 elsewhere (a short
 # run either way: docs/benchmarks.md, "The demo").
