@@ -24,7 +24,8 @@ relay wants the stream: the relay keeps what it has across a change of upstream.
 
 A file is written under a temporary name (common.TMP_MARK) in its folder, reached by
 descriptors (nofollow), hashed as it arrives, and renamed onto its name only when its
-sha256 is the expected one; a file that differs is removed. Chunks are kept in memory
+sha256 is the expected one; a file that differs is removed. What a killed relay left
+of a name is removed when a relay writes that name again. Chunks are kept in memory
 for the hops (at most WINDOW bytes ahead of the slowest), so a slow next node does not
 slow this one until it falls that far behind.
 
@@ -43,6 +44,7 @@ import hmac
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -58,6 +60,9 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
 
 CHUNK = 1 << 20
 WINDOW = 64 << 20  # bytes held for the hops before the receiver waits for the slowest
+# A temporary file untouched for this many idle bounds is a killed relay's (the relay
+# ends itself after two without a word from the controller).
+STALE_IDLES = 3
 HEARTBEAT = 0.5
 ACCEPT_POLL = 0.2
 REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
@@ -372,6 +377,7 @@ class Relay:
             os.close(root)
         assert way is not None
         folder, name = way
+        _remove_stale(folder, name, self.idle * STALE_IDLES)
         temp = "." + name + TMP_MARK + os.urandom(8).hex()
         fd = create_new(temp, 0o600, dir_fd=folder)
         self.temps.append((folder, temp))
@@ -425,6 +431,28 @@ def _memory_file(name: str, text: str) -> int:
     while data:
         data = data[os.write(fd, data) :]
     return fd
+
+
+def _remove_stale(folder: int, name: str, age: float) -> None:
+    """Remove what a killed relay left of ``name`` in ``folder``: a regular file named as
+    this module names temporaries, untouched for ``age`` seconds. A live relay writes
+    its file at least every ``idle`` seconds, or gives up and removes it; a link, or a
+    file of another name, is left as it is."""
+    prefix = "." + name + TMP_MARK
+    now = time.time()
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            tail = entry.name[len(prefix) :]
+            if not entry.name.startswith(prefix) or len(tail) != 16:
+                continue
+            if tail.strip("0123456789abcdef"):
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and now - info.st_mtime > age:
+                _unlink_quietly(entry.name, folder)
 
 
 def _unlink_quietly(name: str, folder: int) -> None:

@@ -189,3 +189,35 @@ def test_a_request_that_is_not_json_is_one_error_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "not understood" in json.loads(done.stdout)["error"]
     assert b"Traceback" not in done.stderr
+
+
+def test_what_a_killed_relay_left_of_a_name_goes_when_that_name_is_written_again(
+    root: Path, tmp_path: Path
+) -> None:
+    data = os.urandom(4 << 20)
+    killed = Relay(root, [("sub/f", data, True)], tmp_path)
+    killed.feed(data[: 1 << 20])
+    killed.proc.kill()  # no chance to remove its temporary file
+    killed.end(close=False)
+    (left,) = temporaries(root)
+    sub = root / "sub"
+    recent = sub / (".f" + TMP_MARK + "0123456789abcdef")
+    recent.write_bytes(b"a live relay's, written a moment ago")
+    link = sub / (".f" + TMP_MARK + "fedcba9876543210")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep me")
+    link.symlink_to(outside)
+    other = sub / (".g" + TMP_MARK + "00000000000000aa")
+    other.write_bytes(b"another name's")
+    long_ago = os.stat(left).st_mtime - 3 * 5 - 60  # past three idle bounds (idle: 5 s)
+    for path in (Path(left), other):
+        os.utime(path, (long_ago, long_ago))
+    os.utime(link, (long_ago, long_ago), follow_symlinks=False)
+
+    again = Relay(root, [("sub/f", data, True)], tmp_path)
+    assert again.feed(data).returncode == 0
+    again.end(close=False)
+    assert (sub / "f").read_bytes() == data
+    assert not Path(left).exists()
+    assert sorted(temporaries(root)) == sorted(str(p) for p in (recent, link, other))
+    assert outside.read_bytes() == b"keep me"
