@@ -194,16 +194,21 @@ def test_ctrl_c_during_the_delay_ends_the_run_cleanly(tmp_path: Path) -> None:
     said = Said()
     log = AttemptLog(str(tmp_path), world=2, restarts=True)
     settings = attempts.Settings(2, 30.0, said)
+    # Python's own handler, as a terminal starts it: a shell that runs pytest in the
+    # background starts it with SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
         result = attempts.run_attempts(job, log, settings)
+        given_back = signal.getsignal(signal.SIGINT)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert (result.reason, result.exit_code) == ("interrupted", 130)
     assert [c[0] for c in job.calls] == ["run"]  # no preflight, no attempt 1
     assert "interrupted before the restart: no further attempt" in said.text()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    assert given_back is signal.default_int_handler
 
 
 # ---------------------------------------------------------------- settings
