@@ -72,6 +72,8 @@ SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
 # Node states that come back to idle by themselves once the jobs are gone.
 OK_STATES = ("idle", "allocated", "mixed", "completing")
+# How long a job that is completing may take to leave the queue before it counts as left.
+COMPLETING_BOUND = 15.0
 START_TIMEOUT = 30.0  # seconds for each daemon to answer: far above a healthy start
 
 
@@ -351,6 +353,19 @@ def _tail(path: Path, size: int) -> str:
         return ""
 
 
+def _jobs_left(bed: SlurmBed, bound: float) -> list[str]:
+    """The jobs in the queue, once those only completing (state CG: a test's salloc or
+    sbatch job whose end Slurm is still winding up) have left it, or after ``bound``
+    seconds."""
+    deadline = time.monotonic() + bound
+    while True:
+        done = bed.client(["squeue", "-h", "-o", "%i %t"], timeout=15)
+        jobs = [line.split() for line in done.stdout.splitlines() if line.strip()]
+        if all(state != "CG" for _, state in jobs) or time.monotonic() > deadline:
+            return [job for job, _ in jobs]
+        time.sleep(0.2)
+
+
 def restore(bed: SlurmBed, timeout: float = START_TIMEOUT) -> list[str]:
     """Bring the bed back to how tests find it: every daemon running, no job left, every
     node idle. Returns what was wrong (empty when nothing was), for the test's warning."""
@@ -362,7 +377,7 @@ def restore(bed: SlurmBed, timeout: float = START_TIMEOUT) -> list[str]:
         vars(bed).update(vars(fresh))  # the same object: a session fixture holds it
         bed.cluster.slurm_bed = bed
         return wrong
-    jobs = bed.client(["squeue", "-h", "-o", "%i"], timeout=15).stdout.split()
+    jobs = _jobs_left(bed, COMPLETING_BOUND)
     if jobs:
         wrong.append(f"jobs left: {', '.join(jobs)} (cancelled)")
         bed.client(["scancel", *jobs], timeout=15)
