@@ -117,6 +117,13 @@ class Relay:
         self.aborted = False
         self.upstream: socket.socket | None = None
         self.temps: list[tuple[int, str]] = []  # (folder descriptor, temporary name) open now
+        # The names kept in each folder (by its relative path), whose leftovers are swept
+        # from that folder once, before its first file is written.
+        self.unswept: dict[str, set[str]] = {}
+        for rel, _size, _sha, _mode, keep in (f[:5] for f in self.files):
+            if keep:
+                parent, _, name = str(rel).rpartition("/")
+                self.unswept.setdefault(parent, set()).add(name)
         self.last_word = time.monotonic()
         self.failure = ""  # why the receiver stopped, when it did before the end
 
@@ -377,7 +384,9 @@ class Relay:
             os.close(root)
         assert way is not None
         folder, name = way
-        _remove_stale(folder, name, self.idle * STALE_IDLES)
+        names = self.unswept.pop(str(rel).rpartition("/")[0], None)
+        if names is not None:
+            _remove_stale(folder, names, self.idle * STALE_IDLES)
         temp = "." + name + TMP_MARK + os.urandom(8).hex()
         fd = create_new(temp, 0o600, dir_fd=folder)
         self.temps.append((folder, temp))
@@ -433,19 +442,18 @@ def _memory_file(name: str, text: str) -> int:
     return fd
 
 
-def _remove_stale(folder: int, name: str, age: float) -> None:
-    """Remove what a killed relay left of ``name`` in ``folder``: a regular file named as
-    this module names temporaries, untouched for ``age`` seconds. A live relay writes
-    its file at least every ``idle`` seconds, or gives up and removes it; a link, or a
-    file of another name, is left as it is."""
-    prefix = "." + name + TMP_MARK
+def _remove_stale(folder: int, names: set[str], age: float) -> None:
+    """Remove what a killed relay left of ``names`` in ``folder``: regular files named as
+    this module names their temporaries, untouched for ``age`` seconds. A live relay
+    writes its file at least every ``idle`` seconds, or gives up and removes it; a link,
+    or a file of another name, is left as it is."""
     now = time.time()
     with os.scandir(folder) as entries:
         for entry in entries:
-            tail = entry.name[len(prefix) :]
-            if not entry.name.startswith(prefix) or len(tail) != 16:
+            name, mark, tail = entry.name.rpartition(TMP_MARK)
+            if not mark or name[1:] not in names or not name.startswith("."):
                 continue
-            if tail.strip("0123456789abcdef"):
+            if len(tail) != 16 or tail.strip("0123456789abcdef"):
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)
