@@ -263,7 +263,7 @@ def _wait_for(request: dict[str, Any], reply: int, stdin: int, stdout: int, stde
     try:
         pid = os.fork()
         if pid == 0:
-            _command(request, stdin, stdout, stderr, reply)
+            _command(request, stdin, stdout, stderr)  # closes reply with the rest
         for passed in (stdin, stdout, stderr):
             os.close(passed)
         os.write(reply, STATUS.pack(pid, 0))
@@ -275,7 +275,7 @@ def _wait_for(request: dict[str, Any], reply: int, stdin: int, stdout: int, stde
     os._exit(code)
 
 
-def _command(request: dict[str, Any], stdin: int, stdout: int, stderr: int, reply: int) -> None:
+def _command(request: dict[str, Any], stdin: int, stdout: int, stderr: int) -> None:
     """The command's process: ``python -m MODULE ARGS`` from here on."""
     code = 1
     try:
