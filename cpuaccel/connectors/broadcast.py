@@ -28,6 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,15 +156,15 @@ class Broadcast:
     def run(self) -> dict[str, Delivery]:
         """Every node's Delivery, once each has kept every file or failed."""
         everything = frozenset(f.rel for f in self.files)
-        for host in self.hosts:
+        # every host's connection at once: a pool's open one is there already, a new one
+        # is a handshake, and handshakes one after another would be the set-up's most
+        with ThreadPoolExecutor(max_workers=min(32, len(self.hosts) or 1)) as pool:
+            reached = list(pool.map(self._reach, self.hosts))
+        for host, (conn, error) in zip(self.hosts, reached, strict=True):
             keep = self.keep.get(host.name, everything) if self.keep is not None else everything
-            try:
-                conn = self.connect(host)
-            except CpuaccelError as exc:
-                self.nodes[host.name] = _Node(host, None, keep)  # type: ignore[arg-type]
-                self._fail(host.name, str(exc))
-                continue
-            self.nodes[host.name] = _Node(host, conn, keep)
+            self.nodes[host.name] = _Node(host, conn, keep)  # type: ignore[arg-type]
+            if conn is None:
+                self._fail(host.name, error)
         self._lay_out()
         for node in self.nodes.values():
             if node.delivery is None:
@@ -173,6 +174,12 @@ class Broadcast:
         finally:
             self._close()
         return {h.name: self.nodes[h.name].delivery or Delivery(h.name) for h in self.hosts}
+
+    def _reach(self, host: Host) -> tuple[Connector | None, str]:
+        try:
+            return self.connect(host), ""
+        except CpuaccelError as exc:
+            return None, str(exc)
 
     def _lay_out(self) -> None:
         """Each node's parent: node i is fed by node (i-1)//fanout; the first by the

@@ -19,8 +19,10 @@ sends each its request as one JSON line on stdin:
 
 Every hop's ssh starts at once, before a byte moves. A feed (FEED, run on the next node
 by that ssh, or by the controller's own connection when a node is served directly)
-connects to the next relay's socket, presents the key, and hears from which offset the
-relay wants the stream: the relay keeps what it has across a change of upstream.
+connects to the next relay's socket, presents the key with its own stdin (ssh's pipe),
+and hears from which offset the relay wants the stream: the relay keeps what it has
+across a change of upstream, and reads the stream from that pipe itself. The hops' ssh
+leave out the costly sntrup761 key exchange (mux.fast_kex), as the head's do.
 
 A file is written under a temporary name (common.TMP_MARK) in its folder, reached by
 descriptors (nofollow), hashed as it arrives, and renamed onto its name only when its
@@ -38,11 +40,14 @@ feed). EOF on stdin before the end: abort, temporary files removed.
 
 from __future__ import annotations
 
+import array
 import bisect
+import fcntl
 import hashlib
 import hmac
 import json
 import os
+import select
 import socket
 import stat
 import subprocess
@@ -52,6 +57,7 @@ import time
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import TMP_MARK, create_new
+from cpuaccel.node.mux import fast_kex
 from cpuaccel.node.nofollow import open_folder, parent_of
 
 TYPE_CHECKING = False
@@ -59,6 +65,7 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
     from typing import IO, Any, BinaryIO
 
 CHUNK = 1 << 20
+F_SETPIPE_SZ = 1031  # fcntl's name for it only from Python 3.10
 WINDOW = 64 << 20  # bytes held for the hops before the receiver waits for the slowest
 # A temporary file untouched for this many idle bounds is a killed relay's (the relay
 # ends itself after two without a word from the controller).
@@ -69,27 +76,42 @@ REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
 
 # A feed, run as ``python -S -c FEED``: the header line on stdin (``header``'s words),
 # then the stream. It connects to the relay (retrying within ``wait`` s: the relay may
-# still be starting), presents the key, copies the relay's answer (the offset it wants)
-# to stdout, then stdin to the socket, and last the relay's closing line to stdout. No
-# wait on the relay lasts longer than ``wait`` s: a relay that stops taking bytes or
-# answering ends the feed with one line.
-FEED = """import json,os,socket,sys,time
-i=sys.stdin.buffer;h=i.readline().decode().split();s=socket.socket(socket.AF_UNIX)
+# still be starting), presents the key and hands the relay its stdin (SCM_RIGHTS), so
+# that the relay reads the stream straight from ssh: no byte passes through the feed.
+# It copies the relay's answer (the offset it wants) to stdout, and last the relay's
+# closing line. Its waits are bounded: ``wait`` s for the answer, and for the closing
+# line ``wait`` s from the moment its stdin has no writer left (the upstream ended); a
+# relay that closes the connection first ends the feed with one line.
+FEED = """import array,json,os,select,socket,sys,time
+h=b""
+while h[-1:]!=b"\\n" and len(h)<4096:
+ c=os.read(0,1)
+ if not c:break
+ h+=c
+h=h.decode().split();s=socket.socket(socket.AF_UNIX)
 w=float(h[2]);t=time.monotonic()+w
 while 1:
  try:s.connect("\\0"+h[0]);break
  except OSError:
   if time.monotonic()>t:sys.exit("no relay listening on this node")
   time.sleep(0.05)
-s.settimeout(w)
+b=b""
+def line(d):
+ global b
+ p=select.poll();p.register(s,select.POLLIN);p.register(0,0)
+ while b"\\n" not in b:
+  r=d-time.monotonic() if d else 1
+  if r<=0:raise OSError("no answer in %gs"%w)
+  e=dict(p.poll(min(r,1)*1000))
+  if e.get(0):p.unregister(0);d=d or time.monotonic()+w
+  if e.get(s.fileno()):
+   c=s.recv(4096)
+   if not c:raise OSError("it ended the connection")
+   b+=c
+ l,_,b=b.partition(b"\\n");return l+b"\\n"
 try:
- s.sendall(json.dumps({"key":h[1]}).encode()+b"\\n");r=s.makefile("rb")
- sys.stdout.buffer.write(r.readline());sys.stdout.flush()
- while 1:
-  b=i.read1(1<<20)
-  if not b:break
-  s.sendall(b)
- s.shutdown(socket.SHUT_WR);sys.stdout.buffer.write(r.readline());sys.stdout.flush()
+ s.sendmsg([json.dumps({"key":h[1]}).encode()+b"\\n"],[(socket.SOL_SOCKET,socket.SCM_RIGHTS,array.array("i",[0]))])
+ for d in(time.monotonic()+w,None):sys.stdout.buffer.write(line(d));sys.stdout.flush()
 except OSError as e:sys.exit("the relay stopped taking the stream: %s"%(e.strerror or e))
 """
 
@@ -109,7 +131,7 @@ class Relay:
         self.lock = threading.Condition()
         self.out = threading.Lock()
         # What the hops have yet to take: chunks and their offsets in the stream.
-        self.chunks: list[bytes] = []
+        self.chunks: list[memoryview] = []
         self.offsets: list[int] = []
         self.sent: dict[str, int] = {}
         self.hops: dict[str, subprocess.Popen[bytes]] = {}
@@ -140,7 +162,9 @@ class Relay:
         # ssh closes every descriptor it inherits but 0-2 as it starts, so it reads the
         # files through this process's own (open until the relay ends)
         here = f"/proc/{os.getpid()}/fd"
-        config = _memory_file("ssh_config", str(self.request.get("ssh_config", "")))
+        # last, so that any key exchange the hosts' own blocks name wins over it
+        text = str(self.request.get("ssh_config", "")) + fast_kex()
+        config = _memory_file("ssh_config", text)
         known = _memory_file("known_hosts", str(self.request.get("known_hosts", "")))
         for hop in self.request["hops"]:
             self.start_hop(hop, f"{here}/{config}", f"{here}/{known}")
@@ -165,6 +189,7 @@ class Relay:
             return
         try:
             assert proc.stdin is not None
+            _widen(proc.stdin.fileno())
             proc.stdin.write(header(str(hop["socket"]), str(hop["key"]), self.idle))
             proc.stdin.flush()
         except OSError:
@@ -240,7 +265,7 @@ class Relay:
                 self._trim()
                 self.lock.notify_all()
 
-    def _piece(self, at: int) -> bytes | None:
+    def _piece(self, at: int) -> memoryview | None:
         i = bisect.bisect_right(self.offsets, at) - 1
         if i < 0 or at >= self.got:
             return None
@@ -262,30 +287,35 @@ class Relay:
         return self.got - self.offsets[0] if self.offsets else 0
 
     # ------------------------------------------------------------- the upstream
-    def accept(self, server: socket.socket) -> socket.socket | None:
-        """The next feed that presents the key, told the offset to send from."""
+    def accept(self, server: socket.socket) -> tuple[socket.socket, int] | None:
+        """The next feed that presents the key, and the stream's descriptor it hands over
+        (its stdin), told the offset to send from."""
         deadline = time.monotonic() + self.idle
         key = str(self.request["key"]).encode()
         while not self.aborted and time.monotonic() < deadline:
             try:
                 conn, _ = server.accept()
-            except TimeoutError:
+            except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from 3.10
                 continue
             conn.settimeout(10)
             try:
-                line = conn.makefile("rb").readline(4096)
+                line, fd = _key_line(conn)
+            except OSError:
+                conn.close()
+                continue
+            try:
                 given = str(loads(line)["key"]).encode()
-            except (OSError, ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError):
+                given = b""
+            if fd < 0 or not hmac.compare_digest(given, key):
+                if fd >= 0:
+                    os.close(fd)
                 conn.close()
                 continue
-            if not hmac.compare_digest(given, key):
-                conn.close()
-                continue
-            conn.settimeout(self.idle)
             with self.lock:
                 conn.sendall(json.dumps({"from": self.got}).encode() + b"\n")
                 self.upstream = conn
-            return conn
+            return conn, fd
         return None
 
     def receive(self, server: socket.socket) -> None:
@@ -304,52 +334,77 @@ class Relay:
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while self.got < self.total and not self.aborted:
-            conn = self.accept(server)
-            if conn is None:
+            taken = self.accept(server)
+            if taken is None:
                 self.say(stalled=self.got)
                 return
-            while self.got < self.total and not self.aborted:
+            conn, fd = taken
+            _widen(fd)
+            try:
+                while self.got < self.total and not self.aborted:
+                    with self.lock:
+                        while self.hops and self.held() > WINDOW and not self.aborted:
+                            if all(n in self.dropped for n in self.hops):
+                                break
+                            self.lock.wait(HEARTBEAT)
+                    size = min(CHUNK, self.total - self.got)
+                    n = self.read(conn, fd, view[:size])
+                    if n == 0:
+                        break  # this upstream ended (or was rerouted): take the next one
+                    data = memoryview(bytes(view[:n]))
+                    pos = 0
+                    while pos < n:
+                        f = self.files[index]
+                        room = int(f[1]) - done_in_file
+                        part = data[pos : pos + room]
+                        if current is not None:
+                            current[2].update(part)
+                            if current[0] >= 0:
+                                _write_all(current[0], part)
+                        pos += len(part)
+                        done_in_file += len(part)
+                        if done_in_file == int(f[1]) and current is not None:
+                            self.close_file(index, current)
+                            index, current = self.advance(index + 1, None)
+                            done_in_file = 0
+                    with self.lock:
+                        if self.hops:
+                            self.chunks.append(data)
+                            self.offsets.append(self.got)
+                        self.got += n
+                        self.lock.notify_all()
+                    self.last_word = time.monotonic()
                 with self.lock:
-                    while self.hops and self.held() > WINDOW and not self.aborted:
-                        if all(n in self.dropped for n in self.hops):
-                            break
-                        self.lock.wait(HEARTBEAT)
-                size = min(CHUNK, self.total - self.got)
+                    if self.upstream is conn:
+                        self.upstream = None
+                if self.got >= self.total:
+                    conn.sendall(json.dumps({"end": self.got}).encode() + b"\n")
+            finally:
+                os.close(fd)
+                conn.close()
+
+    def read(self, conn: socket.socket, fd: int, into: memoryview) -> int:
+        """Bytes of the stream from the feed's descriptor into ``into``; 0 when the
+        upstream ended, was rerouted (the feed's connection shut), or gave nothing for
+        ``idle`` s."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(conn, select.POLLIN)  # the feed says nothing more: only its end
+        deadline = time.monotonic() + self.idle
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 0
+            ready = dict(poller.poll(left * 1000))
+            if ready.get(conn.fileno()):
+                return 0
+            if ready.get(fd):
                 try:
-                    n = conn.recv_into(view[:size])
+                    return os.readv(fd, [into])
+                except BlockingIOError:
+                    continue
                 except OSError:
-                    n = 0
-                if n == 0:
-                    break  # this upstream ended (or was rerouted): take the next one
-                data = bytes(view[:n])
-                pos = 0
-                while pos < n:
-                    f = self.files[index]
-                    room = int(f[1]) - done_in_file
-                    part = data[pos : pos + room]
-                    if current is not None:
-                        current[2].update(part)
-                        if current[0] >= 0:
-                            _write_all(current[0], part)
-                    pos += len(part)
-                    done_in_file += len(part)
-                    if done_in_file == int(f[1]) and current is not None:
-                        self.close_file(index, current)
-                        index, current = self.advance(index + 1, None)
-                        done_in_file = 0
-                with self.lock:
-                    if self.hops:
-                        self.chunks.append(data)
-                        self.offsets.append(self.got)
-                    self.got += n
-                    self.lock.notify_all()
-                self.last_word = time.monotonic()
-            with self.lock:
-                if self.upstream is conn:
-                    self.upstream = None
-            if self.got >= self.total:
-                conn.sendall(json.dumps({"end": self.got}).encode() + b"\n")
-            conn.close()
+                    return 0
 
     def advance(self, index: int, current: list[Any] | None) -> tuple[int, list[Any] | None]:
         """File ``index`` opened (unless ``current`` is it), empty files kept at once."""
@@ -427,7 +482,40 @@ class Relay:
         return str(self.request["root"])
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _widen(fd: int) -> None:
+    """Let a pipe hold up to a chunk: the relay then takes what ssh wrote in fewer,
+    larger reads (the system's limit, or a descriptor that is no pipe, leaves it as it is)."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
+    except OSError:
+        pass
+
+
+def _key_line(conn: socket.socket) -> tuple[bytes, int]:
+    """A feed's first line and the descriptor passed with it (-1 if none; any more are
+    closed)."""
+    line, fds = b"", []  # type: tuple[bytes, list[int]]
+    space = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+    try:
+        while b"\n" not in line and len(line) < 4096:
+            data, ancillary, _flags, _ = conn.recvmsg(4096, space)
+            for level, kind, given in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    whole = len(given) - len(given) % array.array("i").itemsize
+                    fds.extend(array.array("i", given[:whole]))
+            if not data:
+                break
+            line += data
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
+    for extra in fds[1:]:
+        os.close(extra)
+    return line, fds[0] if fds else -1
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

@@ -5,7 +5,6 @@ test folder each; plus its version and requirement helpers imported directly."""
 from __future__ import annotations
 
 import base64
-import glob
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.node import common, pep440, pip
+from tests.unit.node.interpreters import old_python
 
 SOURCE = node.program("agent")
 
@@ -750,18 +750,6 @@ def test_pip_failure_reports_pip_message(node: Agent, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- Python 3.8
-
-
-def old_python() -> str | None:
-    candidates = [shutil.which("python3.8")]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
-    for candidate in candidates:
-        if (
-            candidate
-            and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0
-        ):
-            return candidate
-    return None
 
 
 @pytest.mark.skipif(old_python() is None, reason="no Python 3.8 on this machine")

@@ -7,9 +7,11 @@ import hashlib
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +21,21 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.node.relay import FEED, header
+from cpuaccel.node.relay import ACCEPT_POLL, FEED, header
+from tests.unit.node.interpreters import old_python
 
 
 class Relay:
     """One relay process with no hops, its answers collected as they come."""
 
-    def __init__(self, root: Path, files: list[tuple[str, bytes, bool]], tmp: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        files: list[tuple[str, bytes, bool]],
+        tmp: Path,
+        python: str = sys.executable,
+    ) -> None:
+        self.python = python
         self.socket = "cpuaccel-relay-test-" + secrets.token_hex(8)
         self.key = secrets.token_hex(16)
         request = {
@@ -41,7 +51,7 @@ class Relay:
             "known_hosts": "",
             "idle": 5,
         }
-        argv = programs.argv(sys.executable, "relay")
+        argv = programs.argv(python, "relay")
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
@@ -58,9 +68,11 @@ class Relay:
         for line in self.proc.stdout:
             self.answers.append(json.loads(line))
 
-    def feed(self, data: bytes, key: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    def feed(
+        self, data: bytes, key: str | None = None, program: str = FEED
+    ) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            [sys.executable, "-S", "-c", FEED],
+            [self.python, "-S", "-c", program],
             input=header(self.socket, key or self.key, 5) + data,
             capture_output=True,
             timeout=30,
@@ -89,11 +101,29 @@ def temporaries(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if TMP_MARK in p.name]
 
 
-def test_files_are_kept_in_order_and_passed_over_when_not_kept(root: Path, tmp_path: Path) -> None:
+OLD_PYTHON = old_python()
+PYTHONS = [
+    pytest.param(sys.executable, id="this-python"),
+    pytest.param(
+        OLD_PYTHON or "",
+        id="python3.8",
+        marks=pytest.mark.skipif(OLD_PYTHON is None, reason="no Python 3.8 on this machine"),
+    ),
+]
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_files_are_kept_in_order_and_passed_over_when_not_kept(
+    root: Path, tmp_path: Path, python: str
+) -> None:
     one, two, three = os.urandom(3 << 20), b"", os.urandom(1000)
     relay = Relay(
-        root, [("a/one", one, True), ("b/two", two, True), ("three", three, False)], tmp_path
+        root,
+        [("a/one", one, True), ("b/two", two, True), ("three", three, False)],
+        tmp_path,
+        python,
     )
+    time.sleep(2 * ACCEPT_POLL)  # the relay has waited for a feed more than once
     fed = relay.feed(one + three)
     assert fed.returncode == 0, fed.stderr
     # the feed hears where to start, then the relay's closing line
@@ -113,6 +143,62 @@ def test_files_are_kept_in_order_and_passed_over_when_not_kept(root: Path, tmp_p
     }
     assert relay.said("end")[-1]["end"] is True
     assert temporaries(root) == []
+
+
+def test_the_stream_goes_from_the_feeds_stdin_to_the_relay_not_through_the_feed(
+    root: Path, tmp_path: Path
+) -> None:
+    """The feed hands the relay its stdin: of a stream of 8 MiB, the feed process itself
+    reads no more than its start-up and its header."""
+    data = os.urandom(8 << 20)
+    relay = Relay(root, [("f", data, True)], tmp_path)
+    # the feed as it is, then what its process read in all (/proc/self/io's rchar)
+    counted = (
+        "import atexit,sys\n"
+        "atexit.register(lambda: sys.stderr.write(open('/proc/self/io').read()))\n" + FEED
+    )
+    fed = relay.feed(data, program=counted)
+    assert fed.returncode == 0, fed.stderr
+    assert relay.end(close=False) == 0
+    assert (root / "f").read_bytes() == data
+    io = dict(line.split(": ") for line in fed.stderr.decode().splitlines() if ": " in line)
+    assert int(io["rchar"]) < 1 << 20, io
+
+
+def test_a_feed_whose_relay_falls_silent_ends_once_its_upstream_has(tmp_path: Path) -> None:
+    """A relay that took the stream's descriptor, answered and then hangs: the feed waits
+    while its upstream still writes, and gives up ``wait`` s after that ends."""
+    name = "cpuaccel-relay-test-" + secrets.token_hex(8)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind("\0" + name)
+    server.listen(1)
+    feed = subprocess.Popen(
+        [sys.executable, "-S", "-c", FEED],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert feed.stdin is not None and feed.stdout is not None
+    feed.stdin.write(header(name, "k", 1))
+    feed.stdin.flush()
+    conn, _ = server.accept()
+    conn.settimeout(10)
+    _, ancillary, _, _ = conn.recvmsg(4096, socket.CMSG_SPACE(4))
+    ((_, kind, given),) = ancillary
+    assert kind == socket.SCM_RIGHTS
+    os.close(int.from_bytes(given[:4], sys.byteorder))  # the feed's stdin, not read here
+    conn.sendall(b'{"from": 0}\n')
+    assert json.loads(feed.stdout.readline()) == {"from": 0}
+    time.sleep(2)  # past ``wait``: while the upstream is there, the feed waits on
+    assert feed.poll() is None
+    feed.stdin.close()  # the upstream ended; the relay says nothing
+    started = time.monotonic()
+    assert feed.wait(10) != 0
+    assert 0.5 < time.monotonic() - started < 5
+    assert feed.stdout.read() == b""
+    assert b"the relay stopped taking the stream" in feed.stderr.read()
+    conn.close()
+    server.close()
 
 
 def test_a_file_that_arrives_wrong_is_removed_and_said(root: Path, tmp_path: Path) -> None:
