@@ -8,8 +8,9 @@ folder through cpuaccel's broadcast (cpuaccel.connectors.broadcast.Broadcast, th
 Each run opens its own connections (a fresh pool: every handshake is in the time) and
 writes to a destination of its own; every node's copy is checked by sha256 after each
 run (not timed), then removed. The shapes' order rotates between repeats. Each cell is
-the median of --repeat runs with its ratio to the chain, and the machine's CPU busy
-share meanwhile; `one copy` (rsync -a to node1 alone) is the floor.
+the median of --repeat runs with its ratio to the chain, the machine's CPU busy share
+meanwhile, and the set-up: the seconds until the first byte moved (the connections,
+the relays, the hops); `one copy` (rsync -a to node1 alone) is the floor.
 
     sudo .venv/bin/python bench/broadcast_shape.py [--nodes 8,16] [--fanouts 1,2,3]
         [--megabytes 50] [--rate 200mbit] [--repeat 3] [--cluster-id 62]
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from broadcast import (
@@ -51,7 +53,7 @@ CLUSTER_ID = 62  # apart from the tests' and bench/broadcast.py's (61)
 
 def through_broadcast(
     tools: Tools, payload: Payload, fanout: int, dest: Path, timeout: float
-) -> Run:
+) -> Shaped:
     """One broadcast of the payload's files to every node at ``dest``, timed."""
     cluster = tools.cluster
     hosts = Inventory.load(cluster.inventory_path).select(None)
@@ -63,7 +65,7 @@ def through_broadcast(
     busy0, total0 = cpu_ticks()
     started = time.perf_counter()
     with ConnectionPool(ConnectOptions()) as pool:
-        out = Broadcast(
+        sender = Broadcast(
             pool.get,
             pool.options,
             hosts,
@@ -71,7 +73,8 @@ def through_broadcast(
             files,
             fanout=fanout,
             note=notes.append,
-        ).run()
+        )
+        out = sender.run()
     elapsed = time.perf_counter() - started
     busy1, total1 = cpu_ticks()
     failed = {name: d.error for name, d in out.items() if not d.ok}
@@ -79,7 +82,16 @@ def through_broadcast(
         raise BenchFailure(f"fan-out {fanout}: failed {failed}, {elapsed:.0f}s; {notes}")
     if notes:
         tools.log(f"fan-out {fanout}: " + "; ".join(notes))
-    return Run(elapsed, (busy1 - busy0) / max(1, total1 - total0))
+    setup = sender.setup_seconds if sender.setup_seconds is not None else elapsed
+    return Shaped(elapsed, (busy1 - busy0) / max(1, total1 - total0), setup)
+
+
+@dataclass
+class Shaped(Run):
+    """A broadcast's run, with its set-up: seconds until the first byte moved (the
+    connections, the relays, the hops; the rest is the stream and the end)."""
+
+    setup: float = 0.0
 
 
 def main() -> None:
@@ -123,7 +135,9 @@ def main() -> None:
                             tools.verify(payload, dest, cluster.names, shape)
                             tools.remove(dest)
                         runs.setdefault(shape, []).append(run)
-                        log(f"{nodes} nodes, {shape}: {run.seconds:.2f}s ({run.cpu:.0%} CPU)")
+                        setup = f", set-up {run.setup:.2f}s" if isinstance(run, Shaped) else ""
+                        said = f"{run.seconds:.2f}s ({run.cpu:.0%} CPU{setup})"
+                        log(f"{nodes} nodes, {shape}: {said}")
             finally:
                 tools.clean_nodes()
         rows.append((nodes, runs))
@@ -142,7 +156,9 @@ def main() -> None:
             med = statistics.median(r.seconds for r in runs[shape])
             cpu = statistics.median(r.cpu for r in runs[shape])
             ratio = f" ({med / chain:.2f}x)" if chain and shape != "one copy" else ""
-            cells.append(f"{med:.2f} s{ratio}, {cpu:.0%} CPU")
+            setups = [r.setup for r in runs[shape] if isinstance(r, Shaped)]
+            setup = f", set-up {statistics.median(setups):.2f} s" if setups else ""
+            cells.append(f"{med:.2f} s{ratio}, {cpu:.0%} CPU{setup}")
         print(f"| {nodes} | " + " | ".join(cells) + " |")
 
 

@@ -150,12 +150,16 @@ class Broadcast:
         self._feeds: list[Process] = []
         self._feeds_lock = threading.Lock()
         self._reported = 0
+        self._started = time.monotonic()
         self._hop_why: dict[tuple[str, str], str] = {}  # (parent, child) -> ssh's words
+        # Seconds from ``run`` to the first byte: the set-up (connections, relays, hops).
+        self.setup_seconds: float | None = None
 
     # ------------------------------------------------------------- the one loop
     def run(self) -> dict[str, Delivery]:
         """Every node's Delivery, once each has kept every file or failed."""
         everything = frozenset(f.rel for f in self.files)
+        self._started = time.monotonic()
         # every host's connection at once: a pool's open one is there already, a new one
         # is a handshake, and handshakes one after another would be the set-up's most
         with ThreadPoolExecutor(max_workers=min(32, len(self.hosts) or 1)) as pool:
@@ -222,6 +226,7 @@ class Broadcast:
 
     def _begin(self) -> None:
         """The first byte: hops that failed to come up are said, in one line when none did."""
+        self.setup_seconds = time.monotonic() - self._started
         lost = [
             (n.host.name, child)
             for n in self.nodes.values()
