@@ -6,6 +6,7 @@ on every node, and its secrets taken back off them when no job starts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -49,27 +50,50 @@ class Nodes:
         self.kept.close()
 
 
+@dataclass(frozen=True)
+class Copied:
+    """Where the run's large files came from, by node: ``cast``, the nodes that took them
+    by broadcast; ``held``, those that held them intact from an earlier attempt."""
+
+    cast: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+
+    def record(self) -> dict[str, list[str]]:
+        """The fields for run.json: what there is to say."""
+        fields = {"broadcast": self.cast, "large_files_held": self.held}
+        return {key: names for key, names in fields.items() if names}
+
+
 def copy_files(
     plan: RunPlan, files: JobFiles, nodes: Nodes, note: Callable[[str], None] = lambda line: None
-) -> list[str]:
+) -> Copied:
     """The run's files written on every node (by its kept prelaunch program where open),
     or none started: a node that failed is said with the fix.
 
     Large files (a notebook's pickled call with the data it captured) that several
     nodes take go by one broadcast (cpuaccel.connectors.broadcast), once the rest made
     the run folder, rather than once per node in each node's request: ``note`` takes
-    the line for a node it cut out, which then gets them the usual way. Returns the
-    hosts that took them by broadcast."""
+    the line for a node it cut out, which then gets them the usual way. A node that
+    holds a large file already, as an earlier attempt of the run left it (same mode and
+    sha256, checked there), is not sent it again."""
     large = _large(files, plan.hosts)
-    results = _write(plan, plan.hosts, {n: f for n, f in files.items() if n not in large}, nodes)
+    held = {name: (files[name][0], _sha256(files[name][1])) for name in large}
+    small = {n: f for n, f in files.items() if n not in large}
+    results = _write(plan, plan.hosts, small, nodes, held)
     holding = [r.host for r in results if r.ok]  # the hosts that took secret.env, if any
     failed = [r for r in results if not r.ok]
-    cast: list[str] = []
+    copied = Copied()
     if large and not failed:
-        cast = _broadcast(plan, {n: files[n] for n in large}, nodes, note)
-        rest = [h for h in plan.hosts if h.name not in cast]
-        more = _write(plan, rest, {n: files[n] for n in large}, nodes) if rest else []
-        failed = [r for r in more if not r.ok]
+        needs = {r.host.name: large - set((r.value or {}).get("held", [])) for r in results}
+        wanting = [h for h in plan.hosts if needs[h.name]]
+        held_all = sorted(name for name, rels in needs.items() if not rels)
+        wanted = frozenset().union(*(needs[h.name] for h in wanting))
+        cast = []
+        if _large({n: files[n] for n in wanted}, wanting):  # still worth a broadcast
+            cast = _broadcast(plan, wanting, files, needs, nodes, note)
+        copied = Copied(cast, held_all)
+        rest = [h for h in wanting if h.name not in cast]
+        failed = _write_each(plan, rest, files, needs, nodes)
     if failed:
         if "secret.env" in files:  # no job starts: take the secrets back off every holder
             forget_secrets(plan, holding, nodes)
@@ -77,7 +101,7 @@ def copy_files(
             "; ".join(f"{r.host.name}: {r.error}" for r in failed),
             hint="check free disk and permissions at cpuaccel_workdir",
         )
-    return cast
+    return copied
 
 
 def broadcast_note(line: str) -> None:
@@ -85,14 +109,42 @@ def broadcast_note(line: str) -> None:
     ui.stderr().print(f"broadcast: {ui.escape(line)}")
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _write(
-    plan: RunPlan, hosts: list[Host], files: JobFiles, nodes: Nodes
+    plan: RunPlan,
+    hosts: list[Host],
+    files: JobFiles,
+    nodes: Nodes,
+    held: dict[str, tuple[int, str]] | None = None,
 ) -> list[HostResult[fanout.Answer]]:
     """``files`` written into the run folder on ``hosts`` (made there, 0700): each
-    host's result."""
-    payload = json.dumps(files).encode()  # the same files everywhere: one srun step in Slurm
+    host's result, with the names of ``held`` ({name: (mode, sha256)}) it holds already."""
+    # the same request everywhere: one srun step in Slurm
+    payload = json.dumps({"files": files, "held": held or {}}).encode()
     words, what = ["write", plan.run_dir], "writing the run's files"
     return fanout.call_all(hosts, "jobctl", words, payload, what=what, timeout=600.0, **nodes.fan())
+
+
+def _write_each(
+    plan: RunPlan,
+    hosts: list[Host],
+    files: JobFiles,
+    needs: dict[str, frozenset[str]],
+    nodes: Nodes,
+) -> list[HostResult[fanout.Answer]]:
+    """Each host's ``needs`` of ``files`` written directly (one request for the hosts
+    that need the same); the results that failed."""
+    groups: dict[frozenset[str], list[Host]] = {}
+    for host in hosts:
+        groups.setdefault(needs[host.name], []).append(host)
+    failed: list[HostResult[fanout.Answer]] = []
+    for names, group in groups.items():
+        results = _write(plan, group, {n: files[n] for n in sorted(names)}, nodes)
+        failed += [r for r in results if not r.ok]
+    return failed
 
 
 def _large(files: JobFiles, hosts: list[Host]) -> frozenset[str]:
@@ -110,14 +162,21 @@ def _large(files: JobFiles, hosts: list[Host]) -> frozenset[str]:
 
 
 def _broadcast(
-    plan: RunPlan, files: JobFiles, nodes: Nodes, note: Callable[[str], None]
+    plan: RunPlan,
+    hosts: list[Host],
+    files: JobFiles,
+    needs: dict[str, frozenset[str]],
+    nodes: Nodes,
+    note: Callable[[str], None],
 ) -> list[str]:
-    """``files`` into the run folder of every host relays reach; the hosts that kept
-    them all (each checked by sha256 there)."""
-    hosts = [h for h in plan.hosts if broadcast.relays(h)]
+    """Into the run folder of each of ``hosts`` that relays reach, the ``files`` it
+    ``needs``; the hosts that kept them all (each checked by sha256 there)."""
+    hosts = [h for h in hosts if broadcast.relays(h)]
+    names = sorted(set().union(*(needs[h.name] for h in hosts)))
     with tempfile.TemporaryDirectory(prefix="cpuaccel-cast-") as folder:
         payload = []
-        for name, (mode, text) in files.items():
+        for name in names:
+            mode, text = files[name]
             path = os.path.join(folder, name)
             with open(path, "wb") as f:
                 f.write(text.encode())
@@ -125,12 +184,12 @@ def _broadcast(
             payload.append(broadcast.payload_file(path, name))
         sender = broadcast.Broadcast(
             nodes.pool.get, nodes.connect, hosts, dict.fromkeys([h.name for h in hosts],
-            plan.run_dir), payload, note=note,
+            plan.run_dir), payload, keep={h.name: needs[h.name] for h in hosts}, note=note,
         )  # fmt: skip
         done = sender.run()
     cast = []
     for name, delivery in done.items():
-        if delivery.ok and set(delivery.kept) == set(files):
+        if delivery.ok and set(delivery.kept) == needs[name]:
             cast.append(name)
         elif delivery.error:
             note(f"{name}: the broadcast failed ({delivery.error}): its run files go directly")

@@ -236,9 +236,9 @@ class ForegroundRun(Supervised):
 
     def copy(self, plan: RunPlan, files: JobFiles) -> None:
         if not self.local or "secret.env" in files:  # the sweep took secret.env away
-            cast = copy_files(plan, files, self.nodes, note=broadcast_note)
-            if cast:  # the nodes that took the large run files by broadcast
-                self.rundir.record(broadcast=cast)
+            copied = copy_files(plan, files, self.nodes, note=broadcast_note)
+            if copied.record():  # where the large run files came from, by node
+                self.rundir.record(**copied.record())
 
     def run(self, k: int, resume: str | None) -> Outcome:
         plan, nodes = self.plan, self.nodes

@@ -197,9 +197,9 @@ def _detach(
     files.update(supervisor_files(plan, limits, min_nodes))
     run_dir = RunDir.create(project / "runs", plan, files)
     if not local or "secret.env" in files:
-        cast = copy_files(plan, files, nodes, note=broadcast_note)
-        if cast:  # the nodes that took the large run files by broadcast
-            run_dir.record(broadcast=cast)
+        copied = copy_files(plan, files, nodes, note=broadcast_note)
+        if copied.record():  # where the large run files came from, by node
+            run_dir.record(**copied.record())
     try:
         supervisor = _start_supervisor(plan, nodes.pool.get(plan.head), run_dir, inventory)
     except CpuaccelError:

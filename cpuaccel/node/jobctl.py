@@ -2,10 +2,14 @@
 
 Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs):
 
-  write RUN_DIR      payload: JSON {name: [mode, text]}; each file created with its
-                     mode from the start (secret.env is never readable by others), then
-                     renamed into place. RUN_DIR is WORKDIR/runs/RUN_ID: ``runs`` and the
-                     run's folder are made 0700 and never followed if links (refused)
+  write RUN_DIR      payload: JSON {"files": {name: [mode, text]}, "held": {name:
+                     [mode, sha256]}}; each file created with its mode from the start
+                     (secret.env is never readable by others), then renamed into place.
+                     RUN_DIR is WORKDIR/runs/RUN_ID: ``runs`` and the run's folder are
+                     made 0700 and never followed if links (refused). Answers which
+                     ``held`` files the folder holds as they are (a regular file with
+                     that mode and sha256, never through a link): the large files an
+                     earlier attempt of the run got, which a restart need not send again
   procs RUN_ID       the processes of this job on this node
   signal RUN_ID PIDFILE SIG
                      signal the launcher's process group, after checking that its leader
@@ -46,9 +50,11 @@ other people's jobs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
+import stat
 import sys
 import time
 
@@ -149,24 +155,55 @@ def _run_folder(run_dir: str, create: bool) -> int | None:
         os.close(top)
 
 
+def _file_name(name: str) -> str:
+    if "/" in name or name.startswith(".") or not name:
+        raise ValueError(f"refusing file name {name!r}")
+    return name
+
+
 def _write_files(folder: int, files: dict[str, tuple[int, str]]) -> None:
     for name, (mode, text) in files.items():
-        if "/" in name or name.startswith(".") or not name:
-            raise ValueError(f"refusing file name {name!r}")
         # Created with its mode (whatever the umask), then renamed into place.
-        write_atomic(name, text.encode(), mode, dir_fd=folder)
+        write_atomic(_file_name(name), text.encode(), mode, dir_fd=folder)
 
 
-def write(run_dir: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
+def _holds(folder: int, name: str, mode: int, sha256: str) -> bool:
+    """Whether the run folder's ``name`` is a regular file (not reached through a link,
+    nor opened if it is a fifo) with ``mode`` and content of ``sha256``."""
+    try:
+        fd = os.open(_file_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or stat.S_IMODE(info.st_mode) != mode:
+            return False
+        digest = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            digest.update(chunk)
+        return digest.hexdigest() == sha256
+    finally:
+        os.close(fd)
+
+
+def write(
+    run_dir: str,
+    files: dict[str, tuple[int, str]],
+    held: dict[str, tuple[int, str]] | None = None,
+) -> dict[str, Any]:
     folder = _run_folder(run_dir, create=True)
     assert folder is not None  # create=True: made, or refused
     try:
         # The run folder is the user's alone: its files may carry what the job must keep.
         os.fchmod(folder, 0o700)
         _write_files(folder, files)
+        holding = [n for n, (mode, sha) in (held or {}).items() if _holds(folder, n, mode, sha)]
     finally:
         os.close(folder)
-    return {"written": sorted(files)}
+    return {"written": sorted(files), "held": sorted(holding)}
 
 
 def reach(
@@ -425,9 +462,12 @@ def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
     and the kept prelaunch program's (cpuaccel.node.prelaunch) for its later requests."""
     if mode == "write":
         try:
-            return write(args[0], loads(stdin.read()))
+            asked = loads(stdin.read())
+            return write(args[0], asked["files"], asked.get("held"))
         except LinkRefused as exc:
             raise SystemExit(refused(exc)) from None
+        except ValueError as exc:  # a name that is no file name of the run folder
+            raise SystemExit(str(exc)) from None
     if mode == "procs":
         return {"pids": _describe(job_pids(args[0]))}
     if mode == "signal":

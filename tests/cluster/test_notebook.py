@@ -146,6 +146,34 @@ def test_a_large_value_the_function_captured_reaches_the_ranks_by_one_broadcast(
     assert_nothing_left(cluster, record["run_id"])
 
 
+def test_a_restart_finds_the_large_call_on_the_nodes_and_does_not_send_it_again(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    # the first attempt fails on every rank; the second finds the pickled call (27 MiB)
+    # that the first one's broadcast left in the run folder, checked by sha256 there
+    nb = notebook_of(
+        SETUP,
+        "import hashlib, os\n"
+        "BLOB = os.urandom(20 << 20)\n"
+        "def digest():\n"
+        "    if os.environ['CPUACCEL_RESTART'] == '0':\n"
+        "        raise RuntimeError('the first attempt fails')\n"
+        "    return hashlib.sha256(BLOB).hexdigest()\n"
+        "values = cpuaccel.notebook.launch(digest, nodes=2, ppn=1, gather=True,\n"
+        "                                  max_restarts=1, restart_delay=0)\n"
+        "values == [hashlib.sha256(BLOB).hexdigest()] * 2",
+    )
+    project = run_notebook(nb, tmp_path, inventory)
+    cell = nb.cells[1]
+    assert errors(cell) == [], cell.outputs
+    assert cell.outputs[-1]["data"]["text/plain"] == "True", cell.outputs
+    (record,) = [json.loads(p.read_text()) for p in (project / "runs").glob("*/run.json")]
+    assert record["broadcast"] == ["node1", "node2"], record  # the first attempt's
+    assert record["large_files_held"] == ["node1", "node2"], record  # the second's
+    assert "broadcast: " not in streams(cell, "stderr")  # no node was cut out
+    assert_nothing_left(cluster, record["run_id"])
+
+
 def test_a_rank_that_raises_is_the_cells_error_with_its_traceback(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:

@@ -96,9 +96,9 @@ def test_a_kept_program_answers_the_jobs_requests_on_its_channel(tmp_path: Path)
     _, kept = _kept(tmp_path)
     run_dir = tmp_path / "work" / "runs" / RUN_ID
     assert not run_dir.exists()  # the preflight itself writes nothing
-    payload = json.dumps(FILES).encode()
+    payload = json.dumps({"files": FILES}).encode()
     done = kept.request(["write", str(run_dir)], payload, what="writing", timeout=30)
-    assert done == {"written": ["launch.sh", "secret.env"]}
+    assert done == {"written": ["launch.sh", "secret.env"], "held": []}
     assert (run_dir / "secret.env").stat().st_mode & 0o777 == 0o600
     swept = kept.request(["end", RUN_ID, "0", str(run_dir)], b"", what="sweeping", timeout=30)
     assert swept["forgot"] is True and swept["left"] == [] and not (run_dir / "secret.env").exists()

@@ -6,6 +6,7 @@ source on stdin, isolated from this checkout) against a tmp tree with a hostile 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -37,7 +38,7 @@ def jobs(*words: str, payload: bytes = b"") -> subprocess.CompletedProcess[bytes
 
 
 def write(run_dir: Path) -> subprocess.CompletedProcess[bytes]:
-    return jobs("write", str(run_dir), payload=json.dumps(FILES).encode())
+    return jobs("write", str(run_dir), payload=json.dumps({"files": FILES}).encode())
 
 
 def mode_of(path: Path) -> int:
@@ -111,6 +112,43 @@ def test_a_link_in_the_run_folder_is_replaced_not_written_through(
     assert write(run).returncode == 0
     assert (elsewhere / "target").read_text() == "keep"
     assert not (run / "secret.env").is_symlink() and mode_of(run / "secret.env") == 0o600
+
+
+def test_write_names_the_large_files_the_run_folder_holds_as_they_are(
+    tree: tuple[Path, Path],
+) -> None:
+    """A restart's request: only a regular file with the mode and sha256 asked counts as
+    held; a link is never read through, and a fifo is not opened for reading."""
+    work, elsewhere = tree
+    run = work / "runs" / RUN_ID
+    run.mkdir(parents=True)
+    data = b"pickled call " * 1000
+    for name, mode in (("same", 0o600), ("other-mode", 0o644), ("other-bytes", 0o600)):
+        (run / name).write_bytes(data if name != "other-bytes" else data + b"!")
+        (run / name).chmod(mode)
+    (elsewhere / "target").write_bytes(data)
+    (elsewhere / "target").chmod(0o600)
+    (run / "linked").symlink_to(elsewhere / "target")
+    os.mkfifo(run / "fifo", 0o600)
+    digest = hashlib.sha256(data).hexdigest()
+    names = ["same", "other-mode", "other-bytes", "linked", "fifo", "missing"]
+    asked = {"files": FILES, "held": {name: [0o600, digest] for name in names}}
+    done = subprocess.run(
+        [*programs.argv(sys.executable, "jobctl", ["write", str(run)])],
+        input=node.program("jobctl") + json.dumps(asked).encode(),
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"written": sorted(FILES), "held": ["same"]}
+    assert (elsewhere / "target").read_bytes() == data  # untouched
+
+
+def test_write_refuses_a_held_name_with_a_path(tree: tuple[Path, Path]) -> None:
+    work, _ = tree
+    asked = {"files": {}, "held": {"../x": [0o600, "0" * 64]}}
+    done = jobs("write", str(work / "runs" / RUN_ID), payload=json.dumps(asked).encode())
+    assert done.returncode != 0 and done.stderr == b"refusing file name '../x'\n"
 
 
 def test_the_end_never_removes_a_secret_behind_a_link(tree: tuple[Path, Path]) -> None:
