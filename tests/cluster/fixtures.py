@@ -59,8 +59,23 @@ TWO_BY_TWO = ("--nodes", "2", "--ppn", "2")
 
 # Master ports for the jobs: a new one each job (a job just ended leaves its port in
 # TIME_WAIT), all below the kernel's ephemeral range (32768-60999), from which the
-# nodes' own outgoing connections (ssh, slurmd) take their local ports.
-_MASTER_PORTS = itertools.count(random.randrange(20000, 30000, 100))
+# nodes' own outgoing connections (ssh, slurmd) take their local ports. Each pytest
+# worker counts in a range of its own: the workers' jobs share the cluster's nodes, and
+# two jobs at once on one master port fail the second's preflight.
+PORTS = range(20000, 30000)
+
+
+def _first_port() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker) % count if worker.isdigit() and count > 0 else 0
+    width = len(PORTS) // max(1, count)
+    # a random start in the first half of the worker's range: a run after this one
+    # (whose jobs' ports may still be in TIME_WAIT) likely counts from elsewhere
+    return PORTS.start + index * width + random.randrange(0, max(1, width // 2), 100)
+
+
+_MASTER_PORTS = itertools.count(_first_port())
 
 
 def master_port(span: int = 1) -> str:
