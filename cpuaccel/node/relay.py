@@ -7,9 +7,10 @@ sends each its request as one JSON line on stdin:
   socket   the abstract Unix socket name it listens on (Linux: one namespace a network
            namespace, no file to leave behind), where its upstream's feed connects
   key      what a feed must present first (never in argv: ``ps`` shows argv)
-  root     the folder the files land below; ``files``: [rel, size, sha256, mode, keep,
-           mtime_ns or null] in the order of the stream (a file not kept is only passed
-           on; a kept one gets the mtime given, else keeps the time it was written)
+  root     the folder the files land below; ``files``: [rel, size, sha256, mode (-1: a
+           new file's here, 0o666 less the umask), keep, mtime_ns or null] in the order
+           of the stream (a file not kept is only passed on; a kept one gets the mtime
+           given, else keeps the time it was written)
   hops     the nodes it passes the stream to: name, the quoted remote command of their
            feed, and their socket and key; ``ssh_config``/``known_hosts``: the texts of
            the ssh files it reaches them with, kept in memory files (memfd) that its ssh
@@ -147,7 +148,8 @@ class Relay:
                 parent, _, name = str(rel).rpartition("/")
                 self.unswept.setdefault(parent, set()).add(name)
         self.last_word = time.monotonic()
-        self.failure = ""  # why the receiver stopped, when it did before the end
+        self.failure = ""
+        self.umask = _umask()  # why the receiver stopped, when it did before the end
 
     # ------------------------------------------------------------- answers
     def say(self, **answer: Any) -> None:
@@ -460,7 +462,7 @@ class Relay:
                 os.unlink(temp, dir_fd=folder)
                 self.say(file=rel, bad=got)
                 return
-            os.fchmod(fd, int(mode) & 0o777)
+            os.fchmod(fd, int(mode) & 0o777 if int(mode) >= 0 else 0o666 & ~self.umask)
             if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
                 os.utime(fd, ns=(int(mtime), int(mtime)))
             os.close(fd)
@@ -480,6 +482,13 @@ class Relay:
     @property
     def root(self) -> str:
         return str(self.request["root"])
+
+
+def _umask() -> int:
+    """This process's umask (read by setting it back at once: no thread runs yet)."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _widen(fd: int) -> None:

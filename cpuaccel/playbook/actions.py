@@ -2,8 +2,9 @@
 
 Node-side modules become one request to the host's agent; ``copy`` and ``template``
 read and render on the controller (as Ansible does) and send bytes with their
-checksum; ``synchronize`` is the connector's rsync from the controller; the rest never
-leave it.
+checksum (a large ``copy`` source is named by its sha1 first: a node that holds it is
+sent nothing); ``synchronize`` is the connector's rsync from the controller; the rest
+never leave it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import posixpath
 import shlex
 import stat
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,18 +86,57 @@ def _copy(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) 
     if args.get("content") is not None:
         content = args["content"]
         data = content.encode() if isinstance(content, str) else templar.to_text(content).encode()
-    else:
-        src = str(args["src"])
-        path = find_source(src, ctx.playbook_dir, "files")
-        if path is None or not path.is_file():
-            tried = ", ".join(str(p) for p in search_path(src, ctx.playbook_dir, "files"))
-            raise ActionError(
-                f"copy: src {src!r} is not a file on the controller (looked in {tried})"
-            )
-        data = path.read_bytes()
-        if dest.endswith("/"):
-            dest = posixpath.join(dest, path.name)
-    return _send_bytes(ctx, data, dest, args)
+        return _send_bytes(ctx, data, dest, args)
+    path = copy_source(ctx, args)
+    if dest.endswith("/"):
+        dest = posixpath.join(dest, path.name)
+    delivered, ctx.broadcast = ctx.broadcast, []  # the file, by broadcast before the task
+    size = path.stat().st_size
+    if size >= PROBE_BYTES:  # the node first says whether it needs the bytes at all
+        probe: dict[str, Any] = {
+            "dest": dest,
+            "probe": True,
+            "checksum": source_sha1(path),
+            "size": size,
+            "force": args.get("force", True),
+        }
+        if args.get("mode") is not None:
+            probe["mode"] = args["mode"]
+        said = ctx.request("copy", probe)
+        if not said.get("wants_content"):
+            return {**said, "changed": True, "broadcast": delivered} if delivered else said
+    return _send_bytes(ctx, path.read_bytes(), dest, args)
+
+
+# A copy source of this size or more is named by its sha1 before its bytes are sent: a
+# node that holds it already (a re-run, or a broadcast before the task) is sent nothing.
+PROBE_BYTES = 1 << 20
+_sha1s: dict[tuple[str, int, int, int], str] = {}  # (path, inode, size, mtime_ns) -> sha1
+_sha1s_lock = threading.Lock()
+
+
+def copy_source(ctx: HostContext, args: Mapping[str, Any]) -> Path:
+    """The controller file a ``copy`` task's ``src`` names, looked for as Ansible does."""
+    src = str(args["src"])
+    path = find_source(src, ctx.playbook_dir, "files")
+    if path is None or not path.is_file():
+        tried = ", ".join(str(p) for p in search_path(src, ctx.playbook_dir, "files"))
+        raise ActionError(f"copy: src {src!r} is not a file on the controller (looked in {tried})")
+    return path
+
+
+def source_sha1(path: Path) -> str:
+    """The sha1 of a copy source, hashed once for all the task's hosts."""
+    info = path.stat()
+    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    with _sha1s_lock:
+        if key not in _sha1s:
+            digest = hashlib.sha1()
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            _sha1s[key] = digest.hexdigest()
+        return _sha1s[key]
 
 
 def _template(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) -> Result:

@@ -22,8 +22,8 @@ from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import EXTRA_VARS_SOURCE, Inventory
 from cpuaccel.playbook import become as becoming
+from cpuaccel.playbook import copy_broadcast, synchronize_broadcast, templar
 from cpuaccel.playbook import modules as catalogue
-from cpuaccel.playbook import synchronize_broadcast, templar
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
 from cpuaccel.playbook.loader import Play, Playbook, Task
 
@@ -37,7 +37,10 @@ Preparer = Callable[
      Callable[[int, int], None]],
     None,
 ]  # fmt: skip
-PREPARERS: dict[str, Preparer] = {"synchronize": synchronize_broadcast.prepare}
+PREPARERS: dict[str, Preparer] = {
+    "synchronize": synchronize_broadcast.prepare,
+    "copy": copy_broadcast.prepare,
+}
 
 
 # ---------------------------------------------------------------- the recap's counts

@@ -269,6 +269,61 @@ def test_a_node_lying_about_a_broadcast_file_is_named_and_gets_it_by_rsync(
             assert there == hashlib.sha256((folder / "big" / rel).read_bytes()).hexdigest()
 
 
+LARGE_COPY = """\
+- name: a large file to every node
+  hosts: all
+  tasks:
+    - file: {path: "{{ base }}", state: directory}
+    - name: small
+      copy: {content: "small\\n", dest: "{{ base }}/small.txt"}
+    - name: weights
+      copy: {src: "{{ playbook_dir }}/model.bin", dest: "{{ base }}/", mode: "0640"}
+    - name: plain
+      copy: {src: "{{ playbook_dir }}/model.bin", dest: "{{ base }}/plain.bin"}
+"""
+
+
+def test_copy_sends_a_large_file_through_one_broadcast_and_nothing_when_it_is_there(
+    cluster: Cluster, workspace: tuple[Path, str]
+) -> None:
+    folder, _ = workspace
+    (folder / "model.bin").write_bytes(os.urandom(17 * MIB))
+    digest = hashlib.sha256((folder / "model.bin").read_bytes()).hexdigest()
+    book, inventory, base = playbook_on(cluster, workspace, LARGE_COPY)
+
+    def play() -> dict[str, dict[str, Any]]:
+        done = report(provision(inventory, "--playbook", str(book), "--json"))
+        assert done["ok"], json.dumps(done["plays"], indent=1)[-3000:]
+        return {t["task"]: t for t in done["plays"][0]["tasks"]}
+
+    def held(name: str, rel: str) -> tuple[str, str]:
+        digest, _, mode = on_node(
+            cluster, name, sys.executable, "-c", STAT, f"{base}/{rel}"
+        ).split()
+        return digest, mode
+
+    first = play()
+    for task, kept in (("weights", "model.bin"), ("plain", "plain.bin")):
+        assert "notes" not in first[task], first[task]["notes"]
+        for name, result in first[task]["hosts"].items():
+            assert (result["status"], result["broadcast"]) == ("changed", [kept]), (name, result)
+    for name in cluster.names:
+        assert held(name, "model.bin") == (digest, "0o640")
+        # without a mode, the mode a new file gets there, as copy's own write gives it
+        assert held(name, "plain.bin") == (digest, held(name, "small.txt")[1])
+    second = play()
+    for task in ("weights", "plain"):
+        assert {n: (r["status"], "broadcast" in r) for n, r in second[task]["hosts"].items()} == {
+            n: ("ok", False) for n in cluster.names
+        }
+    # one node's copy differs: one node alone is no broadcast; copy sends it there directly
+    cluster.exec("node2", ["sh", "-c", f"echo more >> {base}/model.bin"])
+    third = play()
+    statuses = {n: (r["status"], "broadcast" in r) for n, r in third["weights"]["hosts"].items()}
+    assert statuses == {n: ("changed" if n == "node2" else "ok", False) for n in cluster.names}
+    assert held("node2", "model.bin") == (digest, "0o640")
+
+
 def test_check_on_fresh_nodes_reports_changes_and_touches_nothing(
     cluster: Cluster, workspace: tuple[Path, str]
 ) -> None:

@@ -385,6 +385,31 @@ def test_copy_force_diff_and_errors(node: Agent, tmp_path: Path) -> None:
     assert damaged["failed"] and dest.read_bytes() == b"mine\n"
 
 
+def test_copy_probe_asks_for_the_bytes_only_when_dest_differs(node: Agent, tmp_path: Path) -> None:
+    """A large source is named by its sha1 and size first: no content in the request."""
+    dest = tmp_path / "weights.bin"
+    data = os.urandom(3000)
+
+    def probe(check: bool = False, **more: Any) -> dict[str, Any]:
+        args = {"dest": str(dest), "probe": True, "checksum": sha1(data), "size": len(data)}
+        return node.call("copy", check=check, diff=True, **args, **more)
+
+    asked = probe()
+    assert (asked["changed"], asked["wants_content"], asked["failed"]) == (False, True, False)
+    planned = probe(check=True)  # a dry run needs no bytes to say it would write
+    assert planned["changed"] and planned["diff"] == {"binary": True} and not dest.exists()
+    dest.write_bytes(data)
+    dest.chmod(0o600)
+    same = probe()
+    assert not same["changed"] and "wants_content" not in same
+    assert (same["checksum"], same["size"], same["mode"]) == (sha1(data), len(data), "0600")
+    assert probe(mode=0o640)["changed"] and mode_of(dest) == 0o640  # the mode alone
+    dest.write_bytes(b"another\n")
+    assert probe()["wants_content"] and dest.read_bytes() == b"another\n"  # untouched
+    kept = probe(force=False)
+    assert not kept["changed"] and kept["msg"] == "file already exists"
+
+
 # ---------------------------------------------------------------- stat
 
 

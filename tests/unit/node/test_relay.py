@@ -34,6 +34,7 @@ class Relay:
         files: list[tuple[str, bytes, bool]],
         tmp: Path,
         python: str = sys.executable,
+        mode: int = 0o640,
     ) -> None:
         self.python = python
         self.socket = "cpuaccel-relay-test-" + secrets.token_hex(8)
@@ -43,7 +44,7 @@ class Relay:
             "key": self.key,
             "root": str(root),
             "files": [
-                [rel, len(data), hashlib.sha256(data).hexdigest(), 0o640, keep]
+                [rel, len(data), hashlib.sha256(data).hexdigest(), mode, keep]
                 for rel, data, keep in files
             ],
             "hops": [],
@@ -199,6 +200,16 @@ def test_a_feed_whose_relay_falls_silent_ends_once_its_upstream_has(tmp_path: Pa
     assert b"the relay stopped taking the stream" in feed.stderr.read()
     conn.close()
     server.close()
+
+
+def test_a_file_without_a_mode_gets_a_new_files_mode_there(root: Path, tmp_path: Path) -> None:
+    data = os.urandom(1000)
+    relay = Relay(root, [("f", data, True)], tmp_path, mode=-1)
+    assert relay.feed(data).returncode == 0
+    relay.end(close=False)
+    umask = os.umask(0o022)  # the relay's, inherited from this process
+    os.umask(umask)
+    assert (root / "f").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_a_file_that_arrives_wrong_is_removed_and_said(root: Path, tmp_path: Path) -> None:

@@ -1,0 +1,152 @@
+"""A copy task's large source file, sent to all of the task's hosts through one broadcast.
+
+copy sends a file's content in each host's request: every byte leaves the controller once
+per node. Before the task's per-host runs, the strategy hands this step the hosts whose
+task is ready to run (arguments rendered, ``when`` true, no become, not in check mode).
+Each node says what is at the task's dest (the ``stat`` request: where ``~`` resolves,
+the folder it goes in, and whether the file there is this one already, by size then
+sha1). A source of at least ``broadcast.MIN_BYTES`` that two nodes or more lack goes
+through one broadcast (cpuaccel.connectors.broadcast): it takes its name on a node only
+after its sha256 was checked there, with the task's mode (a new file's, per the node's
+umask, without one). Each host's own run then finds it equal (copy's probe: its sha1)
+and sends nothing.
+
+A node whose dest is a folder, whose folder is missing, or that keeps an existing file
+(``force: false``) is left to its own run, which says so as copy does. A node the
+broadcast failed is named in a note; its own run sends the file as usual.
+
+Which nodes got it is left on their HostContext (``broadcast``) for the task's result.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cpuaccel.connectors import broadcast
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.executor import ConnectionPool, fan_out
+from cpuaccel.playbook.actions import ActionError, copy_source, source_sha1
+from cpuaccel.playbook.session import HostContext, module_python
+
+Note = Callable[[str], None]
+Moved = Callable[[int, int], None]
+NEW_FILE = -1  # a mode for the relay: what a new file gets there (0o666 less the umask)
+
+
+@dataclass
+class Target:
+    """One node that lacks the file: the folder it goes in, as it resolves there."""
+
+    ctx: HostContext
+    folder: str
+
+
+def prepare(
+    ready: Sequence[tuple[HostContext, dict[str, Any]]],
+    pool: ConnectionPool,
+    note: Note,
+    moved: Moved,
+) -> None:
+    """One broadcast per source file and name at dest that two hosts or more copy;
+    ``note`` takes a line for each node cut out, ``moved`` the bytes."""
+    groups: dict[tuple[str, str, int], list[tuple[HostContext, dict[str, Any], str]]] = {}
+    for ctx, args in ready:
+        if args.get("content") is not None or not broadcast.relays(ctx.host):
+            continue
+        try:
+            src = copy_source(ctx, args)
+        except (ActionError, OSError):
+            continue  # its own run says why
+        dest = str(args["dest"])
+        if dest.endswith("/"):
+            dest = posixpath.join(dest, src.name)
+        mode = args.get("mode")
+        try:
+            wanted = NEW_FILE if mode is None else mode if isinstance(mode, int) else int(mode, 8)
+        except (TypeError, ValueError):
+            continue  # a mode the node's copy judges
+        key = (str(src.resolve()), posixpath.basename(dest), wanted)
+        groups.setdefault(key, []).append((ctx, args, dest))
+    for (path, name, kept), members in groups.items():
+        if len(members) >= 2:
+            _one_file(Path(path), name, kept, members, pool, note, moved)
+
+
+def _one_file(
+    src: Path,
+    name: str,
+    mode: int,
+    members: list[tuple[HostContext, dict[str, Any], str]],
+    pool: ConnectionPool,
+    note: Note,
+    moved: Moved,
+) -> None:
+    size = src.stat().st_size
+    if size < broadcast.MIN_BYTES or not name or name in (".", ".."):
+        return
+    sha1 = source_sha1(src)
+
+    def look(member: tuple[HostContext, dict[str, Any], str]) -> Target | None:
+        ctx, args, dest = member
+        try:
+            return survey(ctx, dest, bool(args.get("force", True)), size, sha1)
+        except CpuaccelError:
+            return None  # unreachable, or the node's answer was bad: its own run says so
+
+    targets = [t for t in fan_out(members, look, forks=len(members)) if t is not None]
+    if len(targets) < 2:
+        return
+    sent = broadcast.payload_file(str(src), name)
+    if sent.size != size:
+        return  # the source changed while we looked: each host's run sends what is there
+    kept = mode & 0o777 if mode >= 0 else NEW_FILE
+    file = broadcast.PayloadFile(sent.rel, sent.local, sent.size, sent.sha256, kept)
+    sender = broadcast.Broadcast(
+        pool.get,
+        pool.options,
+        [t.ctx.host for t in targets],
+        {t.ctx.host.name: t.folder for t in targets},
+        [file],
+        note=note,
+        progress=moved,
+        python=module_python,  # the agent's: provision may be what makes cpuaccel_python
+    )
+    by_name = {t.ctx.host.name: t for t in targets}
+    for host, delivery in sender.run().items():
+        if delivery.ok:
+            by_name[host].ctx.broadcast = sorted(delivery.kept)
+        elif delivery.error:
+            note(f"{host}: the broadcast failed ({delivery.error}): copy sends it directly")
+
+
+def survey(ctx: HostContext, dest: str, force: bool, size: int, sha1: str) -> Target | None:
+    """The folder of ``dest`` on the node when the file there is not this one and copy
+    would write it; else None (copy's own run does what there is to do, or fails)."""
+    there = ctx.request("stat", {"path": dest, "get_checksum": False})
+    info = there.get("stat")
+    if there.get("failed") or not isinstance(info, dict):
+        return None
+    path = info.get("path")
+    if not isinstance(path, str) or not path.startswith("/") or path.endswith("/"):
+        return None
+    if info.get("exists"):
+        if info.get("isdir") or not force:
+            return None
+        if info.get("isreg") and info.get("size") == size:
+            summed = ctx.request("stat", {"path": dest}).get("stat")
+            if isinstance(summed, dict) and summed.get("checksum") == sha1:
+                return None  # the node holds it: copy's probe finds it so
+    folder = posixpath.dirname(path)
+    parent = ctx.request("stat", {"path": folder, "follow": True}).get("stat")
+    if not isinstance(parent, dict) or not parent.get("isdir"):
+        return None  # copy refuses a missing folder; a broadcast would make it
+    # the folder as it resolves there: the relay reaches its root without following a link
+    resolved = ctx.request("destination", {"path": folder, "workdir": ctx.host.workdir})
+    real = resolved.get("dest")
+    if resolved.get("failed") or not isinstance(real, str) or not real.startswith("/"):
+        return None
+    return Target(ctx, real)
