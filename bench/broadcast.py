@@ -16,6 +16,9 @@ payload goes from the controller to the nodes' private folder (/srv/cpuaccel-nod
     cpuaccel         `cpuaccel provision PLAYBOOK` of one play with one synchronize task
     synchronize      (SRC/ to DEST/), as provision pushes its wheelhouse: facts gathered,
                      then the push
+    cpuaccel copy    the same with one copy task of the file (SRC/payload.bin to DEST/,
+                     after a file task that makes DEST): Ansible's copy, cpuaccel's way;
+                     the file payload only (copy takes one file, not a folder)
 
 Payloads (--payloads): `file`, one file of seeded random bytes in a project folder
 (--megabytes), and `wheelhouse`, the repo's wheelhouse folder (--wheelhouse).
@@ -73,13 +76,28 @@ FILE_NAME = "payload.bin"
 DEST_ROOT = NODE_DIR / "broadcast"  # per node: the only private path on a namespace node
 ANSIBLE_REMOTE_TMP = NODE_DIR / "broadcast-ansible-tmp"  # on the same mount as DEST_ROOT
 STATE_DIR = ".cpuaccel"  # cpuaccel sync's own folder in a destination, not the payload's
-METHODS = ("one copy", "parallel rsync", "Ansible copy", "cpuaccel sync", "cpuaccel synchronize")
+METHODS = (
+    "one copy",
+    "parallel rsync",
+    "Ansible copy",
+    "cpuaccel sync",
+    "cpuaccel synchronize",
+    "cpuaccel copy",
+)
 PUSH_PLAYBOOK = """\
 - name: push
   hosts: all
   tasks:
     - name: push
       synchronize: {src: "{{ src }}", dest: "{{ dest }}"}
+"""
+COPY_PLAYBOOK = """\
+- name: copy
+  hosts: all
+  tasks:
+    - file: {path: "{{ dest }}", state: directory}
+    - name: copy
+      copy: {src: "{{ src }}", dest: "{{ dest }}/"}
 """
 
 
@@ -291,6 +309,15 @@ class Tools:
                     "-f", forks, "-m", "copy", "-a", f"src={src} dest={dest}/",
                 ]
             ]  # fmt: skip
+        if method == "cpuaccel copy":
+            book = self.work / "copy.yaml"
+            book.write_text(COPY_PLAYBOOK)
+            return [
+                [
+                    self.cpuaccel, "provision", str(book), "-i", str(self.cluster.inventory_path),
+                    "-e", f"src={payload.src / FILE_NAME}", "-e", f"dest={dest}",
+                ]
+            ]  # fmt: skip
         if method == "cpuaccel synchronize":
             book = self.work / "push.yaml"
             book.write_text(PUSH_PLAYBOOK)
@@ -421,9 +448,11 @@ def measure_cell(
             f"a copy a node from the controller needs {star:.0f}s of wire time a run at "
             f"{args.rate}, over --ansible-budget {args.ansible_budget:g}s"
         )
+    if payload.name != "file":
+        cell.skipped["cpuaccel copy"] = "copy takes one file, and this payload is a folder"
     methods = [m for m in METHODS if m not in cell.skipped]
-    for reason in cell.skipped.values():
-        log(f"{payload.name}, {nodes} nodes: Ansible copy skipped: {reason}")
+    for method, reason in cell.skipped.items():
+        log(f"{payload.name}, {nodes} nodes: {method} skipped: {reason}")
     timeout = 120 + 4 * star
     for rnd in range(args.repeat):
         shift = rnd % len(methods)
@@ -453,7 +482,7 @@ def report(cells: list[Cell], args: argparse.Namespace, notes: list[str]) -> Non
         cells_text = []
         for method in METHODS:
             if method in cell.skipped:
-                footnotes.append(cell.skipped[method])
+                footnotes.append(f"{method} skipped: {cell.skipped[method]}")
                 cells_text.append(f"skipped ({len(footnotes)})")
             elif method not in cell.runs:
                 cells_text.append("not run")
@@ -468,7 +497,7 @@ def report(cells: list[Cell], args: argparse.Namespace, notes: list[str]) -> Non
             + " |"
         )
     for number, text in enumerate(footnotes, 1):
-        print(f"({number}) Ansible copy skipped: {text}")
+        print(f"({number}) {text}")
     print()
     print("machine CPU busy during the run (both cores, median):")
     print()
