@@ -30,7 +30,8 @@ from cpuaccel.connectors import broadcast
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.playbook.actions import ActionError, copy_source, source_sha1
-from cpuaccel.playbook.session import HostContext, module_python
+from cpuaccel.playbook.preparing import deliver
+from cpuaccel.playbook.session import HostContext
 
 Note = Callable[[str], None]
 Moved = Callable[[int, int], None]
@@ -105,21 +106,9 @@ def _one_file(
         return  # the source changed while we looked: each host's run sends what is there
     kept = mode & 0o777 if mode >= 0 else NEW_FILE
     file = broadcast.PayloadFile(sent.rel, sent.local, sent.size, sent.sha256, kept)
-    sender = broadcast.Broadcast(
-        pool.get,
-        pool.options,
-        [t.ctx.host for t in targets],
-        {t.ctx.host.name: t.folder for t in targets},
-        [file],
-        note=note,
-        progress=moved,
-        python=module_python,  # the agent's: provision may be what makes cpuaccel_python
-    )
-    by_name = {t.ctx.host.name: t for t in targets}
-    for host, delivery in sender.run().items():
-        if delivery.ok:
-            by_name[host].ctx.broadcast = sorted(delivery.kept)
-        elif delivery.error:
+    done = deliver([(t.ctx, t.folder) for t in targets], [file], pool, note, moved)
+    for host, delivery in done.items():
+        if not delivery.ok and delivery.error:
             note(f"{host}: the broadcast failed ({delivery.error}): copy sends it directly")
 
 

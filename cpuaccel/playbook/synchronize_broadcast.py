@@ -29,7 +29,8 @@ from cpuaccel.connectors import broadcast
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.playbook.actions import listing, plain_excludes
-from cpuaccel.playbook.session import HostContext, module_python
+from cpuaccel.playbook.preparing import deliver
+from cpuaccel.playbook.session import HostContext
 
 Note = Callable[[str], None]
 Moved = Callable[[int, int], None]
@@ -96,22 +97,11 @@ def _one_folder(
     files = [broadcast.payload_file(str(src / rel), rel, keep_mtime=True) for rel in wanted]
     if any(f.size != local[f.rel][0] for f in files):
         return  # the source changed while we looked: rsync sends what is there now
-    sender = broadcast.Broadcast(
-        pool.get,
-        pool.options,
-        [t.ctx.host for t in targets],
-        {t.ctx.host.name: t.dest for t in targets},
-        files,
-        keep={t.ctx.host.name: t.lacks for t in targets},
-        note=note,
-        progress=moved,
-        python=module_python,  # the agent's: provision may be what makes cpuaccel_python
-    )
+    keep = {t.ctx.host.name: t.lacks for t in targets}
+    done = deliver([(t.ctx, t.dest) for t in targets], files, pool, note, moved, keep)
     by_name = {t.ctx.host.name: t for t in targets}
-    for name, delivery in sender.run().items():
-        if delivery.ok:
-            by_name[name].ctx.broadcast = sorted(delivery.kept)
-        else:
+    for name, delivery in done.items():
+        if not delivery.ok:
             by_name[name].ctx.recheck = True
             if delivery.error:
                 note(f"{name}: the broadcast failed ({delivery.error}): rsync checks it all")

@@ -123,25 +123,33 @@ def test_a_cells_function_runs_on_every_rank_and_returns(
     assert seconds < 90, seconds
 
 
-def test_a_large_value_the_function_captured_reaches_the_ranks_by_one_broadcast(
-    cluster: Cluster, inventory: str, tmp_path: Path
-) -> None:
-    # 20 MiB captured: the pickled call (base64, 27 MiB) is worth one broadcast
+def run_blob_call(
+    tmp_path: Path, inventory: str, first_lines: str, settings: str
+) -> tuple[Any, dict[str, Any]]:
+    """A cell whose function captured 20 MiB (the pickled call, base64, is 27 MiB: worth
+    one broadcast) and returns its sha256 from both nodes; the cell, once it returned
+    the right digests, and the run's record."""
     nb = notebook_of(
         SETUP,
         "import hashlib, os\n"
         "BLOB = os.urandom(20 << 20)\n"
-        "def digest():\n"
-        "    return hashlib.sha256(BLOB).hexdigest()\n"
-        "values = cpuaccel.notebook.launch(digest, nodes=2, ppn=1, gather=True)\n"
+        "def digest():\n" + first_lines + "    return hashlib.sha256(BLOB).hexdigest()\n"
+        f"values = cpuaccel.notebook.launch(digest, nodes=2, ppn=1, gather=True{settings})\n"
         "values == [hashlib.sha256(BLOB).hexdigest()] * 2",
     )
     project = run_notebook(nb, tmp_path, inventory)
     cell = nb.cells[1]
     assert errors(cell) == [], cell.outputs
     assert cell.outputs[-1]["data"]["text/plain"] == "True", cell.outputs
-    assert streams(cell, "stderr") == ""  # no node was cut out of the broadcast
     (record,) = [json.loads(p.read_text()) for p in (project / "runs").glob("*/run.json")]
+    return cell, record
+
+
+def test_a_large_value_the_function_captured_reaches_the_ranks_by_one_broadcast(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    cell, record = run_blob_call(tmp_path, inventory, "", "")
+    assert streams(cell, "stderr") == ""  # no node was cut out of the broadcast
     assert record["broadcast"] == ["node1", "node2"], record
     assert_nothing_left(cluster, record["run_id"])
 
@@ -151,23 +159,12 @@ def test_a_restart_finds_the_large_call_on_the_nodes_and_does_not_send_it_again(
 ) -> None:
     # the first attempt fails on every rank; the second finds the pickled call (27 MiB)
     # that the first one's broadcast left in the run folder, checked by sha256 there
-    nb = notebook_of(
-        SETUP,
-        "import hashlib, os\n"
-        "BLOB = os.urandom(20 << 20)\n"
-        "def digest():\n"
+    fails_first = (
         "    if os.environ['CPUACCEL_RESTART'] == '0':\n"
         "        raise RuntimeError('the first attempt fails')\n"
-        "    return hashlib.sha256(BLOB).hexdigest()\n"
-        "values = cpuaccel.notebook.launch(digest, nodes=2, ppn=1, gather=True,\n"
-        "                                  max_restarts=1, restart_delay=0)\n"
-        "values == [hashlib.sha256(BLOB).hexdigest()] * 2",
     )
-    project = run_notebook(nb, tmp_path, inventory)
-    cell = nb.cells[1]
-    assert errors(cell) == [], cell.outputs
-    assert cell.outputs[-1]["data"]["text/plain"] == "True", cell.outputs
-    (record,) = [json.loads(p.read_text()) for p in (project / "runs").glob("*/run.json")]
+    restarts = ", max_restarts=1, restart_delay=0"
+    cell, record = run_blob_call(tmp_path, inventory, fails_first, restarts)
     assert record["broadcast"] == ["node1", "node2"], record  # the first attempt's
     assert record["large_files_held"] == ["node1", "node2"], record  # the second's
     assert "broadcast: " not in streams(cell, "stderr")  # no node was cut out
