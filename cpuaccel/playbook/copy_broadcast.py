@@ -126,7 +126,7 @@ def survey(ctx: HostContext, dest: str, force: bool, size: int, sha1: str) -> Ta
         if info.get("isdir") or not force:
             return None
         if info.get("isreg") and info.get("size") == size:
-            summed = ctx.request("stat", {"path": dest}).get("stat")
+            summed = ctx.request("stat", {"path": path}).get("stat")
             if isinstance(summed, dict) and summed.get("checksum") == sha1:
                 return None  # the node holds it: copy's probe finds it so
     folder = posixpath.dirname(path)

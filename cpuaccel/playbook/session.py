@@ -132,7 +132,7 @@ class HostContext:
     sessions: dict[str | None, AgentSession] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
     # What a broadcast across the current task's hosts put in place on this one
-    # (playbook.synchronize_broadcast): the task's own run reports it, and clears it.
+    # (playbook.preparing): the task's own run reports it; cleared after the task.
     broadcast: list[str] = field(default_factory=list)
     # A broadcast to this host failed: a file may have taken its name there whose report
     # was not believed, so the task's rsync compares contents (--checksum), not times.

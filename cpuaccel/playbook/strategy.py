@@ -415,6 +415,12 @@ class LinearStrategy:
 
     def _run_task(self, state: HostState, play: Play, task: Task) -> Result:
         try:
+            return self._run_task_items(state, play, task)
+        finally:  # what a preparer left for this task is this task's, whatever became of it
+            state.ctx.broadcast, state.ctx.recheck = [], False
+
+    def _run_task_items(self, state: HostState, play: Play, task: Task) -> Result:
+        try:
             variables = self.variables(state, play, task)
             state.ctx.become = becoming.resolve(self.become, (play.become, task.become), variables)
             if task.loop is None:
