@@ -76,13 +76,15 @@ ACCEPT_POLL = 0.2
 REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
 
 # A feed, run as ``python -S -c FEED``: the header line on stdin (``header``'s words),
-# then the stream. It connects to the relay (retrying within ``wait`` s: the relay may
-# still be starting), presents the key and hands the relay its stdin (SCM_RIGHTS), so
-# that the relay reads the stream straight from ssh: no byte passes through the feed.
-# It copies the relay's answer (the offset it wants) to stdout, and last the relay's
-# closing line. Its waits are bounded: ``wait`` s for the answer, and for the closing
-# line ``wait`` s from the moment its stdin has no writer left (the upstream ended); a
-# relay that closes the connection first ends the feed with one line.
+# then the stream. It connects to the relay, retrying within ``wait`` s (the relay may
+# still be starting), and no more once its stdin has no writer left and nothing in it
+# (the upstream is gone: so is the feed). It presents the key and hands the relay its
+# stdin (SCM_RIGHTS), so that the relay reads the stream straight from ssh: no byte
+# passes through the feed. It copies the relay's answer (the offset it wants) to
+# stdout, and last the relay's closing line. Its waits are bounded: ``wait`` s for the
+# answer, and for the closing line ``wait`` s from the moment its stdin has no writer
+# left (the upstream ended); a relay that closes the connection first ends the feed
+# with one line.
 FEED = """import array,json,os,select,socket,sys,time
 h=b""
 while h[-1:]!=b"\\n" and len(h)<4096:
@@ -90,12 +92,14 @@ while h[-1:]!=b"\\n" and len(h)<4096:
  if not c:break
  h+=c
 h=h.decode().split();s=socket.socket(socket.AF_UNIX)
-w=float(h[2]);t=time.monotonic()+w
+w=float(h[2]);t=time.monotonic()+w;q=select.poll();q.register(0,select.POLLIN)
 while 1:
  try:s.connect("\\0"+h[0]);break
  except OSError:
   if time.monotonic()>t:sys.exit("no relay listening on this node")
-  time.sleep(0.05)
+  e=dict(q.poll(50)).get(0,0)
+  if e==select.POLLHUP:sys.exit("the upstream ended before the relay listened")
+  if e:time.sleep(0.05)
 b=b""
 def line(d):
  global b

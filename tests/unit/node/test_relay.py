@@ -212,6 +212,26 @@ def test_a_file_without_a_mode_gets_a_new_files_mode_there(root: Path, tmp_path:
     assert (root / "f").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+def test_a_feed_whose_upstream_ends_before_any_relay_listens_ends_at_once() -> None:
+    """No relay on its socket (its node's relay is gone): the feed retries within
+    ``wait``, but not past its upstream, which was all that would have kept it useful."""
+    feed = subprocess.Popen(
+        [sys.executable, "-S", "-c", FEED],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert feed.stdin is not None and feed.stderr is not None
+    feed.stdin.write(header("cpuaccel-relay-test-" + secrets.token_hex(8), "k", 60))
+    feed.stdin.flush()
+    time.sleep(0.5)
+    assert feed.poll() is None  # still trying: the relay may be starting
+    started = time.monotonic()
+    feed.stdin.close()  # the upstream's ssh ended
+    assert feed.wait(10) != 0 and time.monotonic() - started < 2
+    assert b"the upstream ended before the relay listened" in feed.stderr.read()
+
+
 def test_a_file_that_arrives_wrong_is_removed_and_said(root: Path, tmp_path: Path) -> None:
     data = os.urandom(1 << 20)
     (root / "big").write_bytes(b"the old content")
