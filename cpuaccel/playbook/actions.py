@@ -23,6 +23,7 @@ from typing import Any
 
 from cpuaccel import templating
 from cpuaccel.errors import CpuaccelError
+from cpuaccel.node.moduleutil import sha1_file
 from cpuaccel.playbook import templar
 from cpuaccel.playbook.modules import find_source, search_path
 from cpuaccel.playbook.session import HostContext as HostContext  # re-exported
@@ -88,8 +89,7 @@ def _copy(ctx: HostContext, args: dict[str, Any], variables: Mapping[str, Any]) 
         data = content.encode() if isinstance(content, str) else templar.to_text(content).encode()
         return _send_bytes(ctx, data, dest, args)
     path = copy_source(ctx, args)
-    if dest.endswith("/"):
-        dest = posixpath.join(dest, path.name)
+    dest = copy_dest(args, path)
     delivered, ctx.broadcast = ctx.broadcast, []  # the file, by broadcast before the task
     size = path.stat().st_size
     if size >= PROBE_BYTES:  # the node first says whether it needs the bytes at all
@@ -125,17 +125,19 @@ def copy_source(ctx: HostContext, args: Mapping[str, Any]) -> Path:
     return path
 
 
+def copy_dest(args: Mapping[str, Any], source: Path) -> str:
+    """Where a ``copy`` task of ``source`` writes: a dest ending in '/' takes its name."""
+    dest = str(args["dest"])
+    return posixpath.join(dest, source.name) if dest.endswith("/") else dest
+
+
 def source_sha1(path: Path) -> str:
     """The sha1 of a copy source, hashed once for all the task's hosts."""
     info = path.stat()
     key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
     with _sha1s_lock:
         if key not in _sha1s:
-            digest = hashlib.sha1()
-            with open(path, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-            _sha1s[key] = digest.hexdigest()
+            _sha1s[key] = sha1_file(str(path))[0]
         return _sha1s[key]
 
 

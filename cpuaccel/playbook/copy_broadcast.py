@@ -29,7 +29,8 @@ from typing import Any
 from cpuaccel.connectors import broadcast
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, fan_out
-from cpuaccel.playbook.actions import ActionError, copy_source, source_sha1
+from cpuaccel.node.moduleutil import want_mode
+from cpuaccel.playbook.actions import ActionError, copy_dest, copy_source, source_sha1
 from cpuaccel.playbook.preparing import deliver
 from cpuaccel.playbook.session import HostContext
 
@@ -62,14 +63,12 @@ def prepare(
             src = copy_source(ctx, args)
         except (ActionError, OSError):
             continue  # its own run says why
-        dest = str(args["dest"])
-        if dest.endswith("/"):
-            dest = posixpath.join(dest, src.name)
-        mode = args.get("mode")
+        dest = copy_dest(args, src)
         try:
-            wanted = NEW_FILE if mode is None else mode if isinstance(mode, int) else int(mode, 8)
+            mode = want_mode(args)  # as the node's copy reads it
         except (TypeError, ValueError):
             continue  # a mode the node's copy judges
+        wanted = NEW_FILE if mode is None else mode
         key = (str(src.resolve()), posixpath.basename(dest), wanted)
         groups.setdefault(key, []).append((ctx, args, dest))
     for (path, name, kept), members in groups.items():

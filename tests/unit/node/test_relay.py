@@ -98,6 +98,20 @@ def root(tmp_path: Path) -> Iterator[Path]:
     yield folder
 
 
+def start_feed(socket_name: str, wait: float) -> subprocess.Popen[bytes]:
+    """A FEED process told its header (key "k"), its pipes open for the test to drive."""
+    feed = subprocess.Popen(
+        [sys.executable, "-S", "-c", FEED],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert feed.stdin is not None
+    feed.stdin.write(header(socket_name, "k", wait))
+    feed.stdin.flush()
+    return feed
+
+
 def temporaries(root: Path) -> list[str]:
     return [str(p) for p in root.rglob("*") if TMP_MARK in p.name]
 
@@ -173,15 +187,8 @@ def test_a_feed_whose_relay_falls_silent_ends_once_its_upstream_has(tmp_path: Pa
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind("\0" + name)
     server.listen(1)
-    feed = subprocess.Popen(
-        [sys.executable, "-S", "-c", FEED],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    feed = start_feed(name, wait=1)
     assert feed.stdin is not None and feed.stdout is not None
-    feed.stdin.write(header(name, "k", 1))
-    feed.stdin.flush()
     conn, _ = server.accept()
     conn.settimeout(10)
     _, ancillary, _, _ = conn.recvmsg(4096, socket.CMSG_SPACE(4))
@@ -215,15 +222,8 @@ def test_a_file_without_a_mode_gets_a_new_files_mode_there(root: Path, tmp_path:
 def test_a_feed_whose_upstream_ends_before_any_relay_listens_ends_at_once() -> None:
     """No relay on its socket (its node's relay is gone): the feed retries within
     ``wait``, but not past its upstream, which was all that would have kept it useful."""
-    feed = subprocess.Popen(
-        [sys.executable, "-S", "-c", FEED],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    feed = start_feed("cpuaccel-relay-test-" + secrets.token_hex(8), wait=60)
     assert feed.stdin is not None and feed.stderr is not None
-    feed.stdin.write(header("cpuaccel-relay-test-" + secrets.token_hex(8), "k", 60))
-    feed.stdin.flush()
     time.sleep(0.5)
     assert feed.poll() is None  # still trying: the relay may be starting
     started = time.monotonic()
