@@ -310,28 +310,23 @@ class Tools:
                 ]
             ]  # fmt: skip
         if method == "cpuaccel copy":
-            book = self.work / "copy.yaml"
-            book.write_text(COPY_PLAYBOOK)
-            return [
-                [
-                    self.cpuaccel, "provision", str(book), "-i", str(self.cluster.inventory_path),
-                    "-e", f"src={payload.src / FILE_NAME}", "-e", f"dest={dest}",
-                ]
-            ]  # fmt: skip
+            return [self.provision("copy.yaml", COPY_PLAYBOOK, payload.src / FILE_NAME, str(dest))]
         if method == "cpuaccel synchronize":
-            book = self.work / "push.yaml"
-            book.write_text(PUSH_PLAYBOOK)
-            return [
-                [
-                    self.cpuaccel, "provision", str(book), "-i", str(self.cluster.inventory_path),
-                    "-e", f"src={src}", "-e", f"dest={dest}/",
-                ]
-            ]  # fmt: skip
+            return [self.provision("push.yaml", PUSH_PLAYBOOK, src, f"{dest}/")]
         return [
             [
                 self.cpuaccel, "sync", "-i", str(self.cluster.inventory_path),
                 str(payload.src), "--dest", str(dest),
             ]
+        ]  # fmt: skip
+
+    def provision(self, name: str, playbook: str, src: object, dest: str) -> list[str]:
+        """`cpuaccel provision` of ``playbook`` (written as ``name``), with src and dest."""
+        book = self.work / name
+        book.write_text(playbook)
+        return [
+            self.cpuaccel, "provision", str(book), "-i", str(self.cluster.inventory_path),
+            "-e", f"src={src}", "-e", f"dest={dest}",
         ]  # fmt: skip
 
     def env(self, method: str) -> dict[str, str]:
