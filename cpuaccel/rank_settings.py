@@ -26,6 +26,9 @@ TRACKERS_ENV = "CPUACCEL_TRACKERS"
 TRACKERS = ("tensorboard",)
 WEIGHTS_ENV = "CPUACCEL_WEIGHTS"
 WEIGHTS = ("fp32", "bf16")
+# Each node's interface for the job, as ADDRESS=INTERFACE words (cpuaccel.network.choice):
+# the worker sets GLOO_SOCKET_IFNAME and the like from its own node's entry.
+NODE_IFACES_ENV = "CPUACCEL_NODE_IFACES"
 
 # name -> (the values it takes, whether a comma-separated list of them, what they mean)
 CHOICES: dict[str, tuple[tuple[str, ...], bool, str]] = {

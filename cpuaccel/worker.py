@@ -22,6 +22,7 @@ from collections.abc import Mapping, MutableMapping
 from cpuaccel import _labels, _progress
 from cpuaccel.errors import SettingError
 from cpuaccel.node.progress import EXIT_MARKER, KILLED_MARKER
+from cpuaccel.rank_settings import NODE_IFACES_ENV
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
 LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
@@ -88,7 +89,32 @@ def _slurm_tasks_here(env: Mapping[str, str]) -> str | None:
 def apply_env(env: MutableMapping[str, str]) -> dict[str, str]:
     derived = derive_env(env)
     env.update(derived)
+    env.update(network_env(env))
     return derived
+
+
+# The variables by which each library that opens its own sockets is told its interface:
+# gloo, TensorPipe (torch RPC), libfabric's tcp provider (Intel MPI, oneCCL's ofi
+# transport) and oneCCL's key-value store.
+IFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "FI_TCP_IFACE", "CCL_KVS_IFACE")
+
+
+def network_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This node's interface for the job (cpuaccel.network.choice chose one a node, as
+    ``ADDRESS=INTERFACE`` words in CPUACCEL_NODE_IFACES), under each library's variable
+    the user did not set. The node is found by the address it holds: names and hostnames
+    may repeat, and a run folder may be shared by every node."""
+    words = env.get(NODE_IFACES_ENV, "").split()
+    if not words:
+        return {}
+    from cpuaccel.node.netif import addresses  # only for a multi-node job
+
+    mine = {address for _, address, _ in addresses()}
+    for word in words:
+        address, _, interface = word.partition("=")
+        if address in mine and interface:
+            return {name: interface for name in IFACE_VARIABLES if not env.get(name)}
+    return {}
 
 
 def run_script(script: str, args: list[str], module: bool = False) -> int:

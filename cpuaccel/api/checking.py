@@ -33,6 +33,7 @@ from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool, HostResult, Status,
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import (
     ERROR,
+    NOTE,
     WARNING,
     Problem,
     find_problems,
@@ -41,7 +42,7 @@ from cpuaccel.facts.problems import (
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
 from cpuaccel.jobs.launcher_reach import LauncherReach
-from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan, job_network, new_run_id
 from cpuaccel.jobs.preflight import head_problems, readiness
 
 
@@ -83,12 +84,13 @@ def check_target(target: Target) -> CheckResult:
     """Check the hosts of ``target``: their facts, gathered in parallel (a progress bar
     on a terminal), and the problems a run would meet on them. An unreachable host is a
     result, not an exception."""
-    results, reach = gather_all(target)
+    results, found = gather_all(target)
     problems = with_refusal(results, find_problems(results))
-    # What run's preflight refuses on each node, then the pairs the launcher cannot reach.
+    # What run's preflight refuses on each node, then the pairs the launcher cannot
+    # reach and the job's network.
     problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
-    problems += reach
-    notes = same_account(results)
+    problems += [p for p in found if p.severity != NOTE]
+    notes = same_account(results) + [p for p in found if p.severity == NOTE]
     return CheckResult(tuple(results), tuple(problems), tuple(notes))
 
 
@@ -159,6 +161,9 @@ def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
     # The master port is not probed: a job holding it now may be gone when the run starts.
     port = view.settings.master_port.value
     problems += head_problems(facts, head, port, None if launcher == "auto" else launcher)
+    if len(facts) == len(view.draft.hosts):  # the job's network, as a run would choose it
+        network = job_network(view.settings, view.draft.hosts, facts)
+        problems += network.problems if network is not None else []
     return results, problems
 
 

@@ -74,11 +74,12 @@ def check_command(
 ) -> None:
     """Gather facts from every node in parallel and report what differs.
 
-    Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), names a node
-    cannot resolve, clock skew and missing bf16 hardware, and a node that the head node's
-    MPI launcher cannot ssh to (the pair, head -> node), as run's preflight does; a node
-    without cpuaccel or its cpuaccel_setvars, and a head without the chosen launcher,
-    before any job can hang on them.
+    Reports unreachable nodes, version drift (Python, torch, cpuaccel, MPI), clock skew
+    and missing bf16 hardware, and a node that the head node's MPI launcher cannot ssh
+    to (the pair, head -> node), as run's preflight does; a node without cpuaccel or its
+    cpuaccel_setvars, and a head without the chosen launcher; and the job's network: the
+    address and interface each node's ranks would use, a node with no route to the head,
+    a name that resolves to loopback, an address several nodes share.
     """
     # The table's modules (rich, slow to import) load while the probes are out: at one node,
     # where check is mostly its own start-up, this thread overlaps them with the wait.
@@ -91,7 +92,8 @@ def check_command(
     else:
         print_report(found.results, found.problems, ui.stdout())
         for note in found.notes:  # said, never counted: exit codes stay the problems'
-            ui.stdout().print(f"[cyan]note[/]    {escape(note.message)}")
+            where = f"{note.host}: " if note.host else ""
+            ui.stdout().print(f"[cyan]note[/]    {escape(where + note.message)}")
             ui.stdout().print(f"         [dim]{escape(note.hint or '')}[/]")
     sys.exit(found.exit_code)
 

@@ -174,6 +174,20 @@ class Folder(Kind):
 
 
 @dataclass(frozen=True)
+class Network(Kind):
+    """The network the ranks talk over: a CIDR (``10.1.0.0/16``) or an interface name."""
+
+    def check(self, value: Any) -> Any:
+        return variables.network(value)
+
+    def parse_text(self, spelling: str, text: Any) -> Any:
+        try:
+            return self.check(text)
+        except ValueError as exc:
+            raise UsageError(f"{spelling} {exc}", hint=f"give {variables.NETWORK_WORDS}") from None
+
+
+@dataclass(frozen=True)
 class NonEmptyText(Kind):
     """A project file's name or path: a string with something in it."""
 

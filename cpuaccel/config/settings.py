@@ -28,6 +28,7 @@ from cpuaccel.config.kinds import (
     Folder,
     Kind,
     MpirunWords,
+    Network,
     NodeCount,
     NonEmptyText,
     OneOf,
@@ -336,6 +337,26 @@ TABLE: tuple[Entry, ...] = (
         variables=("cpuaccel_master_port",),
         env=("MASTER_PORT",),
         default=DEFAULT_MASTER_PORT,
+        shown=True,
+    ),
+    # Each node's own address and interface on it: cpuaccel.network.choice. A host's own
+    # cpuaccel_network (its host or group vars) wins over the run's, except --network.
+    Entry(
+        "network",
+        Network(),
+        "the network the ranks talk over: a CIDR (10.1.0.0/16) or an interface name",
+        label="network",
+        flag=Flag(
+            ("--network",),
+            help="The network the ranks talk over: a CIDR (10.1.0.0/16) or an interface "
+            "name (eth1), on every node.",
+            metavar="CIDR|IFACE",
+            takes_text=True,
+        ),
+        verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
+        key="network",
+        variables=("cpuaccel_network",),
+        note="each node's route to the head node",
         shown=True,
     ),
     Entry(
@@ -691,6 +712,8 @@ class LaunchSettings:
     # "auto": picked from the head node's facts
     launcher: Setting[str] = field(default_factory=_DEFAULTS["launcher"])
     master_port: Setting[int] = field(default_factory=_DEFAULTS["master_port"])
+    # None: each node's route to the head (cpuaccel.network.choice)
+    network: Setting[str | None] = field(default_factory=_DEFAULTS["network"])
     mixed_precision: Setting[str | None] = field(default_factory=_DEFAULTS["mixed_precision"])
     ccl_workers: Setting[int] = field(default_factory=_DEFAULTS["ccl_workers"])
     # The chosen hosts' names, head first.

@@ -292,11 +292,15 @@ def _config_user(host: Host, options: ConnectOptions) -> str | None:
     return str(config.base_ssh_config.lookup(host.address).get("user") or config.user)
 
 
-def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> str:
+def ssh_config_stanza(
+    host: Host, options: ConnectOptions, known_hosts: str, also: str | None = None
+) -> str:
     """One ``Host`` block of the ssh_config that MPI's launcher uses to reach ``host``
     from the head node (``ssh -F``): the address, port, user and key the controller
     uses, and its host-key policy, with ``known_hosts`` (a path on the head) as the
-    only file of known keys. Paths keep ``~`` for the head's ssh to expand.
+    only file of known keys. Paths keep ``~`` for the head's ssh to expand. ``also``:
+    another name the block answers to (the node's address in the hostfile, when the
+    hostfile names nodes by address).
     """
     if not _HOST_PATTERN.match(host.name):
         raise HostError(
@@ -305,8 +309,11 @@ def ssh_config_stanza(host: Host, options: ConnectOptions, known_hosts: str) -> 
             hint="name hosts with letters, digits, '.', '_' and '-' only",
         )
     policy = host_key_policy(host, options)
+    patterns = host.name
+    if also and also != host.name and _HOST_PATTERN.match(also):
+        patterns += f" {also}"
     lines = [
-        f"Host {host.name}",
+        f"Host {patterns}",
         f"HostName {_config_word(host.name, 'ansible_host', host.address)}",
         f"Port {port_of(host)}",
     ]

@@ -86,38 +86,6 @@ def drift(facts_by_host: dict[str, Facts]) -> list[Problem]:
     return problems
 
 
-def resolution(facts_by_host: dict[str, Facts]) -> list[Problem]:
-    """Every node must resolve every other node's name to one of that node's addresses."""
-    problems: list[Problem] = []
-    for name, facts in facts_by_host.items():
-        for peer, answer in (facts.get("resolve") or {}).items():
-            if answer.get("error"):
-                problems.append(
-                    Problem(
-                        ERROR,
-                        name,
-                        f"cannot resolve {peer}: {answer['error']}",
-                        hint=f"add {peer} to /etc/hosts (or DNS) on {name}; MPI's launcher "
-                        "connects by name",
-                    )
-                )
-                continue
-            peer_facts = facts_by_host.get(peer)
-            expected = set(peer_facts.get("addresses") or []) if peer_facts else set()
-            got = set(answer.get("addresses") or [])
-            if expected and not got & expected:
-                problems.append(
-                    Problem(
-                        ERROR,
-                        name,
-                        f"resolves {peer} to {', '.join(sorted(got))}, but {peer}'s addresses "
-                        f"are {', '.join(sorted(a for a in expected if a != '127.0.0.1'))}",
-                        hint=f"fix the entry for {peer} in /etc/hosts (or DNS) on {name}",
-                    )
-                )
-    return problems
-
-
 def clock_skew(facts_by_host: dict[str, Facts]) -> list[Problem]:
     problems = []
     for name, facts in facts_by_host.items():
@@ -206,11 +174,12 @@ def unreachable(results: Sequence[HostResult[Any]]) -> list[Problem]:
 
 
 def find_problems(results: Sequence[HostResult[Facts]]) -> list[Problem]:
-    """All problems across hosts: unreachable first, then drift, names, clocks, bf16."""
+    """All problems across hosts: unreachable first, then drift, clocks, bf16. (The
+    nodes' names need not resolve: a job uses the addresses cpuaccel.network.choice
+    chooses.)"""
     facts_by_host = {r.host.name: r.value for r in results if r.ok and r.value is not None}
     problems = unreachable(results)
     problems += drift(facts_by_host)
-    problems += resolution(facts_by_host)
     problems += clock_skew(facts_by_host)
     problems += bf16_support(facts_by_host)
     return problems

@@ -247,6 +247,28 @@ def folder(value: Any) -> str | None:
     return path
 
 
+# An interface name as the kernel takes it (IFNAMSIZ: 15 bytes), no '/' or blank.
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+NETWORK_WORDS = "a network in CIDR form (10.1.0.0/16) or an interface name (eth1)"
+
+
+def network(value: Any) -> str | None:
+    """``cpuaccel_network``: the network the job's ranks talk over, as a CIDR (normalised:
+    ``10.1.2.3/16`` is ``10.1.0.0/16``) or an interface name."""
+    word = text(value)
+    if word is None:
+        return None
+    word = word.strip()
+    if "/" in word:
+        try:
+            return str(ipaddress.IPv4Network(word, strict=False))
+        except ValueError:
+            raise BadValue(f"is not an IPv4 network in CIDR form, got {word!r}") from None
+    if not INTERFACE_NAME.fullmatch(word) or word.replace(".", "").isdigit():
+        raise BadValue(f"must be {NETWORK_WORDS}, got {word!r}")
+    return word
+
+
 def secret(value: Any) -> str | None:
     """A password sudo reads as one line; the complaint never shows the value."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -334,6 +356,7 @@ VARIABLES: dict[str, Check] = {
     "cpuaccel_ccl_workers": whole(0, 64),
     "cpuaccel_mpirun": text,
     "cpuaccel_fi_provider": text,
+    "cpuaccel_network": network,
     "cpuaccel_allocator": choice(ALLOCATOR_CHOICES, fold=True),
     "cpuaccel_templates": text,
     "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
@@ -365,6 +388,8 @@ HINTS: dict[str, str] = {
     "cpuaccel_env": "write one NAME: value line per variable, e.g. cpuaccel_env: "
     "{FI_PROVIDER: tcp}",
     "cpuaccel_ppn": "write the ranks per node as a whole number, e.g. cpuaccel_ppn: 2",
+    "cpuaccel_network": "write a network in CIDR form or an interface name, e.g. "
+    "cpuaccel_network: 10.1.0.0/16",
 }
 HINTS["cpuaccel_workdir"] = (
     "give the nodes' work folder as an absolute path or one below ~/, e.g. "

@@ -52,7 +52,7 @@ from cpuaccel.jobs.foreground import (
     supervise,
 )
 from cpuaccel.jobs.launcher_reach import LauncherReach
-from cpuaccel.jobs.plan import RunPlan, Script, build_plan, new_run_id
+from cpuaccel.jobs.plan import RunPlan, Script, build_plan, job_network, new_run_id
 from cpuaccel.jobs.preflight import run_preflight
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import (
@@ -319,6 +319,7 @@ def _checked(
             reach=reach,
             on_host=bar.advance,
             kept=nodes.kept,
+            network=lambda facts: job_network(settings, draft.hosts, facts),
         )
         reached = reach.problems()
     problems = list(found.errors) + reached
@@ -340,6 +341,9 @@ def _checked(
         raise PreflightFailed(
             f"{len(problems)} problem(s) found before launch; no job was started", problems
         )
+    for note in found.notes:  # what cpuaccel did about the network, once a run
+        where = f" {note.host}" if note.host else ""
+        ui.stderr().print(f"[dim]note{escape(where)}: {escape(note.message)}[/]")
     source.save_cache()  # the nodes passed: keep the hashes for the next run
     if found.stale:
         _sync_stale(draft, [h for h in draft.hosts if h.name in found.stale], source, nodes)

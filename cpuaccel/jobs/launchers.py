@@ -34,6 +34,10 @@ class LaunchSpec:
     # cpuaccel's options and before the program (config/kinds.py checked them).
     extra: tuple[str, ...] = ()
     run_id: str = ""  # names the Slurm launcher's job step (its teardown finds it so)
+    # The job's network (cpuaccel.network.choice): the interface name every node uses,
+    # if one, and the one subnet that holds every node's address, if one.
+    interface: str | None = None
+    subnet: str | None = None
 
 
 class Launcher(abc.ABC):
@@ -77,6 +81,8 @@ class IntelMPI(Launcher):
             "I_MPI_PIN_DOMAIN": "omp",
             "I_MPI_PIN_CELL": "core",
             "I_MPI_PIN_ORDER": "compact",
+            # hydra's own connections (its proxies back to mpirun) on the job's network.
+            **({"I_MPI_HYDRA_IFACE": spec.interface} if spec.interface else {}),
             # Polling ranks on cores other ranks also run on stall them by whole
             # scheduler slices: a floor under every allreduce far above its own cost.
             # Wait mode sleeps instead.
@@ -96,6 +102,7 @@ class MPICH(Launcher):
             spec,
             *("-launcher", "ssh", "-launcher-exec", spec.ssh_wrapper),
             *("-bind-to", f"core:{spec.threads}"),
+            *(("-iface", spec.interface) if spec.interface else ()),
         )
 
     def default_mpirun(self, python: str) -> str:
@@ -110,6 +117,12 @@ class OpenMPI(Launcher):
         exports: list[str] = []
         for name in spec.exported:  # Open MPI forwards only what -x names
             exports += ["-x", name]
+        # Its TCP transport and its runtime's own wire-up on the job's network: a subnet
+        # holds for every node whatever its interface's name.
+        network = spec.subnet or spec.interface
+        if network:
+            for component in ("btl_tcp_if_include", "oob_tcp_if_include"):
+                exports += ["--mca", component, network]
         return [
             spec.mpirun,
             "--hostfile",

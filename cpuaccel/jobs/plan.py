@@ -21,14 +21,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.config.settings import DEFAULT, LaunchSettings, SecretEnv, Setting
+from cpuaccel.config.settings import DEFAULT, FLAG, LaunchSettings, SecretEnv, Setting
 from cpuaccel.errors import SourceError, UsageError
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import native_bf16
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import launchers
 from cpuaccel.jobs.launchers import Launcher, LaunchSpec
-from cpuaccel.rank_settings import DETERMINISTIC_ENV, GRAD_REDUCE_ENV, WEIGHTS_ENV, switch
+from cpuaccel.network import choice
+from cpuaccel.network.choice import JobNetwork
+from cpuaccel.rank_settings import (
+    DETERMINISTIC_ENV,
+    GRAD_REDUCE_ENV,
+    NODE_IFACES_ENV,
+    WEIGHTS_ENV,
+    switch,
+)
 
 # Where allocators and Intel OpenMP usually are; rank.sh uses the first that exists.
 # (cpuaccel_allocator is checked against these names, with auto and none, in
@@ -108,6 +116,8 @@ class RunPlan:
     # Each node's own hostname (its facts), by inventory name: the name the output is
     # labelled with is the inventory's; logs --host takes either.
     hostnames: dict[str, str] = field(default_factory=dict)
+    # Each node's address and interface for the job (None: one node, or a dry run).
+    network: JobNetwork | None = None
 
     @property
     def head(self) -> Host:
@@ -133,7 +143,19 @@ class RunPlan:
             shared_cores=self.shared_cores,
             extra=self.launcher_args,
             run_id=self.run_id,
+            interface=self.network.common_interface() if self.network else None,
+            subnet=self.network.common_subnet() if self.network else None,
         )
+
+    def hostfile_names(self) -> dict[str, str]:
+        """How the hostfile names each node: its inventory name where every node
+        resolves the names to the addresses chosen, else that address (an inventory
+        of aliases, or names a node resolves otherwise). Slurm's node list takes
+        Slurm's names only."""
+        network = self.network
+        if network is None or network.use_names or self.launcher.name == "slurm":
+            return {h.name: h.name for h in self.hosts}
+        return {name: c.address for name, c in network.nodes.items()}
 
     def command(self) -> list[str]:
         return self.launcher.argv(self.spec())
@@ -145,6 +167,19 @@ def nodes_per_machine(hosts: Sequence[Host], facts: Mapping[str, Facts]) -> int:
     boots = [str(facts[h.name].get("boot_id") or "") for h in hosts if h.name in facts]
     counts = Counter(b for b in boots if b)
     return max(counts.values(), default=1)
+
+
+def job_network(
+    settings: LaunchSettings, hosts: Sequence[Host], facts: Mapping[str, Facts]
+) -> JobNetwork | None:
+    """The job's network over ``hosts`` (head first), from the nodes' facts and the
+    network setting (cpuaccel.network.choice); None for one node or this machine alone."""
+    network = settings.network
+
+    def wanted(host: Host) -> choice.Wanted | None:
+        return choice.wanted_on(host, network.value, network.where, flag=network.source == FLAG)
+
+    return choice.choose(hosts, facts, wanted)
 
 
 def build_plan(
@@ -178,7 +213,10 @@ def build_plan(
     run_id = run_id or new_run_id()
     project_dir = local_project or posixpath.join(workdir, script.project_name)
     run_dir = posixpath.join(local_project or workdir, "runs", run_id)
-    computed = _computed_env(settings, head, run_id, run_dir, threads)
+    network = job_network(settings, chosen, facts) if facts else None
+    if network is not None and not network.complete:
+        network = None  # the preflight named what is wrong; a plan alone keeps names
+    computed = _computed_env(settings, head, run_id, run_dir, threads, network)
     if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
         from cpuaccel.node import progress  # only then: off check's start-up
 
@@ -210,18 +248,28 @@ def build_plan(
             for h in chosen
             if (f := (facts or {}).get(h.name)) and f.get("hostname")
         },
+        network=network,
     )
 
 
 def _computed_env(
-    settings: LaunchSettings, head: Host, run_id: str, run_dir: str, threads: int | None
+    settings: LaunchSettings,
+    head: Host,
+    run_id: str,
+    run_dir: str,
+    threads: int | None,
+    network: JobNetwork | None,
 ) -> dict[str, str]:
     """What every rank gets from cpuaccel itself, before the user's variables."""
+    ifaces = {NODE_IFACES_ENV: network.rank_map()} if network is not None else {}
     return {
         "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
         "CPUACCEL_RUN_DIR": run_dir,
         "CPUACCEL_LABEL_OUTPUT": "1",
-        "MASTER_ADDR": head.name,
+        # The head's address on the job's network: a name may resolve to loopback on
+        # its own node, or not at all on the others.
+        "MASTER_ADDR": network.head_address if network is not None else head.name,
+        **ifaces,
         "MASTER_PORT": str(settings.master_port.value),
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
         # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node

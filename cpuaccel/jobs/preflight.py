@@ -32,10 +32,11 @@ from cpuaccel.facts.gather import (
     names_to_resolve,
     settle,
 )
-from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.facts.problems import ERROR, NOTE, Problem
 from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.launcher_reach import LauncherReach
+from cpuaccel.network.choice import JobNetwork
 
 if TYPE_CHECKING:
     from cpuaccel.projectsync.manifest import SourceManifest
@@ -70,6 +71,10 @@ class Preflight:
     def errors(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == ERROR]
 
+    @property
+    def notes(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == NOTE]
+
 
 def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
     if project.get("entries") is None and project.get("hash") == source.hash:
@@ -97,12 +102,15 @@ def run_preflight(
     reach: LauncherReach | None = None,
     on_host: Callable[[str], None] | None = None,
     kept: fanout.Kept | None = None,
+    network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None,
 ) -> Preflight:
     """Probe every node at once; ``reach`` (which needs the pool) is told of each
     connection as it opens and each host as it ends; ``on_host`` (the progress bar)
     is given each host's name as it ends. ``kept``: each node's program stays open
     there for the job's later requests (its files, its sweep), which the caller
-    closes when no job is to start."""
+    closes when no job is to start. ``network``: the job's network from the facts
+    (jobs/plan.job_network), whose problems are the preflight's: the names of the nodes
+    need not resolve, as the job uses the addresses chosen there."""
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
@@ -141,7 +149,9 @@ def run_preflight(
     facts = found.facts
     found.problems += checks.unreachable(results)
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
-    found.problems += checks.resolution(facts)
+    if network is not None and len(facts) == len(hosts):
+        chosen = network(facts)
+        found.problems += chosen.problems if chosen is not None else []
     _check_nodes(found, source)
     found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found

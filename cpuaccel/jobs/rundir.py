@@ -56,8 +56,9 @@ def _check_names(plan: RunPlan) -> None:
     holds names unquoted (MPI reads no quoting), env.sh the head's, and a user's copy of
     a template may write them anywhere. Checked again here, whichever source (an
     inventory, Slurm's node list) gave the hosts."""
+    names = plan.hostfile_names()
     for host in plan.hosts:
-        for value in (host.name, host.address):
+        for value in (host.name, host.address, names.get(host.name, host.name)):
             problem = host_name_problem(value)
             if problem is not None:
                 raise UsageError(
@@ -74,6 +75,8 @@ def _context(plan: RunPlan) -> dict[str, Any]:
         "run_dir": plan.run_dir,
         "head": plan.head.name,
         "nodes": plan.hosts,
+        "hostfile_names": plan.hostfile_names(),
+        "network": plan.network.to_json() if plan.network else None,
         "ppn": plan.ppn,
         "slots_syntax": plan.launcher.slots_syntax,
         "env": plan.env,
@@ -115,7 +118,11 @@ def render_ssh_files(
     """ssh.sh, its ssh_config (one Host block a node) and the run's known_hosts (the
     keys the controller verified, none in a dry run): how the launcher reaches nodes."""
     known_hosts = plan.path("known_hosts")
-    config = "".join(openssh.ssh_config_stanza(h, connect, known_hosts) for h in plan.hosts)
+    names = plan.hostfile_names()  # MPI's launcher calls ssh.sh with the hostfile's names
+    config = "".join(
+        openssh.ssh_config_stanza(h, connect, known_hosts, also=names.get(h.name, h.name))
+        for h in plan.hosts
+    )
     config += openssh.ssh_config_default(known_hosts) + openssh.ssh_config_mux(plan.run_id)
     keys = host_keys or {}
     lines = [openssh.known_hosts_line(h, keys[h.name]) for h in plan.hosts if keys.get(h.name)]

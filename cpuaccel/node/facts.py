@@ -23,6 +23,7 @@ import sys
 import time
 
 from cpuaccel.node.common import dist_infos, normalise, which
+from cpuaccel.node.netif import addresses, interfaces, routes, ssh_address
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's import costs more than the probe's own work
@@ -198,23 +199,7 @@ def disk(workdir: str) -> dict[str, Any]:
 
 def own_addresses() -> list[str]:
     """IPv4 addresses of this node's interfaces (to check how others resolve its name)."""
-    addresses = []
-    try:
-        import fcntl
-        import struct
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for _, name in socket.if_nameindex():
-            try:
-                packed = struct.pack("256s", name.encode()[:15])
-                raw = fcntl.ioctl(sock.fileno(), 0x8915, packed)  # SIOCGIFADDR
-                addresses.append(socket.inet_ntoa(raw[20:24]))
-            except OSError:
-                continue
-        sock.close()
-    except (ImportError, OSError):
-        pass
-    return addresses
+    return [address for _, address, _ in addresses()]
 
 
 def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
@@ -243,6 +228,19 @@ def port_free(port: int) -> bool:
         return False
     finally:
         sock.close()
+
+
+def network() -> dict[str, Any]:
+    """What the job's network is chosen from (cpuaccel.network.choice): the interfaces
+    and their addresses, the routing table, the address this node's ssh session came in
+    on, and what the node's own name resolves to (gloo picks its address by it)."""
+    name = os.uname().nodename
+    return {
+        "interfaces": interfaces(),
+        "routes": routes(),
+        "ssh_address": ssh_address(),
+        "own_name": {"name": name, **resolve([name])[name]},
+    }
 
 
 def login_name() -> str:
@@ -285,6 +283,7 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "workdir": workdir,
         "disk": disk(workdir),
         "addresses": own_addresses(),
+        "network": network(),
         "resolve": resolve(request.get("resolve") or []),
         "port_free": port_free(request["port"]) if request.get("port") else None,
         "time": time.time(),

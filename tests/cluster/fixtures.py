@@ -89,6 +89,19 @@ def master_port(span: int = 1) -> str:
 
 NODES = ("node1", "node2", "node3")
 
+# An unmodified torch.distributed script: the environment alone (MASTER_ADDR, RANK, ...,
+# and the interface gloo uses) decides where its ranks meet. Each rank prints the sum of
+# every rank's number plus one: "sum 6.0" for three ranks.
+SUM_SCRIPT = """\
+import torch
+import torch.distributed as dist
+dist.init_process_group()
+value = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(value)
+print(f"sum {value.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
 
 def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
     """No process of the job on any node at once, and soon no process at all but sshd."""

@@ -62,8 +62,8 @@ def test_a_refused_destination_is_refused_as_by_the_tree_program(tmp_path: Path)
 
 def test_the_program_carries_the_probe_the_receiver_and_the_jobs_part() -> None:
     assert node.parts("prelaunch") == [
-        "boundedjson", "common", "facts", "nofollow", "mux", "progress", "runfiles", "jobctl",
-        "destination", "entries", "unfinished", "tree", "prelaunch",
+        "boundedjson", "common", "netif", "facts", "nofollow", "mux", "progress", "runfiles",
+        "jobctl", "destination", "entries", "unfinished", "tree", "prelaunch",
     ]  # fmt: skip
 
 

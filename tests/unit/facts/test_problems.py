@@ -83,7 +83,9 @@ def test_unreachable_host_is_an_error_and_others_still_compared() -> None:
     assert problems[0].hint == "start sshd"
 
 
-def test_name_resolution_failures_and_wrong_addresses() -> None:
+def test_names_a_node_cannot_resolve_are_no_problem() -> None:
+    # A job names the nodes by the addresses cpuaccel.network.choice picks where the
+    # names do not resolve alike everywhere: an inventory of aliases runs as it is.
     n1 = node(
         "n1",
         addresses=["127.0.0.1", "10.0.0.1"],
@@ -94,11 +96,7 @@ def test_name_resolution_failures_and_wrong_addresses() -> None:
     )
     n2 = node("n2", addresses=["127.0.0.1", "10.0.0.2"], resolve={})
     n3 = node("n3", addresses=["10.0.0.3"], resolve={"n1": {"addresses": ["10.0.0.1"]}})
-    problems = summary([n1, n2, n3])
-    assert problems == [
-        (ERROR, "n1", "resolves n2 to 10.0.0.9, but n2's addresses are 10.0.0.2"),
-        (ERROR, "n1", "cannot resolve n3: Name or service not known"),
-    ]
+    assert summary([n1, n2, n3]) == []
 
 
 def ok(name: str, facts: dict[str, Any] | None = None, **host_vars: Any) -> HostResult[Any]:

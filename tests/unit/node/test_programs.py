@@ -18,7 +18,7 @@ from cpuaccel.errors import HostError
 
 
 def test_each_program_carries_only_the_parts_it_imports() -> None:
-    assert node.parts("facts") == ["common", "facts"]
+    assert node.parts("facts") == ["common", "netif", "facts"]
     # boundedjson: the one JSON reader, in every program that reads a request or a file
     tree = ["boundedjson", "common", "destination", "entries", "nofollow", "unfinished", "tree"]
     assert node.parts("tree") == tree  # unfinished: a folder the sync made (rsync)

@@ -1,0 +1,1 @@
+"""The job's network: which address and interface each node's ranks talk over."""
