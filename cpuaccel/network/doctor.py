@@ -388,9 +388,7 @@ def _where(connection: Connection) -> str:
     c = connection
     if c.purpose == MASTER:
         return f"{c.target}'s master port {c.port} ({c.address})"
-    return (
-        f"{c.target}'s port {c.port} ({c.address}; picked by the kernel, as gloo's and MPI's are)"
-    )
+    return f"{c.target}'s port {c.port} ({c.address}; one the kernel picked, as gloo's are)"
 
 
 def _ports(connection: Connection) -> str:
@@ -399,35 +397,42 @@ def _ports(connection: Connection) -> str:
     return "TCP on every port (gloo and MPI connect on ports the kernel picks)"
 
 
-def _mtus(sources: Sequence[Connection]) -> tuple[str, str]:
-    """Each end's interface and MTU, as said in an MTU problem, and the interface to fix."""
-    c = sources[0]
+def _ends(c: Connection) -> str:
+    """Each end's interface and MTU, as an MTU problem says them."""
     ends = []
     for name, end in ((c.source, c.source_end), (c.target, c.target_end)):
         iface = end.iface if end and end.iface else "?"
         mtu = end.mtu if end and end.mtu else "?"
         ends.append(f"{name} {iface} mtu {mtu}")
+    return ", ".join(ends)
+
+
+def _black_hole(group: Sequence[Connection]) -> Problem:
+    """One problem for the large transfers that stalled between two nodes, either way
+    and on any port: the path is what drops them."""
+    c = group[0]
+    both = any(g.source == c.target for g in group)
+    host = f"{c.source} <-> {c.target}" if both else f"{c.source} -> {c.target}"
+    way = f"between {c.source} and {c.target}" if both else f"from {c.source} to {c.target}"
     iface = (c.source_end.iface if c.source_end else None) or "IFACE"
-    return ", ".join(ends), iface
+    return Problem(
+        ERROR,
+        host,
+        f"a large transfer {way} stalls while small ones pass: an MTU black hole ({_ends(c)})",
+        f"set the same MTU as the switch path on every node (ip link set {iface} mtu 1500), "
+        "or enable jumbo frames on the switch",
+    )
 
 
 def _problem(group: Sequence[Connection]) -> Problem:
     """One problem for connections from ``group``'s sources to one target's port that
     met the same cause."""
     c = group[0]
+    if c.status == MTU:
+        return _black_hole(group)
     sources = ", ".join(g.source for g in group)
     host = f"{sources} -> {c.target}"
     where = _where(c)
-    if c.status == MTU:
-        ends, iface = _mtus(group)
-        return Problem(
-            ERROR,
-            host,
-            f"a large transfer from {sources} to {c.target} stalls while small ones "
-            f"pass: an MTU black hole ({ends})",
-            f"set the same MTU as the switch path on every node (ip link set {iface} mtu "
-            "1500), or enable jumbo frames on the switch",
-        )
     if c.status == FILTERED:
         return Problem(
             ERROR,
@@ -478,10 +483,15 @@ def _problem(group: Sequence[Connection]) -> Problem:
 
 
 def problems_of(connections: Sequence[Connection]) -> list[Problem]:
-    """One problem per target port and cause, naming every source that met it, in the
-    order the connections came."""
-    groups: dict[tuple[str, int, str, str], list[Connection]] = {}
+    """One problem per cause and target port, naming every source that met it; one per
+    pair of nodes for an MTU black hole; in the order the connections came."""
+    groups: dict[tuple[str, ...], list[Connection]] = {}
     for c in connections:
-        if not c.ok:
-            groups.setdefault((c.target, c.port, c.purpose, c.status), []).append(c)
+        if c.ok:
+            continue
+        if c.status == MTU:
+            key: tuple[str, ...] = (MTU, *sorted((c.source, c.target)))
+        else:
+            key = (c.status, c.target, str(c.port), c.purpose)
+        groups.setdefault(key, []).append(c)
     return [_problem(group) for group in groups.values()]
