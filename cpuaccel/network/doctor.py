@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cpuaccel.connectors import programs
@@ -46,6 +47,7 @@ RING = "ring"  # each node to the next one (the default sample)
 ALL = "all"  # every ordered pair of nodes
 MASTER = "master"  # a connection to the head's master port
 PEER = "peer"  # a connection to a peer's port the kernel picked
+WRONG_NODE = "wrong node"  # another node's probe answered at the target's address
 
 BOUND = 60  # seconds a node's probe lives at most, should the controller vanish
 START_TIMEOUT = 20.0  # seconds for a node's probe to start and say its ports
@@ -77,8 +79,8 @@ class End:
 @dataclass(frozen=True)
 class Connection:
     """One connection tried: from ``source`` to ``target``'s ``address``:``port``, what
-    it met (``status``: one of cpuaccel.node.netprobe.STATUSES, or ``untested``) and
-    each end's interface."""
+    it met (``status``: one of cpuaccel.node.netprobe.STATUSES, or WRONG_NODE: another
+    node's probe answered, named in ``detail``) and each end's interface."""
 
     source: str
     target: str
@@ -212,8 +214,22 @@ def _listening(host: str, answer: dict[str, Any], asked: int) -> list[tuple[int 
 @dataclass
 class _Node:
     kept: programs.Kept
+    token: str  # the word its probe answers with: which node answered
     peer_port: int | None
     master_port: int | None = None
+
+
+def checked_answerer(c: Connection, raw: Any, tokens: Mapping[str, str]) -> Connection:
+    """``c``, or WRONG_NODE when a probe other than the target's answered (``tokens``:
+    each node's probe's word, by name): the address is on another node too (docker0's
+    172.17.0.1 is on every host that runs Docker)."""
+    remote = raw.get("remote") if isinstance(raw, dict) else None
+    token = remote.get("token") if isinstance(remote, dict) else None
+    if not c.ok or not isinstance(token, str) or token == tokens.get(c.target):
+        return c
+    other = next((name for name, word in tokens.items() if word == token), None)
+    detail = f"{other or 'a probe of another run'} answered"
+    return replace(c, status=WRONG_NODE, detail=detail)
 
 
 def diagnose(
@@ -292,11 +308,12 @@ def _listen(
     def start(conn: Connector) -> _Node:
         name = conn.host.name
         ports = [master_port, 0] if name == head else [0]
-        words = [f"{netprobe.BOUND}{BOUND}", *map(str, ports)]
+        token = secrets.token_hex(8)
+        words = [f"{netprobe.BOUND}{BOUND}", f"{netprobe.TOKEN}{token}", *map(str, ports)]
         answer, kept = programs.start(
             conn, "netprobe", words, what="the network probe", timeout=START_TIMEOUT
         )
-        node = _Node(kept, None)
+        node = _Node(kept, token, None)
         nodes[name] = node  # closed at the end whatever its answer
         listening = _listening(name, answer, len(ports))
         node.peer_port = listening[-1][0]
@@ -342,6 +359,7 @@ def _connect(
         port = None if node is None else node.master_port if purpose == MASTER else node.peer_port
         if source in nodes and port is not None:
             by_source.setdefault(source, []).append((target, purpose, port))
+    tokens = {name: node.token for name, node in nodes.items()}
     request = {"connect": limits.connect, "exchange": limits.exchange}
     request |= {"transfer": limits.transfer, "size": limits.size}
 
@@ -361,7 +379,9 @@ def _connect(
         if not isinstance(results, list) or len(results) != len(targets):
             results = [None] * len(targets)
         return [
-            connection_of(source, target, addresses[target], port, purpose, raw)
+            checked_answerer(
+                connection_of(source, target, addresses[target], port, purpose, raw), raw, tokens
+            )
             for (target, purpose, port), raw in zip(targets, results, strict=True)
         ]
 
@@ -465,6 +485,14 @@ def _problem(group: Sequence[Connection]) -> Problem:
             f"{where}: connected, but a small message got no answer",
             "check what sits between the nodes (a stateful filter, a proxy) and what "
             f"listens on {c.address}:{c.port}",
+        )
+    if c.status == WRONG_NODE:
+        return Problem(
+            ERROR,
+            host,
+            f"{where}: {c.detail}, not {c.target}: the address is on more than one node",
+            f"train on an address that is {c.target}'s alone (cpuaccel_network), not one "
+            "every host has, such as docker0's 172.17.0.1",
         )
     if c.status == FOREIGN:
         return Problem(

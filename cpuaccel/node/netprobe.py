@@ -2,7 +2,8 @@
 (cpuaccel.network.doctor). It listens where a job's peers will connect, and connects
 where the job will, and says what each connection met.
 
-Run as ``python -c BOOT LENGTH --bound=SECONDS PORT...``. It listens on each TCP PORT
+Run as ``python -c BOOT LENGTH --bound=SECONDS --token=TOKEN PORT...`` (TOKEN: a word the
+controller gave this node's probe alone). It listens on each TCP PORT
 (0: a port the kernel picks, as gloo's and MPI's are), on every address, and answers one
 line ``{"listening": [PORT or null, ...], "errors": [null or TEXT, ...]}`` in the
 words' order. Then, until EOF on stdin or SECONDS after its start (SIGALRM's default
@@ -15,7 +16,9 @@ action: it never waits on a controller that is gone):
   "size": BYTES}``, with ``{"results": [RESULT, ...]}``, the targets tried at once.
 
 The echo protocol, on one connection: the client sends ``NETPROBE SIZE\\n``; the server
-answers ``NETPROBE IFACE MTU\\n`` (the interface its end of the connection uses), then
+answers ``NETPROBE IFACE MTU TOKEN\\n`` (the interface its end of the connection uses,
+and its token: the controller tells which node answered, should an address be on
+several, as docker0's is), then
 echoes SIZE bytes back as they come; the client closes first, so that no connection
 leaves the server's port (the job's master port) in TIME_WAIT.
 
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 BOUND = "--bound="
+TOKEN = "--token="
 MAGIC = b"NETPROBE"
 LINE_LIMIT = 200  # bytes of a protocol line: longer is not this probe
 MAX_SIZE = 16 << 20  # the most bytes a peer may ask to have echoed
@@ -182,7 +186,7 @@ def read_line(sock: socket.socket) -> bytes:
     return b""
 
 
-def serve_one(conn: socket.socket, deadline: float) -> None:
+def serve_one(conn: socket.socket, deadline: float, token: bytes) -> None:
     """The echo protocol's server side on one accepted connection."""
     try:
         conn.settimeout(max(0.1, deadline - time.monotonic()))
@@ -191,7 +195,8 @@ def serve_one(conn: socket.socket, deadline: float) -> None:
             return
         size = min(int(words[1]), MAX_SIZE)
         end = end_of(conn)
-        conn.sendall(b"%s %s %d\n" % (MAGIC, (end["iface"] or "-").encode(), end["mtu"] or 0))
+        iface = (end["iface"] or "-").encode()
+        conn.sendall(b"%s %s %d %s\n" % (MAGIC, iface, end["mtu"] or 0, token))
         while size > 0:
             chunk = conn.recv(min(size, 1 << 16))
             if not chunk:
@@ -205,7 +210,7 @@ def serve_one(conn: socket.socket, deadline: float) -> None:
         conn.close()
 
 
-def serve(sock: socket.socket, bound: float, slots: threading.Semaphore) -> None:
+def serve(sock: socket.socket, bound: float, slots: threading.Semaphore, token: bytes) -> None:
     """Accept connections on ``sock`` and serve each in a thread of its own."""
     while True:
         try:
@@ -216,7 +221,7 @@ def serve(sock: socket.socket, bound: float, slots: threading.Semaphore) -> None
 
         def one(conn: socket.socket = conn) -> None:
             try:
-                serve_one(conn, time.monotonic() + bound)
+                serve_one(conn, time.monotonic() + bound, token)
             finally:
                 slots.release()
 
@@ -289,9 +294,13 @@ def try_target(address: str, port: int, limits: dict[str, float]) -> dict[str, A
             return _result(SILENT, "no answer to a small message", started, local=local)
         except OSError as exc:
             return _result(ERROR, f"in the small exchange: {exc}", started, local=local)
-        if len(answer) != 3 or answer[0] != MAGIC or not answer[2].isdigit():
+        if len(answer) != 4 or answer[0] != MAGIC or not answer[2].isdigit():
             return _result(FOREIGN, "the answer is not this probe's", started, local=local)
-        remote = {"iface": answer[1].decode("ascii", "replace"), "mtu": int(answer[2]) or None}
+        remote = {
+            "iface": answer[1].decode("ascii", "replace"),
+            "mtu": int(answer[2]) or None,
+            "token": answer[3].decode("ascii", "replace"),
+        }
         try:
             back = transfer(sock, size, time.monotonic() + limits["transfer"])
         except OSError as exc:
@@ -367,14 +376,17 @@ def answer(line: bytes) -> dict[str, Any]:
 
 def main() -> None:
     words = sys.argv[2:]  # after BOOT's LENGTH (cpuaccel.connectors.programs)
-    if not words or not words[0].startswith(BOUND):
-        sys.exit(f"netprobe: usage: {BOUND}SECONDS PORT...")
+    if len(words) < 2 or not words[0].startswith(BOUND) or not words[1].startswith(TOKEN):
+        sys.exit(f"netprobe: usage: {BOUND}SECONDS {TOKEN}TOKEN PORT...")
     bound = int(words[0][len(BOUND) :])
+    token = words[1][len(TOKEN) :].encode("ascii", "replace")[:64] or b"-"
+    if b" " in token or b"\n" in token:
+        sys.exit("netprobe: a token is one word")
     signal.alarm(max(1, bound))  # its default action ends the program, threads and all
     listening: list[int | None] = []
     errors: list[str | None] = []
     slots = threading.Semaphore(SERVING)
-    for word in words[1:]:
+    for word in words[2:]:
         try:
             sock = listen(int(word))
         except (OSError, ValueError, OverflowError) as exc:
@@ -383,7 +395,7 @@ def main() -> None:
             continue
         listening.append(int(sock.getsockname()[1]))
         errors.append(None)
-        threading.Thread(target=serve, args=(sock, bound, slots), daemon=True).start()
+        threading.Thread(target=serve, args=(sock, bound, slots, token), daemon=True).start()
     out = sys.stdout
     out.write(json.dumps({"listening": listening, "errors": errors}) + "\n")
     out.flush()

@@ -122,6 +122,21 @@ def test_an_mtu_black_hole_is_one_problem_a_pair_of_nodes_either_way() -> None:
     assert other.host == "node3 -> node1" and "from node3 to node1" in other.message
 
 
+def test_another_nodes_probe_answering_is_the_wrong_node() -> None:
+    tokens = {"node1": "aa", "node2": "bb"}
+    ok = connection("node1", "node2", "ok")
+    raw = {"status": "ok", "remote": {"iface": "docker0", "mtu": 1500, "token": "aa"}}
+    wrong = doctor.checked_answerer(ok, raw, tokens)
+    assert wrong.status == doctor.WRONG_NODE and wrong.detail == "node1 answered"
+    right = {"status": "ok", "remote": {"token": "bb"}}
+    assert doctor.checked_answerer(ok, right, tokens) is ok
+    stranger = {"status": "ok", "remote": {"token": "zz"}}
+    assert doctor.checked_answerer(ok, stranger, tokens).detail == "a probe of another run answered"
+    [problem] = doctor.problems_of([wrong])
+    assert "node1 answered, not node2" in problem.message
+    assert problem.hint is not None and "172.17.0.1" in problem.hint
+
+
 def local_hosts(*names: str) -> list[Host]:
     return [Host(name, {"ansible_connection": "local"}) for name in names]
 

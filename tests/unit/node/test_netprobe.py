@@ -31,7 +31,8 @@ class Probe:
     """The bundled program started with PORT words, kept open as the controller keeps it."""
 
     def __init__(self, *ports: int, bound: int = 30) -> None:
-        argv = programs.argv(sys.executable, "netprobe", [f"--bound={bound}", *map(str, ports)])
+        words = [f"--bound={bound}", "--token=t0k3n", *map(str, ports)]
+        argv = programs.argv(sys.executable, "netprobe", words)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(node.program("netprobe"))
@@ -112,7 +113,7 @@ def test_it_listens_says_its_ports_and_its_peer_connects_ok(probe: Probe) -> Non
     assert result["status"] == "ok", result
     lo = {"iface": "lo", "mtu": lo_mtu()}
     assert result["local"] == {"address": LOOPBACK, **lo}
-    assert result["remote"] == lo  # the server's end, said in its answer
+    assert result["remote"] == {**lo, "token": "t0k3n"}  # the server's end, and its word
 
 
 def test_a_closed_port_is_refused_at_once(probe: Probe) -> None:
@@ -150,12 +151,12 @@ def test_a_large_transfer_that_stalls_after_the_small_exchange_is_mtu(probe: Pro
 
     def small_only(conn: socket.socket) -> None:
         netprobe.read_line(conn)
-        conn.sendall(b"NETPROBE eth0 9000\n")
+        conn.sendall(b"NETPROBE eth0 9000 t\n")
 
     for port in server(small_only):
         [result] = probe.connect((LOOPBACK, port), transfer=0.5)
     assert result["status"] == "mtu", result
-    assert result["remote"] == {"iface": "eth0", "mtu": 9000}
+    assert result["remote"] == {"iface": "eth0", "mtu": 9000, "token": "t"}
     assert result["detail"].startswith("0 of 262144 bytes came back")
 
 
