@@ -47,11 +47,11 @@ class _Chain:
 
 
 # Programs run without the ``site`` module (``python -S``): the sync receiver and the
-# broadcast relay, started on every node of every sync, need nothing but the standard
-# library, while site's processing of site-packages (its .pth files and what they
-# import, sitecustomize) would be paid by every start. Not the others: the fact probe
-# reads site-packages' dist-info, and the agent's modules run pip.
-NO_SITE = frozenset({"treesession", "relay"})
+# broadcast relay, started on every node of every sync, and the network probe need
+# nothing but the standard library, while site's processing of site-packages (its .pth
+# files and what they import, sitecustomize) would be paid by every start. Not the
+# others: the fact probe reads site-packages' dist-info, and the agent's modules run pip.
+NO_SITE = frozenset({"treesession", "relay", "netprobe"})
 
 
 def argv(python: str, program: str, words: Sequence[str] = ()) -> list[str]:

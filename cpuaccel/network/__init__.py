@@ -1,1 +1,1 @@
-"""The job's network: which address and interface each node's ranks talk over."""
+"""The job's network: which address and interface each node's ranks talk over, and what is wrong with it."""

@@ -28,12 +28,15 @@ tested and type-checked one by one:
               jobctl)
   relay       one node's part of a broadcast: keep a stream of files and pass it on to
               the next nodes (cpuaccel.connectors.broadcast)
+  netprobe    the network doctor's part on a node: listen where the job's peers will
+              connect, connect where the job will, and say what each connection met
+              (cpuaccel.network.doctor)
   agent       the playbook agent's request loop, with its modules in moduleutil, files,
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
 ``jobctl``, ``supervisor``, ``prelaunch`` (one request each), ``treesession`` and
-``agent`` and ``relay`` (resident).
+``agent``, ``relay`` and ``netprobe`` (resident).
 ``program(name)`` bundles that part with the parts it imports, and no other: the fact
 probe, for one, carries ``common`` and nothing of the agent. On the node each part becomes
 the module it is here, so the parts import each other as usual.
@@ -50,7 +53,17 @@ import functools
 import re
 from pathlib import Path
 
-PROGRAMS = ("facts", "tree", "treesession", "jobctl", "agent", "detached", "prelaunch", "relay")
+PROGRAMS = (
+    "facts",
+    "tree",
+    "treesession",
+    "jobctl",
+    "agent",
+    "detached",
+    "prelaunch",
+    "relay",
+    "netprobe",
+)
 _HERE = Path(__file__).resolve().parent
 # A part's imports of other parts, type-only ones included: keep those to parts that
 # the importing part needs anyway.
