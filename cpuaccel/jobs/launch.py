@@ -33,6 +33,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
+from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic
 from cpuaccel.jobs.connections import (
@@ -63,6 +64,7 @@ from cpuaccel.jobs.rundir import (
     render_job_files,
     render_launch,
 )
+from cpuaccel.network import doctor
 from cpuaccel.node.supervisor import Attempt, Limits, Outcome
 from cpuaccel.projectsync.engine import SyncOptions, sync
 from cpuaccel.projectsync.manifest import SourceManifest, build
@@ -321,8 +323,16 @@ def _checked(
             kept=nodes.kept,
             network=lambda facts: job_network(settings, draft.hosts, facts),
         )
-        reached = reach.problems()
-    problems = list(found.errors) + reached
+    problems = list(found.errors)
+    # Every node answered alike: try the connections the job will make. A fault found
+    # there is the cause the launcher's ssh check would only time out on: it is not
+    # waited for.
+    faults = [] if problems else _network_doctor(settings, draft, found.facts, nodes)
+    if faults:
+        reach.leave()
+        problems += faults
+    else:
+        problems += reach.problems()
     if require is not None:  # the caller's checks, of the nodes that answered
         problems += [p for p in require(found.facts) if p.severity == ERROR]
     if found.stale and not allow_sync:
@@ -348,6 +358,29 @@ def _checked(
     if found.stale:
         _sync_stale(draft, [h for h in draft.hosts if h.name in found.stale], source, nodes)
     return found.facts
+
+
+def _network_doctor(
+    settings: LaunchSettings, draft: RunPlan, facts: dict[str, Facts], nodes: Nodes
+) -> list[Problem]:
+    """The network doctor's errors for the job's own connections (each node to the
+    head's master port, each to the next node), over the addresses the job will use.
+    Nothing to try on one node, this machine alone, or an allocation's nodes (reached
+    through srun, not ssh)."""
+    network = job_network(settings, draft.hosts, facts)
+    if network is None or not network.complete or fanout.in_one_step(draft.hosts):
+        return []
+    addresses = {name: choice.address for name, choice in network.nodes.items()}
+    found = doctor.probe(
+        draft.hosts,
+        addresses,
+        head=draft.head.name,
+        master_port=settings.master_port.value,
+        connect=nodes.connect,
+        forks=nodes.forks,
+        pool=nodes.pool,
+    )
+    return [p for p in found if p.severity == ERROR]
 
 
 def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: Nodes) -> None:

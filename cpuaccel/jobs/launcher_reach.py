@@ -73,6 +73,7 @@ class LauncherReach:
         self._problems: list[Problem] = []
         self._started = False
         self._looked = False  # whether the keys known before connecting were looked up
+        self._left = False  # leave(): nobody waits for the check any more
 
     def connected(self, conn: Connector) -> None:
         known = None
@@ -153,9 +154,15 @@ class LauncherReach:
         self._thread = threading.Thread(target=ui.carried(work), name="launcher-reach", daemon=True)
         self._thread.start()
 
+    def leave(self) -> None:
+        """No job starts, for a cause found before this check ended (the network
+        doctor's): do not wait for it. Its node program ends within its own timeout, and
+        the masters it opens end by themselves ControlPersist seconds after."""
+        self._left = True
+
     def end_masters(self) -> None:
         """No job starts (preflight failed): end the ssh masters the check left."""
-        if self._thread is None or not self.keep_masters:
+        if self._thread is None or not self.keep_masters or self._left:
             return
         self._thread.join(REACH_TIMEOUT + 60)
         what = "ending the launcher check's ssh masters"

@@ -1,1 +1,2 @@
-"""The job's network: which address and interface each node's ranks talk over, and what is wrong with it."""
+"""The job's network: which address and interface each node's ranks talk over, and what
+is wrong with it."""
