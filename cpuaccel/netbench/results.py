@@ -251,10 +251,10 @@ def _sweep(backend: str, raw: Any, sizes: list[int], world: int) -> Sweep:
     if "skipped" in raw:
         return Sweep(backend, skipped=_text(raw["skipped"], f"{where}.skipped", 1000))
     ranks = _list(raw.get("seconds"), f"{where}.seconds", world)
-    medians = [
-        [_number(t, f"{where}.seconds[{r}][{i}]") for i, t in enumerate(_list(row, "", len(sizes)))]
-        for r, row in enumerate(ranks)
-    ]
+    medians = []
+    for r, row in enumerate(ranks):
+        cells = _list(row, f"{where}.seconds[{r}]", len(sizes))
+        medians.append([_number(t, f"{where}.seconds[{r}][{i}]") for i, t in enumerate(cells)])
     points = [
         Point(size, statistics.fmean(m[i] for m in medians), world) for i, size in enumerate(sizes)
     ]

@@ -104,7 +104,7 @@ def sweep_lines(report: NetReport) -> list[str]:
 def slowest_line(pair: Pair | None) -> str:
     if pair is None:
         return "slowest link: none measured"
-    rate = f"{pair.bandwidth:.2f} GB/s ({pair.bandwidth * 8:.2f} Gbit/s"
+    rate = f"{rate_text(pair.bandwidth)} GB/s ({pair.bandwidth * 8:.2f} Gbit/s"
     if pair.share is None:
         rate += ", the interface's speed unknown)"
     else:
