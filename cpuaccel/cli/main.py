@@ -70,6 +70,7 @@ VERBS = {
     "submit": "cpuaccel.cli.submit:submit_command",
     "dashboard": "cpuaccel.cli.dashboard:dashboard_command",
     "tune": "cpuaccel.cli.tune:tune_command",
+    "bench": "cpuaccel.cli.bench:bench_command",
     "help": "cpuaccel.cli.help:help_command",
 }
 
@@ -91,6 +92,7 @@ Examples:
   cpuaccel fetch last --checkpoints            # a run's results from its head node
   cpuaccel dashboard                           # the live page of ./runs (Ctrl-C ends)
   cpuaccel tune --write train.py               # measure ranks x threads, keep the best
+  cpuaccel bench net                           # latency, bandwidth, allreduce by size
   cpuaccel config                              # questions -> inventory.yaml, cpuaccel.yaml
   cpuaccel help hosts                          # the host options every verb shares
 

@@ -111,6 +111,7 @@ class SecretEnv(Mapping[str, str]):
 # ---------------------------------------------------------------- the table's shape
 
 RUN, SUBMIT, TUNE, SHOW = "run", "submit", "tune", "show"  # SHOW: `config show`
+BENCH = "bench"  # `bench net`: its job's hosts, launcher, port and environment
 # The verbs that take Accelerate's and torchrun's spellings. submit asks Slurm for its
 # own --nodes and hands cpuaccel's own spellings on to the run inside the job.
 ALIAS_VERBS = frozenset({RUN, TUNE, SHOW})
@@ -266,10 +267,13 @@ TABLE: tuple[Entry, ...] = (
             aliases=("--num_machines", "--num-machines", "--nnodes"),
             aliases_take_text=True,
             aliases_help=("--num_machines, --nnodes N|MIN:MAX", "--nodes N|MIN:MAX"),
-            # Every trial of tune runs on the same nodes: it takes N only.
-            per_verb={TUNE: VerbFlag("How many hosts (default: all selected).", metavar="N")},
+            # Every trial of tune runs on the same nodes, and so does a bench: N only.
+            per_verb={
+                TUNE: VerbFlag("How many hosts (default: all selected).", metavar="N"),
+                BENCH: VerbFlag("How many hosts (default: all selected).", metavar="N"),
+            },
         ),
-        verbs=_verbs(RUN, TUNE, SHOW),
+        verbs=_verbs(RUN, TUNE, SHOW, BENCH),
         key="nodes",
         note="every selected host",
         shown=True,
@@ -313,7 +317,7 @@ TABLE: tuple[Entry, ...] = (
                 ),
             },
         ),
-        verbs=_ALL,
+        verbs=_ALL | _verbs(BENCH),
         key="launcher",
         variables=("cpuaccel_launcher",),
         default="auto",
@@ -332,7 +336,7 @@ TABLE: tuple[Entry, ...] = (
             aliases=("--master_port", "--main_process_port", "--main-process-port"),
             aliases_help=("--master_port, --main_process_port PORT", "--master-port PORT"),
         ),
-        verbs=_ALL,
+        verbs=_ALL | _verbs(BENCH),
         key="master_port",
         variables=("cpuaccel_master_port",),
         env=("MASTER_PORT",),
@@ -439,7 +443,7 @@ TABLE: tuple[Entry, ...] = (
                 SUBMIT: VerbFlag("As run; a secret (TOKEN, KEY, SECRET, PASSWORD) only by NAME."),
             },
         ),
-        verbs=_ALL,
+        verbs=_ALL | _verbs(BENCH),
         key="env",
         variables=("cpuaccel_env",),
         default={},

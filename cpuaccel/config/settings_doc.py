@@ -12,12 +12,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cpuaccel.config.settings import RUN, SHOW, SUBMIT, TABLE, TUNE, Entry
+from cpuaccel.config.settings import BENCH, RUN, SHOW, SUBMIT, TABLE, TUNE, Entry
 
 COMMAND = "python -m cpuaccel.config.settings_doc --write docs/run.md"
 BEGIN = f"<!-- the settings table: written by `{COMMAND}` from cpuaccel/config/settings.py -->"
 END = "<!-- end of the settings table -->"
-_VERBS = ((RUN, "run"), (SUBMIT, "submit"), (TUNE, "tune"), (SHOW, "config show"))
+_VERBS = (
+    (RUN, "run"),
+    (SUBMIT, "submit"),
+    (TUNE, "tune"),
+    (BENCH, "bench net"),
+    (SHOW, "config show"),
+)
 _HEADER = (
     "setting",
     "flag",

@@ -62,10 +62,11 @@ def test_verb_summaries_are_whole_sentences() -> None:
     commands = shown.split("Commands:\n")[1].split("\n\n")[0]
     assert "..." not in commands
     summaries = " ".join(commands.split())
-    for verb in ("config", "check", "run", "report", "ps", "logs", "fetch", "tune", "help"):
+    verbs = ("config", "check", "run", "report", "ps", "logs", "fetch", "tune", "bench", "help")
+    for verb in verbs:
         assert f" {verb} " in f" {summaries}", verb
     # each summary ends a sentence before the next verb's name
     rows = [line for line in commands.splitlines() if line.startswith("  ") and line[2] != " "]
-    assert len(rows) == 14
+    assert len(rows) == 15
     ends = commands.replace("\n             ", " ").splitlines()
     assert all(line.rstrip().endswith(".") for line in ends), ends
