@@ -39,11 +39,13 @@ from cpuaccel.facts.problems import (
     find_problems,
     same_account,
 )
+from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan, job_network, new_run_id
 from cpuaccel.jobs.preflight import head_problems, readiness
+from cpuaccel.network import doctor
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class CheckResult:
     results: tuple[HostResult[Facts], ...]
     problems: tuple[Problem, ...]
     notes: tuple[Problem, ...] = ()
+    # The job's network: each node's address and interface, and the connections the
+    # network doctor tried (None: one node, this machine alone, or not tried).
+    network: dict[str, Any] | None = None
 
     @property
     def hosts(self) -> dict[str, HostResult[Facts]]:
@@ -77,21 +82,24 @@ class CheckResult:
         return {
             **to_json(self.results, self.problems),
             "notes": [note.to_json() for note in self.notes],
+            "network": self.network,
         }
 
 
-def check_target(target: Target) -> CheckResult:
+def check_target(target: Target, *, every_pair: bool = False) -> CheckResult:
     """Check the hosts of ``target``: their facts, gathered in parallel (a progress bar
     on a terminal), and the problems a run would meet on them. An unreachable host is a
-    result, not an exception."""
-    results, found = gather_all(target)
+    result, not an exception. The network doctor tries what a job needs (each node to
+    the head's master port, each to the next node), or with ``every_pair`` every ordered
+    pair of nodes."""
+    results, found, network = gather_all(target, every_pair=every_pair)
     problems = with_refusal(results, find_problems(results))
     # What run's preflight refuses on each node, then the pairs the launcher cannot
     # reach and the job's network.
     problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
     problems += [p for p in found if p.severity != NOTE]
     notes = same_account(results) + [p for p in found if p.severity == NOTE]
-    return CheckResult(tuple(results), tuple(problems), tuple(notes))
+    return CheckResult(tuple(results), tuple(problems), tuple(notes), network)
 
 
 def check(
@@ -141,30 +149,66 @@ def check(
         return check_target(target)
 
 
-def gather_all(target: Target) -> tuple[list[HostResult[Facts]], list[Problem]]:
+def gather_all(
+    target: Target, *, every_pair: bool = False
+) -> tuple[list[HostResult[Facts]], list[Problem], dict[str, Any] | None]:
     """Facts from every selected host in parallel, with a progress bar on a terminal
     (a node Slurm has down or drained is not contacted: its result says why); and, in
     the same pass, what run's preflight checks from the settings a run would use: the
     head node's launcher ssh to every other node (jobs/launcher_reach.LauncherReach, its
-    problems named head -> node) and the launcher on the head."""
+    problems named head -> node), the launcher on the head, and the job's network
+    (the address each node would use, and the network doctor's connections over them:
+    returned for --json)."""
     view = run_view(target)
     if isinstance(view, Problem):
-        return _gather(target, None), [view]
+        return _gather(target, None), [view], None
     with ConnectionPool(replace(target.connect, keep=True)) as pool:
         # One host, or only this machine: no other node to reach, and nothing is tried.
         reach = LauncherReach(view.draft, target.connect, pool)
         results = _gather(target, reach, pool, keep=view.draft.head.name)
-        problems = reach.problems()  # bounded: the reach's own timeout
-    facts = {r.host.name: r.value for r in results if r.value is not None}
+        facts = {r.host.name: r.value for r in results if r.value is not None}
+        network, problems, faults = _network(view, facts, target, pool, every_pair)
+        if any(p.severity == ERROR for p in faults):  # the cause the reach would time out on
+            reach.leave()
+        else:
+            problems += reach.problems()  # bounded: the reach's own timeout
+        problems += faults
     launcher = view.settings.launcher.value
     head = view.draft.head.name
     # The master port is not probed: a job holding it now may be gone when the run starts.
     port = view.settings.master_port.value
     problems += head_problems(facts, head, port, None if launcher == "auto" else launcher)
-    if len(facts) == len(view.draft.hosts):  # the job's network, as a run would choose it
-        network = job_network(view.settings, view.draft.hosts, facts)
-        problems += network.problems if network is not None else []
-    return results, problems
+    return results, problems, network
+
+
+def _network(
+    view: RunView,
+    facts: dict[str, Facts],
+    target: Target,
+    pool: ConnectionPool,
+    every_pair: bool,
+) -> tuple[dict[str, Any] | None, list[Problem], list[Problem]]:
+    """The job's network as a run would choose it, and, where it is whole, the network
+    doctor's diagnosis over it: (both as JSON, the choice's problems, the doctor's)."""
+    hosts = view.draft.hosts
+    network = job_network(view.settings, hosts, facts) if len(facts) == len(hosts) else None
+    if network is None:
+        return None, [], []
+    shown: dict[str, Any] = network.to_json()
+    if not network.complete or fanout.in_one_step(hosts):
+        return shown, network.problems, []
+    found = doctor.diagnose(
+        hosts,
+        {name: c.address for name, c in network.nodes.items()},
+        head=hosts[0].name,
+        master_port=view.settings.master_port.value,
+        pairs=doctor.ALL if every_pair else doctor.RING,
+        connect=target.connect,
+        forks=target.forks,
+        pool=pool,
+    )
+    shown["doctor"] = found.to_json()
+    return shown, network.problems, found.problems
 
 
 def _gather(

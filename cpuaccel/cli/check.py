@@ -67,9 +67,17 @@ Exit codes: 0 consistent (warnings allowed); 1 problems of error severity;
     help="Check a Slurm partition's nodes (the default partition without a name), with "
     "their Slurm state; the same as -i slurm:PARTITION.",
 )
+@click.option(
+    "--network",
+    "every_pair",
+    is_flag=True,
+    help="Try every ordered pair of nodes (by default: each node to the head's master port "
+    "and to the next node).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def check_command(
     target: Target,
+    every_pair: bool,
     as_json: bool,
 ) -> None:
     """Gather facts from every node in parallel and report what differs.
@@ -86,7 +94,7 @@ def check_command(
     table = threading.Thread(target=_import_table, name="import-table", daemon=True)
     if not as_json:
         table.start()
-    found = check_target(target)
+    found = check_target(target, every_pair=every_pair)
     if as_json:
         ui.print_json(found.to_json())
     else:

@@ -357,7 +357,7 @@ TABLE: tuple[Entry, ...] = (
             metavar="CIDR|IFACE",
             takes_text=True,
         ),
-        verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
+        verbs=_verbs(RUN, SUBMIT, TUNE, BENCH, SHOW),
         key="network",
         variables=("cpuaccel_network",),
         note="each node's route to the head node",
