@@ -264,11 +264,14 @@ class Cluster:
         host_overrides: Mapping[str, Mapping[str, Any]] | None = None,
         *,
         only: Sequence[str] | None = None,
+        aliases: Mapping[str, str] | None = None,
         **extra_vars: Any,
     ) -> Path:
         """Write an Ansible YAML inventory of this cluster to `path` and return it.
         `host_overrides` adds or replaces host vars per node (e.g. another ``cpuaccel_python``
-        on one node); `only` limits the hosts listed; `extra_vars` adds or replaces group
+        on one node); `only` limits the hosts listed; `aliases` lists node ``nodeK`` under
+        another inventory name, still reached by its ``ansible_host`` address (names that
+        resolve nowhere: ``netfaults.alias_names``); `extra_vars` adds or replaces group
         vars under ``all.vars`` (None leaves one of the defaults out)."""
         text = inventory_text(
             self.nodes,
@@ -279,6 +282,7 @@ class Cluster:
             only=only,
             extra_vars=extra_vars,
             owner=repr(self),
+            aliases=aliases,
         )
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)

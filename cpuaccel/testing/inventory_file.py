@@ -54,13 +54,16 @@ def inventory_text(
     only: Sequence[str] | None,
     extra_vars: Mapping[str, Any],
     owner: str,
+    aliases: Mapping[str, str] | None = None,
 ) -> str:
     """The inventory YAML of `nodes` (see :meth:`Cluster.write_inventory` for the options).
 
-    KeyError names `owner` (the cluster) if `host_overrides` or `only` name other nodes.
+    KeyError names `owner` (the cluster) if `host_overrides`, `only` or `aliases` name
+    other nodes.
     """
+    aliases = aliases or {}
     names = {node.name for node in nodes}
-    unknown = set(host_overrides) - names
+    unknown = (set(host_overrides) | set(aliases)) - names
     if only is not None:
         unknown |= set(only) - names
     if unknown:
@@ -87,7 +90,7 @@ def inventory_text(
             continue
         host = _FlowDict(ansible_host=node.address)
         host.update(host_overrides.get(node.name, {}))
-        hosts[node.name] = host
+        hosts[aliases.get(node.name, node.name)] = host
     document = {"all": {"vars": group_vars, "hosts": hosts}}
     return yaml.dump(
         document, Dumper=_InventoryDumper, sort_keys=False, default_flow_style=False, width=200

@@ -62,6 +62,22 @@ def controller_address(cluster_id: int) -> str:
     return node_address(cluster_id, CONTROLLER_HOST)
 
 
+def second_bridge_name(cluster_id: int) -> str:
+    """The bridge of the optional second network (:mod:`cpuaccel.testing.netfaults`)."""
+    return f"cpxl{cluster_id}br2"
+
+
+def second_veth_name(cluster_id: int, index: int) -> str:
+    """Host end of node `index`'s link to the second network (``eth1`` inside the node)."""
+    return f"cpxl{cluster_id}w{index}"
+
+
+def second_address(cluster_id: int, index: int) -> str:
+    """Node `index`'s address on the second network: a /24 of its own in 10.78.0.0/16,
+    apart from the first network's 10.77.0.0/16 for every cluster id."""
+    return f"10.78.{cluster_id}.{index}"
+
+
 def state_dir_for(cluster_id: int, state_root: Path = Path("/tmp")) -> Path:
     return state_root / f"cpxl-{cluster_id}"
 

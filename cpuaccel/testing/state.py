@@ -76,7 +76,8 @@ def _list_netns(cluster_id: int) -> list[str]:
 
 
 def _list_links(cluster_id: int) -> list[str]:
-    pattern = re.compile(rf"^cpxl{cluster_id}(br|v\d+)$")
+    # The bridges and host-side veths of both networks (the second: netfaults.second_network).
+    pattern = re.compile(rf"^cpxl{cluster_id}(br|br2|v\d+|w\d+)$")
     try:
         names = os.listdir("/sys/class/net")
     except OSError:
@@ -129,7 +130,7 @@ def cleanup_stale(cluster_id: int, state_root: Path = Path("/tmp")) -> None:
     # Delete the host-side veths before the namespaces: namespace teardown is
     # asynchronous in the kernel, `ip link del` is not.
     links = _list_links(cluster_id)
-    for link in sorted(links, key=lambda name: name.endswith("br")):
+    for link in sorted(links, key=lambda name: name.endswith(("br", "br2"))):
         with contextlib.suppress(ClusterError):
             _run(["ip", "link", "del", link])
     for namespace in _list_netns(cluster_id):
