@@ -156,9 +156,19 @@ class LauncherReach:
 
     def leave(self) -> None:
         """No job starts, for a cause found before this check ended (the network
-        doctor's): do not wait for it. Its node program ends within its own timeout, and
-        the masters it opens end by themselves ControlPersist seconds after."""
+        doctor's): do not wait for its ssh attempts, end them (those it recorded on the
+        head, by pid) and the masters they opened."""
         self._left = True
+        if self._thread is None:
+            return
+        what = "ending the launcher check"
+        try:
+            conn = self.pool.get(self.plan.head)
+            words = ["unreach", self.plan.run_dir, self.plan.run_id]
+            programs.call(conn, "jobctl", words, what=what, timeout=30.0)
+        except CpuaccelError:
+            pass  # its own timeout ends it; the masters end ControlPersist seconds after
+        self._thread.join(5.0)  # its attempts ended: it answers at once
 
     def end_masters(self) -> None:
         """No job starts (preflight failed): end the ssh masters the check left."""

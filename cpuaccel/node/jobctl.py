@@ -36,6 +36,10 @@ Run as ``python -c BOOT LENGTH MODE ARG [ARG...]`` (cpuaccel.connectors.programs
                      a folder of the reach's own (as without either flag), removed
                      after: they end a second after they authenticated
   unmux RUN_ID       end the run's ssh masters and remove their folder (no job started)
+  unreach RUN_DIR RUN_ID
+                     end a reach still trying (the preflight named a cause already):
+                     the ssh.sh processes it recorded in RUN_DIR/reach.pids, each
+                     checked to be ours and to run from RUN_DIR; then unmux RUN_ID
   list RUN_DIR / read RUN_DIR NAME OFFSET LIMIT
                      a run's files (cpuaccel.node.runfiles)
   stacks RUN_ID TIMEOUT
@@ -321,6 +325,7 @@ def _reach_all(
                 for host in hosts
                 if host not in live
             }
+            _record_pids(run_dir, [proc.pid for proc in procs.values()])
             found = {host: [0, ""] for host in live}
             found.update({host: _reached(proc, deadline) for host, proc in procs.items()})
             found = {host: found[host] for host in hosts}
@@ -330,6 +335,62 @@ def _reach_all(
         os.close(parent)
         _rmdirs(created)
     return found
+
+
+REACH_PIDS = "reach.pids"
+
+
+def _record_pids(run_dir: str, pids: list[int]) -> None:
+    """The reach's ssh.sh processes (each the leader of its group), for ``unreach``."""
+    try:
+        fd = os.open(
+            os.path.join(run_dir, REACH_PIDS),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
+        return
+    try:
+        os.write(fd, "".join(f"{pid}\n" for pid in pids).encode())
+    finally:
+        os.close(fd)
+
+
+def unreach(run_dir: str, run_id: str) -> dict[str, Any]:
+    """End a reach of ``run_dir`` still trying: the groups of the ssh.sh processes it
+    recorded, each one ours and running from that folder (a pid reused since is left
+    alone); then the run's masters (``end_masters``)."""
+    ended = []
+    if (
+        run_dir.startswith("/tmp/cpuaccel-reach-")
+        and "/" not in run_dir[5:]
+        and ".." not in run_dir
+    ):
+        try:
+            fd = os.open(os.path.join(run_dir, REACH_PIDS), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                text = os.read(fd, 1 << 16).decode(errors="replace")
+            finally:
+                os.close(fd)
+        except OSError:
+            text = ""
+        mark = (run_dir + "/").encode()
+        for word in text.split():
+            if not word.isdigit():
+                continue
+            pid = int(word)
+            try:
+                if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if mark not in f.read():
+                        continue
+                os.killpg(pid, signal.SIGKILL)
+                ended.append(pid)
+            except OSError:
+                continue
+    end_masters(run_id)
+    return {"ended": ended}
 
 
 def _live_masters(run_dir: str, hosts: list[str], folder: str | None, deadline: float) -> set[str]:
@@ -477,6 +538,8 @@ def request(mode: str, args: list[str], stdin: BinaryIO) -> dict[str, Any]:
     if mode == "unmux":  # a preflight that failed: no job will use the masters
         end_masters(args[0])
         return {}
+    if mode == "unreach":  # the preflight named a cause while the reach still tries
+        return unreach(args[0], args[1])
     if mode == "reach":
         files = loads(stdin.read())
         hosts, mux, kept = args[2:], None, False
