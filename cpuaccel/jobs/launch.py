@@ -65,6 +65,7 @@ from cpuaccel.jobs.rundir import (
     render_launch,
 )
 from cpuaccel.network import doctor
+from cpuaccel.network.choice import JobNetwork
 from cpuaccel.node.supervisor import Attempt, Limits, Outcome
 from cpuaccel.projectsync.engine import SyncOptions, sync
 from cpuaccel.projectsync.manifest import SourceManifest, build
@@ -324,13 +325,16 @@ def _checked(
             network=lambda facts: job_network(settings, draft.hosts, facts),
         )
     problems = list(found.errors)
-    # Every node answered alike: try the connections the job will make. A fault found
-    # there is the cause the launcher's ssh check would only time out on: it is not
-    # waited for.
-    faults = [] if problems else _network_doctor(settings, draft, found.facts, nodes)
+    # Every node answered alike: try the connections the job will make. A fault of the
+    # network (found there, or in choosing it) is the cause the launcher's ssh check
+    # would only time out on: that check is not waited for.
+    network = found.network
+    faults = network.errors if network is not None else []
+    if not problems:
+        faults = _network_doctor(settings, draft, network, nodes)
+        problems += faults
     if faults:
         reach.leave()
-        problems += faults
     else:
         problems += reach.problems()
     if require is not None:  # the caller's checks, of the nodes that answered
@@ -361,13 +365,12 @@ def _checked(
 
 
 def _network_doctor(
-    settings: LaunchSettings, draft: RunPlan, facts: dict[str, Facts], nodes: Nodes
+    settings: LaunchSettings, draft: RunPlan, network: JobNetwork | None, nodes: Nodes
 ) -> list[Problem]:
     """The network doctor's errors for the job's own connections (each node to the
     head's master port, each to the next node), over the addresses the job will use.
     Nothing to try on one node, this machine alone, or an allocation's nodes (reached
     through srun, not ssh)."""
-    network = job_network(settings, draft.hosts, facts)
     if network is None or not network.complete or fanout.in_one_step(draft.hosts):
         return []
     addresses = {name: choice.address for name, choice in network.nodes.items()}

@@ -62,6 +62,7 @@ class Preflight:
     results: list[HostResult[NodeState]]
     problems: list[Problem] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)  # nodes whose project copy differs
+    network: JobNetwork | None = None  # the job's network, chosen from the facts
 
     @property
     def facts(self) -> dict[str, Facts]:
@@ -150,8 +151,8 @@ def run_preflight(
     found.problems += checks.unreachable(results)
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     if network is not None and len(facts) == len(hosts):
-        chosen = network(facts)
-        found.problems += chosen.problems if chosen is not None else []
+        found.network = network(facts)
+        found.problems += found.network.problems if found.network is not None else []
     _check_nodes(found, source)
     found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found

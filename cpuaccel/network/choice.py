@@ -62,7 +62,7 @@ class Interface:
 
 @dataclass(frozen=True)
 class Route:
-    interface: str
+    interface: str | None  # None: a route that rejects (unreachable, prohibit, blackhole)
     network: ipaddress.IPv4Network
     gateway: IPv4 | None
     metric: int
@@ -133,7 +133,7 @@ def _route(raw: Any) -> Route:
     if not isinstance(raw, dict):
         raise ValueError("a route is not an object")
     name, metric = raw.get("interface"), raw.get("metric")
-    if not isinstance(name, str) or not INTERFACE_NAME.fullmatch(name):
+    if name is not None and (not isinstance(name, str) or not INTERFACE_NAME.fullmatch(name)):
         raise ValueError(f"route interface {name!r}")
     if not isinstance(metric, int) or isinstance(metric, bool):
         raise ValueError(f"route metric {metric!r}")
@@ -406,6 +406,8 @@ def _head_choice(
     if literal is not None:
         candidates.append((literal, "its ansible_host"))
     default = net.route_to(IPv4("0.0.0.0"))
+    if default is not None and default.interface is None:
+        default = None
     for target, why in candidates:
         match = next(((i, a) for i, a in usable if a.ip == target), None)
         if match is not None:
@@ -439,7 +441,7 @@ def _node_choice(
         address = next(a for a in own.addresses if a.ip == head)
         return _pick(host, own, address, "it holds the head's address")
     route = net.route_to(head)
-    if route is None:
+    if route is None or route.interface is None:
         return Problem(
             ERROR,
             host.name,

@@ -182,7 +182,8 @@ def routes() -> list[dict[str, Any]]:
             continue
         found.append(
             {
-                "interface": words[0],
+                # None: a route that rejects (unreachable, prohibit, blackhole: "*")
+                "interface": None if flags & 0x200 or words[0] == "*" else words[0],
                 "destination": socket.inet_ntoa(struct.pack("<I", dest)),
                 "prefix": bin(mask).count("1"),
                 "gateway": socket.inet_ntoa(struct.pack("<I", gateway)) if gateway else None,

@@ -7,6 +7,7 @@ between nodes, an MTU black hole)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -178,4 +179,22 @@ def test_an_mtu_black_hole_is_named_as_such_not_as_a_firewall(
     _named(run, "node1 <-> node2")
     _named(run, "MTU")
     assert "firewall" not in run.stderr.split("fix:")[0], run
+    assert_idle(cluster)
+
+
+def test_no_route_to_the_head_is_named_in_seconds(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    proj = make_project(tmp_path, {"plain.py": SUM_SCRIPT})
+    route = ["route", "unreachable", f"{cluster.node('node1').address}/32"]
+    namespace = cluster.node("node3").namespace
+    subprocess.run(["ip", "-n", namespace, route[0], "add", *route[1:]], check=True)
+    try:
+        run = cpuaccel_run(proj, "-i", inventory, *job(3), "plain.py")
+    finally:
+        subprocess.run(["ip", "-n", namespace, route[0], "del", *route[1:]], check=True)
+    assert run.code == EXIT_NODE_FAILED, run
+    assert run.seconds < NAMED_WITHIN, run
+    _named(run, f"node3: no route to the head node's {cluster.node('node1').address}")
+    assert "cannot ssh" not in run.stderr, run
     assert_idle(cluster)

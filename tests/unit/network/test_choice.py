@@ -188,6 +188,18 @@ def test_no_route_to_the_head_and_a_down_interface_are_named() -> None:
     ]
 
 
+def test_a_route_that_rejects_is_no_route() -> None:
+    head = facts(LO, ("eth0", ["192.0.2.1/24"]), ssh="192.0.2.1",
+                 routes=[("eth0", "192.0.2.0/24", None)])  # fmt: skip
+    rejecting = facts(LO, ("eth0", ["192.0.2.2/24"]), ssh="192.0.2.2",
+                      routes=[("eth0", "192.0.2.0/24", None), (None, "192.0.2.1/32", None)])  # type: ignore[list-item]  # fmt: skip
+    found = choose(hosts("a", "b"), {"a": head, "b": rejecting}, nobody)
+    assert found is not None
+    assert [(p.host, p.message) for p in found.errors] == [
+        ("b", "no route to the head node's 192.0.2.1")
+    ]
+
+
 def test_a_head_whose_only_address_is_shared_is_refused() -> None:
     # Both nodes reached through one NAT address: the head holds no address of its own
     # that is not also the other's.
