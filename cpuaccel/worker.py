@@ -19,7 +19,7 @@ import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from cpuaccel import _labels, _progress
+from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
 from cpuaccel.node.progress import EXIT_MARKER, KILLED_MARKER
 from cpuaccel.rank_settings import NODE_IFACES_ENV
@@ -284,6 +284,7 @@ def main() -> None:
     if label:
         _labels.install(label)
     _progress.announce()  # run --hang-timeout: this pid is the one py-spy dumps on a hang
+    _rendezvous.install()  # run --rendezvous-timeout: init_process_group followed
     code = run_script(what, args, module=mode == "module")
     # The controller reads this to report the first failing rank and its code.
     sys.stdout.flush()

@@ -59,7 +59,8 @@ RUN`). Host options: cpuaccel help hosts.
 
 \b
 Exit codes: the first failing rank's, 0 if all succeeded; 64 bad input; 69 preflight;
-124 --timeout/--hang-timeout; 130 interrupted; 143 terminated; 255 a node lost.
+124 --timeout/--hang-timeout/--rendezvous-timeout; 130 interrupted; 143 terminated;
+255 a node lost.
 
 """
 EPILOG += ALIASES_EPILOG

@@ -60,6 +60,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
 )
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_CCL_WORKERS = 1
+DEFAULT_RENDEZVOUS_TIMEOUT = 120.0  # seconds: torch's own default waits 30 minutes
 DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
 MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
@@ -531,6 +532,27 @@ TABLE: tuple[Entry, ...] = (
         note="off",
         shown=True,
     ),
+    # Seconds from the first rank's init_process_group within which every rank must have
+    # joined the process group and finished its first collective, else the job ends
+    # (node/rendezvous.py); the ranks' torch waits no longer either (cpuaccel/_rendezvous.py).
+    Entry(
+        "rendezvous_timeout",
+        Duration(1, 86400),
+        "seconds within which every rank joins the process group (like --rendezvous-timeout)",
+        label="rendezvous timeout",
+        flag=Flag(
+            ("--rendezvous-timeout",),
+            help="End the job (exit 124) when its ranks have not all joined the process "
+            "group this long after the first began to; the report names the ranks missing, "
+            "their nodes and the last network error each saw.",
+            metavar="SECONDS",
+            show_default=True,
+        ),
+        verbs=_verbs(RUN, SUBMIT),
+        key="rendezvous_timeout",
+        default=DEFAULT_RENDEZVOUS_TIMEOUT,
+        shown=True,
+    ),
     # Words appended to the mpirun line, checked (config/kinds.py).
     Entry(
         "launcher_args",
@@ -731,6 +753,7 @@ class LaunchSettings:
     max_restarts: Setting[int] = field(default_factory=_DEFAULTS["max_restarts"])
     restart_delay: Setting[float] = field(default_factory=_DEFAULTS["restart_delay"])
     hang_timeout: Setting[float | None] = field(default_factory=_DEFAULTS["hang_timeout"])
+    rendezvous_timeout: Setting[float] = field(default_factory=_DEFAULTS["rendezvous_timeout"])
     launcher_args: Setting[tuple[str, ...]] = field(default_factory=_DEFAULTS["launcher_args"])
     # None: the launcher's, from the head node's facts
     mpirun: Setting[str | None] = field(default_factory=_DEFAULTS["mpirun"])

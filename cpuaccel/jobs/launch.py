@@ -150,6 +150,7 @@ def launch(
         limits = Limits(
             timeout=timeout,
             hang_timeout=plan.hang_timeout,
+            rendezvous_timeout=plan.rendezvous_timeout,
             max_restarts=settings.max_restarts.value,
             restart_delay=settings.restart_delay.value,
             ppn=plan.ppn,
@@ -236,6 +237,7 @@ def supervisor_files(plan: RunPlan, limits: Limits, min_nodes: int | None) -> Jo
         "python": plan.head.python,  # the other nodes' guards call it on the head
         "nodes": {h.name: h.python for h in plan.hosts[1:]},  # swept through ssh.sh
         "hang_timeout": limits.hang_timeout,
+        "rendezvous_timeout": limits.rendezvous_timeout,
         "hosts": [h.name for h in plan.hosts],
         "ppn": plan.ppn,
         "max_restarts": limits.max_restarts,

@@ -113,6 +113,8 @@ class RunPlan:
     precision_note: str | None = None  # what --mixed-precision auto chose, and why
     launcher_args: tuple[str, ...] = ()  # --launcher-args: words for mpirun, as given
     hang_timeout: float | None = None  # --hang-timeout: both supervisors watch for a hang
+    # --rendezvous-timeout: both supervisors bound the ranks' joining the process group
+    rendezvous_timeout: float | None = None
     # Each node's own hostname (its facts), by inventory name: the name the output is
     # labelled with is the inventory's; logs --host takes either.
     hostnames: dict[str, str] = field(default_factory=dict)
@@ -221,6 +223,10 @@ def build_plan(
         from cpuaccel.node import progress  # only then: off check's start-up
 
         computed[progress.ENV] = f"{progress.marker_interval(settings.hang_timeout.value):g}"
+    # The ranks follow their rendezvous within this bound (cpuaccel/_rendezvous.py).
+    from cpuaccel.node.rendezvous import ENV as RENDEZVOUS_ENV
+
+    computed[RENDEZVOUS_ENV] = f"{settings.rendezvous_timeout.value:g}"
     precision = choose_precision(settings.mixed_precision.value, chosen, facts)
     return RunPlan(
         run_id=run_id,
@@ -243,6 +249,7 @@ def build_plan(
         precision_note=precision.note,
         launcher_args=tuple(settings.launcher_args.value),
         hang_timeout=settings.hang_timeout.value,
+        rendezvous_timeout=settings.rendezvous_timeout.value,
         hostnames={
             h.name: str(f["hostname"])
             for h in chosen

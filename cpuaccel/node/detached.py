@@ -347,6 +347,7 @@ class HeadRun(Supervised):
         limits = Limits(
             timeout=config.get("timeout"),
             hang_timeout=config.get("hang_timeout"),
+            rendezvous_timeout=config.get("rendezvous_timeout"),
             max_restarts=int(config.get("max_restarts") or 0),
             restart_delay=float(config.get("restart_delay") or 0.0),
             ppn=config.get("ppn"),

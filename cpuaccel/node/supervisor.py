@@ -10,7 +10,8 @@ nodes' connections or the run's ssh.sh), declared by :class:`Side` and :class:`A
 - :func:`watch` supervises one attempt. It starts the job's launch.sh, splits its
   labelled output into rank-R.log and launcher.log (and, in the foreground, onto the
   terminal), and ends the job when a rank fails, a node is lost, no rank progressed for
-  --hang-timeout, --timeout passes or a stop signal comes: the launcher's process group
+  --hang-timeout, the ranks did not all join the process group within
+  --rendezvous-timeout, --timeout passes or a stop signal comes: the launcher's process group
   gets SIGTERM, then SIGKILL after GRACE, and every node is swept of the run's
   processes. Its :class:`Outcome` says how the attempt ended.
 - :func:`run_attempts` is the attempt loop of --max-restarts. After a failed attempt it
@@ -22,7 +23,7 @@ nodes' connections or the run's ssh.sh), declared by :class:`Side` and :class:`A
 - status.json, the contract with ps, logs, fetch, stop and the dashboard, is written
   here and nowhere else (:func:`write_status`): run_id, state, exit_code, ended_by,
   started, ended, detached, supervisor, ranks, and as they happen attempt, attempts,
-  hang, launcher_exit, left and unreachable.
+  hang, rendezvous, launcher_exit, left and unreachable.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from cpuaccel.node.progress import (
     planned_hosts,
     write_stacks,
 )
+from cpuaccel.node.rendezvous import RendezvousTracker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -67,8 +69,9 @@ STATES = {
     "timeout": "timeout",
     "lost": "lost",
     "hang": "failed",  # --hang-timeout: a failure (a restart retries it), exit 124
+    "rendezvous": "failed",  # --rendezvous-timeout: the same
 }
-RETRIED = frozenset({"failed", "lost", "hang"})  # the reasons a restart may follow
+RETRIED = frozenset({"failed", "lost", "hang", "rendezvous"})  # the reasons a restart may follow
 RESTART_ENV, RESUME_ENV = "CPUACCEL_RESTART", "CPUACCEL_RESUME"
 ATTEMPTS = "attempts.jsonl"
 MARKER = "--- attempt {} ---"  # where attempt k starts in a top-level rank log
@@ -193,7 +196,8 @@ def _reported_code(text: str) -> int | None:
 @dataclass
 class Outcome:
     exit_code: int
-    reason: str  # completed | failed | interrupted | terminated | timeout | lost | hang
+    # completed | failed | interrupted | terminated | timeout | lost | hang | rendezvous
+    reason: str
     seconds: float
     launcher_exit: int | None
     first_failure: Failure | None
@@ -202,6 +206,7 @@ class Outcome:
     lost: list[str] = field(default_factory=list)  # nodes whose connection died
     codes: dict[int, int] = field(default_factory=dict)  # rank -> the code it reported
     hang: list[dict[str, Any]] = field(default_factory=list)  # each rank's last progress
+    rendezvous: dict[str, Any] = field(default_factory=dict)  # who joined, who did not
 
 
 class Output:
@@ -215,6 +220,7 @@ class Output:
         show: Callable[[str, int | None, str, str], None] | None = None,
         progress: ProgressTracker | None = None,
         placed: dict[int, str] | None = None,
+        rendezvous: RendezvousTracker | None = None,
     ) -> None:
         self.run_dir = run_dir
         # Each rank's node by its inventory name (planned_hosts): a rank's lines are
@@ -224,6 +230,7 @@ class Output:
         # show(stream, rank, host, text): rank None for the launcher's own words
         self.show = show
         self.progress = progress  # --hang-timeout: every rank's last progress
+        self.rendezvous = rendezvous  # --rendezvous-timeout: every rank's rendezvous
         self.failures: list[Failure] = []
         self.codes: dict[int, int] = {}  # rank -> the code it reported
         # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
@@ -261,6 +268,8 @@ class Output:
             now = time.monotonic()
             if self.progress is not None and self.progress.line(rank, host, text, now, machine):
                 return  # cpuaccel's progress marker: not the user's to see
+            if self.rendezvous is not None and self.rendezvous.line(rank, host, text, now):
+                return  # cpuaccel's rendezvous marker: the same
             code = _reported_code(text)
             if code is not None:
                 self.codes[rank] = code
@@ -377,12 +386,13 @@ def watch(
     stop = _Stop(side)
     lost: list[str] = []
     hung: list[dict[str, Any]] = []
+    met: dict[str, Any] = {}  # --rendezvous-timeout's report, when it ended the job
     launched = side.start()
     reader = threading.Thread(target=_pump, args=(launched, output), daemon=True)
     try:
         with _Handlers(stop.note):
             reader.start()
-            reason = _until_done(side, output, reader, started, timeout, stop, lost, hung)
+            reason = _until_done(side, output, reader, started, timeout, stop, lost, hung, met)
             launcher_exit = launched.wait(LAUNCHER_WAIT)
             launched.close()
             _notice_lost(side, lost)
@@ -392,7 +402,7 @@ def watch(
     finally:
         output.close()
     return _outcome(
-        reason, launcher_exit, time.monotonic() - started, swept, left, lost, output, hung
+        reason, launcher_exit, time.monotonic() - started, swept, left, lost, output, hung, met
     )
 
 
@@ -410,6 +420,7 @@ def _until_done(
     stop: _Stop,
     lost: list[str],
     hung: list[dict[str, Any]],
+    met: dict[str, Any],
 ) -> str | None:
     """Until the launcher's output ends, watch for a reason to end the job; then signal
     the launcher's process group, SIGTERM, then SIGKILL. The reason, None for none."""
@@ -418,13 +429,16 @@ def _until_done(
         reader.join(0.2)
         if timeout is not None and time.monotonic() - started > timeout:
             reason = reason or "timeout"
-        if output.failed.is_set():
+        if output.failed.is_set() and not _failed_joining(output):
             reason = reason or "failed"
         if _notice_lost(side, lost):
             reason = reason or "lost"
         if reason is None and stop.reason is None and _stalled(output):
             reason = "hang"
             hung.extend(_declare_hang(side, output, lost))
+        if reason is None and stop.reason is None and _unmet(output):
+            reason = "rendezvous"
+            met.update(_declare_unmet(side, output))
         reason = stop.reason or reason
         if reason:
             output.quiet = True
@@ -436,6 +450,9 @@ def _until_done(
                 # hold the output open: the sweep ends it; no need to wait more.
                 reader.join(GRACE)
             return reason
+    if stop.reason is None and output.failed.is_set() and _failed_joining(output):
+        met.update(_declare_unmet(side, output))  # the ranks ended before the bound did
+        return "rendezvous"
     return stop.reason
 
 
@@ -454,6 +471,41 @@ def _notice_lost(side: Side, lost: list[str]) -> bool:
 
 def _stalled(output: Output) -> bool:
     return output.progress is not None and output.progress.stalled(time.monotonic())
+
+
+def _failed_joining(output: Output) -> bool:
+    """Whether the ranks' failure is the rendezvous's (reported once it is overdue)."""
+    found = output.rendezvous
+    ranks = [f.rank for f in output.failures]
+    return found is not None and found.fails(ranks, time.monotonic())
+
+
+def _unmet(output: Output) -> bool:
+    return output.rendezvous is not None and output.rendezvous.overdue(time.monotonic())
+
+
+def _declare_unmet(side: Side, output: Output) -> dict[str, Any]:
+    """Say the ranks did not all join (which did, which did not and from which nodes, the
+    last network error each saw); the same for status.json's "rendezvous"."""
+    found = output.rendezvous
+    assert found is not None
+    now = time.monotonic()
+    since = now - (found.started or now)
+    missing = [p.rank for p in found.missing()]
+    what = (
+        f"rank(s) {', '.join(map(str, missing))} of {len(found.ranks)} did not join the "
+        "process group"
+        if missing
+        else "the process group's first collective did not finish"
+    )
+    side.say(
+        "error",
+        f"rendezvous: {what}, {since:.1f} s after the first rank began it "
+        f"(--rendezvous-timeout {found.bound:g}): ending the job on every node",
+    )
+    for line in found.report():
+        side.say("note", f"  {line}")
+    return found.to_json(now)
 
 
 def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[str, Any]]:
@@ -486,13 +538,14 @@ def _outcome(
     lost: list[str],
     output: Output,
     hung: list[dict[str, Any]],
+    met: dict[str, Any] | None = None,
 ) -> Outcome:
     first = cause(output.failures)
     if reason == "interrupted":
         code, reason = EXIT_INTERRUPTED, "interrupted"
     elif reason == "terminated":
         code = EXIT_TERMINATED
-    elif reason in ("timeout", "hang"):
+    elif reason in ("timeout", "hang", "rendezvous"):
         code = EXIT_TIMEOUT
     elif lost and (reason == "lost" or launcher_exit != 0):
         # Ranks on the other nodes fail because one was lost: name the cause.
@@ -507,7 +560,7 @@ def _outcome(
         code, reason = 0, "completed"
     return Outcome(
         code, reason, seconds, launcher_exit, first, swept, left, list(lost), output.codes,
-        hung,
+        hung, dict(met or {}),
     )  # fmt: skip
 
 
@@ -766,11 +819,13 @@ def _stopped(outcome: Outcome, reason: str, settings: Settings) -> Outcome:
 
 @dataclass
 class Limits:
-    """What bounds a run: --timeout (each attempt's), --hang-timeout, --max-restarts and
-    --restart-delay; and what says where its ranks run (ranks per node)."""
+    """What bounds a run: --timeout (each attempt's), --hang-timeout,
+    --rendezvous-timeout, --max-restarts and --restart-delay; and what says where its
+    ranks run (ranks per node)."""
 
     timeout: float | None = None
     hang_timeout: float | None = None
+    rendezvous_timeout: float | None = None
     max_restarts: int = 0
     restart_delay: float = 0.0
     ppn: int | None = None
@@ -799,7 +854,9 @@ class Supervised(Attempts):
         if k:  # a fresh watch: every rank running again
             self.doc.update(ranks={str(r): None for r in range(self.world)}, attempt=k)
             write_status(self.side.run_dir, self.doc)
-        output = Output(self.side.run_dir, self.show, self._tracker(), self.placed())
+        output = Output(
+            self.side.run_dir, self.show, self._tracker(), self.placed(), self._rendezvous()
+        )
         outcome = watch(self.side, output, self.limits.timeout)
         self.doc["ranks"].update({str(r): c for r, c in outcome.codes.items()})
         return outcome
@@ -814,6 +871,12 @@ class Supervised(Attempts):
         return ProgressTracker(
             self.side.run_id, timeout, self.world, time.monotonic(), self.placed()
         )
+
+    def _rendezvous(self) -> RendezvousTracker | None:
+        bound = self.limits.rendezvous_timeout
+        if bound is None:
+            return None
+        return RendezvousTracker(self.side.run_id, bound, self.world, self.placed())
 
     def recorded(self, history: Sequence[Attempt]) -> None:
         if self.limits.max_restarts:
@@ -848,6 +911,8 @@ class Supervised(Attempts):
         )
         if outcome.hang:  # --hang-timeout: each rank's last step and silence
             self.doc["hang"] = outcome.hang
+        if outcome.rendezvous:  # --rendezvous-timeout: who joined, who did not, and why
+            self.doc["rendezvous"] = outcome.rendezvous
         write_status(self.side.run_dir, self.doc)
 
     def state_of(self, outcome: Outcome) -> str:

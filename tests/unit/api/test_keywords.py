@@ -37,6 +37,7 @@ VALUES: dict[str, tuple[Any, Any]] = {
     "max_restarts": (2, None),
     "restart_delay": (1.5, None),
     "hang_timeout": (30, 30.0),
+    "rendezvous_timeout": (30, 30.0),
     "launcher_args": (["-prepend-rank"], ("-prepend-rank",)),
     "mpirun": ("/usr/bin/mpirun.mpich", None),
     "backend": ("gloo", None),
