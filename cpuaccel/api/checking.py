@@ -45,7 +45,6 @@ from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan, job_network, new_run_id
 from cpuaccel.jobs.preflight import head_problems, readiness
-from cpuaccel.network import doctor
 
 
 @dataclass(frozen=True)
@@ -197,6 +196,8 @@ def _network(
     shown: dict[str, Any] = network.to_json()
     if not network.complete or fanout.in_one_step(hosts):
         return shown, network.problems, []
+    from cpuaccel.network import doctor  # only for several nodes: off check's start-up
+
     found = doctor.diagnose(
         hosts,
         {name: c.address for name, c in network.nodes.items()},

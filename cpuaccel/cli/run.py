@@ -66,10 +66,12 @@ Exit codes: the first failing rank's, 0 if all succeeded; 64 bad input; 69 prefl
 EPILOG += ALIASES_EPILOG
 
 
-def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bool) -> None:
+def _print_dry_run(
+    plan: RunPlan, files: dict[str, tuple[int, str]], wanted: dict[str, str], as_json: bool
+) -> None:
     if as_json:
         report = JobReport.of_plan(plan, 0, "dry-run", 0.0)
-        ui.print_json({**report.to_json(), "command": plan.command()})
+        ui.print_json({**report.to_json(), "command": plan.command(), "network": wanted})
         return
     out = ui.stdout()
     unknown = plan.ppn is None
@@ -78,6 +80,10 @@ def _print_dry_run(plan: RunPlan, files: dict[str, tuple[int, str]], as_json: bo
         out.print("# ppn and threads come from the nodes' facts: pass --ppn to fix them here")
     for name in ("hostfile", "env.sh"):
         out.print(f"\n## {name}\n{escape(files[name][1].rstrip())}")
+    if wanted:  # each node's address and interface come from its facts, at the launch
+        out.print("\n## network (each node's address and interface, set at the launch)")
+        for host, what in wanted.items():
+            out.print(f"{escape(host)}: {escape(what)}")
     if "secret.env" in files:
         out.print(f"\n## secret.env (mode 0600): {', '.join(plan.secret_env)} (values hidden)")
     out.print(

@@ -353,8 +353,7 @@ TABLE: tuple[Entry, ...] = (
         label="network",
         flag=Flag(
             ("--network",),
-            help="The network the ranks talk over: a CIDR (10.1.0.0/16) or an interface "
-            "name (eth1), on every node.",
+            help="The ranks' network: a CIDR (10.1.0.0/16) or an interface (eth1).",
             metavar="CIDR|IFACE",
             takes_text=True,
         ),
@@ -522,8 +521,8 @@ TABLE: tuple[Entry, ...] = (
         label="hang timeout",
         flag=Flag(
             ("--hang-timeout",),
-            help="End the job as hung (exit 124) when no rank made progress (a step, an "
-            "output line) for this long; stacks go to runs/<id>/hang-R.txt where py-spy is.",
+            help="End the job as hung (exit 124) when no rank made progress (a step, a "
+            "line) for this long.",
             metavar="SECONDS",
             show_default=True,
         ),
@@ -542,9 +541,8 @@ TABLE: tuple[Entry, ...] = (
         label="rendezvous timeout",
         flag=Flag(
             ("--rendezvous-timeout",),
-            help="End the job (exit 124) when its ranks have not all joined the process "
-            "group this long after the first began to; the report names the ranks missing, "
-            "their nodes and the last network error each saw.",
+            help="End the job (exit 124) if its ranks have not all joined this long "
+            "after the first tried.",
             metavar="SECONDS",
             show_default=True,
         ),
@@ -595,8 +593,8 @@ TABLE: tuple[Entry, ...] = (
         label="gradient sum",
         flag=Flag(
             ("--grad-reduce",),
-            help="ordered: summed in rank order (a resumed run matches bit for bit); "
-            f"library: MPI's or gloo's allreduce. Exported as {GRAD_REDUCE_ENV}.",
+            help="ordered: summed in rank order (resumes match bit for bit); library: "
+            f"MPI's or gloo's allreduce. Exported as {GRAD_REDUCE_ENV}.",
         ),
         verbs=_verbs(RUN, SUBMIT, TUNE, SHOW),
         key="grad_reduce",
@@ -696,8 +694,7 @@ TABLE: tuple[Entry, ...] = (
         label="SCRIPT is a program",
         flag=Flag(
             ("--no-python",),
-            help="SCRIPT is a program (in the project, or on the nodes' PATH) run as each "
-            "rank, with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... set.",
+            help="SCRIPT is a program run as each rank, with RANK, WORLD_SIZE... set.",
         ),
         verbs=_verbs(RUN, SUBMIT),
         default=False,

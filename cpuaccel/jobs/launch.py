@@ -53,7 +53,14 @@ from cpuaccel.jobs.foreground import (
     supervise,
 )
 from cpuaccel.jobs.launcher_reach import LauncherReach
-from cpuaccel.jobs.plan import RunPlan, Script, build_plan, job_network, new_run_id
+from cpuaccel.jobs.plan import (
+    RunPlan,
+    Script,
+    build_plan,
+    job_network,
+    network_wanted,
+    new_run_id,
+)
 from cpuaccel.jobs.preflight import run_preflight
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import (
@@ -64,7 +71,6 @@ from cpuaccel.jobs.rundir import (
     render_job_files,
     render_launch,
 )
-from cpuaccel.network import doctor
 from cpuaccel.network.choice import JobNetwork
 from cpuaccel.node.supervisor import Attempt, Limits, Outcome
 from cpuaccel.projectsync.engine import SyncOptions, sync
@@ -82,10 +88,12 @@ def _local_project(settings: LaunchSettings, project: Path) -> str | None:
 
 def dry_run(
     settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions, run_id: str
-) -> tuple[RunPlan, JobFiles]:
-    """The plan and files of a run, without the facts: no node is contacted."""
+) -> tuple[RunPlan, JobFiles, dict[str, str]]:
+    """The plan and files of a run, without the facts: no node is contacted; and what
+    each node's address on the job's network will be, in words."""
     plan = build_plan(settings, script, None, run_id, _local_project(settings, project))
-    return plan, render_job_files(plan, connect, ssh_files=False)
+    files = render_job_files(plan, connect, ssh_files=False)
+    return plan, files, network_wanted(settings, plan.hosts)
 
 
 def launch(
@@ -375,6 +383,8 @@ def _network_doctor(
     through srun, not ssh)."""
     if network is None or not network.complete or fanout.in_one_step(draft.hosts):
         return []
+    from cpuaccel.network import doctor  # only for several nodes: off run's start-up
+
     addresses = {name: choice.address for name, choice in network.nodes.items()}
     found = doctor.probe(
         draft.hosts,

@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,17 +171,40 @@ def nodes_per_machine(hosts: Sequence[Host], facts: Mapping[str, Facts]) -> int:
     return max(counts.values(), default=1)
 
 
-def job_network(
-    settings: LaunchSettings, hosts: Sequence[Host], facts: Mapping[str, Facts]
-) -> JobNetwork | None:
-    """The job's network over ``hosts`` (head first), from the nodes' facts and the
-    network setting (cpuaccel.network.choice); None for one node or this machine alone."""
+def _wanted(settings: LaunchSettings) -> Callable[[Host], choice.Wanted | None]:
+    """What each host's ``cpuaccel_network`` and the run's network setting ask of it."""
     network = settings.network
 
     def wanted(host: Host) -> choice.Wanted | None:
         return choice.wanted_on(host, network.value, network.where, flag=network.source == FLAG)
 
-    return choice.choose(hosts, facts, wanted)
+    return wanted
+
+
+def job_network(
+    settings: LaunchSettings, hosts: Sequence[Host], facts: Mapping[str, Facts]
+) -> JobNetwork | None:
+    """The job's network over ``hosts`` (head first), from the nodes' facts and the
+    network setting (cpuaccel.network.choice); None for one node or this machine alone."""
+    return choice.choose(hosts, facts, _wanted(settings))
+
+
+def network_wanted(settings: LaunchSettings, hosts: Sequence[Host]) -> dict[str, str]:
+    """What each node's address will be, in words, before any node is asked (a dry
+    run): the network named for it, or its route to the head. Empty where there is no
+    network to choose (one node, this machine alone)."""
+    if len(hosts) < 2 or all(h.is_local for h in hosts):
+        return {}
+    wanted = _wanted(settings)
+    shown = {}
+    for host in hosts:
+        want = wanted(host)
+        shown[host.name] = (
+            f"its address on {want.value} ({want.where})"
+            if want is not None
+            else "the address of its route to the head (from its facts)"
+        )
+    return shown
 
 
 def build_plan(
@@ -273,9 +296,9 @@ def _computed_env(
         "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
         "CPUACCEL_RUN_DIR": run_dir,
         "CPUACCEL_LABEL_OUTPUT": "1",
-        # The head's address on the job's network: a name may resolve to loopback on
-        # its own node, or not at all on the others.
-        "MASTER_ADDR": network.head_address if network is not None else head.name,
+        # The head's address on the job's network, unless every node resolves its name
+        # to that address (an alias no node resolves, or a name on another network).
+        "MASTER_ADDR": head.name if network is None or network.use_names else network.head_address,
         **ifaces,
         "MASTER_PORT": str(settings.master_port.value),
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",

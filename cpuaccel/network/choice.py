@@ -244,7 +244,9 @@ class JobNetwork:
 
     head_address: str
     nodes: dict[str, NodeChoice] = field(default_factory=dict)
-    use_names: bool = False  # every node resolves every name to the address chosen
+    # Every node resolves every other node's name to the address chosen for it: the
+    # hostfile and MASTER_ADDR may keep the names.
+    use_names: bool = False
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -319,19 +321,27 @@ def choose(
             found.problems.append(choice)
         else:
             found.nodes[host.name] = choice
-    found.problems += _loopback_names(hosts, nets, found)
-    found.use_names = _names_agree(hosts, facts, found)
+    looped = _loopback_names(hosts, nets, found)
+    found.problems += looped
+    # A node whose own name is loopback there resolves its own hostfile line and
+    # MASTER_ADDR to it: addresses then, everywhere.
+    found.use_names = not looped and _names_agree(hosts, facts, found)
     return found
 
 
 def _shared(hosts: Sequence[Host], nets: Mapping[str, NodeNetwork]) -> dict[IPv4, list[str]]:
-    """Addresses that several nodes hold (docker0's 172.17.0.1, virbr0's ...)."""
+    """Addresses that several nodes hold (docker0's 172.17.0.1, virbr0's ...). Two
+    inventory names of one machine (the same interfaces and addresses) are one holder."""
     holders: dict[IPv4, list[str]] = defaultdict(list)
+    machines: dict[IPv4, set[frozenset[tuple[str, str]]]] = defaultdict(set)
     for host in hosts:
-        for address in {a.ip for i in nets[host.name].interfaces for a in i.addresses}:
+        net = nets[host.name]
+        machine = frozenset((i.name, str(a)) for i in net.interfaces for a in i.addresses)
+        for address in {a.ip for i in net.interfaces for a in i.addresses}:
             if address not in LOOPBACK:
                 holders[address].append(host.name)
-    return {a: names for a, names in holders.items() if len(names) > 1}
+                machines[address].add(machine)
+    return {a: names for a, names in holders.items() if len(machines[a]) > 1}
 
 
 def _shared_notes(

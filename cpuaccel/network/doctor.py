@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import secrets
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -308,7 +308,7 @@ def _listen(
     def start(conn: Connector) -> _Node:
         name = conn.host.name
         ports = [master_port, 0] if name == head else [0]
-        token = secrets.token_hex(8)
+        token = os.urandom(8).hex()
         words = [f"{netprobe.BOUND}{BOUND}", f"{netprobe.TOKEN}{token}", *map(str, ports)]
         answer, kept = programs.start(
             conn, "netprobe", words, what="the network probe", timeout=START_TIMEOUT

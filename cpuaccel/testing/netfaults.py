@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from cpuaccel.testing.netns import (
     ClusterError,
     Node,
     _alive,
+    _netns_inode,
+    _pids_in_netns,
     _run,
     second_address,
     second_bridge_name,
@@ -138,12 +141,34 @@ def _docker_bridge_lines(cluster_id: int, index: int) -> list[str]:
     ]
 
 
-def _unmount_hosts(node: Node, pid: int, path: Path) -> None:
-    # Only in the mount namespace this mounted in: a restarted sshd has a fresh one that
-    # shows the shared hosts file, and an umount there would take that away.
-    if node.pid == pid and _alive(pid):
-        _run(["nsenter", f"--target={pid}", "--mount", "umount", "/etc/hosts"])
-    path.unlink(missing_ok=True)
+def _mount_namespaces(node: Node) -> dict[int, int]:
+    """One process of each mount namespace the node's processes are in (its sshd's,
+    and an older one's where sshd was restarted while sessions of the earlier one, such
+    as a kept ssh master, live on), by the namespace's inode; never this machine's own."""
+    own = os.stat("/proc/self/ns/mnt").st_ino
+    inode = _netns_inode(node.namespace)
+    found: dict[int, int] = {}
+    pids = sorted(_pids_in_netns(inode)) if inode is not None else []
+    if node.pid is not None:
+        pids.insert(0, node.pid)  # the sshd's own namespace first
+    for pid in pids:
+        try:
+            mnt = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+        except OSError:
+            continue
+        if mnt != own:
+            found.setdefault(mnt, pid)
+    return found
+
+
+def _unmount_hosts(pid: int, mnt: int) -> None:
+    # Only in the mount namespace this mounted in, while a process still holds it.
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != mnt:
+            return
+    except OSError:
+        return
+    _run(["nsenter", f"--target={pid}", "--mount", "umount", "/etc/hosts"])
 
 
 @contextlib.contextmanager
@@ -151,30 +176,22 @@ def stock_debian(cluster: Cluster, names: Sequence[str]) -> Iterator[list[Node]]
     """The named nodes look like a stock Debian/Ubuntu install with Docker; yields them.
 
     Each gets its own /etc/hosts (:func:`stock_hosts_text`), bind-mounted over the shared
-    one in its sshd's mount namespace, so every ssh session and ``cluster.exec`` sees it
-    (a node's slurmd has a mount namespace of its own and does not); and a ``docker0``
+    one in every mount namespace its processes are in (its sshd's, and a kept ssh
+    master's of an earlier sshd), so every ssh session and ``cluster.exec`` sees it (a
+    node's slurmd has a mount namespace of its own and does not); and a ``docker0``
     bridge at 172.17.0.1/16, NO-CARRIER. On exit the mounts and bridges are gone. A node
     whose sshd is restarted within the block gets the shared hosts file back.
     """
     nodes = _running(cluster, names)
     with contextlib.ExitStack() as undo:
         for node in nodes:
-            assert node.pid is not None  # _running checked it
-            pid = node.pid
             path = cluster.state_dir / f"hosts-{node.name}"
             path.write_text(stock_hosts_text(cluster, node))
-            _run(
-                [
-                    "nsenter",
-                    f"--target={pid}",
-                    "--mount",
-                    "mount",
-                    "--bind",
-                    str(path),
-                    "/etc/hosts",
-                ]
-            )
-            undo.callback(_unmount_hosts, node, pid, path)
+            undo.callback(path.unlink, missing_ok=True)
+            for mnt, pid in _mount_namespaces(node).items():
+                _run(["nsenter", f"--target={pid}", "--mount", "mount", "--bind", str(path),
+                      "/etc/hosts"])  # fmt: skip
+                undo.callback(_unmount_hosts, pid, mnt)
             _apply(
                 undo,
                 node.namespace,

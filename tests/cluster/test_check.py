@@ -216,9 +216,9 @@ def test_the_heads_reach_opens_no_shell_on_the_other_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """bash reads ~/.bashrc for every command sshd runs (a `conda init` there costs each
-    session): the controller's probe is the one session a node pays; the head's ssh to
-    the others authenticates (ssh -N) and starts no shell there, nor does the next
-    check, which finds the head's masters alive (ssh -O check)."""
+    session): the controller's probe and the network doctor's are the sessions a node
+    pays; the head's ssh to the others authenticates (ssh -N) and starts no shell there,
+    nor does the next check, which finds the head's masters alive (ssh -O check)."""
     marks = tmp_path / "marks"
     rc = tmp_path / "bashrc"
     rc.write_text(f'echo "$SSH_CONNECTION" >> {marks}\n' + netns.SKEL_BASHRC.read_text())
@@ -238,5 +238,6 @@ def test_the_heads_reach_opens_no_shell_on_the_other_nodes(
                 name: [by_node.get(s[0], "controller") for s in sessions if s[2] == address]
                 for address, name in by_node.items()
             }
-            assert all(shells[name] == ["controller"] for name in others), shells
-            assert set(shells[head]) == {"controller"}, shells  # the probe, the reach's program
+            # The controller's sessions only: its probe and the network doctor's.
+            assert all(shells[name] == ["controller"] * 2 for name in others), shells
+            assert set(shells[head]) == {"controller"}, shells  # and the reach's program

@@ -47,7 +47,7 @@ def test_check_of_this_machine_is_typed_and_is_what_json_prints(here: Path) -> N
     cli = cpuaccel("check", "--json", cwd=here, env=inherited_env())
     printed = json.loads(cli.stdout)
     assert cli.returncode == found.exit_code, cli.stderr
-    assert set(printed) == set(data) == {"hosts", "problems", "notes"}
+    assert set(printed) == set(data) == {"hosts", "problems", "notes", "network"}
     assert set(printed["hosts"]["localhost"]) == set(data["hosts"]["localhost"])
 
 

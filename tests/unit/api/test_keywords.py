@@ -38,6 +38,7 @@ VALUES: dict[str, tuple[Any, Any]] = {
     "restart_delay": (1.5, None),
     "hang_timeout": (30, 30.0),
     "rendezvous_timeout": (30, 30.0),
+    "network": ("10.1.2.3/16", "10.1.0.0/16"),
     "launcher_args": (["-prepend-rank"], ("-prepend-rank",)),
     "mpirun": ("/usr/bin/mpirun.mpich", None),
     "backend": ("gloo", None),

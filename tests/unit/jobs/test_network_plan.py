@@ -45,12 +45,21 @@ def plan_of(node_facts: dict[str, dict[str, Any]], launcher: str = "impi", **fla
 def test_stock_nodes_meet_at_the_head_s_address_each_on_its_interface() -> None:
     plan = plan_of({"node1": stock(1, resolve={"node2": ["192.0.2.2"]}),
                     "node2": stock(2, resolve={"node1": ["192.0.2.1"]})})  # fmt: skip
+    # Each node's own name is 127.0.1.1 there: addresses, not names, everywhere.
     assert plan.env["MASTER_ADDR"] == "192.0.2.1"
     assert plan.env["CPUACCEL_NODE_IFACES"] == "192.0.2.1=eth0 192.0.2.2=eth0"
     files = render_job_files(plan, ConnectOptions())
-    assert files["hostfile"][1] == "node1\nnode2\n"  # the names resolve alike everywhere
+    assert files["hostfile"][1] == "192.0.2.1\n192.0.2.2\n"
     assert "export I_MPI_HYDRA_IFACE=eth0" in files["launch.sh"][1]
     assert "export MASTER_ADDR=192.0.2.1" in files["env.sh"][1]
+
+
+def test_names_every_node_resolves_to_the_addresses_chosen_are_kept() -> None:
+    plan = plan_of({"node1": stock(1, (), resolve={"node2": ["192.0.2.2"]}),
+                    "node2": stock(2, (), resolve={"node1": ["192.0.2.1"]})})  # fmt: skip
+    assert plan.env["MASTER_ADDR"] == "node1"
+    assert plan.env["CPUACCEL_NODE_IFACES"] == "192.0.2.1=eth0 192.0.2.2=eth0"
+    assert render_job_files(plan, ConnectOptions())["hostfile"][1] == "node1\nnode2\n"
 
 
 def test_aliases_no_node_resolves_are_addresses_in_the_hostfile_and_ssh_config() -> None:

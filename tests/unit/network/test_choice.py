@@ -56,7 +56,7 @@ def facts(
     }
 
 
-def stock(k: int, **kw: Any) -> dict[str, Any]:
+def stock(k: int, own: tuple[str, ...] = ("127.0.1.1",), **kw: Any) -> dict[str, Any]:
     """Node k of 192.0.2.0/24 as Debian with Docker leaves it: its own name on 127.0.1.1,
     docker0 at 172.17.0.1 on every node."""
     return facts(
@@ -70,7 +70,7 @@ def stock(k: int, **kw: Any) -> dict[str, Any]:
         ],
         ssh=f"192.0.2.{k}",
         name=f"node{k}",
-        own=["127.0.1.1"],
+        own=list(own),
         **kw,
     )
 
@@ -107,20 +107,26 @@ def test_stock_debian_nodes_talk_over_the_route_to_the_head_never_loopback_or_do
 def test_names_that_do_not_resolve_alike_make_the_hostfile_use_addresses() -> None:
     aliases = hosts("trainer-a", "trainer-b")
     agree = {
-        "trainer-a": stock(1, resolve={"trainer-b": ["192.0.2.2"]}),
-        "trainer-b": stock(2, resolve={"trainer-a": ["192.0.2.1"]}),
+        "trainer-a": stock(1, (), resolve={"trainer-b": ["192.0.2.2"]}),
+        "trainer-b": stock(2, (), resolve={"trainer-a": ["192.0.2.1"]}),
     }
     assert choose(aliases, agree, nobody).use_names  # type: ignore[union-attr]
     unresolved = {
-        "trainer-a": stock(1, resolve={"trainer-b": []}),
-        "trainer-b": stock(2, resolve={"trainer-a": ["192.0.2.1"]}),
+        "trainer-a": stock(1, (), resolve={"trainer-b": []}),
+        "trainer-b": stock(2, (), resolve={"trainer-a": ["192.0.2.1"]}),
     }
     assert not choose(aliases, unresolved, nobody).use_names  # type: ignore[union-attr]
     elsewhere = {  # resolved, but to another network's address
-        "trainer-a": stock(1, resolve={"trainer-b": ["10.9.0.2"]}),
-        "trainer-b": stock(2, resolve={"trainer-a": ["192.0.2.1"]}),
+        "trainer-a": stock(1, (), resolve={"trainer-b": ["10.9.0.2"]}),
+        "trainer-b": stock(2, (), resolve={"trainer-a": ["192.0.2.1"]}),
     }
     assert not choose(aliases, elsewhere, nobody).use_names  # type: ignore[union-attr]
+    # A node's own name on loopback: its own hostfile line would be, too.
+    looped = {
+        "trainer-a": stock(1, resolve={"trainer-b": ["192.0.2.2"]}),
+        "trainer-b": stock(2, (), resolve={"trainer-a": ["192.0.2.1"]}),
+    }
+    assert not choose(aliases, looped, nobody).use_names  # type: ignore[union-attr]
 
 
 def two_networks(k: int) -> dict[str, Any]:
@@ -207,13 +213,23 @@ def test_a_head_whose_only_address_is_shared_is_refused() -> None:
         hosts("a", "b"),
         {
             "a": facts(LO, ("docker0", ["172.17.0.1/16"]), ssh=None),
-            "b": facts(LO, ("docker0", ["172.17.0.1/16"]), ssh=None),
+            "b": facts(LO, ("docker0", ["172.17.0.1/16"]), ("eth0", ["203.0.113.2/24"])),
         },
         nobody,
     )
     assert found is not None
     [error] = found.errors
     assert error.host == "a" and "cannot tell which of its addresses" in error.message
+
+
+def test_two_names_of_one_machine_share_no_address() -> None:
+    # The same node by its name and by its address: one holder of its addresses.
+    same = facts(LO, ("eth0", ["192.0.2.1/24"]), ssh="192.0.2.1",
+                 routes=[("eth0", "192.0.2.0/24", None)])  # fmt: skip
+    found = choose(hosts("node1", "192.0.2.1"), {"node1": same, "192.0.2.1": same}, nobody)
+    assert found is not None and found.complete, found
+    assert chosen(found) == {"node1": ("192.0.2.1", "eth0"), "192.0.2.1": ("192.0.2.1", "eth0")}
+    assert found.nodes["192.0.2.1"].why == "it holds the head's address"
 
 
 def test_the_longest_route_wins_and_a_gateway_is_said() -> None:
