@@ -17,6 +17,8 @@ Scenarios (3 namespace nodes, each with its own sshd; the venv is shared):
     run 3 x 1           the same across the 3 nodes: preflight, copy, launch, sweep
     run 3 x 2           the same with 2 ranks a node (bench/launch.py's 3-node case)
 
+--nodes N runs them on N nodes instead (run N x 1, run N x 2).
+
 Both trees ship their own node programs (probe, sync receiver, job operations), read
 from their own source. Inside the ranks, both import the installed cpuaccel (its
 runtime): the ranks' side is not what an A/B of the controller measures.
@@ -106,8 +108,9 @@ class Tree:
 Scenario = Callable[[Tree], float]
 
 
-def scenarios(inventory: Path, project: Path, local: Path) -> dict[str, Scenario]:
+def scenarios(inventory: Path, project: Path, local: Path, nodes: int) -> dict[str, Scenario]:
     inv = ["-i", str(inventory)]
+    n = nodes
 
     def run_args(nodes: int, ppn: int) -> list[str]:
         return ["--nodes", str(nodes), "--ppn", str(ppn), "--master-port", str(next(MASTER_PORTS))]
@@ -119,11 +122,13 @@ def scenarios(inventory: Path, project: Path, local: Path) -> dict[str, Scenario
         "run 1 x 2 (local)": lambda t: t.run(
             ["run", *run_args(1, 2), "init.py"], local, expect="init-ok 1 2"
         ),
-        "run 3 x 1": lambda t: t.run(
-            ["run", *inv, *run_args(3, 1), "init.py"], project, expect="init-ok 2 3"
+        f"run {n} x 1": lambda t: t.run(
+            ["run", *inv, *run_args(n, 1), "init.py"], project, expect=f"init-ok {n - 1} {n}"
         ),
-        "run 3 x 2": lambda t: t.run(
-            ["run", *inv, *run_args(3, 2), "init.py"], project, expect="init-ok 5 6"
+        f"run {n} x 2": lambda t: t.run(
+            ["run", *inv, *run_args(n, 2), "init.py"],
+            project,
+            expect=f"init-ok {2 * n - 1} {2 * n}",
         ),
     }
 
@@ -162,6 +167,7 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--only", default="", help="comma list of scenario names (prefixes)")
+    parser.add_argument("--nodes", type=int, default=NODES, help="namespace nodes")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix=f"cpxl{CLUSTER_ID}-ab-"))
     base_tree = scratch / "base"
@@ -176,11 +182,13 @@ def main() -> None:
         local = scratch / "local"
         local.mkdir()
         (local / "init.py").write_text(INIT_PY)
-        with Cluster(NODES, cluster_id=CLUSTER_ID) as cluster:
+        with Cluster(args.nodes, cluster_id=CLUSTER_ID) as cluster:
             wanted = [w for w in args.only.split(",") if w]
             results = {
                 name: measure(name, scenario, trees, args.repeat)
-                for name, scenario in scenarios(cluster.inventory_path, project, local).items()
+                for name, scenario in scenarios(
+                    cluster.inventory_path, project, local, args.nodes
+                ).items()
                 if not wanted or any(name.startswith(w) for w in wanted)
             }
         report(results, args.base, args.repeat)
