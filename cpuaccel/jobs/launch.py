@@ -386,7 +386,7 @@ def _network_doctor(
     from cpuaccel.network import doctor  # only for several nodes: off run's start-up
 
     addresses = {name: choice.address for name, choice in network.nodes.items()}
-    found = doctor.probe(
+    found = doctor.diagnose(
         draft.hosts,
         addresses,
         head=draft.head.name,
@@ -395,7 +395,7 @@ def _network_doctor(
         forks=nodes.forks,
         pool=nodes.pool,
     )
-    return [p for p in found if p.severity == ERROR]
+    return [p for p in found.problems if p.severity == ERROR]
 
 
 def _sync_stale(draft: RunPlan, stale: list[Host], source: SourceManifest, nodes: Nodes) -> None:

@@ -270,30 +270,6 @@ def diagnose(
     return found
 
 
-def probe(
-    hosts: Sequence[Host],
-    addresses: Mapping[str, str],
-    *,
-    head: str,
-    master_port: int,
-    pairs: Sequence[tuple[str, str]] | str | None = RING,
-    connect: ConnectOptions,
-    forks: int,
-    pool: ConnectionPool | None = None,
-) -> list[Problem]:
-    """The problems ``diagnose`` finds, alone."""
-    return diagnose(
-        hosts,
-        addresses,
-        head=head,
-        master_port=master_port,
-        pairs=pairs,
-        connect=connect,
-        forks=forks,
-        pool=pool,
-    ).problems
-
-
 def _listen(
     hosts: Sequence[Host],
     head: str,

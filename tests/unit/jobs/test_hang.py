@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from cpuaccel import _progress, node
+from cpuaccel import _progress
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.project import parse_project
 from cpuaccel.errors import EXIT_USAGE, ProjectFileError
@@ -35,6 +35,7 @@ from cpuaccel.node.progress import ProgressTracker, marker, parse
 from cpuaccel.node.supervisor import EXIT_TIMEOUT, Limits, Output, Side, Supervised, _outcome
 from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.testing.runs import cpuaccel_run, make_project
+from tests.unit.node.detached_runs import detached_run
 from tests.unit.node.test_supervisor import final_status
 
 # Its own id: a run's processes are found (and swept) by run id, and another test file
@@ -337,26 +338,11 @@ def test_stacks_are_dumped_only_for_this_nodes_ranks_of_this_run(
     assert (tmp_path / "hang-0.txt").stat().st_mode & 0o777 == 0o600
 
 
-def make_run(tmp_path: Path, run_id: str, launch: str, hang_timeout: float) -> str:
-    run_dir = tmp_path / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    config = {
-        "run_id": run_id, "head": "here", "world": 2, "timeout": None, "nodes": {},
-        "hang_timeout": hang_timeout, "hosts": ["here"], "ppn": 2,
-    }  # fmt: skip
-    (run_dir / "supervisor.json").write_text(json.dumps(config))
-    (run_dir / "supervisor.py").write_bytes(node.program("detached"))
-    (run_dir / "launch.sh").write_text(
-        f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
-    )
-    return str(run_dir)
-
-
 def test_the_detached_supervisor_ends_a_hung_job(tmp_path: Path) -> None:
     look_alike = "[cpuaccel] progress 20250505-000000-ffffff step=9"
     # An id of its own: a sweep of another test's run on this machine must not end it.
     run_id = f"20260101-000000-{uuid.uuid4().hex[:6]}"
-    run_dir = make_run(
+    run_dir = detached_run(
         tmp_path,
         run_id,
         f"echo '[rank 0 h] {marker(run_id, step=3)}'\n"

@@ -178,7 +178,7 @@ def test_a_master_port_in_use_is_said_and_the_peers_still_tried() -> None:
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen(1)
-        problems = doctor.probe(
+        found = doctor.diagnose(
             local_hosts("a", "b"),
             {"a": "127.0.0.1", "b": "127.0.0.1"},
             head="a",
@@ -187,7 +187,7 @@ def test_a_master_port_in_use_is_said_and_the_peers_still_tried() -> None:
             connect=ConnectOptions(),
             forks=4,
         )
-    [problem] = problems
+    [problem] = found.problems
     assert problem.severity == "warning" and problem.host == "a"
     assert "could not listen on the master port" in problem.message
 

@@ -6,11 +6,9 @@ tests/unit/test_rendezvous.py; on real nodes: tests/cluster/test_rendezvous.py."
 
 from __future__ import annotations
 
-import json
 import uuid
 from pathlib import Path
 
-from cpuaccel import node
 from cpuaccel.node import detached
 from cpuaccel.node.rendezvous import (
     RendezvousTracker,
@@ -20,6 +18,7 @@ from cpuaccel.node.rendezvous import (
     parse,
     slack,
 )
+from tests.unit.node.detached_runs import detached_run
 from tests.unit.node.test_supervisor import final_status
 
 RUN_ID = "20260101-000000-abcdef"
@@ -135,31 +134,16 @@ def test_the_report_names_the_joined_and_the_first_collective_unfinished() -> No
     }  # fmt: skip
 
 
-def make_run(tmp_path: Path, run_id: str, launch: str, bound: float) -> str:
-    run_dir = tmp_path / "runs" / run_id
-    run_dir.mkdir(parents=True)
-    config = {
-        "run_id": run_id, "head": "here", "world": 2, "timeout": None, "nodes": {},
-        "rendezvous_timeout": bound, "hosts": ["here"], "ppn": 2,
-    }  # fmt: skip
-    (run_dir / "supervisor.json").write_text(json.dumps(config))
-    (run_dir / "supervisor.py").write_bytes(node.program("detached"))
-    (run_dir / "launch.sh").write_text(
-        f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
-    )
-    return str(run_dir)
-
-
 def test_the_detached_supervisor_ends_a_job_whose_ranks_never_all_join(tmp_path: Path) -> None:
     bound = 2.0
     run_id = f"20260101-000000-{uuid.uuid4().hex[:6]}"  # its own: sweeps go by run id
-    run_dir = make_run(
+    run_dir = detached_run(
         tmp_path,
         run_id,
         f"echo '[rank 0 h] {marker(run_id, 'waiting')}'\n"
         f"echo '[rank 0 h] {C10D_LINE}'\n"
         "exec sleep 60\n",
-        bound,
+        rendezvous_timeout=bound,
     )
     detached.start(run_dir)
     status = final_status(run_dir)
