@@ -5,7 +5,9 @@ It stays tiny, like torchrun's worker-side setup: derive the torch.distributed
 environment from whichever launcher started the process, label this rank's output,
 then run the script as ``__main__`` with ``sys.argv`` as the user wrote it. The script
 runs in a child of the rank's own process, which passes signals on to it and reports
-its death by a signal (which the script itself cannot) as the rank's exit code.
+its death by a signal (which the script itself cannot) as the rank's exit code. It
+labels the output too, so the rank is finished when the script's process exits, even
+if something the script left (a copy of stderr, a background helper) still holds it.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def _fork() -> int:
     return child
 
 
-def _wait_for_script(child: int, label: str, report: bool = True) -> int:
+def _wait_for_script(child: int, report: bool = True) -> int:
     """The rank's own process: pass signals on to the script's, wait for it, report its
     death by a signal.
 
@@ -219,6 +221,9 @@ def _wait_for_script(child: int, label: str, report: bool = True) -> int:
     itself, and MPI launchers report it only when the whole job has ended (Intel MPI's
     hydra lets the other ranks run on). Its parent can: it prints the exit marker the
     controller watches for, so the job is ended at once.
+
+    The rank is finished when the script's process has exited, whatever it left
+    holding its output: the caller's :func:`cpuaccel._labels.finish` sees to that.
     """
     while True:
         pid, status = os.waitpid(child, os.WNOHANG)
@@ -236,9 +241,10 @@ def _wait_for_script(child: int, label: str, report: bool = True) -> int:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    os.write(2, f"{label}{KILLED_MARKER} {name}\n".encode())
-    if report:  # else the caller reports every code itself
-        os.write(2, f"{label}{EXIT_MARKER} {code}\n".encode())
+    with contextlib.suppress(OSError):  # fd 2: the labeller, if any, unless it is gone
+        os.write(2, f"{KILLED_MARKER} {name}\n".encode())
+        if report:  # else the caller reports every code itself
+            os.write(2, f"{EXIT_MARKER} {code}\n".encode())
     return code
 
 
@@ -269,20 +275,26 @@ def main() -> None:
         sys.exit(2)
     mode, what, args = parsed
     derived = apply_env(os.environ)
-    label = ""
-    if os.environ.get("CPUACCEL_LABEL_OUTPUT") == "1":
-        label = f"[rank {derived['RANK']} {socket.gethostname()}] "
     sys.stdout.flush()
     sys.stderr.flush()
-    if mode == "program":
-        _run_program(what, args, label)
+    if os.environ.get("CPUACCEL_LABEL_OUTPUT") == "1":
+        # In the rank's own process, which outlives the script's: so that the rank ends
+        # when the script's process has, whatever the script left holding its output.
+        _labels.install(f"[rank {derived['RANK']} {socket.gethostname()}] ")
     parent = os.getpid()
     child = _fork()
     if child != 0:
-        os._exit(_wait_for_script(child, label) & 0xFF)
+        # --no-python: a program cannot report its own code; a script reports its own
+        # (while its atexit handlers' output is still to come), a death by signal here.
+        code = _wait_for_script(child, report=mode != "program")
+        if mode == "program":
+            _report_exit(code)
+        _labels.finish()
+        os._exit(code & 0xFF)
     _die_with_parent(parent)
-    if label:
-        _labels.install(label)
+    _labels.forget()
+    if mode == "program":
+        _exec_program(what, args)
     _progress.announce()  # run --hang-timeout: this pid is the one py-spy dumps on a hang
     _rendezvous.install()  # run --rendezvous-timeout: init_process_group followed
     code = run_script(what, args, module=mode == "module")
@@ -297,28 +309,18 @@ def main() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    _labels.finish()
     sys.exit(code & 0xFF if code >= 0 else 1)
 
 
-def _run_program(program: str, args: list[str], label: str) -> None:
-    """--no-python: the rank's environment is derived (above); the program runs in a
-    child with it, its output labelled here, its exit code (or its signal) reported."""
-    if label:
-        _labels.install(label)  # in this process: the child's output passes through it
-    parent = os.getpid()
-    child = _fork()
-    if child == 0:
-        _die_with_parent(parent)
-        try:
-            os.execvp(program, [program, *args])
-        except OSError as exc:  # as a shell says it, with the shell's codes
-            print(f"cpuaccel: {program}: {exc.strerror}", file=sys.stderr, flush=True)
-            os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
-    code = _wait_for_script(child, "", report=False)
-    _report_exit(code)
-    _labels.finish()
-    os._exit(code & 0xFF)
+def _exec_program(program: str, args: list[str]) -> None:
+    """--no-python: the rank's environment is derived (above); the program replaces the
+    script's process, its output labelled by the rank's own process, its exit code (or
+    its signal) reported there."""
+    try:
+        os.execvp(program, [program, *args])
+    except OSError as exc:  # as a shell says it, with the shell's codes
+        print(f"cpuaccel: {program}: {exc.strerror}", file=sys.stderr, flush=True)
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
 
 if __name__ == "__main__":

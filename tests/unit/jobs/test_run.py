@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from cpuaccel import _labels
 from cpuaccel.cli.main import cli
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.settings import LaunchSettings
@@ -676,6 +677,72 @@ def test_worker_reports_a_death_by_signal(tmp_path: Path) -> None:
         f"{label}[cpuaccel] killed by SIGKILL",
         f"{label}{EXIT_MARKER} 137",
     ]
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie its new parent has not reaped yet counts)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_worker_ends_when_the_script_exits_though_a_copy_of_stderr_is_open(
+    tmp_path: Path,
+) -> None:
+    """As DeepSpeed's op builder does: the script keeps a duplicate of stderr open. The
+    rank ends with the script's process, as `python SCRIPT` does, without a word."""
+    started = time.monotonic()
+    proc = worker(tmp_path, "import os, sys\nos.dup(sys.stderr.fileno())\n")
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - started < 10
+    assert proc.stdout == proc.stderr == ""
+
+
+def test_worker_ends_what_the_script_left_holding_its_output(tmp_path: Path) -> None:
+    """A background helper that inherited stdout outlives the script: after a short
+    drain it is ended and named, and the rank's exit code is still the script's."""
+    source = (
+        "import os, subprocess, sys\n"
+        "os.dup(sys.stderr.fileno())\n"
+        "helper = subprocess.Popen(['sleep', '600'])\n"
+        "print('helper', helper.pid, flush=True)\n"
+        "sys.exit(3)\n"
+    )
+    started = time.monotonic()
+    proc = worker(tmp_path, source)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 3, proc.stderr
+    assert seconds < _labels.DRAIN_SECONDS + _labels.TERM_GRACE_SECONDS + 10
+    label = f"[rank 2 {socket.gethostname()}] "
+    pid = int(proc.stdout.split()[-1])
+    assert gone(pid)
+    assert proc.stderr.splitlines() == [
+        f"{label}{EXIT_MARKER} 3",
+        f"{label}[cpuaccel] a process of the script (pid {pid}, sleep 600) still held its "
+        "output at exit: ended it",
+    ]
+
+
+def test_worker_ends_what_a_program_left_holding_its_output(tmp_path: Path) -> None:
+    """--no-python: a shell that leaves a background job behind ends the rank all the
+    same, with the shell's own exit code."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "cpuaccel.worker", "--no-python", "sh", "-c",
+         "sleep 600 & echo $!; exit 5"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CPUACCEL_LABEL_OUTPUT": "1", "PMI_RANK": "2"},
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 5, proc.stderr
+    label = f"[rank 2 {socket.gethostname()}] "
+    pid = int(proc.stdout.split()[-1])
+    assert gone(pid)
+    assert proc.stderr.splitlines()[-1] == (
+        f"{label}[cpuaccel] a process of the script (pid {pid}, sleep 600) still held its "
+        "output at exit: ended it"
+    )
 
 
 SIGNALLED_SCRIPT = (
