@@ -308,7 +308,12 @@ def choose(
     shared = _shared(hosts, nets)
     found.problems += _shared_notes(shared, nets)
     head = hosts[0]
-    head_choice = _head_choice(head, nets[head.name], wanted(head), shared)
+    peers = [
+        address
+        for h in hosts[1:]
+        if (address := nets[h.name].ssh_address or _literal(h.address)) is not None
+    ]
+    head_choice = _head_choice(head, nets[head.name], wanted(head), shared, peers)
     if isinstance(head_choice, Problem):
         found.problems.append(head_choice)
         return found
@@ -404,11 +409,25 @@ def _shared_problem(host: Host, address: IPv4, shared: Mapping[IPv4, list[str]])
 
 
 def _head_choice(
-    head: Host, net: NodeNetwork, want: Wanted | None, shared: Mapping[IPv4, list[str]]
+    head: Host,
+    net: NodeNetwork,
+    want: Wanted | None,
+    shared: Mapping[IPv4, list[str]],
+    peers: Sequence[IPv4],
 ) -> NodeChoice | Problem:
+    """``peers``: the addresses the controller reached the other nodes at, for a head it
+    reached without ssh (this machine): its address is then the one its route to them
+    leaves from."""
     if want is not None:
         return _wanted_choice(head, net, want, shared)
     usable = [(i, a) for i, a in net.usable() if a.ip not in shared]
+    if net.ssh_address is None:
+        for peer in peers:
+            route = net.route_to(peer)
+            facing = [(i, a) for i, a in usable if route and i.name == route.interface]
+            if facing:
+                near = next(((i, a) for i, a in facing if peer in a.network), facing[0])
+                return _pick(head, *near, f"its route to {peer}")
     candidates: list[tuple[IPv4 | None, str]] = [
         (net.ssh_address, "the address the controller reaches it at"),
     ]

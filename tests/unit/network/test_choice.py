@@ -253,6 +253,23 @@ def test_the_longest_route_wins_and_a_gateway_is_said() -> None:
     assert found.common_subnet() is None
 
 
+def test_a_head_on_this_machine_takes_the_address_facing_the_nodes() -> None:
+    # The controller itself is the head, reached without ssh: its default route leaves
+    # by another interface than the one the nodes are on.
+    controller = facts(
+        LO,
+        ("eth0", ["203.0.113.7/24"]),
+        ("br0", ["192.0.2.254/24"]),
+        routes=[("eth0", "0.0.0.0/0", "203.0.113.1"), ("br0", "192.0.2.0/24", None)],
+    )
+    head = Host("localhost", {"ansible_connection": "local"})
+    found = choose([head, *hosts("node1")], {"localhost": controller, "node1": stock(1, ())},
+                   nobody)  # fmt: skip
+    assert found is not None and found.complete, found
+    assert chosen(found) == {"localhost": ("192.0.2.254", "br0"), "node1": ("192.0.2.1", "eth0")}
+    assert found.nodes["localhost"].why == "its route to 192.0.2.1"
+
+
 def test_one_node_or_this_machine_alone_has_no_network_to_choose() -> None:
     assert choose(hosts("a"), {"a": stock(1)}, nobody) is None
     local = [Host("localhost", {"ansible_connection": "local"})] * 2
