@@ -332,7 +332,7 @@ TABLE: tuple[Entry, ...] = (
         label="master port",
         flag=Flag(
             ("--master-port",),
-            help="Rendezvous port.",
+            help="Rendezvous port (a run on this machine alone picks a free one).",
             show_default=True,
             aliases=("--master_port", "--main_process_port", "--main-process-port"),
             aliases_help=("--master_port, --main_process_port PORT", "--master-port PORT"),

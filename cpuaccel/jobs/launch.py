@@ -18,6 +18,7 @@ The line a value follows, e.g. ``--ppn 4``:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
 from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs import elastic
+from cpuaccel.jobs import elastic, master_port
 from cpuaccel.jobs.connections import (
     JobFiles,
     Nodes,
@@ -132,7 +133,14 @@ def launch(
     started = time.monotonic()
     run_id = run_id or new_run_id()
     local = _local_project(settings, project)
-    with ConnectionPool(connect) as pool, Nodes(connect, forks, pool) as nodes:
+    # A foreground run on this machine alone holds a free port of its own for the whole
+    # run (restarts included); a detached one ends this call, and keeps the given port.
+    own_port = contextlib.nullcontext(settings) if detach else master_port.held_for(settings)
+    with (
+        own_port as settings,
+        ConnectionPool(connect) as pool,
+        Nodes(connect, forks, pool) as nodes,
+    ):
         draft = build_plan(settings, script, None, run_id, local_project=local)
 
         def check(draft: RunPlan) -> dict[str, Facts]:

@@ -236,6 +236,7 @@ class RunDir:
             head_run_dir=plan.run_dir,
             inventory=inventory,
             hostnames=plan.hostnames,
+            master_port=int(port) if (port := plan.env.get("MASTER_PORT", "")).isdigit() else None,
         )
 
     def log(self, name: str) -> Path:
