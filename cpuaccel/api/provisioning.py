@@ -102,6 +102,59 @@ def refuse_local_default(
         )
 
 
+# The default playbook's settings: where the node's Python goes (one of these, an
+# absolute path), and the stack, which has a default of its own (upstream).
+PYTHON_SETTINGS = ("cpuaccel_venv", "cpuaccel_python")
+STACK_SETTING, STACKS = "cpuaccel_stack", "cpuaccel_stacks"
+
+
+def refuse_unset_settings(
+    target: Target,
+    playbook: str | None,
+    loaded: Playbook,
+    how: str = "in the inventory (host or group vars), or -e cpuaccel_venv=/opt/cpuaccel/venv",
+) -> None:
+    """The default playbook needs, on every host, cpuaccel_venv or cpuaccel_python as an
+    absolute path, and a cpuaccel_stack it knows when one is set: checked here, from the
+    inventory and -e, so that a missing setting is bad input (UsageError, exit 64) named
+    before anything runs on any node, not a task failed on each of them."""
+    if playbook:
+        return  # a playbook of the user's own needs what it needs
+    unset, relative, stacks = [], [], _stacks(loaded)
+    for host in target.hosts:
+        given = next((host.vars[k] for k in PYTHON_SETTINGS if host.vars.get(k)), None)
+        if given is None:
+            unset.append(host.name)
+        elif not str(given).startswith("/"):
+            relative.append(f"{host.name} ({given})")
+        stack = host.vars.get(STACK_SETTING)
+        if stack is not None and stacks and stack not in stacks:
+            raise UsageError(
+                f"{host.name}: cpuaccel_stack {stack!r} is not one of {', '.join(stacks)}",
+                hint=f"set cpuaccel_stack to one of them, or leave it out ({stacks[0]})",
+            )
+    if unset or relative:
+        names = unset or relative
+        what = "is set" if unset else "is an absolute path"
+        raise UsageError(
+            f"{', '.join(names)}: neither cpuaccel_venv nor cpuaccel_python {what}; the "
+            "default playbook puts the node's Python there",
+            hint="set cpuaccel_venv (an absolute path where provision creates the node's "
+            "environment) or cpuaccel_python (the absolute path of an interpreter you "
+            f"manage) {how}; check and run use the same",
+        )
+
+
+def _stacks(loaded: Playbook) -> list[str]:
+    """The stacks the playbook knows (its plays' cpuaccel_stacks), the default first."""
+    for play in loaded.plays:
+        known = play.vars.get(STACKS)
+        if isinstance(known, dict):
+            default = play.vars.get(STACK_SETTING)
+            return sorted(known, key=lambda name: name != default)
+    return []
+
+
 def run_playbook(
     target: Target,
     path: Path,
@@ -196,6 +249,13 @@ def provision(
             chosen,
             hint="give the nodes' inventory (provision('inventory.yaml')); "
             "tags='wheelhouse' alone fills the controller's wheelhouse",
+        )
+        refuse_unset_settings(
+            target,
+            given,
+            loaded,
+            how="in the inventory (host or group vars), or "
+            "extra_vars={'cpuaccel_venv': '/opt/cpuaccel/venv'}",
         )
         display = Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
         found = run_playbook(

@@ -16,7 +16,13 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.api.provisioning import load_playbook, refuse_local_default, run_playbook, tag_set
+from cpuaccel.api.provisioning import (
+    load_playbook,
+    refuse_local_default,
+    refuse_unset_settings,
+    run_playbook,
+    tag_set,
+)
 from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options, print_hosts
 from cpuaccel.errors import UsageError
@@ -279,6 +285,7 @@ def provision_command(
         _list_hosts(playbook, target)
         return
     refuse_local_default(target, playbook_path, tag_set(tags))
+    refuse_unset_settings(target, playbook_path, playbook)
     cli_become = become.settle()  # -K asks here, before any node is contacted
     listener = _listener(as_json, diff)
     found = run_playbook(

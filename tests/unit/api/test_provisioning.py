@@ -147,3 +147,41 @@ def test_tasks_and_recap_are_printed_only_with_progress(
 
 def test_tags_may_hold_several_comma_separated() -> None:
     assert tag_set(["a,b", " c ", ""]) == {"a", "b", "c"}
+
+
+NO_PYTHON_INVENTORY = """\
+all:
+  hosts:
+    node1: {ansible_connection: local, ansible_python_interpreter: %s}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ([], "node1: neither cpuaccel_venv nor cpuaccel_python is set"),
+        (["cpuaccel_venv=venv"], "node1 (venv): neither cpuaccel_venv nor cpuaccel_python is an"),
+        (
+            ["cpuaccel_venv=/opt/v", "cpuaccel_stack=cuda"],
+            "node1: cpuaccel_stack 'cuda' is not one of upstream, ipex-legacy",
+        ),
+    ],
+)
+def test_a_setting_the_default_playbook_needs_is_bad_input_before_any_node(
+    here: Path, extra: list[str], said: str
+) -> None:
+    """Exit 64 with the hosts named and the fix, not 69 from a task failed on each node;
+    and cpuaccel_stack is not asked for when it is only left out (it has a default)."""
+    (here / "inventory.yaml").write_text(NO_PYTHON_INVENTORY % sys.executable)
+    with pytest.raises(UsageError) as caught:
+        provision("inventory.yaml", extra_vars=extra)
+    assert said in caught.value.message
+    assert caught.value.exit_code == EXIT_USAGE
+    args = [word for pair in extra for word in ("-e", pair)]
+    cli = cpuaccel("provision", "inventory.yaml", *args, cwd=here, env=inherited_env())
+    assert cli.returncode == EXIT_USAGE, cli.stdout + cli.stderr
+    text = " ".join(cli.stderr.split())
+    assert said in text and "fix:" in text and "Traceback" not in text
+    assert "PLAY" not in cli.stdout  # no task ran on any node
+    if not any(word.startswith("cpuaccel_stack") for word in extra):
+        assert "cpuaccel_stack" not in text
