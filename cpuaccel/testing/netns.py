@@ -33,6 +33,17 @@ CONTROLLER_HOST = 254
 MAX_NODES = 253
 MAX_CLUSTER_ID = 255
 REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "setsid", "ssh-keygen", "hostname", "mount")
+# The Debian package of each tool (and of sshd), as tools/system-deps.sh installs them.
+TOOL_PACKAGES = {
+    "ip": "iproute2",
+    "unshare": "util-linux",
+    "nsenter": "util-linux",
+    "setsid": "util-linux",
+    "mount": "mount",
+    "ssh-keygen": "openssh-client",
+    "hostname": "hostname",
+    SSHD: "openssh-server",
+}
 
 
 class ClusterError(RuntimeError):
@@ -102,7 +113,12 @@ def unavailable_reason() -> str | None:
     if not Path(SSHD).exists():
         missing.append(SSHD)
     if missing:
-        return f"missing tools for the namespace cluster: {', '.join(missing)}"
+        packages = " ".join(dict.fromkeys(TOOL_PACKAGES[tool] for tool in missing))
+        return (
+            f"missing tools for the namespace cluster: {', '.join(missing)}; install them "
+            f"with `make system-deps` (as root, from the checkout), or "
+            f"`apt-get install {packages}`"
+        )
     return None
 
 
