@@ -1,4 +1,5 @@
-"""The CPUACCEL_* variables a rank's runtime reads, and the values each one takes.
+"""The variables of a rank's environment: the CPUACCEL_* ones its runtime reads and the
+values each one takes, torchrun's that every rank gets, and which may differ per host.
 
 One home for both sides of a launch, in one wording: the runtime (``cpuaccel.init``, in
 the rank) refuses a bad value with :class:`~cpuaccel.errors.SettingError`
@@ -29,6 +30,78 @@ WEIGHTS = ("fp32", "bf16")
 # Each node's interface for the job, as ADDRESS=INTERFACE words (cpuaccel.network.choice):
 # the worker sets GLOO_SOCKET_IFNAME and the like from its own node's entry.
 NODE_IFACES_ENV = "CPUACCEL_NODE_IFACES"
+# Each node's own cpuaccel_env entries, where they differ between the nodes: a JSON object
+# {ADDRESS: {NAME: value}}; the worker sets its own node's before the script starts.
+HOST_ENV = "CPUACCEL_HOST_ENV"
+# The attempt's number under --max-restarts (0 first), which the supervisors write.
+RESTART_ENV = "CPUACCEL_RESTART"
+
+# torchrun's variables, each as every rank gets it (the worker derives them from the
+# launcher's; a value already in the environment wins): name -> (what torchrun sets it
+# to, what cpuaccel sets it to). docs/run.md's list is written from this table
+# (cpuaccel.config.settings_doc); TORCHELASTIC_USE_AGENT_STORE is left out, as no
+# agent of cpuaccel's hosts the store it announces.
+TORCHRUN_ENV: dict[str, tuple[str, str]] = {
+    "RANK": ("the worker's global rank", "the same: the launcher's rank"),
+    "LOCAL_RANK": ("its rank on its node", "the same"),
+    "WORLD_SIZE": ("workers in the job", "the same: nodes x `--ppn`"),
+    "LOCAL_WORLD_SIZE": ("`--nproc-per-node`", "`--ppn`"),
+    "GROUP_RANK": ("the agent's (node's) rank", "the node's index, head 0"),
+    "NODE_RANK": ("not set (its `--node-rank` flag)", "as `GROUP_RANK`"),
+    "GROUP_WORLD_SIZE": ("agents (nodes)", "nodes"),
+    "ROLE_RANK": ("rank among its role's workers", "as `RANK`"),
+    "ROLE_NAME": ("`--role`, `default`", "`default`"),
+    "ROLE_WORLD_SIZE": ("workers of its role", "as `WORLD_SIZE`"),
+    "MASTER_ADDR": ("the store's host", "the head's name or address"),
+    "MASTER_PORT": ("the store's port", "`--master-port`"),
+    "TORCHELASTIC_RUN_ID": ("`--rdzv-id`, `none`", "the run's id"),
+    "TORCHELASTIC_RESTART_COUNT": ("restarts so far", "the attempt's number, 0 first"),
+    "TORCHELASTIC_MAX_RESTARTS": ("`--max-restarts`", "`--max-restarts`"),
+    "TORCHELASTIC_ERROR_FILE": (
+        "a file of its own for `@record`",
+        "`runs/<id>/error-<rank>.json` on the rank's node",
+    ),
+}
+MAX_RESTARTS_ENV = "TORCHELASTIC_MAX_RESTARTS"
+
+# What cannot differ between the nodes of one job, and why: exact names, then prefixes.
+_JOB_WIDE: dict[str, str] = {
+    name: "every rank must agree on it"
+    for name in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "ACCELERATE_MIXED_PRECISION",
+        "ACCELERATE_USE_CPU",
+    )
+}
+for _name in ("RANK", "LOCAL_RANK", "ROLE_RANK"):
+    _JOB_WIDE[_name] = "each rank has its own, derived by cpuaccel"
+_JOB_WIDE_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("I_MPI_", "the launcher reads it once for the whole job"),
+    ("HYDRA_", "the launcher reads it once for the whole job"),
+    ("OMPI_", "the launcher reads it once for the whole job"),
+    ("PMI_", "the launcher sets it"),
+    ("PMIX_", "the launcher sets it"),
+    ("SLURM_", "Slurm sets it"),
+    ("TORCHELASTIC_", "every rank must agree on it"),
+    ("CPUACCEL_", "a setting of the whole job"),
+    ("LD_", "it is read before the rank's Python starts"),
+    ("PYTHON", "it is read before the rank's Python starts"),
+)
+
+
+def host_env_problem(name: str) -> str | None:
+    """Why variable ``name`` cannot take another value on one host than on the others
+    (a launcher-wide one, one every rank must agree on, one read before the worker can
+    set it), or None."""
+    if name in _JOB_WIDE:
+        return _JOB_WIDE[name]
+    return next((why for prefix, why in _JOB_WIDE_PREFIXES if name.startswith(prefix)), None)
+
 
 # name -> (the values it takes, whether a comma-separated list of them, what they mean)
 CHOICES: dict[str, tuple[tuple[str, ...], bool, str]] = {

@@ -24,7 +24,7 @@ from collections.abc import Mapping, MutableMapping
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
 from cpuaccel.node.progress import EXIT_MARKER, KILLED_MARKER
-from cpuaccel.rank_settings import NODE_IFACES_ENV
+from cpuaccel.rank_settings import HOST_ENV, MAX_RESTARTS_ENV, NODE_IFACES_ENV, RESTART_ENV
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
 LAUNCHER_VARS: tuple[tuple[str, str, str, str], ...] = (
@@ -42,7 +42,8 @@ DEFAULT_MASTER_PORT = "29500"
 
 
 def derive_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The torch.distributed variables this process should see, from its launcher's.
+    """The torch.distributed variables this process should see, from its launcher's:
+    torchrun's whole list (cpuaccel.rank_settings.TORCHRUN_ENV).
 
     torchrun's own variables (RANK, ...) win when present; otherwise the first launcher
     family whose rank variable is set provides all four. Slurm sets its per-node task
@@ -72,7 +73,39 @@ def derive_env(env: Mapping[str, str]) -> dict[str, str]:
             derived[key] = env[key]
     derived["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
     derived["MASTER_PORT"] = env.get("MASTER_PORT", DEFAULT_MASTER_PORT)
+    derived.update(_torchrun_env(env, derived))
     return derived
+
+
+def _torchrun_env(env: Mapping[str, str], derived: Mapping[str, str]) -> dict[str, str]:
+    """The rest of torchrun's list, from the four numbers and cpuaccel's own variables;
+    a value already in ``env`` (torchrun's own, the user's) wins.
+
+    A node's index is RANK // LOCAL_WORLD_SIZE: the launchers place ranks in blocks of
+    --ppn, the same count on every node. Slurm, whose counts may differ between nodes,
+    says its node's index and the node count itself."""
+    try:
+        rank, world = int(derived["RANK"]), int(derived["WORLD_SIZE"])
+        per_node = max(1, int(derived["LOCAL_WORLD_SIZE"]))
+    except ValueError:  # a launcher's garbage: the runtime names it; nothing derived here
+        return {}
+    group = env.get("SLURM_NODEID") if "SLURM_PROCID" in env else None
+    groups = env.get("SLURM_NNODES") if "SLURM_PROCID" in env else None
+    run_dir = env.get("CPUACCEL_RUN_DIR")
+    own = {
+        "GROUP_RANK": group or str(rank // per_node),
+        "GROUP_WORLD_SIZE": groups or str(-(-world // per_node)),
+        "ROLE_RANK": derived["RANK"],
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": derived["WORLD_SIZE"],
+        "TORCHELASTIC_RUN_ID": env.get("CPUACCEL_RUN_ID") or "none",  # torchrun's default id
+        "TORCHELASTIC_RESTART_COUNT": env.get(RESTART_ENV) or "0",
+        MAX_RESTARTS_ENV: "0",
+    }
+    own["NODE_RANK"] = env.get("GROUP_RANK") or own["GROUP_RANK"]
+    if run_dir:  # under cpuaccel run: where torch's @record writes a failing rank's error
+        own["TORCHELASTIC_ERROR_FILE"] = os.path.join(run_dir, f"error-{derived['RANK']}.json")
+    return {key: env.get(key) or value for key, value in own.items()}
 
 
 def _slurm_tasks_here(env: Mapping[str, str]) -> str | None:
@@ -89,10 +122,55 @@ def _slurm_tasks_here(env: Mapping[str, str]) -> str | None:
 
 
 def apply_env(env: MutableMapping[str, str]) -> dict[str, str]:
+    """Set this rank's environment: its node's own variables (CPUACCEL_HOST_ENV) first,
+    as the user's win over what is derived; then torchrun's list; then the interfaces."""
+    env.update(host_env(env))
     derived = derive_env(env)
     env.update(derived)
     env.update(network_env(env))
     return derived
+
+
+def host_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This node's own variables: its entry of CPUACCEL_HOST_ENV, a JSON object
+    ``{ADDRESS: {NAME: value}}`` (cpuaccel.jobs.plan wrote it from each host's
+    cpuaccel_env, checked there). The node is found by the address it holds, as in
+    :func:`network_env`. SettingError when the value is not such an object."""
+    text = env.get(HOST_ENV, "")
+    if not text:
+        return {}
+    import json  # only when some host has variables of its own
+
+    try:
+        by_address = json.loads(text)
+    except ValueError:
+        by_address = None
+    if not isinstance(by_address, dict) or not all(
+        isinstance(v, dict) and all(_settable(k, x) for k, x in v.items())
+        for v in by_address.values()
+    ):
+        raise SettingError(
+            f"${HOST_ENV} is not a JSON object of {{address: {{NAME: value}}}} "
+            "(cpuaccel run writes it: unset it)"
+        )
+    from cpuaccel.node.netif import addresses
+
+    mine = {address for _, address, _ in addresses()}
+    for address, variables in by_address.items():
+        if address in mine:
+            return dict(variables)
+    return {}
+
+
+def _settable(name: object, value: object) -> bool:
+    """Whether ``name=value`` can be put in the environment."""
+    return (
+        isinstance(name, str)
+        and isinstance(value, str)
+        and bool(name)
+        and "=" not in name
+        and "\0" not in name + value
+    )
 
 
 # The variables by which each library that opens its own sockets is told its interface:
@@ -274,7 +352,13 @@ def main() -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     mode, what, args = parsed
-    derived = apply_env(os.environ)
+    try:
+        derived = apply_env(os.environ)
+    except SettingError as exc:
+        print(f"cpuaccel: {exc}", file=sys.stderr, flush=True)
+        _report_exit(exc.exit_code)
+        sys.exit(exc.exit_code)
+    _clear_error_file(os.environ.get("TORCHELASTIC_ERROR_FILE"))
     sys.stdout.flush()
     sys.stderr.flush()
     if os.environ.get("CPUACCEL_LABEL_OUTPUT") == "1":
@@ -310,6 +394,14 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code & 0xFF if code >= 0 else 1)
+
+
+def _clear_error_file(path: str | None) -> None:
+    """A previous attempt's error file is not this one's: torch's @record writes it
+    only when the script fails, and what reads it must not find an older failure."""
+    if path:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _exec_program(program: str, args: list[str]) -> None:

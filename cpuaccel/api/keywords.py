@@ -116,10 +116,10 @@ def normal_choice(entry: Entry, value: Any) -> Any:
 # fix), and recorded as given by that flag, so that every later message (and `config
 # show`'s "where") reads as the CLI's. One that only the inventory sets (``python``,
 # ``workdir``, ``backend``...) is given as its variable, as ``-e cpuaccel_python=...``
-# would be, and checked where -e's are. ``hosts`` is derived, and ``slurm`` is
-# ``cpuaccel submit``'s: neither is a keyword.
+# would be, and checked where -e's are. ``hosts`` and ``host_env`` (each host's own
+# cpuaccel_env) are derived, and ``slurm`` is ``cpuaccel submit``'s: none is a keyword.
 # ``inventory`` and ``limit`` are the host keywords' own (api/target.py).
-NOT_KEYWORDS = frozenset({"hosts", "slurm", "inventory", "limit"})
+NOT_KEYWORDS = frozenset({"hosts", "host_env", "slurm", "inventory", "limit"})
 # Taken as flags though run has none: sync's --exclude, and --nodes MIN:MAX's floor.
 _AS_FLAGS = frozenset({"exclude", "min_nodes"})
 _RUN_HELP = "see 'cpuaccel run --help'"

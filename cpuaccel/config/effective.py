@@ -43,6 +43,7 @@ from cpuaccel.config.settings import (
 from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.rank_settings import host_env_problem
 
 __all__ = ["DEFAULT_MASTER_PORT", "LaunchSettings", "Setting", "resolve"]
 
@@ -120,7 +121,7 @@ class _Sources:
 # The settings settled by rules of their own (below); every other field of the table is
 # picked the same way: a flag, -e, the project file, the inventory, the default.
 _OWN_RULES = frozenset(
-    {"head", "hosts", "python", "workdir", "env", "exclude", "backend", "secret_env"}
+    {"head", "hosts", "python", "workdir", "env", "host_env", "exclude", "backend", "secret_env"}
 )
 _PICKED = tuple(e for e in TABLE if e.field and e.name not in _OWN_RULES)
 
@@ -153,7 +154,7 @@ def resolve(
     if got["launcher"].value == "auto":
         # An explicit "auto" (flag or project file) still lets the inventory name one.
         got["launcher"] = next(src.variables(BY_NAME["launcher"]), got["launcher"])
-    env, env_sources = _env(flags, project, src)
+    env, env_sources, host_env = _env(flags, project, src, chosen)
     where = inventory.source or "this machine"
     return LaunchSettings(
         **got,
@@ -162,6 +163,7 @@ def resolve(
         python=_host_value(src, chosen, BY_NAME["python"]),
         workdir=_host_value(src, chosen, BY_NAME["workdir"]),
         env=env,
+        host_env=host_env,
         exclude=_exclude(flags, project),
         backend=_backend(src, env, env_sources),
         secret_env=_secret_env(src),
@@ -217,14 +219,17 @@ def _host_value(src: _Sources, chosen: Sequence[Host], entry: Entry) -> Setting[
 
 
 def _env(
-    flags: Mapping[str, Any], project: ProjectConfig | None, src: _Sources
-) -> tuple[Setting[dict[str, str]], dict[str, str]]:
+    flags: Mapping[str, Any], project: ProjectConfig | None, src: _Sources, chosen: Sequence[Host]
+) -> tuple[Setting[dict[str, str]], dict[str, str], Setting[dict[str, dict[str, str]]]]:
     """The variables cpuaccel itself does not compute, merged in precedence order;
-    ``where`` says which source each variable came from (also returned by name)."""
+    ``where`` says which source each variable came from (also returned by name). Then
+    what only some hosts' ranks get: their cpuaccel_env where the chosen hosts differ."""
     merged: dict[str, str] = {}
     sources: dict[str, str] = {}
     inventory = next(src.variables(BY_NAME["env"]), None)
-    for key, value in (inventory.value if inventory else {}).items():
+    above = {**((project.get("env") if project else None) or {}), **(flags.get("env") or {})}
+    common, own = _host_envs(src, chosen, inventory.value if inventory else {}, set(above))
+    for key, value in common.items():
         merged[key], sources[key] = value, INVENTORY
     for key, value in ((project.get("env") if project else None) or {}).items():
         merged[key], sources[key] = value, PROJECT
@@ -233,7 +238,83 @@ def _env(
     kinds = set(sources.values())
     source = next((s for s in (FLAG, PROJECT, INVENTORY) if s in kinds), DEFAULT)
     where = ", ".join(f"{k}: {v}" for k, v in sources.items()) or None
-    return Setting("env", merged, source, where), sources
+    host_env: Setting[dict[str, dict[str, str]]] = BY_NAME["host_env"].default_setting()
+    if own:
+        shown = ", ".join(f"{h}: {' '.join(own[h])}" for h in own)
+        host_env = Setting("host_env", own, INVENTORY, shown)
+    return Setting("env", merged, source, where), sources, host_env
+
+
+def _host_envs(
+    src: _Sources, chosen: Sequence[Host], head_env: Mapping[str, str], above: set[str]
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Each chosen host's cpuaccel_env, as Ansible gives it (a host's own mapping
+    replaces its groups'), split into what every host has alike and what each host has
+    of its own. A name the project file or --env sets is theirs on every host. A name
+    that cannot differ between hosts (rank_settings.host_env_problem) and does is an
+    error naming the host and where its cpuaccel_env was written."""
+    envs = {src.head.name: dict(head_env)}
+    for host in chosen[1:]:
+        envs[host.name] = _checked_env(src, host)
+    names = {key for env in envs.values() for key in env if key not in above}
+    alike = {key for key in names if len({env.get(key) for env in envs.values()}) == 1}
+    for key in sorted(names - alike):
+        why = host_env_problem(key)
+        if why is not None:
+            raise _differs(src, chosen, envs, key, why)
+    common = {key: head_env[key] for key in head_env if key in alike}
+    own = {
+        name: {key: value for key, value in env.items() if key in names - alike}
+        for name, env in envs.items()
+    }
+    return common, {name: env for name, env in own.items() if env}
+
+
+def _checked_env(src: _Sources, host: Host) -> dict[str, str]:
+    """``host``'s cpuaccel_env, checked as the head's is."""
+    value = host.vars.get("cpuaccel_env")
+    if value is None:
+        return {}
+    try:
+        checked: dict[str, str] = BY_NAME["env"].kind.check(value)
+    except ValueError as exc:
+        hint = getattr(exc, "hint", None)
+        raise _host_error(src, host.name, f"cpuaccel_env {exc}", hint) from None
+    return checked
+
+
+def _differs(
+    src: _Sources,
+    chosen: Sequence[Host],
+    envs: Mapping[str, Mapping[str, str]],
+    key: str,
+    why: str,
+) -> CpuaccelError:
+    """The error for ``key``, which some host's cpuaccel_env sets otherwise than the
+    head's: that host, both values, the reason it cannot differ."""
+    head = src.head.name
+    other = next(h.name for h in chosen[1:] if envs[h.name].get(key) != envs[head].get(key))
+    said = {name: envs[name].get(key) for name in (other, head)}
+    shown = ", ".join(
+        f"{name} {key}={value}" if value is not None else f"{name} none"
+        for name, value in said.items()
+    )
+    return _host_error(
+        src,
+        other,
+        f"cpuaccel_env {key} differs between hosts ({shown}): {why}",
+        f"give {key} one value for every host (in all: vars, the project file's env or "
+        "--env); a host's own cpuaccel_env replaces its groups' whole",
+    )
+
+
+def _host_error(src: _Sources, host: str, message: str, hint: str | None) -> CpuaccelError:
+    """An InventoryError about ``host``'s cpuaccel_env, at the file:line it was written."""
+    hint = hint or "fix cpuaccel_env in the inventory"
+    origin = src.inventory.origin(host, "cpuaccel_env")
+    if origin is None or origin.source is None:
+        return InventoryError(f"{host}: {message}", hint=hint)
+    return InventoryError(f"{host}: {message}", source=origin.source, line=origin.line, hint=hint)
 
 
 def _exclude(flags: Mapping[str, Any], project: ProjectConfig | None) -> Setting[list[str]]:

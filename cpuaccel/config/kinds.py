@@ -211,6 +211,17 @@ class EnvVars(Kind):
 
 
 @dataclass(frozen=True)
+class HostEnvVars(Kind):
+    """Each host's own ``NAME: value`` lines, by host name (config/effective.py settles
+    them from every chosen host's cpuaccel_env)."""
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"must be a mapping of host: {{NAME: value}}, got {value!r}")
+        return {str(host): variables.env_mapping(lines) for host, lines in value.items()}
+
+
+@dataclass(frozen=True)
 class Patterns(Kind):
     """Sync's gitignore patterns: a list (or one pattern)."""
 

@@ -26,6 +26,7 @@ from cpuaccel.config.kinds import (
     Duration,
     EnvVars,
     Folder,
+    HostEnvVars,
     Kind,
     MpirunWords,
     Network,
@@ -47,6 +48,7 @@ from cpuaccel.rank_settings import (
     GRAD_REDUCE_ENV,
     GRAD_REDUCE_MODES,
     KNOWN_BACKENDS,
+    MAX_RESTARTS_ENV,
     WEIGHTS,
     WEIGHTS_ENV,
 )
@@ -449,6 +451,15 @@ TABLE: tuple[Entry, ...] = (
         default={},
         shown=True,
     ),
+    # A host's cpuaccel_env entries that differ from the other chosen hosts' (config/
+    # effective.py settles them; the worker sets each node's own from CPUACCEL_HOST_ENV).
+    Entry(
+        "host_env",
+        HostEnvVars(),
+        "each host's own variables: its cpuaccel_env where the chosen hosts differ",
+        default={},
+        note="none: every host's cpuaccel_env is the same",
+    ),
     Entry(
         "exclude",
         Patterns(),
@@ -492,6 +503,7 @@ TABLE: tuple[Entry, ...] = (
         ),
         verbs=_ALL,
         key="max_restarts",
+        env=(MAX_RESTARTS_ENV,),
         default=0,
         note="a failed job is not restarted",
         shown=True,
@@ -745,6 +757,8 @@ class LaunchSettings:
     workdir: Setting[str] = field(default_factory=_DEFAULTS["workdir"])
     # What the user sets in every rank.
     env: Setting[dict[str, str]] = field(default_factory=_DEFAULTS["env"])
+    # What only some hosts' ranks get, by host name (their cpuaccel_env).
+    host_env: Setting[dict[str, dict[str, str]]] = field(default_factory=_DEFAULTS["host_env"])
     exclude: Setting[list[str]] = field(default_factory=_DEFAULTS["exclude"])  # sync's
     min_nodes: Setting[int | None] = field(default_factory=_DEFAULTS["min_nodes"])
     max_restarts: Setting[int] = field(default_factory=_DEFAULTS["max_restarts"])

@@ -13,10 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cpuaccel.config.settings import BENCH, RUN, SHOW, SUBMIT, TABLE, TUNE, Entry
+from cpuaccel.rank_settings import TORCHRUN_ENV
 
 COMMAND = "python -m cpuaccel.config.settings_doc --write docs/run.md"
 BEGIN = f"<!-- the settings table: written by `{COMMAND}` from cpuaccel/config/settings.py -->"
 END = "<!-- end of the settings table -->"
+TORCHRUN_BEGIN = (
+    f"<!-- torchrun's variables: written by `{COMMAND}` from cpuaccel/rank_settings.py -->"
+)
+TORCHRUN_END = "<!-- end of torchrun's variables -->"
 _VERBS = (
     (RUN, "run"),
     (SUBMIT, "submit"),
@@ -88,12 +93,24 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def torchrun_markdown() -> str:
+    """torchrun's variables, what torchrun sets each to and what cpuaccel does."""
+    lines = ["| variable | torchrun | cpuaccel run |", "|---|---|---|"]
+    lines += [f"| `{name}` | {ours[0]} | {ours[1]} |" for name, ours in TORCHRUN_ENV.items()]
+    return "\n".join(lines) + "\n"
+
+
 def replaced(text: str) -> str:
-    """``text`` (docs/run.md) with the table between its markers written anew."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise ValueError(f"no {BEGIN!r} ... {END!r} markers")
-    return text[: start + len(BEGIN)] + "\n" + markdown() + text[end:]
+    """``text`` (docs/run.md) with the tables between their markers written anew."""
+    for begin, end_mark, body in (
+        (BEGIN, END, markdown()),
+        (TORCHRUN_BEGIN, TORCHRUN_END, torchrun_markdown()),
+    ):
+        start, end = text.find(begin), text.find(end_mark)
+        if start < 0 or end < start:
+            raise ValueError(f"no {begin!r} ... {end_mark!r} markers")
+        text = text[: start + len(begin)] + "\n" + body + text[end:]
+    return text
 
 
 def main(argv: Sequence[str]) -> int:

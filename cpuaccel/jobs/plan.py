@@ -10,6 +10,7 @@ as placeholders.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import sys
@@ -33,6 +34,8 @@ from cpuaccel.network.choice import JobNetwork
 from cpuaccel.rank_settings import (
     DETERMINISTIC_ENV,
     GRAD_REDUCE_ENV,
+    HOST_ENV,
+    MAX_RESTARTS_ENV,
     NODE_IFACES_ENV,
     WEIGHTS_ENV,
     switch,
@@ -242,6 +245,7 @@ def build_plan(
     if network is not None and not network.complete:
         network = None  # the preflight named what is wrong; a plan alone keeps names
     computed = _computed_env(settings, head, run_id, run_dir, threads, network)
+    computed.update(_host_env(settings, chosen, network, facts is not None))
     if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
         from cpuaccel.node import progress  # only then: off check's start-up
 
@@ -301,11 +305,34 @@ def _computed_env(
         "MASTER_ADDR": head.name if network is None or network.use_names else network.head_address,
         **ifaces,
         "MASTER_PORT": str(settings.master_port.value),
+        MAX_RESTARTS_ENV: str(settings.max_restarts.value),  # torchrun's; the worker sets the rest
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
         # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
         # without a GPU silently trains as separate one-process jobs.
         "ACCELERATE_USE_CPU": "true",
     }
+
+
+def _host_env(
+    settings: LaunchSettings, hosts: Sequence[Host], network: JobNetwork | None, asked: bool
+) -> dict[str, str]:
+    """CPUACCEL_HOST_ENV: each host's own cpuaccel_env entries (config/effective.py
+    settled them), keyed by the node's address on the job's network, by which the worker
+    finds its own (cpuaccel.worker.host_env), as CPUACCEL_NODE_IFACES is. One file for
+    every node: the run folder may be one folder on shared storage. Without a network
+    (a dry run, or a network the preflight refuses) the keys are the hosts' names."""
+    own = settings.host_env.value
+    if not own:
+        return {}
+    if network is None and asked and all(h.is_local for h in hosts):
+        raise UsageError(
+            f"cpuaccel_env differs between {', '.join(own)}, which are all this machine: "
+            "their ranks cannot be told apart",
+            hint="give cpuaccel_env one value for all of them (in all: vars)",
+        )
+    nodes = network.nodes if network is not None else {}
+    keyed = {nodes[name].address if name in nodes else name: env for name, env in own.items()}
+    return {HOST_ENV: json.dumps(keyed, sort_keys=True, separators=(",", ":"))}
 
 
 def _workdir(settings: LaunchSettings, head_facts: Facts | None) -> str:

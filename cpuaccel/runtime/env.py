@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpuaccel.errors import SettingError
+from cpuaccel.rank_settings import RESTART_ENV  # the attempt's number: 0 first
 from cpuaccel.worker import derive_env
 
-RESTART_ENV = "CPUACCEL_RESTART"  # the attempt's number: 0 first, k after k restarts
 RESUME_ENV = "CPUACCEL_RESUME"  # the checkpoint the attempt resumes from (absolute path)
 
 # Set by the MPI process managers that start each rank (Intel MPI/MPICH, Open MPI, PMIx).

@@ -67,9 +67,9 @@ def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_every_setting_of_the_table_is_a_keyword() -> None:
     names = {entry.name for entry in setting_keywords(RUN)}
     assert names == set(VALUES)
-    # Only what is no setting of a run is left out: the derived hosts, submit's Slurm
-    # block, and the host keywords of their own (inventory=, limit=).
-    assert {e.name for e in TABLE} - names == {"hosts", "slurm", "inventory", "limit"}
+    # Only what is no setting of a run is left out: the derived hosts and each host's own
+    # env, submit's Slurm block, and the host keywords of their own (inventory=, limit=).
+    assert {e.name for e in TABLE} - names == {"hosts", "host_env", "slurm", "inventory", "limit"}
 
 
 @pytest.mark.parametrize("name", sorted(VALUES))
