@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import runpy
 import signal
@@ -23,7 +24,7 @@ from collections.abc import Mapping, MutableMapping
 
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
-from cpuaccel.node.progress import EXIT_MARKER, KILLED_MARKER
+from cpuaccel.node.progress import CAUSE_LIMIT, CAUSE_MARKER, EXIT_MARKER, KILLED_MARKER
 from cpuaccel.rank_settings import HOST_ENV, MAX_RESTARTS_ENV, NODE_IFACES_ENV, RESTART_ENV
 
 # (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) as each launcher family names them.
@@ -139,8 +140,6 @@ def host_env(env: Mapping[str, str]) -> dict[str, str]:
     text = env.get(HOST_ENV, "")
     if not text:
         return {}
-    import json  # only when some host has variables of its own
-
     try:
         by_address = json.loads(text)
     except ValueError:
@@ -385,6 +384,8 @@ def main() -> None:
     # The controller reads this to report the first failing rank and its code.
     sys.stdout.flush()
     sys.stderr.flush()
+    if code != 0:
+        _report_cause(os.environ.get("TORCHELASTIC_ERROR_FILE"))
     _report_exit(code)
     # What the script registered to run at exit runs while its output is still
     # labelled; then the interpreter ends as after a plain `python SCRIPT`, which
@@ -394,6 +395,24 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code & 0xFF if code >= 0 else 1)
+
+
+def _report_cause(path: str | None) -> None:
+    """The root cause line of a failed rank: the message torch's @record wrote to its
+    error file (``{"message": {"message": "ValueError: ..."}}``), when it wrote one."""
+    if not path:
+        return
+    try:
+        with open(path, "rb") as file:
+            data = json.loads(file.read(1 << 20))
+    except (OSError, ValueError):
+        return
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    if isinstance(message, str) and message.strip():
+        line = " ".join(message.split())[:CAUSE_LIMIT]
+        os.write(2, f"{CAUSE_MARKER} {line}\n".encode(errors="replace"))
 
 
 def _clear_error_file(path: str | None) -> None:

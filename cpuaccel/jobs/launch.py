@@ -441,6 +441,8 @@ def _summary(plan: RunPlan, outcome: Outcome, run_dir: RunDir, history: list[Att
     if outcome.first_failure is not None:
         f = outcome.first_failure
         detail = f"; first failing rank {f.rank} on {escape(f.host)} (exit code {f.code})"
+        if f.cause:  # what torch's @record wrote, as torchrun's ChildFailedError shows it
+            detail += f"; root cause: {escape(f.cause)}"
     err.print(
         f"[{colour}]{outcome.reason}[/]: {plan.world} rank(s) on {len(plan.hosts)} node(s), "
         f"{outcome.seconds:.1f} s, exit code {outcome.exit_code}{detail}"

@@ -36,6 +36,10 @@ MARKER = "[cpuaccel] progress"
 # the signal that killed its script.
 EXIT_MARKER = "[cpuaccel] exit code"
 KILLED_MARKER = "[cpuaccel] killed by"
+# Before a failed rank's exit marker: the error torch's @record wrote to the rank's
+# TORCHELASTIC_ERROR_FILE, on one line (the root cause, as torchrun's ChildFailedError).
+CAUSE_MARKER = "[cpuaccel] root cause:"
+CAUSE_LIMIT = 500  # characters of the cause kept: one line of a summary
 ENV = "CPUACCEL_PROGRESS"  # the marker interval (s) in every rank; unset: no markers
 STACK_LIMIT = 1 << 16  # bytes of one rank's dump kept: a dump is a few KiB
 DUMP_TIMEOUT = 10.0  # seconds py-spy may take, all of a node's ranks at once

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.progress import (
+    CAUSE_LIMIT,
+    CAUSE_MARKER,
     EXIT_MARKER,
     KILLED_MARKER,
     ProgressTracker,
@@ -163,6 +165,7 @@ class Failure:
     rank: int
     host: str
     code: int
+    cause: str | None = None  # what torch's @record wrote (the rank's CAUSE_MARKER line)
 
 
 def cause(failures: Sequence[Failure]) -> Failure | None:
@@ -233,6 +236,7 @@ class Output:
         self.rendezvous = rendezvous  # --rendezvous-timeout: every rank's rendezvous
         self.failures: list[Failure] = []
         self.codes: dict[int, int] = {}  # rank -> the code it reported
+        self.causes: dict[int, str] = {}  # rank -> the root cause it reported
         # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
         # lets the remaining ranks run on when a rank on another node exits).
         self.failed = threading.Event()
@@ -270,6 +274,10 @@ class Output:
                 return  # cpuaccel's progress marker: not the user's to see
             if self.rendezvous is not None and self.rendezvous.line(rank, host, text, now):
                 return  # cpuaccel's rendezvous marker: the same
+            if text.startswith(CAUSE_MARKER):  # the summary says it: the log keeps it
+                self.causes[rank] = text[len(CAUSE_MARKER) :].strip()[:CAUSE_LIMIT]
+                self._log(f"rank-{rank}.log").write(text + "\n")
+                return
             code = _reported_code(text)
             if code is not None:
                 self.codes[rank] = code
@@ -279,7 +287,7 @@ class Output:
             if self.quiet and text.startswith((EXIT_MARKER, KILLED_MARKER)):
                 return  # a rank that the supervisor is ending: the ending, not a failure
             if code is not None:
-                self.failures.append(Failure(rank, host, code))
+                self.failures.append(Failure(rank, host, code, self.causes.get(rank)))
                 self.failed.set()
                 return
             if self.show is not None:
@@ -580,6 +588,7 @@ class Attempt:
     host: str | None
     hosts: list[str]
     resume: str | None
+    cause: str | None = None  # the failing rank's root cause (torch's @record), if any
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -620,6 +629,7 @@ def attempt_of(
         host=host,
         hosts=list(hosts),
         resume=resume,
+        cause=first.cause if first else None,
     )
 
 

@@ -143,7 +143,7 @@ def test_a_failing_rank_ends_the_job_everywhere(
     assert f"first failing rank {rank} on {host} (exit code {code})" in run.stderr
     record = run.record()
     assert record["exit_code"] == code and record["reason"] == "failed"
-    assert record["first_failure"] == {"rank": rank, "host": host, "code": code}
+    assert record["first_failure"] == {"rank": rank, "host": host, "code": code, "cause": None}
     logs = sorted(p.name for p in run.run_dir.glob("rank-*.log"))
     assert logs == [f"rank-{r}.log" for r in range(6)]
     failing_log = (run.run_dir / f"rank-{rank}.log").read_text().splitlines()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import cpuaccel_run, make_project
+from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, master_port
 
 pytestmark = pytest.mark.cluster
@@ -135,3 +136,33 @@ def test_a_launcher_wide_variable_differing_on_one_host_is_refused(
     assert "node2: cpuaccel_env I_MPI_DEBUG differs between hosts" in run.stderr, run
     assert "the launcher reads it once for the whole job" in run.stderr, run
     assert "per-host.yaml:" in run.stderr, run
+
+
+RECORDED = """\
+import os
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one has no data")
+
+main()
+"""
+
+
+def test_a_recorded_failure_is_the_run_s_root_cause(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    proj = make_project(tmp_path, {"recorded.py": RECORDED})
+    args = ("-i", inventory, "--nodes", "2", "--ppn", "1", "--master-port", master_port(),
+            *TREE, "recorded.py")  # fmt: skip
+    # Not cpuaccel_run: the failing rank's traceback is the script's own, and expected.
+    run = Run(cpuaccel("run", *args, cwd=proj, env=ENV, timeout=240), 0.0)
+    assert run.code == 1, run
+    assert (
+        "first failing rank 1 on node2 (exit code 1); root cause: ValueError: rank one has no data"
+        in run.stderr
+    ), run
+    failure = run.record()["first_failure"]
+    assert failure["cause"] == "ValueError: rank one has no data", failure

@@ -1,15 +1,20 @@
 """The rank's environment the worker sets: torchrun's whole list from each launcher
-family's variables, and its node's own variables (CPUACCEL_HOST_ENV)."""
+family's variables, and its node's own variables (CPUACCEL_HOST_ENV); and the root cause
+a failed rank reports from its TORCHELASTIC_ERROR_FILE."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from cpuaccel import worker
 from cpuaccel.errors import SettingError
+from cpuaccel.node.progress import CAUSE_MARKER, EXIT_MARKER
 from cpuaccel.rank_settings import HOST_ENV, TORCHRUN_ENV
 
 # Rank 3 of a 2 x 2 job (node 1, local rank 1), as each launcher family says it.
@@ -114,3 +119,53 @@ def test_the_rank_takes_its_own_node_s_variables_before_the_derived_ones() -> No
 def test_a_garbled_host_env_is_one_line(text: str) -> None:
     with pytest.raises(SettingError, match=r"CPUACCEL_HOST_ENV is not a JSON object"):
         worker.host_env({HOST_ENV: text})
+
+
+RECORDED = """\
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("the batch is empty\\non two lines")
+
+main()
+"""
+
+
+def run_worker(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "SLURM_"))}
+    base = {k: v for k, v in base.items() if not k.startswith("TORCHELASTIC_")}
+    return subprocess.run(
+        [sys.executable, "-m", "cpuaccel.worker", str(script)],
+        capture_output=True,
+        text=True,
+        env={**base, "PMI_RANK": "1", "PMI_SIZE": "2", **env},
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
+def test_a_recorded_failure_is_the_rank_s_root_cause(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    stale = run_dir / "error-1.json"
+    stale.write_text('{"message": {"message": "OldError: from the last attempt"}}')
+    proc = run_worker(tmp_path, RECORDED, CPUACCEL_RUN_DIR=str(run_dir))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    # One line, before the exit marker; the stale file was removed before the script ran.
+    assert lines[-2:] == [
+        f"{CAUSE_MARKER} ValueError: the batch is empty on two lines",
+        f"{EXIT_MARKER} 1",
+    ]
+    assert "OldError" not in proc.stderr
+    assert json.loads(stale.read_text())["message"]["message"].startswith("ValueError")
+
+
+def test_a_failure_without_an_error_file_has_no_root_cause_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = run_worker(tmp_path, "raise SystemExit(3)\n", CPUACCEL_RUN_DIR=str(run_dir))
+    assert proc.returncode == 3 and CAUSE_MARKER not in proc.stderr

@@ -34,6 +34,7 @@ from cpuaccel.jobs.foreground import terminal
 from cpuaccel.jobs.plan import RunPlan, Script, build_plan
 from cpuaccel.jobs.rundir import PRIVATE, RunDir, render_job_files
 from cpuaccel.node import supervisor
+from cpuaccel.node.progress import CAUSE_LIMIT, CAUSE_MARKER
 from cpuaccel.node.supervisor import (
     EXIT_INTERRUPTED,
     EXIT_LOST,
@@ -843,6 +844,20 @@ def test_router_reads_the_exit_marker(tmp_path: Path) -> None:
     assert [(f.rank, f.host, f.code) for f in r.failures] == [(3, "node2", 3), (5, "node3", 7)]
     assert term.err.getvalue() == ""  # the summary reports it, not the stream
     assert (run_dir.path / "rank-3.log").read_text() == f"{EXIT_MARKER} 3\n"
+
+
+def test_router_keeps_a_rank_s_root_cause_with_its_failure(tmp_path: Path) -> None:
+    r, term, run_dir = router(tmp_path)
+    r.feed("err", f"[rank 3 node2] {CAUSE_MARKER} ValueError: {'x' * 900}")
+    r.feed("err", f"[rank 3 node2] {EXIT_MARKER} 1")
+    r.feed("err", f"[rank 1 node1] {EXIT_MARKER} 143")
+    r.close()
+    assert [(f.rank, f.code, f.cause) for f in r.failures] == [
+        (3, 1, f"ValueError: {'x' * (CAUSE_LIMIT - 12)}"),
+        (1, 143, None),
+    ]
+    assert term.err.getvalue() == ""  # the summary says it
+    assert (run_dir.path / "rank-3.log").read_text().startswith(f"{CAUSE_MARKER} ValueError")
 
 
 def test_router_takes_srun_task_exit_when_the_rank_marker_was_lost(tmp_path: Path) -> None:

@@ -93,8 +93,15 @@ def test_attempt_records_name_the_first_failing_rank_or_the_lost_node() -> None:
     record = attempts.attempt_of(0, 0.0, lost, ["n1", "n2"], None)
     assert (record.rank, record.host, record.why()) == (None, "n2", "lost, node n2")
     assert set(record.to_json()) == {
-        "attempt", "started", "ended", "reason", "exit_code", "rank", "host", "hosts", "resume"
+        "attempt", "started", "ended", "reason", "exit_code", "rank", "host", "hosts", "resume",
+        "cause",
     }  # fmt: skip
+    # The failing rank's root cause (torch's @record) goes with it.
+    recorded = outcome("failed", 1, rank=1)
+    assert recorded.first_failure is not None
+    recorded.first_failure.cause = "ValueError: no data"
+    assert attempts.attempt_of(0, 0.0, recorded, ["n1"], None).cause == "ValueError: no data"
+    assert failed.cause is None and record.cause is None
 
 
 # ---------------------------------------------------------------- the loop, with a fake job

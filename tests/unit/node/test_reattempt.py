@@ -120,6 +120,7 @@ def test_the_attempt_record_keeps_each_attempts_logs(tmp_path: Path) -> None:
     line = json.loads((tmp_path / supervisor.ATTEMPTS).read_text())
     assert line == attempt.to_json() and list(line) == [
         "attempt", "started", "ended", "reason", "exit_code", "rank", "host", "hosts", "resume",
+        "cause",
     ]  # fmt: skip
 
 
