@@ -1,8 +1,9 @@
 """torchrun's whole environment on real nodes, and each host's own cpuaccel_env.
 
 A script written the strict torchrun way reads each variable with ``os.environ[...]``
-(a KeyError if one is missing) at 2 nodes x 2 ranks, under --max-restarts: attempt 0
-fails once every rank has said what it sees, attempt 1 succeeds. A host's own
+(a KeyError if one is missing) at 2 nodes x 2 ranks, under --max-restarts, in the
+foreground and detached: attempt 0 fails once every rank has said what it sees, attempt
+1 succeeds. A rank's error that torch's @record wrote is the run's root cause. A host's own
 cpuaccel_env value is seen by that host's ranks, and only by them.
 """
 
@@ -17,6 +18,7 @@ from cpuaccel.testing.cluster import Cluster
 from cpuaccel.testing.command import cpuaccel
 from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, master_port
+from tests.cluster.test_detach_restart import ended
 
 pytestmark = pytest.mark.cluster
 
@@ -54,8 +56,9 @@ def seen(folder: Path, attempt: int) -> dict[int, dict[str, str]]:
     }
 
 
+@pytest.mark.parametrize("detach", [False, True], ids=["foreground", "detached"])
 def test_a_strict_torchrun_script_sees_every_variable_on_every_rank(
-    cluster: Cluster, inventory: str, tmp_path: Path
+    cluster: Cluster, inventory: str, tmp_path: Path, detach: bool
 ) -> None:
     out = tmp_path / "seen"
     out.mkdir()
@@ -64,10 +67,17 @@ def test_a_strict_torchrun_script_sees_every_variable_on_every_rank(
     port = master_port()
     run = cpuaccel_run(
         proj, "-i", inventory, *TWO_BY_TWO, "--master-port", port, "--max-restarts", "1",
-        "--restart-delay", "0.2", *TREE, "strict.py", str(out),
+        "--restart-delay", "0.2", *(("--detach",) if detach else ()), *TREE,
+        "strict.py", str(out),
     )  # fmt: skip
-    assert run.code == 0, run
-    run_id = run.run_dir.name
+    if detach:  # the head's supervisor runs the attempts: CPUACCEL_RESTART in env.sh
+        assert run.code == 0, run
+        run_id = run.stdout.strip()
+        status = ended(cluster, run_id, timeout=120)
+        assert (status["state"], len(status["attempts"])) == ("succeeded", 2), status
+    else:
+        assert run.code == 0, run
+        run_id = run.run_dir.name
     for attempt in (0, 1):
         ranks = seen(out, attempt)
         assert sorted(ranks) == [0, 1, 2, 3], (attempt, ranks, run)
