@@ -79,10 +79,16 @@ def trial_settings(settings: LaunchSettings, trial: Trial, where: str) -> Launch
     """The run's settings with the trial's ranks, threads and allocator, as flags would
     set them; no restart (a failed trial is a row, not a retry)."""
     env = {**settings.env.value, "OMP_NUM_THREADS": str(trial.threads)}
+    # The trial's threads are every host's, over a host's own cpuaccel_env too.
+    own = {
+        host: {k: v for k, v in values.items() if k not in env}
+        for host, values in settings.host_env.value.items()
+    }
     return dataclasses.replace(
         settings,
         ppn=Setting("ppn", trial.ppn, "flag", where),
         env=Setting("env", env, "flag", where),
+        host_env=dataclasses.replace(settings.host_env, value={h: v for h, v in own.items() if v}),
         allocator=Setting("allocator", trial.allocator, "flag", where),
         max_restarts=Setting("max_restarts", 0, DEFAULT),
         min_nodes=Setting("min_nodes", None, DEFAULT),  # every trial on the same nodes

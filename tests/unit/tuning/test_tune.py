@@ -109,6 +109,20 @@ def test_a_trial_sets_ppn_threads_and_allocator_and_never_restarts() -> None:
     assert settings.max_restarts.value == 0 and settings.min_nodes.value is None
 
 
+def test_a_trial_s_threads_win_over_a_host_s_own_env() -> None:
+    from cpuaccel.config.effective import resolve
+    from cpuaccel.inventory.inventory import Inventory
+
+    python = {"cpuaccel_python": "/opt/venv/bin/python"}
+    own = {"cpuaccel_env": {"OMP_NUM_THREADS": "1", "TAG": "two"}}
+    hosts = [Host("n1", vars=dict(python)), Host("n2", vars={**python, **own})]
+    base = resolve({}, None, Inventory(None, {h.name: h for h in hosts}, {}), hosts)
+    assert base.host_env.value == {"n2": {"OMP_NUM_THREADS": "1", "TAG": "two"}}
+    settings = nodes.trial_settings(base, Trial(2, 3, "none"), "cpuaccel tune")
+    assert settings.env.value["OMP_NUM_THREADS"] == "3"
+    assert settings.host_env.value == {"n2": {"TAG": "two"}}
+
+
 def test_grid_overrides() -> None:
     spec = grid.parse_grid(("ppn=1,2 threads=1,2",))
     trials = grid.build_grid(spec, 112, 2, "auto")
