@@ -97,6 +97,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"attempt {r['attempt']} from step {r['step']}" for r in summary["restarts"]
         )
         line("restarts", marks)
+    failure = summary.get("root_cause")
+    if failure:
+        where = f"rank {failure['rank']}" + (f" on {failure['host']}" if failure["host"] else "")
+        code = f" (exit code {failure['exit_code']})" if failure["exit_code"] is not None else ""
+        line("root cause", f"{failure['cause']}: {where}{code}")
     line("plot", summary["png"])
 
 

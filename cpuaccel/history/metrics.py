@@ -78,6 +78,8 @@ class RunInfo:
         self.state: str | None = None
         self.warnings: list[str] = []
         self.restarts: list[tuple[int, float]] = []  # (attempt, the step it resumed from)
+        # The first failing rank and its root cause (torch's @record), when it failed.
+        self.failure: dict[str, Any] | None = None
 
 
 def _number(record: dict[str, Any], key: str, where: str) -> float | None:
@@ -210,7 +212,31 @@ def read_run_info(run_dir: Path) -> RunInfo:
         info.wall_seconds = float(record["seconds"])
     elif info.state == "running" and isinstance(started, (int, float)):
         info.wall_seconds = max(0.0, time.time() - float(started))  # so far
+    attempts = status.get("attempts")
+    last = attempts[-1] if isinstance(attempts, list) and attempts else None
+    info.failure = _failure(record.get("first_failure")) or _failure(last)
     return info
+
+
+CAUSE_SHOWN = 500  # characters of a root cause shown: one line
+
+
+def _failure(found: Any) -> dict[str, Any] | None:
+    """The failing rank of run.json's first_failure (or a detached run's last attempt
+    in status.json), checked: a node wrote it. None when there is none with a cause."""
+    if not isinstance(found, dict):
+        return None
+    rank, host, cause = found.get("rank"), found.get("host"), found.get("cause")
+    code = found.get("code", found.get("exit_code"))
+    if not (isinstance(rank, int) and isinstance(cause, str) and cause.strip()):
+        return None
+    printable = " ".join("".join(c if c.isprintable() else " " for c in cause).split())
+    return {
+        "rank": rank,
+        "host": host if isinstance(host, str) and host.isprintable() else None,
+        "exit_code": code if isinstance(code, int) else None,
+        "cause": printable[:CAUSE_SHOWN],
+    }
 
 
 def read_restarts(run_dir: Path, metrics: Metrics, info: RunInfo) -> None:
@@ -318,6 +344,8 @@ def summarize(metrics: Metrics, info: RunInfo, png: Path) -> dict[str, Any]:
         "wall_seconds": info.wall_seconds,
         "state": info.state,
         "skipped_partial_last_line": metrics.skipped_partial_last_line,
+        # the first failing rank's root cause (torch's @record): only when there is one
+        **({"root_cause": info.failure} if info.failure else {}),
         # run --max-restarts: only when the run was restarted (attempts.jsonl)
         **(
             {"restarts": [{"attempt": a, "step": _int_if_whole(s)} for a, s in info.restarts]}

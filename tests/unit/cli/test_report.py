@@ -293,3 +293,26 @@ def test_records_nested_too_deep_are_left_out_with_a_warning(tmp_path: Path) -> 
         assert f"{run_dir / name}: left out, values nested more than 200 levels deep" in (
             proc.stderr
         ), proc.stderr
+
+
+@pytest.mark.parametrize("detached", [False, True], ids=["run.json", "status.json"])
+def test_report_names_a_failed_rank_s_root_cause(tmp_path: Path, detached: bool) -> None:
+    run_dir = write_run(tmp_path, [json.dumps(r) for r in training_records(5)])
+    # A node wrote it: a control character in it is shown as a space.
+    failure = {"rank": 1, "host": "node2", "cause": "ValueError: no\x1b[31m data"}
+    if detached:
+        attempt = {"attempt": 0, "reason": "failed", "exit_code": 1, **failure}
+        (run_dir / "status.json").write_text(json.dumps({"attempts": [attempt]}))
+    else:
+        (run_dir / "run.json").write_text(json.dumps({"first_failure": {**failure, "code": 1}}))
+    proc = cpuaccel("report", str(run_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "root cause ValueError: no [31m data: rank 1 on node2 (exit code 1)" in proc.stdout
+    shown = json.loads(cpuaccel("report", str(run_dir), "--json").stdout)
+    assert shown["root_cause"] == {
+        "rank": 1, "host": "node2", "exit_code": 1, "cause": "ValueError: no [31m data"
+    }  # fmt: skip
+    # A failure without a cause (no @record) adds nothing.
+    (run_dir / "run.json").write_text(json.dumps({"first_failure": {"rank": 1, "code": 1}}))
+    (run_dir / "status.json").unlink(missing_ok=True)
+    assert "root_cause" not in json.loads(cpuaccel("report", str(run_dir), "--json").stdout)
