@@ -51,6 +51,8 @@ time.sleep(60)
 KILLED_ONCE = """\
 import os, time
 attempt = os.environ["CPUACCEL_RESTART"]
+if attempt == "0":
+    print("pid", os.getpid(), flush=True)
 print("started", attempt, os.environ.get("CPUACCEL_RESUME"), flush=True)
 if attempt == "0":
     time.sleep(60)
@@ -97,18 +99,13 @@ def test_an_identical_failure_is_not_restarted_again(
     assert_nothing_left(cluster, record["run_id"])
 
 
-def _the_rank(cluster: Cluster, node: str, run_id: str) -> int:
-    """The rank's own process on ``node``: the worker's child (the worker reports how it
-    ended), itself the parent of the helper that labels its output (_labels.py)."""
-    workers = {}
-    for line in job_processes(cluster, node, run_id):
-        pid, cmd = line.split(" ", 1)
-        if "cpuaccel.worker" in cmd:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            workers[int(pid)] = int(stat.rsplit(")", 1)[1].split()[1])  # its parent
-    middle = [pid for pid, up in workers.items() if up in workers and pid in workers.values()]
-    assert len(middle) == 1, workers
-    return middle[0]
+def _the_rank(lines: list[str], rank: int) -> int:
+    """The pid of the rank's script, as it printed it ("pid N")."""
+    said = [
+        line.split()[-1] for line in lines if line.startswith(f"[rank {rank} ") and " pid " in line
+    ]
+    assert len(said) == 1, lines
+    return int(said[0])
 
 
 def test_a_rank_killed_mid_run_is_restarted(
@@ -125,7 +122,7 @@ def test_a_rank_killed_mid_run_is_restarted(
             assert job.proc.poll() is None and time.monotonic() < deadline, job.report()
             time.sleep(0.05)
         run_id = next((proj / "runs").iterdir()).name
-        os.kill(_the_rank(cluster, "node2", run_id), signal.SIGKILL)
+        os.kill(_the_rank(job.err, 1), signal.SIGKILL)
         run = job.finish(timeout=90)
     finally:
         job.stop()
