@@ -68,6 +68,12 @@ def install(label: str) -> None:
     pid = os.fork()
     if pid == 0:  # the labeller
         try:
+            # The signals that end a job (MPI's SIGTERM to the rank's process group,
+            # Ctrl-C, a lost terminal) are for the rank: the labeller ends at EOF, once
+            # the rank has said how it ended (finish() bounds that wait), so that the
+            # rank's last lines, its exit marker among them, are never lost.
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
             os.close(out_w)
             os.close(err_w)
             os.close(ctl_w)

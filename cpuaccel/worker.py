@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import runpy
 import signal
@@ -24,6 +23,7 @@ from collections.abc import Mapping, MutableMapping
 
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
+from cpuaccel.node.boundedjson import loads as bounded_loads
 from cpuaccel.node.progress import CAUSE_LIMIT, CAUSE_MARKER, EXIT_MARKER, KILLED_MARKER
 from cpuaccel.rank_settings import HOST_ENV, MAX_RESTARTS_ENV, NODE_IFACES_ENV, RESTART_ENV
 
@@ -132,6 +132,9 @@ def apply_env(env: MutableMapping[str, str]) -> dict[str, str]:
     return derived
 
 
+MAX_HOST_ENV = 1 << 20  # characters of CPUACCEL_HOST_ENV: env.sh's own, never larger
+
+
 def host_env(env: Mapping[str, str]) -> dict[str, str]:
     """This node's own variables: its entry of CPUACCEL_HOST_ENV, a JSON object
     ``{ADDRESS: {NAME: value}}`` (cpuaccel.jobs.plan wrote it from each host's
@@ -141,7 +144,7 @@ def host_env(env: Mapping[str, str]) -> dict[str, str]:
     if not text:
         return {}
     try:
-        by_address = json.loads(text)
+        by_address = bounded_loads(text, MAX_HOST_ENV)
     except ValueError:
         by_address = None
     if not isinstance(by_address, dict) or not all(
@@ -404,7 +407,7 @@ def _report_cause(path: str | None) -> None:
         return
     try:
         with open(path, "rb") as file:
-            data = json.loads(file.read(1 << 20))
+            data = bounded_loads(file.read(1 << 20))
     except (OSError, ValueError):
         return
     message = data.get("message") if isinstance(data, dict) else None

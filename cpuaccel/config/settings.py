@@ -355,7 +355,7 @@ TABLE: tuple[Entry, ...] = (
         label="network",
         flag=Flag(
             ("--network",),
-            help="The ranks' network: a CIDR (10.1.0.0/16) or an interface (eth1).",
+            help="The ranks' network: a CIDR or an interface.",
             metavar="CIDR|IFACE",
             takes_text=True,
         ),
