@@ -19,7 +19,7 @@ import runpy
 import signal
 import socket
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
@@ -155,13 +155,8 @@ def host_env(env: Mapping[str, str]) -> dict[str, str]:
             f"${HOST_ENV} is not a JSON object of {{address: {{NAME: value}}}} "
             "(cpuaccel run writes it: unset it)"
         )
-    from cpuaccel.node.netif import addresses
-
-    mine = {address for _, address, _ in addresses()}
-    for address, variables in by_address.items():
-        if address in mine:
-            return dict(variables)
-    return {}
+    mine = _this_node(by_address)
+    return dict(by_address[mine]) if mine is not None else {}
 
 
 def _settable(name: object, value: object) -> bool:
@@ -189,14 +184,25 @@ def network_env(env: Mapping[str, str]) -> dict[str, str]:
     words = env.get(NODE_IFACES_ENV, "").split()
     if not words:
         return {}
-    from cpuaccel.node.netif import addresses  # only for a multi-node job
+    by_address = dict(word.partition("=")[::2] for word in words)
+    mine = _this_node(a for a, interface in by_address.items() if interface)
+    if mine is None:
+        return {}
+    return {name: by_address[mine] for name in IFACE_VARIABLES if not env.get(name)}
 
-    mine = {address for _, address, _ in addresses()}
-    for word in words:
-        address, _, interface = word.partition("=")
-        if address in mine and interface:
-            return {name: interface for name in IFACE_VARIABLES if not env.get(name)}
-    return {}
+
+_held: frozenset[str] | None = None  # this node's addresses, asked of the kernel once
+
+
+def _this_node(candidates: Iterable[str]) -> str | None:
+    """Which of ``candidates`` (the addresses the controller chose, one a node) this
+    node holds: how a rank finds its own node's entry of a map written for every node."""
+    global _held
+    if _held is None:
+        from cpuaccel.node.netif import addresses  # only for a multi-node job
+
+        _held = frozenset(address for _, address, _ in addresses())
+    return next((a for a in candidates if a in _held), None)
 
 
 def run_script(script: str, args: list[str], module: bool = False) -> int:

@@ -198,10 +198,9 @@ def _network(
         return shown, network.problems, []
     from cpuaccel.network import doctor  # only for several nodes: off check's start-up
 
-    found = doctor.diagnose(
+    found = doctor.diagnose_job(
         hosts,
-        {name: c.address for name, c in network.nodes.items()},
-        head=hosts[0].name,
+        network,
         master_port=view.settings.master_port.value,
         pairs=doctor.ALL if every_pair else doctor.RING,
         connect=target.connect,

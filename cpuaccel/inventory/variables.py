@@ -247,8 +247,9 @@ def folder(value: Any) -> str | None:
     return path
 
 
-# An interface name as the kernel takes it (IFNAMSIZ: 15 bytes), no '/' or blank.
-INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+# An interface name as the kernel takes it (IFNAMSIZ: 15 bytes), no '/' or blank, and
+# not starting with '-': it reaches mpirun's words (MPICH's -iface NAME).
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_.:@][A-Za-z0-9_.:@-]{0,14}")
 NETWORK_WORDS = "a network in CIDR form (10.1.0.0/16) or an interface name (eth1)"
 
 

@@ -393,11 +393,9 @@ def _network_doctor(
         return []
     from cpuaccel.network import doctor  # only for several nodes: off run's start-up
 
-    addresses = {name: choice.address for name, choice in network.nodes.items()}
-    found = doctor.diagnose(
+    found = doctor.diagnose_job(
         draft.hosts,
-        addresses,
-        head=draft.head.name,
+        network,
         master_port=settings.master_port.value,
         connect=nodes.connect,
         forks=nodes.forks,

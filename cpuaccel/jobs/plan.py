@@ -196,7 +196,7 @@ def network_wanted(settings: LaunchSettings, hosts: Sequence[Host]) -> dict[str,
     """What each node's address will be, in words, before any node is asked (a dry
     run): the network named for it, or its route to the head. Empty where there is no
     network to choose (one node, this machine alone)."""
-    if len(hosts) < 2 or all(h.is_local for h in hosts):
+    if not choice.to_choose(hosts):
         return {}
     wanted = _wanted(settings)
     shown = {}

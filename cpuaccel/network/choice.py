@@ -284,14 +284,20 @@ class JobNetwork:
         }
 
 
+def to_choose(hosts: Sequence[Host]) -> bool:
+    """Whether ``hosts`` have a network between them to choose: not one node, nor every
+    host this machine."""
+    return len(hosts) > 1 and not all(h.is_local for h in hosts)
+
+
 def choose(
     hosts: Sequence[Host],
     facts: Mapping[str, Facts],
     wanted: Callable[[Host], Wanted | None],
 ) -> JobNetwork | None:
     """The job's network over ``hosts`` (head first), from their facts; None when there
-    is no network to choose (one node, or every host this machine)."""
-    if len(hosts) < 2 or all(h.is_local for h in hosts):
+    is no network to choose (:func:`to_choose`)."""
+    if not to_choose(hosts):
         return None
     found = JobNetwork("")
     nets: dict[str, NodeNetwork] = {}

@@ -31,6 +31,7 @@ from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, Status, fan_out, run_on_hosts
 from cpuaccel.facts.problems import ERROR, WARNING, Problem
 from cpuaccel.inventory.host import Host
+from cpuaccel.network.choice import JobNetwork
 from cpuaccel.node import netprobe
 from cpuaccel.node.netprobe import (
     FILTERED,
@@ -268,6 +269,30 @@ def diagnose(
     found.problems += problems_of(found.connections)
     found.seconds = time.monotonic() - started
     return found
+
+
+def diagnose_job(
+    hosts: Sequence[Host],
+    network: JobNetwork,
+    *,
+    master_port: int,
+    pairs: Sequence[tuple[str, str]] | str | None = RING,
+    connect: ConnectOptions,
+    forks: int,
+    pool: ConnectionPool | None = None,
+) -> Diagnosis:
+    """:func:`diagnose` over the addresses a job's network chose (cpuaccel.network.
+    choice), the head the first of ``hosts``: what ``check`` and run's preflight try."""
+    return diagnose(
+        hosts,
+        {name: node.address for name, node in network.nodes.items()},
+        head=hosts[0].name,
+        master_port=master_port,
+        pairs=pairs,
+        connect=connect,
+        forks=forks,
+        pool=pool,
+    )
 
 
 def _listen(

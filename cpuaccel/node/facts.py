@@ -23,7 +23,7 @@ import sys
 import time
 
 from cpuaccel.node.common import dist_infos, normalise, which
-from cpuaccel.node.netif import addresses, interfaces, routes, ssh_address
+from cpuaccel.node.netif import interfaces, routes, ssh_address
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's import costs more than the probe's own work
@@ -197,11 +197,6 @@ def disk(workdir: str) -> dict[str, Any]:
     return {"path": path, "free": st.f_bavail * st.f_frsize, "exists": os.path.isdir(workdir)}
 
 
-def own_addresses() -> list[str]:
-    """IPv4 addresses of this node's interfaces (to check how others resolve its name)."""
-    return [address for _, address, _ in addresses()]
-
-
 def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
     answers: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -261,6 +256,7 @@ def os_release() -> str:
 
 def collect(request: dict[str, Any]) -> dict[str, Any]:
     workdir = os.path.expanduser(request.get("workdir") or "~/cpuaccel")
+    net = network()
     return {
         "hostname": os.uname().nodename,
         # The same boot id means the same kernel: "nodes" that are containers or
@@ -282,8 +278,9 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "memory": memory(),
         "workdir": workdir,
         "disk": disk(workdir),
-        "addresses": own_addresses(),
-        "network": network(),
+        # This node's addresses (check shows them), from the one netlink answer.
+        "addresses": [a for i in net["interfaces"] for a, _ in i["addresses"]],
+        "network": net,
         "resolve": resolve(request.get("resolve") or []),
         "port_free": port_free(request["port"]) if request.get("port") else None,
         "time": time.time(),

@@ -283,6 +283,7 @@ def test_one_node_or_this_machine_alone_has_no_network_to_choose() -> None:
         "not a dict",
         {"interfaces": "eth0", "routes": []},
         {"interfaces": [{"name": "eth0; rm -rf /", "addresses": []}], "routes": []},
+        {"interfaces": [{"name": "-iface", "addresses": []}], "routes": []},
         {"interfaces": [{"name": "eth0", "addresses": [["300.1.1.1", 24]]}], "routes": []},
         {"interfaces": [{"name": "eth0", "addresses": [["10.0.0.1", "24"]]}], "routes": []},
         {"interfaces": [{"name": "eth0", "addresses": [], "mtu": "big"}], "routes": []},
