@@ -1,7 +1,7 @@
 """Jinja2, sandboxed, for every template cpuaccel renders.
 
 Playbook arguments and conditions (playbook/templar.py), sync's ``--dest``
-(sync/location.py), and the job files of ``run`` and ``submit`` (templates/*.j2, or the
+(projectsync/location.py), and the job files of ``run`` and ``submit`` (templates/*.j2, or the
 user's copies) all render here. Templates are data a user may have been handed, so
 every environment is Jinja2's immutable sandbox: an expression cannot reach Python's
 internals (``cycler.__init__.__globals__``) nor change a variable. Undefined names are

@@ -1,4 +1,4 @@
-"""``cpuaccel stop RUN``: end a running job on every node (runs/teardown.py), and print."""
+"""``cpuaccel stop RUN``: end a running job on every node (history/teardown.py), and print."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ DEFAULT_CCL_WORKERS = 1
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0  # seconds: torch's own default waits 30 minutes
 DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
 MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught
-# cpuaccel_allocator: "auto" preloads whichever of them the node has (launch.plan).
+# cpuaccel_allocator: "auto" preloads whichever of them the node has (jobs/plan.py).
 ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
 
 T = TypeVar("T")

@@ -118,7 +118,7 @@ def sweep_hosts(
     """End the job's processes on every host not ``lost`` (a host found unreachable is
     added to it): (node -> what was ended, node -> what stays or why it was not checked),
     each node's answer awaited ``timeout`` s at most. Also `cpuaccel stop`'s sweep
-    (runs/teardown.py), which has no ``kept`` programs."""
+    (history/teardown.py), which has no ``kept`` programs."""
 
     # With the run folder: the node removes secret.env once the job is over.
     words = ["end", run_id, "2", run_dir]

@@ -6,7 +6,7 @@ supervisor (its environment names the run; never a pattern); it does the teardow
 writes status.json. A foreground run is ended by SIGTERM to the ``cpuaccel run`` that
 supervises it (the pid and start time in the controller's status.json), which then
 does its own teardown, exactly as when its terminal sends it. Either way, this then
-sweeps every node by CPUACCEL_RUN_ID itself (runs/fanout.sweep_hosts) and reports
+sweeps every node by CPUACCEL_RUN_ID itself (history/fanout.sweep_hosts) and reports
 what stays; a supervisor that is gone (killed) leaves that sweep to end the job alone.
 """
 

@@ -8,7 +8,8 @@ tested and type-checked one by one:
               dist-info scan
   boundedjson JSON read within bounds (depth, size): every part that reads JSON from a
               file or a message, and the controller's cpuaccel.jsonsource
-  facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts)
+  facts       the fact probe (``cpuaccel check``, run's preflight, the playbook's facts),
+              with netif (the node's interfaces and routes, from netlink)
   tree        the sync receiver: scan a destination, apply a change (``cpuaccel sync``),
               with destination (the node's verdict on where a sync may write),
               nofollow (paths reached by descriptors, never through a link),
@@ -19,10 +20,12 @@ tested and type-checked one by one:
   jobctl      a run's files and processes on a node (``cpuaccel run``), with runfiles
               (reading a run's files: ``ps``, ``logs``, ``fetch``) and mux (the head's
               ssh masters of a run: made, ended, stale ones removed)
-  supervisor  a detached run's supervisor on the head (``run --detach``, ``cpuaccel stop``)
-              with reattempt (its restarts, ``--max-restarts``), checkpoints (the newest
-              checkpoint complete on every node) and restarts (the restart rule), the
-              last two shared with the controller's foreground loop
+  supervisor  a run's one attempt loop and its restart rule (``--max-restarts``), the
+              controller's for a foreground run, the head's for a detached one, with
+              checkpoints (the newest checkpoint complete on every node), progress
+              (``--hang-timeout``: each rank's progress, its stacks on a hang) and
+              rendezvous (``--rendezvous-timeout``: which ranks joined)
+  detached    a detached run on its head (``run --detach``, ``cpuaccel stop``)
   prelaunch   run's fact probe and look at the project's copy in one interpreter; with
               ``--keep``, then the run's ``jobctl`` requests on the same channel (with
               jobctl)
@@ -35,7 +38,7 @@ tested and type-checked one by one:
               pep440, pip and setvars (``cpuaccel provision``)
 
 The programs are named after the part whose ``main()`` they run: ``facts``, ``tree``,
-``jobctl``, ``supervisor``, ``prelaunch`` (one request each), ``treesession`` and
+``jobctl``, ``detached``, ``prelaunch`` (one request each), ``treesession`` and
 ``agent``, ``relay`` and ``netprobe`` (resident).
 ``program(name)`` bundles that part with the parts it imports, and no other: the fact
 probe, for one, carries ``common`` and nothing of the agent. On the node each part becomes

@@ -212,7 +212,7 @@ def serve(raw: str, options: list[str], stdin: BinaryIO, stdout: Any, bound: int
     ``bound`` > 0: SIGALRM's default action ends the program when a request (waiting
     for it, reading its payload, answering it) takes longer, so a controller that
     vanished without closing the connection leaves no receiver waiting for good (the
-    controller gives up on an answer after as long: sync.receiver.REMOTE_TIMEOUT)."""
+    controller gives up on an answer after as long: projectsync.receiver.REMOTE_TIMEOUT)."""
     import signal
 
     looked: dict[str, Any] | None = None

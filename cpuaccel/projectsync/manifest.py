@@ -34,11 +34,11 @@ class SourceManifest:
     # the destination is accepted: a refused sync writes nothing, here either.
     hash_cache: dict[str, Any] | None = field(default=None, repr=False)
     stats: dict[str, Signature] = field(default_factory=dict, repr=False)  # files only
-    # The command's own stdout/stderr files found in the tree, left out (outputs.py).
+    # The command's own stdout/stderr files found in the tree, left out (ignore.own_output_files).
     own_outputs: list[str] = field(default_factory=list)
     built_from: tuple[tuple[str, ...], tuple[str, ...], bool] = ((), (), False)
     # (path, local path) of the files whose digest the walk left to finish(): a sync
-    # starts its nodes' connections in between (sync/engine.py).
+    # starts its nodes' connections in between (projectsync/engine.py).
     pending: list[tuple[str, str]] = field(default_factory=list, repr=False)
 
     def finish(self) -> None:
