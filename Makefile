@@ -27,8 +27,8 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check cpuaccel tests bench examples
-	$(BIN)/ruff format --check cpuaccel tests bench examples
+	$(BIN)/ruff check cpuaccel testsupport tests bench examples
+	$(BIN)/ruff format --check cpuaccel testsupport tests bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -108,10 +108,10 @@ bench-ab: $(STAMP)
 	$(BIN)/python bench/ab.py --base $(BASE)
 
 cluster-up: $(STAMP)
-	$(BIN)/python -m cpuaccel.testing up --nodes 3
+	$(BIN)/python -m cpuaccel.testbed up --nodes 3
 
 cluster-down: $(STAMP)
-	$(BIN)/python -m cpuaccel.testing down
+	$(BIN)/python -m cpuaccel.testbed down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_ID = 19  # apart from the tests' (0) and the other benches' (9, 10, 11)

@@ -19,7 +19,7 @@ With two ranks "ordered" is the library's allreduce (a sum of two has one order)
     1 node x 4 ranks    the same with -n 4 (on a 2-core machine, two ranks a core)
     2 nodes x 1 rank    `cpuaccel run -i INV --nodes 2 --ppn 1 bench/allreduce.py --worker`
     2 nodes x 2 ranks   the same with --ppn 2, on the namespace test cluster
-                        (cpuaccel/testing/cluster.py, needs root); gloo meets at
+                        (cpuaccel/testbed/cluster.py, needs root); gloo meets at
                         cpuaccel's MASTER_ADDR/MASTER_PORT
 
     sudo .venv/bin/python bench/allreduce.py [--repeat 50] [--no-cluster]
@@ -175,7 +175,7 @@ def main() -> None:
         why = "--no-cluster" if args.no_cluster else "the namespace cluster needs root"
         layouts.update({name: f"skipped ({why})" for name in on_cluster})
     else:
-        from cpuaccel.testing.cluster import Cluster
+        from cpuaccel.testbed.cluster import Cluster
 
         with Cluster(2, cluster_id=CLUSTER_ID) as cluster, tempfile.TemporaryDirectory() as tmp:
             inventory = cluster.write_inventory(Path(tmp) / "inventory.yaml")

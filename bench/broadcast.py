@@ -1,6 +1,6 @@
 """Broadcast: one large payload to every node over links of one rate, four ways.
 
-On namespace nodes whose every link is shaped to the same rate (cpuaccel.testing.shaping:
+On namespace nodes whose every link is shaped to the same rate (testsupport.shaping:
 the controller's and each node's, both ways, a star through a non-blocking switch), each
 payload goes from the controller to the nodes' private folder (/srv/cpuaccel-node) by:
 
@@ -64,8 +64,8 @@ from typing import Any
 
 from ansible_venv import ensure_ansible
 
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.shaping import rate_bits, shaped
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
+from testsupport.shaping import rate_bits, shaped
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_ID = 61  # apart from the tests' (0, 1, 7, 8, 40, 43) and the other benches'

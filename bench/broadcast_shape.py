@@ -45,8 +45,8 @@ from cpuaccel.connectors.broadcast import Broadcast, payload_file
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.shaping import rate_bits, shaped
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.shaping import rate_bits, shaped
 
 CLUSTER_ID = 62  # apart from the tests' and bench/broadcast.py's (61)
 

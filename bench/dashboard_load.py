@@ -1,6 +1,6 @@
 """Load of the dashboard's data endpoint: 64 ranks and 100k metric lines, the real server.
 
-A synthetic run (cpuaccel/testing/fake_run.py: 16 nodes x 4 ranks, 100k lines in
+A synthetic run (testsupport/fake_run.py: 16 nodes x 4 ranks, 100k lines in
 metrics.jsonl, rank logs) is served by the real uvicorn server on 127.0.0.1 while a
 writer thread appends metric lines (and a log line to each rank) every 50 ms, as a live
 run does. Measured through urllib, gzip accepted as a browser does:
@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from cpuaccel.dashboard.server import Server, Services, build_app
-from cpuaccel.testing.fake_run import FakeRun, make_run
+from testsupport.fake_run import FakeRun, make_run
 
 TOKEN = "bench"
 

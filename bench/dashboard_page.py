@@ -1,7 +1,7 @@
 """The live run page's own cost in a real browser: 64 ranks and 100k metric lines.
 
-A synthetic run (cpuaccel/testing/fake_run.py: 16 nodes x 4 ranks, 100k lines) served
-by the real server on 127.0.0.1, opened in headless chromium (cpuaccel/testing/browser.py):
+A synthetic run (testsupport/fake_run.py: 16 nodes x 4 ranks, 100k lines) served
+by the real server on 127.0.0.1, opened in headless chromium (testsupport/browser.py):
 
     first load   page opened -> the charts drawn (``#charts[data-points]`` > 0), each
                  repeat a new tab (the server keeps its parsed metrics after the first)
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from cpuaccel.dashboard.server import Server, Services, build_app
-from cpuaccel.testing.browser import Browser, points, wait_for
-from cpuaccel.testing.fake_run import make_run
+from testsupport.browser import Browser, points, wait_for
+from testsupport.fake_run import make_run
 
 TOKEN = "bench"
 WATCH = """window.__long = [];

@@ -12,7 +12,7 @@ whole command, start-up included. The controller's own CPU (user + sys of the cp
 process and its children, from os.wait4) is reported per host, apart from the rest of
 the machine's.
 
-Latency: this kernel has no netem qdisc, so cpuaccel/testing/relay.py (one asyncio
+Latency: this kernel has no netem qdisc, so testsupport/relay.py (one asyncio
 process, one port per node on the bridge's address) holds every chunk it forwards for
 D ms in each direction; the inventory names the relay's address and port. 0 ms goes
 direct. Node-to-node traffic (the head's ssh to the others in check's launcher-reach
@@ -41,9 +41,9 @@ from pathlib import Path
 
 from ansible_venv import ensure_ansible
 
-from cpuaccel.testing import netns
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.relay import Relay, relayed_hosts
+from cpuaccel.testbed import netns
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.relay import Relay, relayed_hosts
 
 CLUSTER_ID = int(os.environ.get("CPUACCEL_BENCH_CLUSTER_ID", "71"))
 TARGET_VS_PING = {"default": 0.2, "slow": 0.3}

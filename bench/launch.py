@@ -58,7 +58,7 @@ from pathlib import Path
 import yaml
 from launch_phases import breakdown, cpu_name, print_breakdown
 
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 
 CLUSTER_ID = 11  # apart from the tests' (0), the fan-out bench's (9) and the sync bench's (10)
 PPN = 2

@@ -2,7 +2,7 @@
 
 bench/launch.py's Slurm column. The job is launch.py's script (torch.distributed with
 gloo, a barrier, exit) on 3 nodes x 2 ranks of the namespace test bed with a real Slurm
-on it (slurmctld, one slurmd per node; cpuaccel/testing/slurm.py). Each measurement is
+on it (slurmctld, one slurmd per node; cpuaccel/testbed/slurm.py). Each measurement is
 the wall time of the whole command from the controller (the login side), as a user
 types it, and both tools get the same allocation request, so that Slurm's own price
 (allocation, step launch, release) is in both:
@@ -46,9 +46,9 @@ from launch import (
     cpuaccel_phases,
 )
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import CLEAN_PATH, clean_env
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.slurm import SlurmBed
+from testsupport.command import CLEAN_PATH, clean_env
 
 CLUSTER_ID = 68  # apart from the tests' and the other benches' (launch.py's SSH bench: 11)
 NODES = 3

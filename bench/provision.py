@@ -38,8 +38,8 @@ from typing import Any
 from ansible_venv import ensure_ansible
 
 from cpuaccel.playbook.wheels import STAMP_NAME
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.netns import NODE_DIR
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import NODE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSIBLE_PLAYBOOK = ROOT / "bench" / "provision_ansible.yaml"

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 
 CLUSTER_ID = 53  # ft-restart's, apart from the other benches' and helpers'
 NODES, PPN = 3, 2

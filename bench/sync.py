@@ -47,7 +47,7 @@ from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
 
 CLUSTER_ID = 10  # apart from the tests' (0) and the fan-out bench's (9)
 NODES = "4,16"

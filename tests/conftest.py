@@ -16,7 +16,7 @@ Cluster tests need root. Off root they are skipped with the reason; with
 ``CPUACCEL_REQUIRE_CLUSTER=1`` (set by CI) they fail with it instead, so a CI run cannot pass
 by skipping them.
 
-Running ``python -m cpuaccel`` from a test: :mod:`cpuaccel.testing.command`.
+Running ``python -m cpuaccel`` from a test: :mod:`testsupport.command`.
 
 ``CPUACCEL_TEST_CLUSTER_ID`` (default 0) picks the cluster id of the session cluster, so that
 two test sessions on one machine do not fight over the same names.
@@ -49,9 +49,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.testing import slurm as slurm_bed
-from cpuaccel.testing import slurm_db
-from cpuaccel.testing.cluster import Cluster, unavailable_reason
+from cpuaccel.testbed import slurm as slurm_bed
+from cpuaccel.testbed import slurm_db
+from cpuaccel.testbed.cluster import Cluster, unavailable_reason
 
 REQUIRE_ENV = "CPUACCEL_REQUIRE_CLUSTER"
 CLUSTER_ID_ENV = "CPUACCEL_TEST_CLUSTER_ID"
@@ -193,7 +193,7 @@ def inventory(cluster: Cluster) -> str:
 @pytest.fixture(scope="session")
 def slurm(cluster: Cluster) -> slurm_bed.SlurmBed:
     """Slurm on the session cluster (munged, slurmctld, slurmdbd for sacct, one slurmd a
-    node; :mod:`cpuaccel.testing.slurm`), started once, stopped with the cluster.
+    node; :mod:`cpuaccel.testbed.slurm`), started once, stopped with the cluster.
 
     Client commands need ``{**os.environ, **slurm.env}`` (``SLURM_CONF``). A test that
     drains or cuts a node restores it and may call ``slurm.wait_idle()``.

@@ -45,7 +45,7 @@ command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
 command -v sudo >/dev/null || need+=(sudo)
 # The dashboard's page tests: a real headless browser (driven by playwright).
 command -v /usr/bin/chromium >/dev/null || need+=(chromium)
-# The Slurm tests: a real Slurm in the test cluster (cpuaccel/testing/slurm.py starts its
+# The Slurm tests: a real Slurm in the test cluster (cpuaccel/testbed/slurm.py starts its
 # own munged, slurmctld, slurmd and, for sacct, slurmdbd on a private MariaDB; the
 # packages' own services stay off: they need /etc/slurm configs that this never writes).
 # libpmi2-0 is the PMI-2 library Intel MPI needs under `srun --mpi=pmi2`.

@@ -1,5 +1,5 @@
 """What the cluster tests share, beyond the session fixtures of tests/conftest.py and
-cpuaccel.testing (the nodes, ``make_project``, ``cpuaccel_run``, ``job_processes``):
+cpuaccel.testbed (the nodes, ``make_project``, ``cpuaccel_run``, ``job_processes``):
 
 - the checkout: REPO (its examples/ are copied into projects) and TREE, the ``--env``
   that makes the ranks import cpuaccel from the tree under test (a worktree's, when it
@@ -29,10 +29,10 @@ import cpuaccel
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
-from cpuaccel.testing import sshd
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.netns import SSHD, _descendants
-from cpuaccel.testing.runs import job_processes
+from cpuaccel.testbed import sshd
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
+from cpuaccel.testbed.netns import SSHD, _descendants
+from testsupport.runs import job_processes
 
 REPO = Path(__file__).resolve().parents[2]
 # Ranks import cpuaccel from the tree under test (a worktree's, when it is one).

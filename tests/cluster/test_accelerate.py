@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import LABELLED, Run, cpuaccel_run
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import REPO
+from testsupport.runs import LABELLED, Run, cpuaccel_run
 
 pytestmark = pytest.mark.cluster
 

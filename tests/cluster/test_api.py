@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.runs import ENV, job_processes, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
 from tests.cluster.fixtures import REPO, assert_nothing_left, master_port
+from testsupport.runs import ENV, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

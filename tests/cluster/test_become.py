@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel, cpuaccel_argv, inherited_env
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.command import cpuaccel, cpuaccel_argv, inherited_env
 
 pytestmark = pytest.mark.cluster
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel as cpuaccel_command
-from cpuaccel.testing.runs import ENV, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, master_port
+from testsupport.command import cpuaccel as cpuaccel_command
+from testsupport.runs import ENV, make_project
 
 pytestmark = pytest.mark.cluster
 

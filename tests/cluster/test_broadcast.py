@@ -30,9 +30,9 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
-from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testbed.cluster import NODE_DIR, WORKDIR, Cluster
 from tests.cluster.fixtures import lying_python
+from testsupport.command import cpuaccel
 
 pytestmark = pytest.mark.cluster
 

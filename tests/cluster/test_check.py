@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.testing import netns
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
+from cpuaccel.testbed import netns
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.command import clean_env, cpuaccel
 
 pytestmark = pytest.mark.cluster
 

@@ -23,15 +23,15 @@ from typing import IO, Any
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
-from cpuaccel.testing.runs import cpuaccel_run, job_processes, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import master_port
+from testsupport.command import clean_env, cpuaccel, start_cpuaccel
+from testsupport.runs import cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
 pytest.importorskip("playwright")
-from cpuaccel.testing.browser import CHROMIUM, Browser, points, wait_for  # noqa: E402
+from testsupport.browser import CHROMIUM, Browser, points, wait_for  # noqa: E402
 
 URL = re.compile(r"dashboard: (http://[^/\s]+)/\?token=(\S+)")
 # A tiny regression trained data-parallel with the runtime: every step logged (loss,

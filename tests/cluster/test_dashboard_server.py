@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TWO_BY_TWO, master_port
+from testsupport.command import clean_env, cpuaccel, start_cpuaccel
+from testsupport.runs import BackgroundRun, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, BackgroundRun, cpuaccel_run, job_processes, make_project
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
+from testsupport.command import cpuaccel
+from testsupport.runs import ENV, BackgroundRun, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

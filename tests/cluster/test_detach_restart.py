@@ -20,12 +20,12 @@ import pytest
 
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.node.detached import HOLD_BEAT
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import REPO, TREE, link_down, train_args
 from tests.cluster.test_detach import WORKDIR, assert_nothing_left, head_file, wait_until
 from tests.cluster.test_resume import node_path
+from testsupport.command import cpuaccel
+from testsupport.runs import ENV, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

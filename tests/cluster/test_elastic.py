@@ -20,10 +20,10 @@ from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTER
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.netns import WORKDIR
-from cpuaccel.testing.runs import BackgroundRun, make_project
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import WORKDIR
 from tests.cluster.fixtures import REPO, TREE, link_down, master_port, train_args
+from testsupport.runs import BackgroundRun, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import cpuaccel as cpuaccel_cli
-from cpuaccel.testing.runs import ENV, cpuaccel_run, job_processes, make_project
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
 from tests.cluster.fixtures import TREE, master_port
+from testsupport.command import cpuaccel as cpuaccel_cli
+from testsupport.runs import ENV, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.command import clean_env, cpuaccel
 
 pytestmark = pytest.mark.cluster
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
-from cpuaccel.testing.netns import WORKDIR
-from cpuaccel.testing.runs import cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import WORKDIR
+from testsupport.command import clean_env, cpuaccel
+from testsupport.runs import cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, BackgroundRun, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import DEAD_NODE_BOUND, link_down
+from testsupport.command import cpuaccel
+from testsupport.runs import ENV, BackgroundRun, make_project
 
 pytestmark = pytest.mark.cluster
 

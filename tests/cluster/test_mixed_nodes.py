@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
 from tests.cluster.fixtures import PORT, USER, second_sshd
+from testsupport.command import cpuaccel
+from testsupport.runs import ENV, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.netfaults import (
+from cpuaccel.testbed.cluster import Cluster
+from tests.cluster.fixtures import NODES, SUM_SCRIPT, master_port
+from testsupport.command import cpuaccel
+from testsupport.netfaults import (
     alias_names,
     filter_port,
     interface_bytes,
@@ -23,8 +24,7 @@ from cpuaccel.testing.netfaults import (
     second_network,
     stock_debian,
 )
-from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
-from tests.cluster.fixtures import NODES, SUM_SCRIPT, master_port
+from testsupport.runs import ENV, Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

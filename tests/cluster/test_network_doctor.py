@@ -19,7 +19,7 @@ import pytest
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.network import doctor
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import master_port
 
 pytestmark = pytest.mark.cluster

@@ -26,9 +26,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import ENV, job_processes, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import REPO, TREE, assert_nothing_left
+from testsupport.runs import ENV, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

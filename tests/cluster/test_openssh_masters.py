@@ -20,8 +20,8 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.openssh_session import OpenSSHConnector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, Unreachable
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.command import cpuaccel
 
 pytestmark = pytest.mark.cluster
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import REPO, lying_python
+from testsupport.command import cpuaccel, inherited_env
 
 pytestmark = pytest.mark.cluster
 

@@ -23,10 +23,10 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
 from cpuaccel.errors import EXIT_NODE_FAILED, HostKeyError
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
-from cpuaccel.testing.runs import make_project
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
 from tests.cluster.fixtures import PORT, second_sshd
+from testsupport.command import clean_env, cpuaccel
+from testsupport.runs import make_project
 
 pytestmark = pytest.mark.cluster
 

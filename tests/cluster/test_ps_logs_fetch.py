@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
 from tests.cluster.fixtures import REPO, TWO_BY_TWO, master_port
+from testsupport.command import clean_env, cpuaccel, start_cpuaccel
+from testsupport.runs import BackgroundRun, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

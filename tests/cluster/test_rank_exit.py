@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import cpuaccel_run, job_processes, make_project
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.slurm import SlurmBed
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, assert_nothing_left, master_port
 from tests.cluster.test_slurm_run import in_allocation, run_id_of
+from testsupport.runs import cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

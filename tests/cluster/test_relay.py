@@ -1,4 +1,4 @@
-"""The delaying relay in front of real nodes (cpuaccel/testing/relay.py): cpuaccel check
+"""The delaying relay in front of real nodes (testsupport/relay.py): cpuaccel check
 through it reaches every node, and a route the relay does not carry leaves its node
 unreachable, so the traffic does go through the relay."""
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.relay import Relay, relayed_hosts
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.command import cpuaccel
+from testsupport.relay import Relay, relayed_hosts
 
 pytestmark = pytest.mark.cluster
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.node.rendezvous import slack
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, master_port
 from tests.cluster.test_hang import EXIT_HANG, assert_nothing_left
+from testsupport.runs import cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import NODE_DIR, Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import (
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster
+from tests.cluster.fixtures import REPO, train_args
+from testsupport.command import cpuaccel
+from testsupport.runs import (
     ENV,
     BackgroundRun,
     Run,
@@ -25,7 +26,6 @@ from cpuaccel.testing.runs import (
     job_processes,
     make_project,
 )
-from tests.cluster.fixtures import REPO, train_args
 
 pytestmark = pytest.mark.cluster
 

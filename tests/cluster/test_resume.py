@@ -29,11 +29,11 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs.foreground import find_complete, newest_complete
 from cpuaccel.node.checkpoints import RECORDS
 from cpuaccel.runtime import checkpoint
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel as cpuaccel_command
-from cpuaccel.testing.netns import WORKDIR
-from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import WORKDIR
 from tests.cluster.fixtures import REPO, TREE, master_port, train_args
+from testsupport.command import cpuaccel as cpuaccel_command
+from testsupport.runs import ENV, Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

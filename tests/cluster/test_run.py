@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.runs import BackgroundRun, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
 from tests.cluster.fixtures import NODES, SUM_SCRIPT, assert_nothing_left, master_port
+from testsupport.runs import BackgroundRun, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

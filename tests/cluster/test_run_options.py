@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
-from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
 from tests.cluster.fixtures import NODES, TREE, assert_nothing_left
+from testsupport.command import clean_env, cpuaccel
+from testsupport.runs import Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.runs import Run, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
 from tests.cluster.fixtures import REPO, TREE, master_port
+from testsupport.runs import Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -1,4 +1,4 @@
-"""The real Slurm of the test cluster (cpuaccel.testing.slurm): jobs run on the namespace
+"""The real Slurm of the test cluster (cpuaccel.testbed.slurm): jobs run on the namespace
 nodes, sacct reports their end, and ``down`` leaves no daemon, socket or file behind."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing import slurm_files
-from cpuaccel.testing.cluster import NODE_DIR, Cluster, ClusterError
-from cpuaccel.testing.netns import _alive, state_dir_for
-from cpuaccel.testing.slurm import SlurmBed, restore
-from cpuaccel.testing.state import leftovers
+from cpuaccel.testbed import slurm_files
+from cpuaccel.testbed.cluster import NODE_DIR, Cluster, ClusterError
+from cpuaccel.testbed.netns import _alive, state_dir_for
+from cpuaccel.testbed.slurm import SlurmBed, restore
+from cpuaccel.testbed.state import leftovers
 
 pytestmark = pytest.mark.cluster
 
@@ -82,7 +82,7 @@ def test_batch_jobs_end_in_sacct_with_their_exit_code(slurm: SlurmBed, tmp_path:
 def test_up_slurm_then_down_leaves_nothing(slurm: SlurmBed) -> None:
     # A second, one-node cluster through the shell commands; the session's keeps running.
     scratch = (slurm.cluster.cluster_id + 1) % 256
-    command = [sys.executable, "-m", "cpuaccel.testing"]
+    command = [sys.executable, "-m", "cpuaccel.testbed"]
     up = subprocess.run(
         [*command, "up", "--nodes", "1", "--id", str(scratch), "--slurm"],
         capture_output=True, text=True, timeout=120, check=False,

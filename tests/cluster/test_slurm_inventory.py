@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env
-from cpuaccel.testing.netns import NODE_DIR
+from cpuaccel.testbed.netns import NODE_DIR
+from testsupport.command import cpuaccel, inherited_env
 
 pytestmark = pytest.mark.cluster
 

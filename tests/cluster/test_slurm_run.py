@@ -19,9 +19,9 @@ import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK
 from cpuaccel.node.supervisor import EXIT_TIMEOUT
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.runs import ENV, LABELLED, job_processes, make_project
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.slurm import SlurmBed
+from testsupport.runs import ENV, LABELLED, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

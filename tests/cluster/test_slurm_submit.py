@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
-from cpuaccel.testing.runs import job_processes, make_project
-from cpuaccel.testing.slurm import SlurmBed
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.slurm import SlurmBed
 from tests.cluster.fixtures import REPO, master_port
+from testsupport.command import cpuaccel, inherited_env, start_cpuaccel
+from testsupport.runs import job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

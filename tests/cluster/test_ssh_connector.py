@@ -16,7 +16,7 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.ssh import SSHConnector
 from cpuaccel.errors import CommandTimeout
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.cluster import Cluster
+from cpuaccel.testbed.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -27,8 +27,8 @@ import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.testing.cluster import NODE_DIR, WORKDIR, Cluster
-from cpuaccel.testing.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
+from cpuaccel.testbed.cluster import NODE_DIR, WORKDIR, Cluster
+from testsupport.command import CLEAN_PATH, clean_env, cpuaccel, start_cpuaccel
 
 pytestmark = pytest.mark.cluster
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.cluster import WORKDIR, Cluster
-from cpuaccel.testing.command import cpuaccel_argv
-from cpuaccel.testing.runs import ENV, make_project
+from cpuaccel.testbed.cluster import WORKDIR, Cluster
+from testsupport.command import cpuaccel_argv
+from testsupport.runs import ENV, make_project
 
 pytestmark = pytest.mark.cluster
 

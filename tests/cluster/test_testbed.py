@@ -1,8 +1,8 @@
-"""The multi-node test bed itself (cpuaccel.testing.cluster) on real namespaces: the
+"""The multi-node test bed itself (cpuaccel.testbed.cluster) on real namespaces: the
 shared cluster's nodes (hostnames, private folders, ssh between them, sshd stopped and
 started, stray processes seen), and clusters of their own (``down`` leaves nothing, an id
 taken once, the ``up``/``status``/``down`` commands). Its checks without root:
-tests/unit/testing/test_cluster.py."""
+tests/unit/testbed/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpuaccel.testing.cluster import (
+from cpuaccel.testbed.cluster import (
     NODE_DIR,
     Cluster,
     ClusterError,
     lock_path_for,
     veth_name,
 )
-from cpuaccel.testing.state import leftovers
+from cpuaccel.testbed.state import leftovers
 from tests.cluster.fixtures import REPO
 
 pytestmark = pytest.mark.cluster
@@ -222,7 +222,7 @@ def test_a_live_cluster_id_cannot_be_taken_twice() -> None:
 
 
 def test_cli_up_status_down_and_stale_cleanup() -> None:
-    cli = [sys.executable, "-m", "cpuaccel.testing"]
+    cli = [sys.executable, "-m", "cpuaccel.testbed"]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

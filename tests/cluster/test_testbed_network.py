@@ -1,4 +1,4 @@
-"""The test bed's network conditions (cpuaccel.testing.netfaults) on the shared cluster:
+"""The test bed's network conditions (testsupport.netfaults) on the shared cluster:
 each one's effect seen with real sockets and commands inside the nodes, and gone on exit."""
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import clean_env, cpuaccel
-from cpuaccel.testing.netfaults import (
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import exec_argv
+from tests.cluster.fixtures import master_port
+from testsupport.command import clean_env, cpuaccel
+from testsupport.netfaults import (
     alias_names,
     filter_port,
     interface_bytes,
@@ -27,8 +29,6 @@ from cpuaccel.testing.netfaults import (
     second_network,
     stock_debian,
 )
-from cpuaccel.testing.netns import exec_argv
-from tests.cluster.fixtures import master_port
 
 pytestmark = pytest.mark.cluster
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.runs import ENV, Run, cpuaccel_run, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, master_port
 from tests.cluster.test_detach_restart import ended
+from testsupport.command import cpuaccel
+from testsupport.runs import ENV, Run, cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 

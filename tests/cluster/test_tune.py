@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.command import cpuaccel as cpuaccel_command
-from cpuaccel.testing.command import start_cpuaccel
-from cpuaccel.testing.runs import ENV, job_processes, make_project
+from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, master_port
+from testsupport.command import cpuaccel as cpuaccel_command
+from testsupport.command import start_cpuaccel
+from testsupport.runs import ENV, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 

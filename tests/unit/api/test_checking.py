@@ -20,7 +20,7 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, InventoryError, UsageError
 from cpuaccel.executor import ConnectionPool, HostResult, Status
 from cpuaccel.inventory.host import Host
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 
 @pytest.fixture

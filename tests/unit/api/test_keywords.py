@@ -17,7 +17,7 @@ from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.target import HostKeywords
 from cpuaccel.config.settings import FLAG, RUN, TABLE
 from cpuaccel.errors import InsecureWarning, InventoryError, UsageError
-from cpuaccel.testing.command import cpuaccel as cpuaccel_command
+from testsupport.command import cpuaccel as cpuaccel_command
 
 # A value each keyword takes, and what the settled setting then holds (None: the same).
 VALUES: dict[str, tuple[Any, Any]] = {

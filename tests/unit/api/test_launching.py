@@ -12,8 +12,8 @@ import pytest
 
 import cpuaccel
 from cpuaccel.errors import PreflightError, WaitTimeout
-from cpuaccel.testing.command import cpuaccel as cpuaccel_command
-from cpuaccel.testing.command import inherited_env
+from testsupport.command import cpuaccel as cpuaccel_command
+from testsupport.command import inherited_env
 
 # Each rank says who it is; rank 1 leaves with EXIT (0 unless the argument says).
 SCRIPT = """\

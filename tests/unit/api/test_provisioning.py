@@ -15,7 +15,7 @@ import pytest
 from cpuaccel.api.provisioning import ProvisionResult, provision, tag_set
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE, PlaybookError, UsageError
 from cpuaccel.playbook.strategy import HostStats
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 PLAYBOOK = """\
 - name: a folder and a file

@@ -16,8 +16,8 @@ from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.executor import Status
 from cpuaccel.projectsync.manifest import build
 from cpuaccel.projectsync.node_result import NodeReport
-from cpuaccel.testing.command import cpuaccel, inherited_env
 from tests.unit.projectsync.trees import make_tree
+from testsupport.command import cpuaccel, inherited_env
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

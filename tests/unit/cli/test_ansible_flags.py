@@ -16,8 +16,8 @@ from cpuaccel.connectors.local import LocalConnector
 from cpuaccel.connectors.openssh import ssh_argv, ssh_config_stanza
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE
 from cpuaccel.inventory.host import Host
-from cpuaccel.testing.command import cpuaccel
 from tests.unit.ansible_cli import ANSIBLE, ANSIBLE_PLAYBOOK, ansible_env
+from testsupport.command import cpuaccel
 
 # Addresses of TEST-NET-1 (RFC 5737): nothing answers there, so a command that tried to
 # connect would take its connect timeout and fail; --list-hosts must do neither.

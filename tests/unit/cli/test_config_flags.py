@@ -8,8 +8,8 @@ import yaml
 
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.inventory.variables import LAUNCHER_CHOICES, LAUNCHER_WORDS
-from cpuaccel.testing.command import cpuaccel
 from tests.unit.config.test_questionnaire import Terminal
+from testsupport.command import cpuaccel
 
 HOSTS = ("--yes", "--hosts", "192.0.2.1,192.0.2.2", "--ppn", "1")
 

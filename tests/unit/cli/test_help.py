@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 ENV = inherited_env(COLUMNS="80")
 HOST_ROW = "-i -c -l -e -f -T --no-host-key-checking -u --private-key --list-hosts -v"

@@ -15,7 +15,7 @@ from rich.console import Console
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.jobs.foreground import terminal
 from cpuaccel.node.supervisor import Output
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 HOSTNAME = socket.gethostname()
 

@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 HOSTILE = Path(__file__).parents[2] / "hostile"
 TABLE = HOSTILE / "cmdline.yaml"

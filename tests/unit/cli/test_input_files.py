@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel_argv, inherited_env
+from testsupport.command import cpuaccel_argv, inherited_env
 
 TIMEOUT = 20.0
 MEMORY = 2 * 1024**3  # far above what a refused input needs, far below the machine's

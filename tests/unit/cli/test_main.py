@@ -10,7 +10,7 @@ import pytest
 
 from cpuaccel import __version__
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 
 def test_version_and_help_with_examples() -> None:

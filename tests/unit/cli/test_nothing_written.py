@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 TIMEOUT = 60.0
 

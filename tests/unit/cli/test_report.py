@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel as run_cpuaccel
+from testsupport.command import cpuaccel as run_cpuaccel
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -32,8 +32,8 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
 from cpuaccel.jobs.plan import PLACEHOLDER, Script, build_plan
-from cpuaccel.testing.command import cpuaccel, inherited_env
-from cpuaccel.testing.command import output_section as section
+from testsupport.command import cpuaccel, inherited_env
+from testsupport.command import output_section as section
 
 REPO = Path(__file__).resolve().parents[3]
 INVENTORY = str(REPO / "inventory.example.yaml")  # node0..node3, 192.0.2.10..13

@@ -21,8 +21,6 @@ from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.result import JobReport
 from cpuaccel.node.supervisor import Outcome
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER
 from tests.unit.jobs.test_run import (
     EXAMPLE_INVENTORY,
@@ -33,6 +31,8 @@ from tests.unit.jobs.test_run import (
     router,
     settings_for,
 )
+from testsupport.command import cpuaccel
+from testsupport.command import output_section as section
 
 TRAIN_MODULE = "import sys\nprint(__name__, sys.argv)\n"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 OLD = "20250101-120000-aaaaaa"
 NEW = "20250102-120000-bbbbbb"

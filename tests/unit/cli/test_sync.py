@@ -13,8 +13,8 @@ import pytest
 
 from cpuaccel.errors import EXIT_USAGE
 from cpuaccel.projectsync.manifest import build
-from cpuaccel.testing.command import cpuaccel, inherited_env
 from tests.unit.projectsync.trees import make_tree
+from testsupport.command import cpuaccel, inherited_env
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

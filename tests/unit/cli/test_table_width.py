@@ -15,7 +15,7 @@ from rich.console import Console
 from cpuaccel.cli.check import print_report
 from cpuaccel.executor import HostResult, Status
 from cpuaccel.inventory.host import Host
-from cpuaccel.testing.command import inherited_env, start_cpuaccel
+from testsupport.command import inherited_env, start_cpuaccel
 
 RUN_ID = "20261202-005924-050865"
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from cpuaccel.cli.main import cli
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, output_section
+from testsupport.command import cpuaccel, output_section
 
 DATA = Path(__file__).resolve().parent / "data"
 SEED_SINGLE = DATA / "default_config.single-cpu.yaml"

@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel, inherited_env, start_cpuaccel
 from tests.unit.config.test_config_files import command, env_of, section
+from testsupport.command import cpuaccel, inherited_env, start_cpuaccel
 
 
 class Terminal:

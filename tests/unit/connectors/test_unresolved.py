@@ -10,7 +10,7 @@ import pytest
 from cpuaccel.connectors.base import cannot_connect
 from cpuaccel.errors import EXIT_NODE_FAILED
 from cpuaccel.inventory.host import Host
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 NAME = "no-such-node.invalid"  # .invalid never resolves (RFC 6761)
 LINE = f"cannot connect to {NAME}:22: the name {NAME} does not resolve"

@@ -1,6 +1,6 @@
 """The live run page in a real headless browser (Debian's chromium through Playwright,
-cpuaccel/testing/browser.py) against the real server on fake run folders
-(cpuaccel/testing/fake_run.py): the runs list, 64 ranks, charts growing as lines arrive,
+testsupport/browser.py) against the real server on fake run folders
+(testsupport/fake_run.py): the runs list, 64 ranks, charts growing as lines arrive,
 100k metric lines, hostile log lines, the token, the Stop button. Every test also fails
 if the page asks for any address but the server's own (no CDN). Screenshots:
 artifacts/dashboard/page-*.png. The real job: tests/cluster/test_dashboard_page.py."""
@@ -18,8 +18,8 @@ pytest.importorskip("playwright")
 
 from cpuaccel.dashboard.server import Server, Services, build_app
 from cpuaccel.errors import UsageError
-from cpuaccel.testing.browser import CHROMIUM, Browser, Chromium, points, wait_for
-from cpuaccel.testing.fake_run import FakeRun, make_run, metric_line
+from testsupport.browser import CHROMIUM, Browser, Chromium, points, wait_for
+from testsupport.fake_run import FakeRun, make_run, metric_line
 
 if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"no {CHROMIUM} (tools/system-deps.sh installs it)", allow_module_level=True)

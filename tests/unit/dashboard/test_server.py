@@ -18,8 +18,8 @@ import pytest
 from cpuaccel.dashboard.server import Server, Services, build_app, unframed
 from cpuaccel.dashboard.snapshot import MAX_POINTS
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, UsageError
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.fake_run import FakeRun, make_run
+from testsupport.command import cpuaccel
+from testsupport.fake_run import FakeRun, make_run
 
 TOKEN = "test-token"
 # The first response of a 64-rank, 100k-line run (5 log lines a rank), measured at

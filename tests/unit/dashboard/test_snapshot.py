@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.dashboard.snapshot import MAX_POINTS, TAIL_BYTES, Metrics, RunView
-from cpuaccel.testing.fake_run import make_run, metric_line
+from testsupport.fake_run import make_run, metric_line
 
 
 def test_metrics_are_parsed_incrementally_a_half_line_waits(runs: Path) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 from cpuaccel.errors import EXIT_OK, UsageError
 from cpuaccel.history import records, teardown
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.fake_run import make_run
+from testsupport.command import cpuaccel
+from testsupport.fake_run import make_run
 
 DEEP = "[" * 3000
 WHY = "values nested more than 200 levels deep"

@@ -16,7 +16,7 @@ import pytest
 from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 CORPUS = Path(__file__).parent / "data" / "ini"
 INI_FILES = sorted(CORPUS.glob("*.ini"))

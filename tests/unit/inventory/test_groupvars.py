@@ -13,7 +13,7 @@ import pytest
 
 from cpuaccel.errors import EXIT_USAGE, InventoryError
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 # Lowest first: where each layer is written (relative to the test folder).
 LAYERS = [

@@ -34,8 +34,8 @@ from cpuaccel import userregex
 from cpuaccel.errors import EXIT_USAGE, InventoryError
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.testing.command import cpuaccel
 from tests.unit.ansible_cli import ANSIBLE, ansible_env
+from testsupport.command import cpuaccel
 
 # Hosts before any section are "ungrouped"; bastion is an alias whose ansible_host is an
 # address. dc names its children before their sections: Ansible adds each child when

@@ -17,7 +17,7 @@ from cpuaccel.errors import EXIT_USAGE, InventoryError, ProjectFileError, UsageE
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
 from cpuaccel.inventory.variables import parse_bool
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 
 def write(tmp_path: Path, text: str, name: str = "inventory.yaml") -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE
 from cpuaccel.jobs import given_id
-from cpuaccel.testing.command import clean_env, cpuaccel
+from testsupport.command import clean_env, cpuaccel
 
 RUN_ID = "20261130-211500-a1b2c3"
 

@@ -33,10 +33,10 @@ from cpuaccel.jobs.rundir import RunDir
 from cpuaccel.node import detached, progress, supervisor
 from cpuaccel.node.progress import ProgressTracker, marker, parse
 from cpuaccel.node.supervisor import EXIT_TIMEOUT, Limits, Output, Side, Supervised, _outcome
-from cpuaccel.testing.command import clean_env, cpuaccel
-from cpuaccel.testing.runs import cpuaccel_run, make_project
 from tests.unit.node.detached_runs import detached_run
 from tests.unit.node.test_supervisor import final_status
+from testsupport.command import clean_env, cpuaccel
+from testsupport.runs import cpuaccel_run, make_project
 
 # Its own id: a run's processes are found (and swept) by run id, and another test file
 # may run a job at the same time.

@@ -16,7 +16,7 @@ import pytest
 from cpuaccel.config.settings import DEFAULT_MASTER_PORT
 from cpuaccel.errors import EXIT_OK
 from cpuaccel.jobs import master_port
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
+from testsupport.command import clean_env, cpuaccel, start_cpuaccel
 
 # Two ranks meet through torch.distributed's own env:// rendezvous (rank 0's TCPStore on
 # MASTER_PORT) and add up their ranks: the run succeeds only if they met on that port.

@@ -14,9 +14,9 @@ from cpuaccel.config.project import parse_project
 from cpuaccel.errors import ProjectFileError
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.node.rendezvous import ENV
-from cpuaccel.testing.runs import cpuaccel_run, make_project
 from tests.cluster.fixtures import master_port
 from tests.unit.jobs.test_hang import RUN_ID, settings, this_runs_processes
+from testsupport.runs import cpuaccel_run, make_project
 
 
 def test_the_bound_is_120_s_unless_the_flag_or_the_project_file_says() -> None:

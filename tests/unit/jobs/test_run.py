@@ -44,9 +44,9 @@ from cpuaccel.node.supervisor import (
     cause,
     srun_task_exits,
 )
-from cpuaccel.testing.command import cpuaccel
-from cpuaccel.testing.command import output_section as section
 from cpuaccel.worker import EXIT_MARKER, derive_env
+from testsupport.command import cpuaccel
+from testsupport.command import output_section as section
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE_INVENTORY = REPO / "inventory.example.yaml"

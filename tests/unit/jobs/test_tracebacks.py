@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from cpuaccel.jobs.tracebacks import Folding, ranks_text, without_own_frames
-from cpuaccel.testing.command import clean_env, cpuaccel
+from testsupport.command import clean_env, cpuaccel
 
 WRAPPED = [
     "Traceback (most recent call last):",

@@ -299,7 +299,7 @@ def test_report_marks_each_restart_on_the_loss_plot(
 
 
 def test_report_summary_lists_the_restarts(tmp_path: Path) -> None:
-    from cpuaccel.testing.command import cpuaccel
+    from testsupport.command import cpuaccel
 
     run_dir = restarted_run(tmp_path, True)
     shown = cpuaccel("report", str(run_dir))

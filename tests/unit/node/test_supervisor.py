@@ -19,7 +19,7 @@ from cpuaccel import node, worker
 from cpuaccel.errors import EXIT_USAGE, UsageError
 from cpuaccel.history import teardown as stop
 from cpuaccel.node import detached, progress, supervisor
-from cpuaccel.testing.command import clean_env, cpuaccel
+from testsupport.command import clean_env, cpuaccel
 
 # Its own id: a run's processes are found (and swept) by run id, and another test file
 # may run a job at the same time.

@@ -22,7 +22,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_USAGE, CpuaccelError
 from cpuaccel.playbook import become, loader
 from cpuaccel.playbook.become import Become, BecomeError, CliBecome
 from cpuaccel.playbook.session import AgentSession
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 SECRET = "pw-S3cret-b35"
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_USAGE
-from cpuaccel.testing.command import cpuaccel
+from testsupport.command import cpuaccel
 
 PLAYBOOK = """\
 - name: every module

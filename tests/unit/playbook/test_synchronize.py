@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.errors import EXIT_NODE_FAILED
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 
 def provision(tmp_path: Path, task: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.projectsync import engine, transfer
 from cpuaccel.projectsync.engine import SyncOptions
 from cpuaccel.projectsync.manifest import SourceChanging, build
-from cpuaccel.testing.command import inherited_env
+from testsupport.command import inherited_env
 
 pytestmark = pytest.mark.usefixtures("private_hash_cache")
 

@@ -19,7 +19,7 @@ from cpuaccel.facts.problems import find_problems
 from cpuaccel.inventory.host import Host
 from cpuaccel.slurm import partition
 from cpuaccel.slurm.partition import describe, fields, read_partition, unavailable
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 DATA = Path(__file__).parent / "data"
 CAPTURED_NODES = (DATA / "scontrol-show-nodes.txt").read_text()

@@ -24,8 +24,8 @@ from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.rundir import render_job_files
 from cpuaccel.slurm import allocation
-from cpuaccel.testing.command import clean_env, cpuaccel
 from cpuaccel.worker import derive_env
+from testsupport.command import clean_env, cpuaccel
 
 RUN_ID = "20261130-211500-a1b2c3"
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-3]"}

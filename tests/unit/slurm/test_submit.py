@@ -22,7 +22,7 @@ from cpuaccel.history.records import find_run, load, row, with_slurm
 from cpuaccel.slurm import batch
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.commands import SlurmError
-from cpuaccel.testing.command import cpuaccel, inherited_env
+from testsupport.command import cpuaccel, inherited_env
 
 # A stand-in for each client command: its argv appended to $FAKE_LOG, its answer the
 # file $FAKE_DIR/<command>.out (exit $FAKE_DIR/<command>.rc, default 0).

@@ -14,11 +14,11 @@ import pytest
 from cpuaccel.config.project_choice import load_config
 from cpuaccel.errors import EXIT_USAGE, ProjectFileError, UsageError
 from cpuaccel.inventory.host import Host
-from cpuaccel.testing.command import cpuaccel
 from cpuaccel.tuning import grid, measure, write
 from cpuaccel.tuning import survey as nodes
 from cpuaccel.tuning.grid import GridSpec, Trial
 from cpuaccel.tuning.measure import OK, Rates, Row
+from testsupport.command import cpuaccel
 
 # What the facts probe reported (node/facts.cpu_topology), trimmed to what tune reads:
 # a 2-core cloud VM (AMD EPYC, one socket) and a 2-socket Xeon of 56 cores a socket.

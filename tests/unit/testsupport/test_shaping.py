@@ -1,4 +1,4 @@
-"""The test bed's link shaping (cpuaccel/testing/shaping.py) without root: the tc argv
+"""The test bed's link shaping (testsupport/shaping.py) without root: the tc argv
 it builds for each side of each link, and that every qdisc it set is removed again when
 the block raises."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.shaping import links, rate_bits, shaped
+from cpuaccel.testbed.cluster import Cluster
+from testsupport.shaping import links, rate_bits, shaped
 
 
 def test_each_side_of_each_link_gets_the_token_bucket() -> None:

@@ -1,7 +1,7 @@
 """What outlives the process that started a test cluster: its state file, its lock, and
 whatever a crashed run left behind (found and removed by cluster id alone).
 
-``python -m cpuaccel.testing up`` returns while the nodes keep running; a later
+``python -m cpuaccel.testbed up`` returns while the nodes keep running; a later
 ``status`` or ``down`` (or :meth:`Cluster.attach`) finds them again through the state file
 in the cluster's state dir. The lock file says which process owns a running cluster.
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.testing.netns import (
+from cpuaccel.testbed.netns import (
     NETNS_DIR,
     ClusterError,
     Node,
@@ -35,7 +35,7 @@ from cpuaccel.testing.netns import (
     _terminate,
     state_dir_for,
 )
-from cpuaccel.testing.slurm_files import bed_pids
+from cpuaccel.testbed.slurm_files import bed_pids
 
 STATE_FILE = "state.json"
 

@@ -1,5 +1,5 @@
-"""``python -m cpuaccel.testing up`` on a machine without a tool the namespace cluster
-needs says which, and the command that installs it (cpuaccel.testing.netns)."""
+"""``python -m cpuaccel.testbed up`` on a machine without a tool the namespace cluster
+needs says which, and the command that installs it (cpuaccel.testbed.netns)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.command import inherited_env
-from cpuaccel.testing.netns import SSHD
+from cpuaccel.testbed.netns import SSHD
+from testsupport.command import inherited_env
 
 # In a mount namespace of its own: /usr/sbin as it is, but for sshd (a tmpfs over it,
 # holding links to every other program there). The machine's own /usr/sbin is untouched.
@@ -35,7 +35,7 @@ exec "$@"
 def test_up_without_sshd_names_the_command_that_installs_it(tmp_path: Path) -> None:
     view = tmp_path / "sbin"
     view.mkdir()
-    up = [sys.executable, "-m", "cpuaccel.testing", "up", "--nodes", "1", "--id", "255"]
+    up = [sys.executable, "-m", "cpuaccel.testbed", "up", "--nodes", "1", "--id", "255"]
     argv = ["unshare", "--mount", "sh", "-c", WITHOUT_SSHD, "sh", str(view), *up]
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=60, env=inherited_env(), check=False

@@ -1,6 +1,6 @@
 """Network conditions of the test bed: what real clusters' networks do, on the namespace nodes.
 
-Each condition is a context manager on a running :class:`~cpuaccel.testing.cluster.Cluster`
+Each condition is a context manager on a running :class:`~cpuaccel.testbed.cluster.Cluster`
 that sets it up, yields what a test needs to know of it, and takes it all down again on
 exit, also when the block raises or the set-up fails half-way. It touches only what the
 bed owns: the nodes' namespaces and links named ``cpxl{id}...``.
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cpuaccel.testing.inventory_file import hosts_text
-from cpuaccel.testing.netns import (
+from cpuaccel.testbed.inventory_file import hosts_text
+from cpuaccel.testbed.netns import (
     CONTROLLER_HOST,
     ClusterError,
     Node,
@@ -50,7 +50,7 @@ from cpuaccel.testing.netns import (
 )
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.cluster import Cluster
+    from cpuaccel.testbed.cluster import Cluster
 
 DEBIAN_HOSTNAME_ADDRESS = "127.0.1.1"
 """Where Debian's installer points the machine's own hostname (``127.0.1.1 NAME``)."""

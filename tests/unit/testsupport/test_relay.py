@@ -1,4 +1,4 @@
-"""The test bed's delaying TCP relay (cpuaccel/testing/relay.py): it forwards bytes
+"""The test bed's delaying TCP relay (testsupport/relay.py): it forwards bytes
 intact both ways, holds each chunk for its delay, and ends cleanly by its pid."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing.relay import Relay, parse_route, relayed_known_hosts
+from testsupport.relay import Relay, parse_route, relayed_known_hosts
 
 
 def _free_port() -> int:
@@ -134,7 +134,7 @@ def test_ends_quietly_with_connections_mid_transfer() -> None:
     """SIGTERM with open connections: exit 0, no asyncio complaint on stderr."""
     server = socket.create_server(("127.0.0.1", 0))
     port = _free_port()
-    argv = [sys.executable, "-m", "cpuaccel.testing.relay", "--listen", "127.0.0.1"]
+    argv = [sys.executable, "-m", "testsupport.relay", "--listen", "127.0.0.1"]
     argv += ["--delay-ms", "1", f"{port}=127.0.0.1:{server.getsockname()[1]}"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -151,6 +151,6 @@ def test_ends_quietly_with_connections_mid_transfer() -> None:
 
 
 def test_refuses_a_bad_delay_on_its_command_line() -> None:
-    argv = [sys.executable, "-m", "cpuaccel.testing.relay", "--listen", "127.0.0.1"]
+    argv = [sys.executable, "-m", "testsupport.relay", "--listen", "127.0.0.1"]
     proc = subprocess.run([*argv, "--delay-ms", "-1", "1=a:2"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--delay-ms" in proc.stderr

@@ -1,8 +1,8 @@
 """A real Slurm in a test cluster: munged, slurmctld (controller side), one slurmd per node.
 
 ``Cluster.start_slurm()`` (or ``Cluster(n, slurm=True)``, or ``python -m
-cpuaccel.testing up --slurm``) starts it; the cluster's ``down`` removes it. Its
-files are in ``{state_dir}/slurm/`` (:mod:`~cpuaccel.testing.slurm_files`), its ports follow
+cpuaccel.testbed up --slurm``) starts it; the cluster's ``down`` removes it. Its
+files are in ``{state_dir}/slurm/`` (:mod:`~cpuaccel.testbed.slurm_files`), its ports follow
 from the cluster id, and every daemon is started here, remembered by pid and ended by pid.
 
 How a daemon is started, and why:
@@ -11,7 +11,7 @@ How a daemon is started, and why:
   socket in the bed's directory; one key and one socket serve every namespace, since a
   Unix socket is a path.
 - ``slurmctld`` runs on the controller side (the bridge address); slurmdbd and a private
-  MariaDB beside it when accounting is on (:mod:`~cpuaccel.testing.slurm_db`).
+  MariaDB beside it when accounting is on (:mod:`~cpuaccel.testbed.slurm_db`).
 - ``slurmd`` runs in the node's network namespace, entered with ``nsenter --net`` inside a
   fresh mount+UTS namespace made into the node (hostname, /etc/hosts, the node's private
   dir). Not ``ip netns exec``: that mounts a fresh /sys without cgroups and slurmd dies.
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from cpuaccel.testing import slurm_db, slurm_files
-from cpuaccel.testing.netns import (
+from cpuaccel.testbed import slurm_db, slurm_files
+from cpuaccel.testbed.netns import (
     NETNS_DIR,
     ClusterError,
     Node,
@@ -48,11 +48,11 @@ from cpuaccel.testing.netns import (
     _terminate,
     namespace_pids,
 )
-from cpuaccel.testing.slurm_files import MARKER, PARTITION, BedPaths, bed_dir
+from cpuaccel.testbed.slurm_files import MARKER, PARTITION, BedPaths, bed_dir
 
 
 class Cluster(Protocol):
-    """What the bed needs of its test cluster (testing/cluster.py's ``Cluster``)."""
+    """What the bed needs of its test cluster (testbed/cluster.py's ``Cluster``)."""
 
     cluster_id: int
     state_dir: Path

@@ -1,7 +1,7 @@
 """Each test node's sshd: its files (keys, config, log), starting it, and waiting for it.
 
 All files live in the cluster's state dir, named after the node, so that one sshd's config
-path identifies it on /proc (see :func:`cpuaccel.testing.netns._is_our_sshd`).
+path identifies it on /proc (see :func:`cpuaccel.testbed.netns._is_our_sshd`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.connectors.openssh import MUX_PREFIX
-from cpuaccel.testing.netns import SSHD, ClusterError, Node, _cmdline, _is_our_sshd
+from cpuaccel.testbed.netns import SSHD, ClusterError, Node, _cmdline, _is_our_sshd
 
 # --------------------------------------------------------------------------- files
 
@@ -88,7 +88,7 @@ def sshd_config(node: Node, cluster_id: int, host_key: Path, authorized_keys: Pa
         ("Subsystem", "sftp internal-sftp"),
         ("LogLevel", "ERROR"),
     ]
-    header = f"# {node.name} of test cluster {cluster_id} (cpuaccel.testing.cluster)\n"
+    header = f"# {node.name} of test cluster {cluster_id} (cpuaccel.testbed.cluster)\n"
     return header + "".join(f"{key} {value}\n" for key, value in settings)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.testing import forkserver
+from testsupport import forkserver
 
 CLEAN_PATH = "/usr/bin:/bin"
 
@@ -73,7 +73,7 @@ def cpuaccel(
     """``cpuaccel ARGS`` to its end, output captured as text (env: :func:`inherited_env`).
 
     Forked from a server that has the CLI imported where that is the same as a fresh
-    interpreter (:mod:`cpuaccel.testing.forkserver`), else started afresh."""
+    interpreter (:mod:`testsupport.forkserver`), else started afresh."""
     argv = cpuaccel_argv(*args, prelude=prelude)
     environ = dict(env) if env is not None else inherited_env()
     if prelude is None:

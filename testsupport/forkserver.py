@@ -25,7 +25,7 @@ None and the caller starts a real interpreter:
   from the server's. One server runs for each set of them.
 - the working directory holds a name that would shadow a module the server imported,
   which ``python -m`` would take from there.
-- the caller wants a prelude (:func:`cpuaccel.testing.command.cpuaccel_argv`).
+- the caller wants a prelude (:func:`testsupport.command.cpuaccel_argv`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ KILLED_BOUND = 10.0
 
 # The server's interpreter: no folder of this process is put before the installed cpuaccel.
 SERVER = (
-    "import sys; del sys.path[0]; "
-    "from cpuaccel.testing.forkserver import serve; serve(int(sys.argv[1]))"
+    "import sys; del sys.path[0]; from testsupport.forkserver import serve; serve(int(sys.argv[1]))"
 )
 STATUS = struct.Struct("=qq")  # (pid, 0) when it started, then (pid, wait status)
 

@@ -1,4 +1,4 @@
-"""The tests' fork server (cpuaccel/testing/forkserver.py): a forked command gives what a
+"""The tests' fork server (testsupport/forkserver.py): a forked command gives what a
 fresh ``python -m`` gives (exit code, both streams, its folder, environment, argv,
 sys.path, atexit, threads, an uncaught exception); a timeout kills it; and a folder
 that would shadow a loaded module, or other start-up variables, are not forked."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.testing import forkserver
-from cpuaccel.testing.command import inherited_env
+from testsupport import forkserver
+from testsupport.command import inherited_env
 
 # A module run as `python -m probe`: everything a fresh interpreter decides shows in
 # its output, then it fails as an uncaught exception does.

@@ -27,10 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cpuaccel.testing.netns import ClusterError, bridge_name, namespace_name, veth_name
+from cpuaccel.testbed.netns import ClusterError, bridge_name, namespace_name, veth_name
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.cluster import Cluster
+    from cpuaccel.testbed.cluster import Cluster
 
 BURST = "256kb"
 LATENCY = "50ms"

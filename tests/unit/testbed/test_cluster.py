@@ -1,4 +1,4 @@
-"""The multi-node test bed (cpuaccel.testing.cluster) without root: its names fit Linux's
+"""The multi-node test bed (cpuaccel.testbed.cluster) without root: its names fit Linux's
 limits, the inventory it writes, and the rule that skips cluster tests off root (and fails
 them when CPUACCEL_REQUIRE_CLUSTER=1). On real namespaces: tests/cluster/test_testbed.py."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpuaccel.testing.cluster import (
+from cpuaccel.testbed.cluster import (
     Cluster,
     bridge_name,
     namespace_name,

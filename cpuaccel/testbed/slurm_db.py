@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cpuaccel.testing import slurm_files
-from cpuaccel.testing.netns import ClusterError
+from cpuaccel.testbed import slurm_files
+from cpuaccel.testbed.netns import ClusterError
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.slurm_files import BedPaths
+    from cpuaccel.testbed.slurm_files import BedPaths
 
 MARIADBD = "/usr/sbin/mariadbd"
 SLURMDBD = "/usr/sbin/slurmdbd"

@@ -1,7 +1,7 @@
 """The test nodes as namespaces: names, the network, entering a node, its processes.
 
 Names follow from the cluster id alone, so that a later process can find (and clean up)
-what an earlier one left (see :mod:`cpuaccel.testing.state`). Processes are recognised on
+what an earlier one left (see :mod:`cpuaccel.testbed.state`). Processes are recognised on
 /proc by their namespace or by the sshd config they were started with, never by a pattern
 that could match someone else's.
 """
@@ -74,7 +74,7 @@ def controller_address(cluster_id: int) -> str:
 
 
 def second_bridge_name(cluster_id: int) -> str:
-    """The bridge of the optional second network (:mod:`cpuaccel.testing.netfaults`)."""
+    """The bridge of the optional second network (:mod:`testsupport.netfaults`)."""
     return f"cpxl{cluster_id}br2"
 
 

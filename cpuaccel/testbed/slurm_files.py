@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpuaccel.testing.netns import Node, _all_pids
+from cpuaccel.testbed.netns import Node, _all_pids
 
 MARKER = "CPXL_SLURM_BED"
 PARTITION = "debug"
@@ -143,7 +143,7 @@ def slurm_conf(
     ]
     if accounting:
         settings += _accounting(paths, controller_address, port["slurmdbd"])
-    lines = [f"# Slurm of test cluster {cluster_id} (cpuaccel.testing.slurm)"]
+    lines = [f"# Slurm of test cluster {cluster_id} (cpuaccel.testbed.slurm)"]
     lines += [f"{key}={value}" for key, value in settings]
     lines += [f"NodeName={n.name} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN" for n in nodes]
     names = ",".join(n.name for n in nodes)

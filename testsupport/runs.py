@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cpuaccel.testing.command import clean_env, cpuaccel, start_cpuaccel
+from testsupport.command import clean_env, cpuaccel, start_cpuaccel
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.cluster import Cluster
+    from cpuaccel.testbed.cluster import Cluster
 
 # A clean environment: what a user's shell would pass, without this session's variables.
 ENV = clean_env()

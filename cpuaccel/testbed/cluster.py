@@ -23,9 +23,9 @@ Needs root. From Python::
 
 From a shell (nodes keep running after ``up`` returns)::
 
-    python -m cpuaccel.testing up --nodes 3 [--id N] [--slurm]  # prints the inventory
-    python -m cpuaccel.testing status [--id N]
-    python -m cpuaccel.testing down [--id N]
+    python -m cpuaccel.testbed up --nodes 3 [--id N] [--slurm]  # prints the inventory
+    python -m cpuaccel.testbed status [--id N]
+    python -m cpuaccel.testbed down [--id N]
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from cpuaccel.testing import slurm as slurm_daemons
-from cpuaccel.testing import sshd
-from cpuaccel.testing.inventory_file import hosts_text, inventory_text, known_hosts_text
-from cpuaccel.testing.netns import (
+from cpuaccel.testbed import slurm as slurm_daemons
+from cpuaccel.testbed import sshd
+from cpuaccel.testbed.inventory_file import hosts_text, inventory_text, known_hosts_text
+from cpuaccel.testbed.netns import (
     MAX_NODES,
     NODE_DIR,
     PRIVSEP_DIR,
@@ -68,7 +68,7 @@ from cpuaccel.testing.netns import (
     unavailable_reason,
     veth_name,
 )
-from cpuaccel.testing.state import Lock, cleanup_stale, load_state, save_state
+from cpuaccel.testbed.state import Lock, cleanup_stale, load_state, save_state
 
 # Tests and benches import these names from here, where the cluster is.
 __all__ = [
@@ -235,7 +235,7 @@ class Cluster:
         self._lock.release(remove=False)
 
     def start_slurm(self, *, cpus: int | None = None) -> slurm_daemons.SlurmBed:
-        """Slurm on the running nodes (:mod:`~cpuaccel.testing.slurm`), started or the one
+        """Slurm on the running nodes (:mod:`~cpuaccel.testbed.slurm`), started or the one
         running; `down` stops it. `cpus`: each node's (default this machine's, at least 2)."""
         if self.slurm_bed is None or not self.slurm_bed.running:
             self.slurm_bed = slurm_daemons.attach(self) or slurm_daemons.start(self, cpus)

@@ -1,4 +1,4 @@
-"""``python -m cpuaccel.testing up|down|status``: the test cluster from a shell."""
+"""``python -m cpuaccel.testbed up|down|status``: the test cluster from a shell."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cpuaccel.testing.cluster import Cluster
-from cpuaccel.testing.netns import MAX_CLUSTER_ID, NETNS_DIR, ClusterError, lock_path_for
-from cpuaccel.testing.state import Lock, cleanup_stale, leftovers
+from cpuaccel.testbed.cluster import Cluster
+from cpuaccel.testbed.netns import MAX_CLUSTER_ID, NETNS_DIR, ClusterError, lock_path_for
+from cpuaccel.testbed.state import Lock, cleanup_stale, leftovers
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -79,7 +79,7 @@ def _known_ids(state_root: Path) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cpuaccel.testing",
+        prog="python -m cpuaccel.testbed",
         description="Namespace nodes with sshd on this machine, for tests (needs root).",
     )
     parser.add_argument("--state-root", type=Path, default=Path("/tmp"), help=argparse.SUPPRESS)

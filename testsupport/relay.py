@@ -15,7 +15,7 @@ records each node's key at that address and port. Started and ended by pid::
     ...
     relay.stop()
 
-or from a shell: ``python -m cpuaccel.testing.relay --delay-ms 2 --listen ADDR
+or from a shell: ``python -m testsupport.relay --delay-ms 2 --listen ADDR
 PORT=HOST:PORT ...`` (it prints ``ready`` once every port listens).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cpuaccel.testing.cluster import Cluster
+    from cpuaccel.testbed.cluster import Cluster
 
 CHUNK = 65536
 READY = "ready"
@@ -137,7 +137,7 @@ class Relay:
     def start(
         cls, routes: Sequence[tuple[int, str, int]], listen: str, delay: float, timeout: float = 30
     ) -> Relay:
-        argv = [sys.executable, "-m", "cpuaccel.testing.relay", "--listen", listen]
+        argv = [sys.executable, "-m", "testsupport.relay", "--listen", listen]
         argv += ["--delay-ms", f"{delay * 1000:g}"]
         argv += [f"{port}={host}:{host_port}" for port, host, host_port in routes]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -221,7 +221,7 @@ async def _main_async(listen: str, routes: list[tuple[int, str, int]], delay: fl
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cpuaccel.testing.relay")
+    parser = argparse.ArgumentParser(prog="python -m testsupport.relay")
     parser.add_argument("--listen", required=True, help="address the relay listens on")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added per chunk, per way")
     parser.add_argument("routes", nargs="+", help="LISTENPORT=HOST:PORT")

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from cpuaccel.testing.netns import CONTROLLER_NAME, WORKDIR, Node
+from cpuaccel.testbed.netns import CONTROLLER_NAME, WORKDIR, Node
 
 
 class _FlowDict(dict[str, Any]):

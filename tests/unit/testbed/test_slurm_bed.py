@@ -12,8 +12,8 @@ from typing import Any, cast
 
 import pytest
 
-from cpuaccel.testing import slurm, slurm_files
-from cpuaccel.testing.netns import ClusterError, make_nodes
+from cpuaccel.testbed import slurm, slurm_files
+from cpuaccel.testbed.netns import ClusterError, make_nodes
 
 
 def _conf(cluster_id: int, tmp_path: Path, accounting: bool = True) -> str:
