@@ -8,15 +8,17 @@ launcher), with the host-key policy of connectors/hostkeys.py throughout.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
 
-from cpuaccel.connectors import openssh
+from cpuaccel import ui
+from cpuaccel.connectors import commandline, openssh
 from cpuaccel.connectors.connect_options import ConnectOptions
-from cpuaccel.connectors.rsync import RsyncResult
-from cpuaccel.errors import HostError, Unreachable
+from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
+from cpuaccel.errors import CommandTimeout, HostError, HostKeyError, Unreachable
 from cpuaccel.inventory.host import Host
 
 
@@ -32,6 +34,35 @@ class CommandResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command for a host: ``line``, the shell line that runs it (quoted in one
+    place, commandline.shell_line), and ``shown``, what logs and errors say of it (no
+    environment values)."""
+
+    line: str
+    shown: str
+
+    @classmethod
+    def of(cls, argv: Sequence[str], env: Mapping[str, str] | None, cwd: str | None) -> Command:
+        return cls(
+            commandline.shell_line(argv, env=env, cwd=cwd),
+            commandline.shown_line(argv, env=env, cwd=cwd),
+        )
+
+
+@dataclass(frozen=True)
+class RsyncRoute:
+    """How rsync reaches a host: the destination as rsync names it, the ssh argv rsync
+    starts (None for a path on this machine), the ProxyJump hops its refusals name, and
+    what the shown command line adds."""
+
+    dest: str
+    ssh: list[str] | None = None
+    hops: Sequence[openssh.Hop] = ()
+    note: str = ""
 
 
 class Process(abc.ABC):
@@ -71,7 +102,6 @@ def split_lines(pending: bytes, chunk: bytes) -> tuple[list[str], bytes]:
 class Connector(abc.ABC):
     """A connection to one host. Use as a context manager; commands are argv lists."""
 
-    rsync_ok = True  # rsync's protocol runs over it (not through srun: sync sends a tar)
     # True when connect() opens nothing and the first command is what reaches the host
     # and verifies its key (an OpenSSH master, connectors/openssh_session.py).
     opens_lazily = False
@@ -84,7 +114,6 @@ class Connector(abc.ABC):
     def connect(self) -> None:
         """Open the connection; raises Unreachable (or HostKeyError) with the reason."""
 
-    @abc.abstractmethod
     def run(
         self,
         argv: Sequence[str],
@@ -94,12 +123,40 @@ class Connector(abc.ABC):
         stdin: bytes | BinaryIO | None = None,
         timeout: float | None = None,
     ) -> CommandResult:
-        """Run argv on the host and wait; raises CommandTimeout past the timeout.
+        """Run argv on the host and wait; raises CommandTimeout past the timeout (the
+        options' command_timeout when None).
 
         ``stdin`` is sent, then closed: bytes, or a binary file streamed in chunks.
         """
+        command = Command.of(argv, env, cwd)
+        ui.detail(2, self.host.name, f"$ {command.shown}")
+        limit = self.options.command_timeout if timeout is None else timeout
+        started = time.monotonic()
+        code, out, err = self.execute(command, stdin, limit)
+        seconds = time.monotonic() - started
+        ui.detail(2, self.host.name, f"exit {code} in {seconds:.2f} s")
+        return CommandResult(
+            host=self.host.name,
+            command=command.line,
+            exit_code=code,
+            stdout=out.decode(errors="replace"),
+            stderr=err.decode(errors="replace"),
+            seconds=seconds,
+        )
 
     @abc.abstractmethod
+    def execute(
+        self, command: Command, stdin: bytes | BinaryIO | None, timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        """``run``'s part that differs by connection: the command run, stdin sent and
+        closed, and its (exit status, stdout, stderr) awaited; ``timed_out`` past
+        ``timeout`` seconds."""
+
+    def timed_out(self, command: Command, timeout: float) -> CommandTimeout:
+        return CommandTimeout(
+            self.host.name, f"command timed out after {timeout:g} s: {command.shown}"
+        )
+
     def start(
         self,
         argv: Sequence[str],
@@ -108,8 +165,17 @@ class Connector(abc.ABC):
         cwd: str | None = None,
     ) -> Process:
         """Start argv and return at once; its stdin stays open until Process.close()."""
+        command = Command.of(argv, env, cwd)
+        ui.detail(2, self.host.name, f"$ {command.shown} &")
+        return self.spawn(command)
 
     @abc.abstractmethod
+    def spawn(self, command: Command) -> Process:
+        """``start``'s part that differs by connection."""
+
+    # Why rsync cannot reach the host over this connection (the sync then sends a tar).
+    rsync_refusal: str | None = None
+
     def rsync(
         self,
         flags: Sequence[str],
@@ -121,6 +187,30 @@ class Connector(abc.ABC):
     ) -> RsyncResult:
         """Push ``source`` (a path on the controller, or several) to ``dest`` on the host with
         ``rsync FLAGS``; its stdout lines go to on_line, or into the result."""
+        if self.rsync_refusal is not None:
+            return RsyncResult(1, [], f"{self.host.name} {self.rsync_refusal}")
+        route = self.rsync_route(dest)
+        argv = rsync_argv(flags, source, route.dest, route.ssh)
+        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)}{route.note}")
+        result = run_rsync(argv, stdin=stdin, on_line=on_line)
+        refused = None
+        if not result.ok and route.ssh is not None:
+            refused = openssh.refused_key(result.stderr, list(route.hops))
+        if refused is not None:  # ssh's words are lost under rsync's last line otherwise
+            raise HostKeyError(self.host.name, refused[0], hint=refused[1])
+        return result
+
+    def rsync_route(self, dest: str) -> RsyncRoute:
+        """How rsync reaches ``dest`` on the host: by default the host's own ssh (its
+        user, port, key, hops and host-key policy), run from the controller."""
+        hops = openssh.jump_hops(self.host)
+        ssh = openssh.ssh_argv(self.host, self.options, hops)
+        return RsyncRoute(openssh.remote_spec(self.host, dest), ssh, hops, " (on the controller)")
+
+    @property
+    def rsync_ok(self) -> bool:
+        """rsync's protocol runs over it (not through srun: sync sends a tar)."""
+        return self.rsync_refusal is None
 
     def ssh_argv(self) -> list[str]:
         """``ssh`` and its options for a tool that starts ssh itself (rsync, MPI's

@@ -8,14 +8,10 @@ import queue
 import signal
 import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import IO, BinaryIO
 
-from cpuaccel import ui
-from cpuaccel.connectors import commandline
-from cpuaccel.connectors.base import CommandResult, Connector, Process, split_lines
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
+from cpuaccel.connectors.base import Command, Connector, Process, RsyncRoute, split_lines
 from cpuaccel.errors import CommandTimeout
 
 _CHUNK = 1 << 18
@@ -101,31 +97,13 @@ class LocalConnector(Connector):
     def close(self) -> None:
         pass
 
-    def rsync(
-        self,
-        flags: Sequence[str],
-        source: str | list[str],
-        dest: str,
-        *,
-        stdin: bytes | None = None,
-        on_line: Callable[[str], None] | None = None,
-    ) -> RsyncResult:
+    def rsync_route(self, dest: str) -> RsyncRoute:
         # No shell expands "~" here: rsync would make a folder named "~" in the cwd.
-        argv = rsync_argv(flags, source, os.path.expanduser(dest))
-        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)}")
-        return run_rsync(argv, stdin=stdin, on_line=on_line)
+        return RsyncRoute(os.path.expanduser(dest))
 
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Process:
-        line = commandline.shell_line(argv, env=env, cwd=cwd)
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)} &")
+    def spawn(self, command: Command) -> Process:
         proc = subprocess.Popen(
-            self.wrap(line),
+            self.wrap(command.line),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -133,23 +111,13 @@ class LocalConnector(Connector):
         )
         return LocalProcess(proc, self.host.name)
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | BinaryIO | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
+    def execute(
+        self, command: Command, stdin: bytes | BinaryIO | None, timeout: float
+    ) -> tuple[int, bytes, bytes]:
         # The same rendered line as over SSH, run by sh: a command behaves alike on a
         # local host and a remote one, and quoting has one code path to test.
-        line = commandline.shell_line(argv, env=env, cwd=cwd)
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)}")
-        timeout = self.options.command_timeout if timeout is None else timeout
-        started = time.monotonic()
         proc = subprocess.Popen(
-            self.wrap(line),
+            self.wrap(command.line),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -168,19 +136,6 @@ class LocalConnector(Connector):
             # A process that left the group may hold the pipes open: do not wait for it.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=5)
-            raise CommandTimeout(
-                self.host.name,
-                f"command timed out after {timeout:g} s: "
-                f"{commandline.shown_line(argv, env=env, cwd=cwd)}",
-            ) from None
+            raise self.timed_out(command, timeout) from None
         writer.join(5)  # its pipe is closed or broken once the command ended
-        seconds = time.monotonic() - started
-        ui.detail(2, self.host.name, f"exit {proc.returncode} in {seconds:.2f} s")
-        return CommandResult(
-            host=self.host.name,
-            command=line,
-            exit_code=proc.returncode,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-            seconds=time.monotonic() - started,
-        )
+        return proc.returncode, out, err

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+import time
 from typing import BinaryIO
 
 from cpuaccel import ui
 from cpuaccel.connectors import controlpath, kex, known_lines, openssh
-from cpuaccel.connectors.base import CommandResult, Process, cannot_connect
+from cpuaccel.connectors.base import Command, Process, RsyncRoute, cannot_connect
 from cpuaccel.connectors.hostkeys import (
     SYSTEM_KNOWN_HOSTS,
     host_key_policy,
@@ -32,7 +32,6 @@ from cpuaccel.connectors.hostkeys import (
     refuse_unreadable_known_hosts,
 )
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
 from cpuaccel.errors import HostKeyError, Unreachable
 
 PERSIST = controlpath.PERSIST_SECONDS
@@ -166,55 +165,31 @@ class OpenSSHConnector(LocalConnector):
 
         return openssh.login_user(self.host, self.options) or getpass.getuser()
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | BinaryIO | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
-        result = super().run(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
-        if result.exit_code == SSH_FAILED:
-            failure = self._failure(result.stderr)
+    def execute(
+        self, command: Command, stdin: bytes | BinaryIO | None, timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        started = time.monotonic()
+        code, out, err = super().execute(command, stdin, timeout)
+        if code == SSH_FAILED:
+            failure = self._failure(err.decode(errors="replace"))
             if failure is not None:
                 raise failure
         if not self._reached:  # -v's line, as the paramiko connector's at connect
             self._reached = True
             if ui.verbosity >= 1:  # built only then: its user and port read ssh_config
                 where = f"{self._user()}@{self.host.address}:{openssh.port_of(self.host)}"
-                took = f"in {result.seconds:.2f} s (ssh, a connection kept {PERSIST}s)"
+                took = f"in {time.monotonic() - started:.2f} s (ssh, a connection kept {PERSIST}s)"
                 ui.detail(1, self.host.name, f"connected as {where} {took}")
-        return result
+        return code, out, err
 
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Process:
+    def spawn(self, command: Command) -> Process:
         self._argv()  # the folder and the argv judged before anything starts
-        return super().start(argv, env=env, cwd=cwd)
+        return super().spawn(command)
 
-    def rsync(
-        self,
-        flags: Sequence[str],
-        source: str | list[str],
-        dest: str,
-        *,
-        stdin: bytes | None = None,
-        on_line: Callable[[str], None] | None = None,
-    ) -> RsyncResult:
+    def rsync_route(self, dest: str) -> RsyncRoute:
         # rsync's ssh goes through the same master: no handshake of its own.
-        argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), self._argv())
-        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)} (on the controller)")
-        result = run_rsync(argv, stdin=stdin, on_line=on_line)
-        refused = None if result.ok else openssh.refused_key(result.stderr, self._hops or [])
-        if refused is not None:  # ssh's words are lost under rsync's last line otherwise
-            raise HostKeyError(self.host.name, refused[0], hint=refused[1])
-        return result
+        spec = openssh.remote_spec(self.host, dest)
+        return RsyncRoute(spec, self._argv(), self._hops or [], " (on the controller)")
 
     def host_key(self) -> str | None:
         """The known key ssh verified the host against (ssh accepts no other), for the

@@ -24,7 +24,6 @@ from cpuaccel.connectors import commandline, programs
 from cpuaccel.connectors.base import CommandResult
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.local import LocalConnector
-from cpuaccel.connectors.rsync import RsyncResult
 from cpuaccel.errors import HostError, Unreachable, UsageError
 from cpuaccel.inventory.host import Host
 
@@ -56,18 +55,7 @@ class SrunConnector(LocalConnector):
 
     # rsync over srun's stdin forwarding hangs (rsync's protocol waits on data that
     # srun holds back; seen with Slurm 22.05): the sync sends its tar stream instead.
-    rsync_ok = False
-
-    def rsync(
-        self,
-        flags: Sequence[str],
-        source: str | list[str],
-        dest: str,
-        *,
-        stdin: bytes | None = None,
-        on_line: Callable[[str], None] | None = None,
-    ) -> RsyncResult:
-        return RsyncResult(1, [], f"{self.host.name} is reached through srun, where rsync hangs")
+    rsync_refusal = "is reached through srun, where rsync hangs"
 
     def ssh_argv(self) -> list[str]:
         raise UsageError(

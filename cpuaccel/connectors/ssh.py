@@ -15,7 +15,7 @@ import os
 import select
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import paramiko
@@ -23,9 +23,9 @@ from fabric import Connection
 from paramiko.ssh_exception import NoValidConnectionsError
 
 from cpuaccel import ui
-from cpuaccel.connectors import commandline, known_keys, openssh, transports
+from cpuaccel.connectors import known_keys, openssh, transports
 from cpuaccel.connectors.base import (
-    CommandResult,
+    Command,
     Connector,
     Process,
     cannot_connect,
@@ -41,7 +41,6 @@ from cpuaccel.connectors.hostkeys import (
     refuse_inline_proxy,
     refuse_unreadable_known_hosts,
 )
-from cpuaccel.connectors.rsync import RsyncResult, rsync_argv, run_rsync, shown_rsync
 from cpuaccel.errors import CommandTimeout, HostKeyError, Unreachable
 
 _READ_CHUNK = 1 << 16
@@ -233,27 +232,6 @@ class SSHConnector(Connector):
         known_keys.use_host_keys(client, known)
         client.set_missing_host_key_policy(_RejectUnknownKey(self.host.name, known, what))
 
-    def rsync(
-        self,
-        flags: Sequence[str],
-        source: str | list[str],
-        dest: str,
-        *,
-        stdin: bytes | None = None,
-        on_line: Callable[[str], None] | None = None,
-    ) -> RsyncResult:
-        # rsync starts its own ssh: it gets this connector's argv, so the same port,
-        # user, key, hops and host-key policy; the paramiko connection is not needed.
-        hops = openssh.jump_hops(self.host)
-        ssh = openssh.ssh_argv(self.host, self.options, hops)
-        argv = rsync_argv(flags, source, openssh.remote_spec(self.host, dest), ssh)
-        ui.detail(2, self.host.name, f"$ {shown_rsync(argv)} (on the controller)")
-        result = run_rsync(argv, stdin=stdin, on_line=on_line)
-        refused = None if result.ok else openssh.refused_key(result.stderr, hops)
-        if refused is not None:  # ssh's words are lost under rsync's last line otherwise
-            raise HostKeyError(self.host.name, refused[0], hint=refused[1])
-        return result
-
     def host_key(self) -> str | None:
         transport = self._conn.client.get_transport() if self._conn is not None else None
         if transport is None:
@@ -270,53 +248,35 @@ class SSHConnector(Connector):
             transports.close_hops(self._conn)
             self._conn = None
 
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> Process:
-        if self._conn is None:
-            self.connect()
-        assert self._conn is not None
-        transport = self._conn.client.get_transport()
-        if transport is None or not transport.is_active():
-            raise _lost(self.host.name, self.options)
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)} &")
+    def spawn(self, command: Command) -> Process:
+        transport = self._transport()
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
-            chan.exec_command(commandline.shell_line(argv, env=env, cwd=cwd))
+            chan.exec_command(command.line)
         except _CHANNEL_ERRORS as exc:
             raise Unreachable(self.host.name, f"cannot start a command: {exc}") from None
         return SSHProcess(chan, self.host.name, self.options)
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | BinaryIO | None = None,
-        timeout: float | None = None,
-    ) -> CommandResult:
+    def _transport(self) -> paramiko.Transport:
+        """The connection's live transport, connecting first; a dead one: lost."""
         if self._conn is None:
             self.connect()
         assert self._conn is not None
-        line = commandline.shell_line(argv, env=env, cwd=cwd)
-        ui.detail(2, self.host.name, f"$ {commandline.shown_line(argv, env=env, cwd=cwd)}")
-        timeout = self.options.command_timeout if timeout is None else timeout
-        started = time.monotonic()
-        deadline = started + timeout
+        transport: paramiko.Transport | None = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise _lost(self.host.name, self.options)
+        return transport
+
+    def execute(
+        self, command: Command, stdin: bytes | BinaryIO | None, timeout: float
+    ) -> tuple[int, bytes, bytes]:
+        transport = self._transport()
+        deadline = time.monotonic() + timeout
         try:
-            transport = self._conn.client.get_transport()
-            if transport is None or not transport.is_active():
-                raise _lost(self.host.name, self.options)
             chan = transport.open_session(timeout=self.options.connect_timeout)
-            chan.exec_command(line)
+            chan.exec_command(command.line)
             self._send(chan, stdin)
-            shown = commandline.shown_line(argv, env=env, cwd=cwd)  # no env values
-            out, err = self._collect(chan, deadline, shown, timeout)
+            out, err = self._collect(chan, deadline, command, timeout)
             code = chan.recv_exit_status()
             chan.close()
         except _CHANNEL_ERRORS as exc:
@@ -325,15 +285,7 @@ class SSHConnector(Connector):
             ) from None
         if code == -1 and not transport.is_active():  # closed by the transport's death
             raise _lost(self.host.name, self.options)
-        ui.detail(2, self.host.name, f"exit {code} in {time.monotonic() - started:.2f} s")
-        return CommandResult(
-            host=self.host.name,
-            command=line,
-            exit_code=code,
-            stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
-            seconds=time.monotonic() - started,
-        )
+        return code, out, err
 
     @staticmethod
     def _send(chan: paramiko.Channel, stdin: bytes | BinaryIO | None) -> None:
@@ -348,7 +300,7 @@ class SSHConnector(Connector):
             pass  # the command ended early; its exit status and stderr say why
 
     def _collect(
-        self, chan: paramiko.Channel, deadline: float, line: str, timeout: float
+        self, chan: paramiko.Channel, deadline: float, command: Command, timeout: float
     ) -> tuple[bytes, bytes]:
         out: list[bytes] = []
         err: list[bytes] = []
@@ -356,9 +308,7 @@ class SSHConnector(Connector):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 chan.close()
-                raise CommandTimeout(
-                    self.host.name, f"command timed out after {timeout:g} s: {line}"
-                )
+                raise self.timed_out(command, timeout)
             # The channel's fileno is readable when stdout or stderr has data, or at EOF.
             with contextlib.suppress(OSError, ValueError):  # closed under us: loop checks
                 select.select([chan], [], [], min(remaining, 1.0))

@@ -36,7 +36,6 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from cpuaccel.testbed import slurm as slurm_daemons
@@ -168,12 +167,7 @@ class Cluster:
             self.up()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.down()
 
     @property

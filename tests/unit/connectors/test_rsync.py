@@ -72,8 +72,7 @@ def captured_rsync(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(list(argv))
         return rsync.RsyncResult(0, [], "")
 
-    monkeypatch.setattr("cpuaccel.connectors.ssh.run_rsync", fake)
-    monkeypatch.setattr("cpuaccel.connectors.local.run_rsync", fake)
+    monkeypatch.setattr("cpuaccel.connectors.base.run_rsync", fake)
     return calls
 
 
@@ -178,7 +177,7 @@ def test_a_key_refused_by_rsyncs_ssh_is_a_host_key_error_naming_the_hop(
         "Host key verification failed.\nrsync: connection unexpectedly closed\n"
     )
     monkeypatch.setattr(
-        "cpuaccel.connectors.ssh.run_rsync", lambda *_, **__: rsync.RsyncResult(255, [], "", said)
+        "cpuaccel.connectors.base.run_rsync", lambda *_, **__: rsync.RsyncResult(255, [], "", said)
     )
     conn = SSHConnector(Host("n1", {"ansible_host": "10.0.0.2"}), CHECKED)
     with pytest.raises(HostKeyError) as refused:
