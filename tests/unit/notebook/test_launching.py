@@ -69,8 +69,12 @@ def report(code: int, ended_by: str, world: int = 2, **ranks: int | None) -> Job
     return done
 
 
+KEY = "ab" * payload.KEY_BYTES
+
+
 def test_values_come_back_rank_zeros_or_all() -> None:
-    outcome = Outcome(values={0: payload.value_bytes("a"), 1: payload.value_bytes("b")})
+    values = {r: payload.seal(KEY, r, payload.value_bytes(v)) for r, v in enumerate("ab")}
+    outcome = Outcome(key=KEY, values=values)
     assert finish(report(0, "completed"), outcome, gather=False) == "a"
     assert finish(report(0, "completed"), outcome, gather=True) == ["a", "b"]
 
