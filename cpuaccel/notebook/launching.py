@@ -43,6 +43,7 @@ from cpuaccel.jobs.rundir import PLAIN
 from cpuaccel.jobs.tracebacks import ranks_text
 from cpuaccel.notebook import payload
 from cpuaccel.notebook.errors import JobError, RankError, ResultRefused
+from cpuaccel.visible import visible
 
 RANK_MODULE = "cpuaccel.notebook.rank"
 # The host keywords of cpuaccel.launch, given to target_of as they are.
@@ -148,7 +149,7 @@ class CellOutput:
 
 def _write_line(stream: TextIO, text: str) -> None:
     try:
-        stream.write(text + "\n")
+        stream.write(visible(text) + "\n")  # a rank's escapes shown, never obeyed
         stream.flush()
     except (OSError, ValueError):  # a closed stream: the lines are in the logs too
         pass
@@ -224,7 +225,7 @@ class Outcome:
                 error = present.get(payload.error_name(rank))
                 if error is not None:
                     data = read_whole(conn, plan.run_dir, error.name)
-                    text = data.decode("utf-8", errors="replace")
+                    text = visible(data.decode("utf-8", errors="replace"))
                     self.errors[rank] = (conn.host.name, text, error.mtime)
                 wanted = rank == 0 or gather
                 if wanted and payload.result_name(rank) in present:

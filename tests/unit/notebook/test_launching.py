@@ -132,6 +132,15 @@ def test_rank_zeros_output_and_every_ranks_errors_reach_the_cell() -> None:
     ]
 
 
+def test_a_ranks_escapes_reach_the_cell_shown_not_obeyed() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    sink = CellOutput(out, err)
+    sink("out", 0, "n1", "loss 1\x1b]52;c;SGVsbG8=\x07\r\x1b[1A")
+    sink("err", 1, "n\x1b[2J2", "\x9b2Jboom")
+    assert out.getvalue() == "loss 1\\x1b]52;c;SGVsbG8=\\x07\\x0d\\x1b[1A\n"
+    assert err.getvalue() == "[rank 1 n\\x1b[2J2] \\x9b2Jboom\n"
+
+
 def test_settings_that_would_run_something_else_are_refused() -> None:
     with pytest.raises(UsageError, match="module"):
         notebook.launch(len, module=True)
