@@ -92,7 +92,19 @@ class HeadFiles:
         self.where = run.head_run_dir
 
     def read(self, name: str, offset: int) -> tuple[bytes, int]:
-        return runfiles.read_new(self.conn(), self.where, name, offset)
+        """As LocalFiles.read, the head's ``read`` doing the same checks: what it
+        refuses (an error, where a missing file is no error) and does not list (only
+        regular files are) is NotALog; any other error is the head's."""
+        try:
+            return runfiles.read_new(self.conn(), self.where, name, offset)
+        except HostError:
+            listed = runfiles.list_files(self.conn(), self.where)
+            if listed is None or name in {f.name for f in listed}:
+                raise
+            head = self.run.head or "the head"
+            raise NotALog(
+                f"{self.where}/{name} on {head}: not a regular file, not a log: not read"
+            ) from None
 
     def state(self) -> str:
         data, _, _ = runfiles.read(self.conn(), self.where, "status.json")

@@ -1,7 +1,8 @@
 """`cpuaccel logs` on hostile rank logs: a line of 80 MiB without a newline is shown cut,
 with how many bytes were left out, in bounded time and memory; a rank log that is a FIFO
 or a symbolic link is named in one line and not read (the link's target never shown),
-and the other ranks' logs are shown."""
+and the other ranks' logs are shown (a detached run's, read from its head over ssh:
+tests/cluster/test_ps_logs_fetch.py)."""
 
 from __future__ import annotations
 
