@@ -88,7 +88,9 @@ def _tag(key: str, rank: int, data: bytes) -> bytes:
     import hashlib
     import hmac
 
-    return hmac.new(bytes.fromhex(key), b"rank %d\n" % rank + data, hashlib.sha256).digest()
+    mac = hmac.new(bytes.fromhex(key), b"rank %d\n" % rank, hashlib.sha256)
+    mac.update(data)  # not joined first: a value may be large
+    return mac.digest()
 
 
 def seal(key: str, rank: int, data: bytes) -> bytes:
