@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TextIO, TypeVar
 
+from cpuaccel.visible import visible
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
@@ -22,11 +24,12 @@ if TYPE_CHECKING:
 
 
 def escape(markup: str) -> str:
-    """rich's ``escape``: user text (a host name, a path, a message) printed as given,
-    never read as markup."""
+    """rich's ``escape``: user text (a host name, a path, a message, a rank's line)
+    printed as given, never read as markup, nor as a terminal's control: every control
+    character but the newline and the tab is shown as its code (cpuaccel.visible)."""
     from rich.markup import escape as rich_escape
 
-    return rich_escape(markup)
+    return rich_escape(visible(markup))
 
 
 def _maybe_terminal(stream: Any) -> bool:

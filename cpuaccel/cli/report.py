@@ -22,6 +22,7 @@ from cpuaccel.history.metrics import (
 )
 from cpuaccel.history.plot import duration
 from cpuaccel.history.records import find_run
+from cpuaccel.visible import visible
 
 PNG = "report.png"
 
@@ -56,7 +57,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     out = ui.stdout()
 
     def line(label: str, text: str) -> None:
-        out.print(f"{label:<11}{text}", markup=False)
+        out.print(visible(f"{label:<11}{text}"), markup=False)
 
     line("run", summary["run_dir"])
     span = f"step {summary['first_step']} to {summary['last_step']}"
@@ -146,11 +147,13 @@ def report_command(run_spec: str, as_json: bool) -> None:
     summary["panels"] = report_plot.panels(metrics)
     warn = ui.stderr()
     for warning in info.warnings:
-        warn.print(f"warning: {warning}", markup=False)
+        warn.print(visible(f"warning: {warning}"), markup=False)
     if metrics.skipped_partial_last_line:
         warn.print(
-            f"warning: {metrics.path}: left out its last line, cut short (a job ended "
-            "while writing it)",
+            visible(
+                f"warning: {metrics.path}: left out its last line, cut short (a job ended "
+                "while writing it)"
+            ),
             markup=False,
         )
     if as_json:

@@ -3,14 +3,16 @@ head node while a detached run runs there (``cpuaccel logs``, ``Run.logs``)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
-from cpuaccel.errors import HostError, UsageError
+from cpuaccel.errors import CpuaccelError, HostError, UsageError
 from cpuaccel.history import node_files as runfiles
 from cpuaccel.history.records import ENDED, RunRecord, load, with_slurm
 from cpuaccel.jsonsource import Refused, loads
@@ -23,6 +25,25 @@ POLL = 1.0  # seconds between two looks at a followed run
 # wait forever. A queued job Slurm lists is followed as long as Slurm queues it.
 UNKNOWN_JOB_LIMIT = 120.0
 CHUNK = 1024 * 1024
+# The longest line shown whole: a longer one is shown cut, with how many bytes were left
+# out, so that a line without end takes neither unbounded memory nor time.
+LINE_BYTES = 64 * 1024
+_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class NotALog(CpuaccelError):
+    """A rank's log that is not a regular file (a link, a FIFO, a device, a folder):
+    never read, nor followed."""
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"),
+    ):  # fmt: skip
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
 class LocalFiles:
@@ -32,11 +53,21 @@ class LocalFiles:
         self.run = run
 
     def read(self, name: str, offset: int) -> tuple[bytes, int]:
+        """Up to CHUNK bytes of ``name`` from ``offset``: a regular file alone, opened
+        without following a link and without waiting (a FIFO would block); NotALog
+        for anything else."""
+        path = self.run.path / name
         try:
-            fd = os.open(self.run.path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, _OPEN)
         except FileNotFoundError:
             return b"", offset
+        except OSError as exc:
+            kind = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+            raise NotALog(f"{path}: {kind}, not a log: not read") from None
         try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotALog(f"{path}: {_kind(mode)}, not a log: not read")
             os.lseek(fd, offset, os.SEEK_SET)
             data = os.read(fd, CHUNK)
         finally:
@@ -61,7 +92,19 @@ class HeadFiles:
         self.where = run.head_run_dir
 
     def read(self, name: str, offset: int) -> tuple[bytes, int]:
-        return runfiles.read_new(self.conn(), self.where, name, offset)
+        """As LocalFiles.read, the head's ``read`` doing the same checks: what it
+        refuses (an error, where a missing file is no error) and does not list (only
+        regular files are) is NotALog; any other error is the head's."""
+        try:
+            return runfiles.read_new(self.conn(), self.where, name, offset)
+        except HostError:
+            listed = runfiles.list_files(self.conn(), self.where)
+            if listed is None or name in {f.name for f in listed}:
+                raise
+            head = self.run.head or "the head"
+            raise NotALog(
+                f"{self.where}/{name} on {head}: not a regular file, not a log: not read"
+            ) from None
 
     def state(self) -> str:
         data, _, _ = runfiles.read(self.conn(), self.where, "status.json")
@@ -116,34 +159,67 @@ class LogLine:
 
 
 class Reader:
-    """Each rank's new bytes as lines; a line not ended yet waits for its end."""
+    """Each rank's new bytes as lines; a line not ended yet waits for its end. Of a line
+    longer than LINE_BYTES, its first LINE_BYTES are kept and the rest counted: it is
+    shown cut, saying how many bytes were left out. A rank whose log is not a regular
+    file is named once on stderr and left out; the others go on."""
 
     def __init__(self, run: RunRecord, ranks: list[int]) -> None:
         self.run = run
         self.offsets = dict.fromkeys(ranks, 0)
         self.partial = dict.fromkeys(ranks, b"")
+        self.dropped = dict.fromkeys(ranks, 0)  # bytes of the partial line left out
+        self.refused: set[int] = set()
 
-    def _line(self, rank: int, line: bytes) -> LogLine:
-        return LogLine(rank, self.run.rank_host(rank), line.decode(errors="replace"))
+    def _line(self, rank: int, line: bytes, dropped: int = 0) -> LogLine:
+        text = line.decode(errors="replace")
+        if dropped:
+            text += f" [... {dropped} more bytes of this line left out]"
+        return LogLine(rank, self.run.rank_host(rank), text)
 
-    def poll(self, files: LocalFiles | HeadFiles) -> list[LogLine]:
-        """What each rank added, rank by rank."""
-        added: list[LogLine] = []
+    def _add(self, rank: int, data: bytes) -> Iterator[LogLine]:
+        """The lines ``data`` ends, the rank's partial line first."""
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            self._keep(rank, data[start:end])
+            yield self._line(rank, self.partial[rank], self.dropped[rank])
+            self.partial[rank], self.dropped[rank] = b"", 0
+            start = end + 1
+        self._keep(rank, data[start:])
+
+    def _keep(self, rank: int, piece: bytes) -> None:
+        room = LINE_BYTES - len(self.partial[rank])
+        if room > 0:
+            self.partial[rank] += piece[:room]
+        self.dropped[rank] += max(0, len(piece) - max(room, 0))
+
+    def poll(self, files: LocalFiles | HeadFiles) -> Iterator[LogLine]:
+        """What each rank added, rank by rank, a chunk at a time."""
         for rank in self.offsets:
+            if rank in self.refused:
+                continue
             while True:
-                data, self.offsets[rank] = files.read(f"rank-{rank}.log", self.offsets[rank])
+                try:
+                    data, self.offsets[rank] = files.read(f"rank-{rank}.log", self.offsets[rank])
+                except NotALog as exc:
+                    self.refused.add(rank)
+                    ui.stderr().print(f"[yellow]warning:[/] rank {rank}: {escape(str(exc))}")
+                    break
                 if not data:
                     break
-                *lines, self.partial[rank] = (self.partial[rank] + data).split(b"\n")
-                added += [self._line(rank, line) for line in lines]
+                yield from self._add(rank, data)
                 if len(data) < CHUNK:
                     break
-        return added
 
     def flush(self) -> list[LogLine]:
         """The lines not ended yet, as they are."""
-        rest = [self._line(rank, tail) for rank, tail in self.partial.items() if tail]
+        rest = [
+            self._line(rank, tail, self.dropped[rank])
+            for rank, tail in self.partial.items()
+            if tail or self.dropped[rank]
+        ]
         self.partial = dict.fromkeys(self.partial, b"")
+        self.dropped = dict.fromkeys(self.dropped, 0)
         return rest
 
 
@@ -205,7 +281,11 @@ def _batch_output(files: LocalFiles | HeadFiles, reader: Reader) -> None:
     job = reader.run.job_id
     if job is None or not isinstance(files, LocalFiles) or any(reader.offsets.values()):
         return
-    data, _ = files.read(f"slurm-{job}.out", 0)
+    try:
+        data, _ = files.read(f"slurm-{job}.out", 0)
+    except NotALog as exc:
+        ui.stderr().print(f"[yellow]warning:[/] {escape(str(exc))}")
+        return
     if data:
         ui.stderr().print(f"[dim]slurm-{escape(job)}.out:[/]")
         ui.stderr().print(escape(data.decode(errors="replace").rstrip("\n")), soft_wrap=True)

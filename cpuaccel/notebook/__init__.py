@@ -11,9 +11,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from cpuaccel.notebook.errors import JobError, RankError
+from cpuaccel.notebook.errors import JobError, RankError, ResultRefused
 
-__all__ = ["JobError", "RankError", "launch"]
+__all__ = ["JobError", "RankError", "ResultRefused", "launch"]
 
 
 def launch(
@@ -47,6 +47,8 @@ def launch(
 
     Raises ``RankError`` (the function raised on a rank: its traceback there),
     ``JobError`` (the job ended with no value: a rank killed, a node lost, a timeout),
+    ``ResultRefused`` (a JobError: a rank's result file was changed on its node, so its
+    value is refused unread),
     ``cpuaccel.errors.PreflightError`` (no job started), ``UsageError``, ``HostError``;
     ``KeyboardInterrupt`` once an interrupt (the kernel's, Ctrl-C) has ended the job on
     every node."""

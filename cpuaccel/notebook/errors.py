@@ -44,3 +44,18 @@ class RankError(JobError):
         self.rank = rank
         self.host = host
         self.remote_traceback = remote_traceback
+
+
+class ResultRefused(JobError):
+    """A rank's result file is not sealed with the run's key (changed on its node after
+    the rank wrote it): ``rank`` and ``host`` name it. It was not unpickled."""
+
+    def __init__(
+        self, message: str, *, rank: int, host: str, exit_code: int, run_id: str,
+        folder: str | None,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            message, reason="refused", exit_code=exit_code, run_id=run_id, folder=folder
+        )
+        self.rank = rank
+        self.host = host

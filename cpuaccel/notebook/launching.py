@@ -13,6 +13,7 @@ here as KeyboardInterrupt.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import linecache
 import os
 import re
@@ -29,6 +30,7 @@ from cpuaccel.api.launching import settle, start
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
 from cpuaccel.api.target import HostKeywords
+from cpuaccel.config.settings import LaunchSettings, SecretEnv, Setting
 from cpuaccel.errors import CpuaccelError, PreflightError, UsageError
 from cpuaccel.executor import run_on_hosts
 from cpuaccel.facts.gather import Facts
@@ -40,7 +42,8 @@ from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import PLAIN
 from cpuaccel.jobs.tracebacks import ranks_text
 from cpuaccel.notebook import payload
-from cpuaccel.notebook.errors import JobError, RankError
+from cpuaccel.notebook.errors import JobError, RankError, ResultRefused
+from cpuaccel.visible import visible
 
 RANK_MODULE = "cpuaccel.notebook.rank"
 # The host keywords of cpuaccel.launch, given to target_of as they are.
@@ -83,8 +86,10 @@ def launch_function(
     project = Path.cwd().resolve()
     with quiet_unless(progress):
         target, chosen, _ = settle(hosts, run_settings)
+        key = payload.new_key()  # the ranks' seal of their values: in secret.env alone
+        chosen = with_secret(chosen, payload.KEY_ENV, key)
         what = script_entry(RANK_MODULE, (), project, True, False)
-        outcome = Outcome()
+        outcome = Outcome(key=key)
         report = start(
             target,
             chosen,
@@ -97,6 +102,16 @@ def launch_function(
             require=lambda facts: version_problems(facts, *kernel_versions()),
         )
     return finish(report, outcome, gather, fn)
+
+
+def with_secret(settings: LaunchSettings, name: str, value: str) -> LaunchSettings:
+    """``settings`` with one more variable of secret.env (the 0600 file of the nodes'
+    0700 run folder, sent over ssh: never in argv, a log, a record or the controller's
+    disk), which rank.sh sources."""
+    old = settings.secret_env
+    secret = SecretEnv({**old.value, name: value})
+    setting = Setting(old.name, secret, old.source, old.where)
+    return dataclasses.replace(settings, secret_env=setting)
 
 
 # ---------------------------------------------------------------- the cell's output
@@ -134,7 +149,7 @@ class CellOutput:
 
 def _write_line(stream: TextIO, text: str) -> None:
     try:
-        stream.write(text + "\n")
+        stream.write(visible(text) + "\n")  # a rank's escapes shown, never obeyed
         stream.flush()
     except (OSError, ValueError):  # a closed stream: the lines are in the logs too
         pass
@@ -188,9 +203,12 @@ def version_problems(
 class Outcome:
     """What the ranks left on their nodes: each return value's bytes and each
     traceback, by rank, with its node and when it was written (the first traceback
-    written is the failure's cause; the others may follow from it)."""
+    written is the failure's cause; the others may follow from it). ``key``: the run's,
+    which sealed each value (payload.seal)."""
 
-    values: dict[int, bytes] = field(default_factory=dict)
+    key: str = ""
+    values: dict[int, bytes] = field(default_factory=dict)  # sealed, as read
+    hosts: dict[int, str] = field(default_factory=dict)  # the node of each value
     errors: dict[int, tuple[str, str, float]] = field(default_factory=dict)  # host, text, mtime
     unread: list[str] = field(default_factory=list)  # a node that could not be read, why
 
@@ -207,11 +225,12 @@ class Outcome:
                 error = present.get(payload.error_name(rank))
                 if error is not None:
                     data = read_whole(conn, plan.run_dir, error.name)
-                    text = data.decode("utf-8", errors="replace")
+                    text = visible(data.decode("utf-8", errors="replace"))
                     self.errors[rank] = (conn.host.name, text, error.mtime)
                 wanted = rank == 0 or gather
                 if wanted and payload.result_name(rank) in present:
                     self.values[rank] = read_whole(conn, plan.run_dir, payload.result_name(rank))
+                    self.hosts[rank] = conn.host.name
 
         for result in run_on_hosts(plan.hosts, read_node, forks=nodes.forks, pool=nodes.pool):
             if not result.ok:
@@ -258,8 +277,26 @@ def finish(
             run_id=run_id,
             folder=report.folder,
         )
-    values = [payload.value_of(outcome.values[r]) for r in wanted]
+    values = [payload.value_of(unsealed(outcome, r, report)) for r in wanted]
     return values if gather else values[0]
+
+
+def unsealed(outcome: Outcome, rank: int, report: JobReport) -> bytes:
+    """Rank ``rank``'s pickle, once its seal is the run key's; refused otherwise (never
+    unpickled: a pickle can run anything where it is loaded)."""
+    host = outcome.hosts.get(rank, "its node")
+    try:
+        return payload.unseal(outcome.key, rank, outcome.values[rank])
+    except payload.Unsealed as exc:
+        raise ResultRefused(
+            f"the value of rank {rank} on {host} (run {report.run_id}) was refused, not "
+            f"unpickled: {exc}; its result file was changed on {host} after the rank wrote it",
+            rank=rank,
+            host=host,
+            exit_code=report.exit_code,
+            run_id=str(report.run_id),
+            folder=report.folder,
+        ) from None
 
 
 def _ended(report: JobReport, missing: list[int], unread: list[str]) -> str:

@@ -7,6 +7,12 @@ or class of an importable module travels by name and is imported on the rank. Th
 bytes are base64 text, as every run file is text. Both sides use this module: the
 controller to write the call, each rank to read it; the standard library and
 cloudpickle only.
+
+A return value comes back to the controller sealed: an HMAC-SHA256 of the rank's
+number and the pickle, under a key the controller made for the run (it reaches the
+ranks in secret.env, never in argv, a log or a record), is checked before the pickle
+is loaded. A result file changed on its node, by anyone without the key, is refused
+unread.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 
 CALL = "notebook-call.b64"  # the run file holding the call
+KEY_ENV = "CPUACCEL_NOTEBOOK_KEY"  # the run's key, hex, in the ranks' secret.env
+KEY_BYTES = 32
+TAG_BYTES = 32  # an HMAC-SHA256, ahead of the pickle in a result file
+
+
+class Unsealed(ValueError):
+    """A result file whose seal is not the run key's: never unpickled."""
 
 
 def result_name(rank: int) -> str:
@@ -64,7 +77,40 @@ def value_bytes(value: Any) -> bytes:
     return bytes(cloudpickle.dumps(value))
 
 
+def new_key() -> str:
+    """A run's key (hex), made on the controller."""
+    import secrets
+
+    return secrets.token_hex(KEY_BYTES)
+
+
+def _tag(key: str, rank: int, data: bytes) -> bytes:
+    import hashlib
+    import hmac
+
+    mac = hmac.new(bytes.fromhex(key), b"rank %d\n" % rank, hashlib.sha256)
+    mac.update(data)  # not joined first: a value may be large
+    return mac.digest()
+
+
+def seal(key: str, rank: int, data: bytes) -> bytes:
+    """Rank ``rank``'s pickled value as its result file holds it: the tag, then ``data``."""
+    return _tag(key, rank, data) + data
+
+
+def unseal(key: str, rank: int, sealed: bytes) -> bytes:
+    """The pickle of rank ``rank``'s result file, once its tag is checked; Unsealed if
+    the tag is not the one ``key`` gives (changed, forged or another rank's)."""
+    import hmac
+
+    tag, data = sealed[:TAG_BYTES], sealed[TAG_BYTES:]
+    if len(tag) < TAG_BYTES or not hmac.compare_digest(tag, _tag(key, rank, data)):
+        raise Unsealed("its HMAC is not the run key's")
+    return data
+
+
 def value_of(data: bytes) -> Any:
+    """A value from the pickle ``unseal`` gave back (never from a file's bytes as such)."""
     import pickle
 
     return pickle.loads(data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -22,10 +23,15 @@ from cpuaccel.notebook import payload
 
 
 def write(run_dir: str, name: str, data: bytes) -> None:
-    """``name`` in the run folder, whole or not at all: written under a hidden name
-    (never listed nor read) and renamed."""
+    """``name`` in the run folder (0700), whole or not at all: written under a hidden
+    name (never listed nor read), created 0600 and new (never through a link), and
+    renamed."""
     hidden = os.path.join(run_dir, f".{name}.{os.getpid()}")
-    with open(hidden, "wb") as f:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(hidden)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(hidden, flags, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(hidden, os.path.join(run_dir, name))
 
@@ -42,8 +48,9 @@ def failure(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def run(run_dir: str, rank: int) -> int:
-    """Run the call of ``run_dir`` as rank ``rank``; the rank's exit code."""
+def run(run_dir: str, rank: int, key: str) -> int:
+    """Run the call of ``run_dir`` as rank ``rank``, its value sealed with ``key``; the
+    rank's exit code."""
     remove(run_dir, payload.result_name(rank))
     remove(run_dir, payload.error_name(rank))
     try:
@@ -61,7 +68,7 @@ def run(run_dir: str, rank: int) -> int:
         write(run_dir, payload.error_name(rank), text.encode("utf-8", errors="replace"))
         return 1
     if kept:
-        write(run_dir, payload.result_name(rank), data)
+        write(run_dir, payload.result_name(rank), payload.seal(key, rank, data))
     return 0
 
 
@@ -70,7 +77,12 @@ def main() -> int:
     if not run_dir:
         print("cpuaccel.notebook.rank: CPUACCEL_RUN_DIR is not set", file=sys.stderr)
         return 2
-    return run(run_dir, int(os.environ.get("RANK", "0")))
+    # Taken out of the environment: what the function starts does not inherit it.
+    key = os.environ.pop(payload.KEY_ENV, "")
+    if not re.fullmatch(f"[0-9a-f]{{{2 * payload.KEY_BYTES}}}", key):
+        print(f"cpuaccel.notebook.rank: {payload.KEY_ENV} is not set", file=sys.stderr)
+        return 2
+    return run(run_dir, int(os.environ.get("RANK", "0")), key)
 
 
 if __name__ == "__main__":

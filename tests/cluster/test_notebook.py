@@ -1,9 +1,9 @@
 """``cpuaccel.notebook.launch`` from a real notebook in a real kernel (nbclient and
 ipykernel) against two namespace nodes: a function defined in a cell runs on every
 rank and its value comes back; rank 0's lines are the cell's output; a rank's exception
-is the cell's error, naming the rank and its node, with the traceback there; an
-interrupt of the kernel ends the job on every node; examples/notebook.ipynb runs top to
-bottom.
+is the cell's error, naming the rank and its node, with the traceback there; a result
+file swapped on its node is refused, never unpickled; an interrupt of the kernel ends
+the job on every node; examples/notebook.ipynb runs top to bottom.
 
 Every notebook runs in a project folder of its own (the kernel's working folder, synced
 to the nodes), whose cpuaccel.yaml makes the ranks import cpuaccel from the tree under
@@ -195,6 +195,46 @@ def test_a_rank_that_raises_is_the_cells_error_with_its_traceback(
     assert error.evalue.endswith("ValueError: rank 1 is over the limit 7")
     # The rank's own lines were shown as they came, labelled.
     assert "[rank 1 node2] ValueError: rank 1 is over the limit 7" in streams(cell, "stderr")
+
+
+SWAPS = """\
+def swapped(marker):
+    import os, time
+    rank = int(os.environ["RANK"])
+    if rank == 1 and os.fork() == 0:  # left behind: swaps the result once it is written
+        target = os.path.join(os.environ["CPUACCEL_RUN_DIR"], "notebook-result-1.pkl")
+        evil = b"cbuiltins\\nopen\\n(V" + marker.encode() + b"\\nVw\\ntR."
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not os.path.exists(target):
+            time.sleep(0.001)
+        with open(target + ".swap", "wb") as f:
+            f.write(evil)
+        os.replace(target + ".swap", target)
+        os._exit(0)
+    return rank
+"""
+
+
+def test_a_result_swapped_on_its_node_is_refused_never_unpickled(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    # rank 1's result file on node2 is replaced, after the rank wrote it, by a pickle
+    # that would create the marker wherever it is loaded: the kernel refuses it unread
+    marker = tmp_path / "unpickled"
+    nb = notebook_of(
+        SETUP,
+        SWAPS + f"cpuaccel.notebook.launch(swapped, {str(marker)!r}, nodes=2, ppn=1, gather=True)",
+        f"cpuaccel.notebook.launch(swapped, {str(marker)!r}, nodes=2, ppn=1)",
+    )
+    run_notebook(nb, tmp_path, inventory)
+    [error] = errors(nb.cells[1])
+    assert error.ename == "ResultRefused", error
+    assert error.evalue.startswith("the value of rank 1 on node2 (run "), error.evalue
+    assert "refused, not unpickled" in error.evalue
+    assert not marker.exists()
+    assert errors(nb.cells[2]) == [], nb.cells[2].outputs  # rank 0's own value is good
+    assert nb.cells[2].outputs[-1]["data"]["text/plain"] == "0"
+    assert not marker.exists()
 
 
 def test_an_interrupt_ends_the_job_on_every_node(

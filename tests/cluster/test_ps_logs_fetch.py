@@ -179,6 +179,51 @@ def test_a_detached_run_is_read_from_its_head(
     cluster.exec("node1", ["rm", "-rf", head_dir])
 
 
+def test_a_detached_runs_hostile_logs_on_its_head_are_named_or_shown_safely(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """A detached run's folder on its head (made by hand there, as the supervisor's
+    contract describes it): rank 0's log a FIFO, rank 1's a link to a private file, rank
+    2's full of escapes, rank 3's plain. ``logs`` reads them over ssh from the head."""
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{random.randrange(16**6):06x}"
+    head_dir = f"{WORKDIR}/runs/{run_id}"
+    status = {"run_id": run_id, "state": "running", "exit_code": None, "detached": True,
+              "started": time.time(), "ended": None, "supervisor": None}  # fmt: skip
+    script = (
+        f"mkdir -p {head_dir} && cd {head_dir} && mkfifo rank-0.log && "
+        "echo 'PRIVATE KEY MATERIAL' > ../private.txt && ln -s ../private.txt rank-1.log && "
+        r"printf 'clip \033]52;c;SGVsbG8=\007 end\nFAILED\r\033[1A\033[2Kall PASSED\n' "
+        "> rank-2.log && echo 'rank three' > rank-3.log && "
+        f"echo '{json.dumps(status)}' > status.json"
+    )
+    assert cluster.exec("node1", ["sh", "-c", script]).returncode == 0
+    try:
+        project = tmp_path / "project"
+        home = project / "runs" / run_id
+        home.mkdir(parents=True)
+        record = {
+            "run_id": run_id, "hosts": ["node1", "node2"], "ppn": 2, "world": 4,
+            "started": time.time(), "detached": True, "head": "node1",
+            "head_run_dir": head_dir, "inventory": str(Path(inventory).resolve()),
+        }  # fmt: skip
+        (home / "run.json").write_text(json.dumps(record))
+        done = cpuaccel("logs", run_id, cwd=project, env=clean_env(), timeout=120)
+    finally:
+        cluster.exec("node1", ["rm", "-rf", head_dir, f"{WORKDIR}/runs/private.txt"])
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "PRIVATE" not in done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "[rank 2 node2] clip \\x1b]52;c;SGVsbG8=\\x07 end",
+        "[rank 2 node2] FAILED\\x0d\\x1b[1A\\x1b[2Kall PASSED",
+        "[rank 3 node2] rank three",
+    ], done.stdout
+    assert done.stderr.splitlines() == [
+        f"warning: rank {r}: {head_dir}/rank-{r}.log on node1: not a regular file, not a "
+        "log: not read"
+        for r in (0, 1)
+    ], done.stderr
+
+
 TICKER = """\
 import os, time
 rank = int(os.environ["RANK"])

@@ -69,8 +69,12 @@ def report(code: int, ended_by: str, world: int = 2, **ranks: int | None) -> Job
     return done
 
 
+KEY = "ab" * payload.KEY_BYTES
+
+
 def test_values_come_back_rank_zeros_or_all() -> None:
-    outcome = Outcome(values={0: payload.value_bytes("a"), 1: payload.value_bytes("b")})
+    values = {r: payload.seal(KEY, r, payload.value_bytes(v)) for r, v in enumerate("ab")}
+    outcome = Outcome(key=KEY, values=values)
     assert finish(report(0, "completed"), outcome, gather=False) == "a"
     assert finish(report(0, "completed"), outcome, gather=True) == ["a", "b"]
 
@@ -126,6 +130,15 @@ def test_rank_zeros_output_and_every_ranks_errors_reach_the_cell() -> None:
         "[ranks 0-3 n1,n2] Traceback",
         "[ranks 0-3 n1,n2] KeyError: k",
     ]
+
+
+def test_a_ranks_escapes_reach_the_cell_shown_not_obeyed() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    sink = CellOutput(out, err)
+    sink("out", 0, "n1", "loss 1\x1b]52;c;SGVsbG8=\x07\r\x1b[1A")
+    sink("err", 1, "n\x1b[2J2", "\x9b2Jboom")
+    assert out.getvalue() == "loss 1\\x1b]52;c;SGVsbG8=\\x07\\x0d\\x1b[1A\n"
+    assert err.getvalue() == "[rank 1 n\\x1b[2J2] \\x9b2Jboom\n"
 
 
 def test_settings_that_would_run_something_else_are_refused() -> None:

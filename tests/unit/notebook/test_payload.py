@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import cpuaccel
 from cpuaccel.notebook import payload
 
@@ -92,12 +94,20 @@ def write_call(run_dir: Path, fn_source: str, gather: bool) -> None:
     (run_dir / payload.CALL).write_text(done.stdout)
 
 
-def run_rank(run_dir: Path, rank: int) -> subprocess.CompletedProcess[str]:
+KEY = "5a" * payload.KEY_BYTES
+
+
+def read_value(run_dir: Path, rank: int) -> object:
+    sealed = (run_dir / payload.result_name(rank)).read_bytes()
+    return payload.value_of(payload.unseal(KEY, rank, sealed))
+
+
+def run_rank(run_dir: Path, rank: int, key: str = KEY) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cpuaccel.notebook.rank"],
         cwd=run_dir,
         env={**os.environ, "PYTHONPATH": TREE, "CPUACCEL_RUN_DIR": str(run_dir),
-             "RANK": str(rank)},
+             "RANK": str(rank), payload.KEY_ENV: key},
         capture_output=True,
         text=True,
         timeout=60,
@@ -128,14 +138,13 @@ def test_rank_zero_writes_its_value_and_the_others_nothing_unless_gathered(
         done = run_rank(tmp_path, rank)
         assert done.returncode == 0, done.stderr
         assert done.stdout == f"running {rank}\n"
-    value = payload.value_of((tmp_path / payload.result_name(0)).read_bytes())
-    assert value == {"rank": 0, "x": 7}
+    assert read_value(tmp_path, 0) == {"rank": 0, "x": 7}
     assert not (tmp_path / payload.result_name(1)).exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
     write_call(tmp_path, RETURNS, gather=True)
     assert run_rank(tmp_path, 1).returncode == 0
-    assert payload.value_of((tmp_path / payload.result_name(1)).read_bytes())["rank"] == 1
+    assert read_value(tmp_path, 1) == {"rank": 1, "x": 7}
 
 
 def test_a_raising_rank_writes_and_prints_its_traceback_and_exits_1(tmp_path: Path) -> None:
@@ -180,6 +189,46 @@ def test_the_rank_side_imports_no_controller_module(tmp_path: Path) -> None:
         tmp_path,
         CPUACCEL_RUN_DIR=str(tmp_path),
         RANK="0",
+        **{payload.KEY_ENV: KEY},
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+SPIES = """
+import os
+def fn(x):
+    return os.environ.get("CPUACCEL_NOTEBOOK_KEY", "not in my environment")
+"""
+
+
+def test_a_value_is_sealed_with_the_run_key_in_a_private_file(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    write_call(tmp_path, SPIES, gather=False)
+    old = os.umask(0o022)  # the usual umask: 0644 files unless made private
+    try:
+        done = run_rank(tmp_path, 0)
+    finally:
+        os.umask(old)
+    assert done.returncode == 0, done.stderr
+    result = tmp_path / payload.result_name(0)
+    assert result.stat().st_mode & 0o777 == 0o600
+    # The key left the environment before the function ran.
+    assert read_value(tmp_path, 0) == "not in my environment"
+    sealed = result.read_bytes()
+    with pytest.raises(payload.Unsealed):  # another rank's name, another key
+        payload.unseal(KEY, 1, sealed)
+    with pytest.raises(payload.Unsealed):
+        payload.unseal("00" * payload.KEY_BYTES, 0, sealed)
+    with pytest.raises(payload.Unsealed):
+        payload.unseal(KEY, 0, sealed[:-1] + bytes([sealed[-1] ^ 1]))
+    with pytest.raises(payload.Unsealed):
+        payload.unseal(KEY, 0, sealed[:5])
+
+
+def test_a_rank_without_the_run_key_writes_nothing(tmp_path: Path) -> None:
+    write_call(tmp_path, RETURNS, gather=False)
+    done = run_rank(tmp_path, 0, key="")
+    assert done.returncode == 2
+    assert "CPUACCEL_NOTEBOOK_KEY is not set" in done.stderr
+    assert not (tmp_path / payload.result_name(0)).exists()
