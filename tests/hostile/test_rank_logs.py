@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cpuaccel.history.rank_logs import LINE_BYTES
-from cpuaccel.testing.command import cpuaccel_argv, inherited_env
+from testsupport.command import cpuaccel_argv, inherited_env
 
 RUN_ID = "20260101-000000-abcdef"
 HUGE = 80 << 20  # bytes of the line without end

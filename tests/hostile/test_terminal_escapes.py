@@ -14,7 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from cpuaccel.testing.command import clean_env, cpuaccel, cpuaccel_argv
+from testsupport.command import clean_env, cpuaccel, cpuaccel_argv
 
 HOSTILE = r"""
 import sys
