@@ -335,7 +335,11 @@ class Broadcast:
             )
         else:
             node.bad_files.append(rel)
-            self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
+            if event.get("error"):  # it arrived whole: its name could not be given to it
+                why = str(event["error"])[:200]
+                self.note(f"{node.host.name}: {rel} not kept there: {why}")
+            else:
+                self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
 
     def _fail(self, name: str, why: str) -> None:
         node = self.nodes[name]

@@ -34,7 +34,8 @@ leave out the costly sntrup761 key exchange (mux.fast_kex), as the head's do.
 A file is written under a temporary name (common.TMP_MARK) in its folder, reached by
 descriptors (nofollow), hashed as it arrives, and renamed onto its name only when its
 sha256 is the expected one; a file that differs is removed. What a killed relay left
-of a name is removed when a relay writes that name again. Chunks are kept in memory
+of a name is removed when a relay writes that name again (a live relay holds a lock on
+each of its temporary files: only those nobody holds go). Chunks are kept in memory
 for the hops (at most WINDOW bytes ahead of the slowest), so a slow next node does not
 slow this one until it falls that far behind.
 
@@ -74,8 +75,8 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031  # fcntl's name for it only from Python 3.10
 WINDOW = 64 << 20  # bytes held for the hops before the receiver waits for the slowest
-# A temporary file untouched for this many idle bounds is a killed relay's (the relay
-# ends itself after two without a word from the controller).
+# Where a filesystem takes no locks, a temporary file untouched for this many idle bounds
+# is an ended relay's (a relay ends itself after two without a word from the controller).
 STALE_IDLES = 3
 HEARTBEAT = 0.5
 ACCEPT_POLL = 0.2
@@ -455,6 +456,7 @@ class Relay:
             _remove_stale(folder, names, self.idle * STALE_IDLES)
         temp = "." + name + TMP_MARK + os.urandom(8).hex()
         fd = create_new(temp, 0o600, dir_fd=folder)
+        _lock(fd)
         self.temps.append((folder, temp))
         return [fd, (folder, name, temp), digest]
 
@@ -465,22 +467,23 @@ class Relay:
             return
         fd, (folder, name, temp), digest = current
         got = digest.hexdigest()
+        # the temporary file is closed last: its lock (``_lock``) is held until it is
+        # renamed or removed, so that no other relay's sweep takes it meanwhile
         try:
             if got != sha:
-                os.close(fd)
                 os.unlink(temp, dir_fd=folder)
                 self.say(file=rel, bad=got)
                 return
             os.fchmod(fd, int(mode) & 0o777 if int(mode) >= 0 else 0o666 & ~self.umask)
             if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
                 os.utime(fd, ns=(int(mtime), int(mtime)))
-            os.close(fd)
             os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
             self.say(file=rel, kept=got)
         except OSError as exc:
             _unlink_quietly(temp, folder)
-            self.say(file=rel, bad=got, error=f"{exc.strerror or exc}")
+            self.say(file=rel, bad=got, error=_standing(folder, name, exc))
         finally:
+            os.close(fd)
             self.temps.remove((folder, temp))
             os.close(folder)
 
@@ -644,11 +647,23 @@ def _memory_file(name: str, text: str) -> int:
     return fd
 
 
+def _lock(fd: int) -> None:
+    """Mark a temporary file as a live relay's: an exclusive flock, which the kernel
+    lets go of when the relay ends however it ends (a filesystem without locks: none)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
 def _remove_stale(folder: int, names: set[str], age: float) -> None:
-    """Remove what a killed relay left of ``names`` in ``folder``: regular files named as
-    this module names their temporaries, untouched for ``age`` seconds. A live relay
-    writes its file at least every ``idle`` seconds, or gives up and removes it; a link,
-    or a file of another name, is left as it is."""
+    """Remove what an ended relay (killed, its node rebooted) left of ``names`` in
+    ``folder``: regular files named as this module names its temporaries that no live
+    relay holds (``_lock``), untouched for FRESH s at least (a new one is locked the
+    moment after it is made). Where the filesystem has no locks, only one untouched for
+    ``age`` s (a live relay writes its file at least every idle bound, or gives up and
+    removes it). Each is looked at without following a link: a link, or a file of
+    another name, is left as it is."""
     now = time.time()
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -661,8 +676,47 @@ def _remove_stale(folder: int, names: set[str], age: float) -> None:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISREG(info.st_mode) and now - info.st_mtime > age:
-                _unlink_quietly(entry.name, folder)
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < FRESH:
+                continue
+            try:
+                fd = os.open(entry.name, LOOK, dir_fd=folder)
+            except OSError:
+                continue  # gone, swapped for a link (O_NOFOLLOW), or not ours to read
+            try:
+                here = os.fstat(fd)
+                if not stat.S_ISREG(here.st_mode) or here.st_ino != info.st_ino:
+                    continue
+                if not _held(fd, now - here.st_mtime > age):
+                    _unlink_quietly(entry.name, folder)
+            finally:
+                os.close(fd)
+
+
+LOOK = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FRESH = 2.0
+
+
+def _held(fd: int, stale: bool) -> bool:
+    """Whether a live relay holds this temporary file (its flock); where locks cannot
+    be taken, whether it is not ``stale``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return not stale
+    return False
+
+
+def _standing(folder: int, name: str, exc: OSError) -> str:
+    """Why a file could not take its name, saying what stands there when it is no file."""
+    try:
+        there = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        there = None
+    if there is not None and stat.S_ISDIR(there.st_mode):
+        return "a folder stands where the file goes"
+    return f"{exc.strerror or exc}"
 
 
 def _unlink_quietly(name: str, folder: int) -> None:

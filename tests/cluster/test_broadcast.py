@@ -225,6 +225,25 @@ def slow_links(cluster: Cluster, rate: str = "100mbit") -> Iterator[None]:
         subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], check=False)
 
 
+def test_a_folder_where_a_file_goes_is_said_in_one_line_and_sync_replaces_it(
+    cluster: Cluster, scratch: Path
+) -> None:
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    made = cluster.exec("node2", ["mkdir", "-p", f"{dest}/data/weights.bin/inner"])
+    assert made.returncode == 0, made.stderr
+    report, stderr = sync(cluster, src, "--dest", dest)
+    assert "another sha256" not in stderr, stderr
+    said = [line for line in stderr.splitlines() if "data/weights.bin" in line]
+    assert said == [
+        "broadcast: node2: data/weights.bin not kept there: a folder stands where the file goes"
+    ], stderr
+    assert methods(report)["node2"] in ("tar", "rsync"), report  # then sent directly
+    every_node_holds(cluster, dest, files)
+
+
 def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     cluster: Cluster, scratch: Path
 ) -> None:
@@ -270,6 +289,13 @@ def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     left = digests(cluster, "node2", root)
     assert "sub/big" not in left
     assert all(TMP_MARK in rel for rel in left), left
+    # the next broadcast of that file (provision's next copy) sweeps what node2's killed
+    # relay left, seconds after: no live relay holds it
+    with ConnectionPool(options) as pool:
+        again = Broadcast(pool.get, options, hosts, dict.fromkeys(NODES, root), files).run()
+    assert all(delivery.ok for delivery in again.values()), again
+    for node in NODES:
+        assert digests(cluster, node, root) == {"sub/big": sha(data)}, node
 
 
 # ---------------------------------------------------------------- what others on a node do
