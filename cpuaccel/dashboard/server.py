@@ -112,12 +112,14 @@ class Bounded(H11Protocol):
     A connection past MAX_CONNECTIONS is closed as it is made. Each request (its line,
     headers and body) must have arrived REQUEST_SECONDS after the connection is made or
     the previous answer is sent, else the connection is closed: a client that trickles
-    a header byte at a time holds nothing for long. More than HEADER_BYTES + BODY_BYTES
+    a header byte at a time holds nothing for long. One that stops reading our answers
+    is dropped after REQUEST_SECONDS of that. More than HEADER_BYTES + BODY_BYTES
     for one request closes the connection too (a chunked body says no length up front;
     h11 itself refuses headers past HEADER_BYTES with a 400, and ``Guard`` a declared
     length past BODY_BYTES with a 413)."""
 
     deadline: asyncio.TimerHandle | None = None
+    stuck: asyncio.TimerHandle | None = None  # the client takes none of our answer
     taken = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -129,7 +131,22 @@ class Bounded(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.stuck is not None:
+            self.stuck.cancel()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The answer waits on the client: if it reads none of it for REQUEST_SECONDS,
+        the connection is dropped (a close would wait for the client to read)."""
+        super().pause_writing()
+        if self.stuck is None:
+            self.stuck = self.loop.call_later(REQUEST_SECONDS, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        if self.stuck is not None:
+            self.stuck.cancel()
+            self.stuck = None
+        super().resume_writing()
 
     def data_received(self, data: bytes) -> None:
         self.taken += len(data)

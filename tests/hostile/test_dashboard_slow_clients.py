@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.dashboard.server import BODY_BYTES, MAX_CONNECTIONS, REQUEST_SECONDS
+from cpuaccel.dashboard.server import BODY_BYTES, MAX_CONNECTIONS, REQUEST_SECONDS, STATIC
 from cpuaccel.testing.command import start_cpuaccel
 
 URL = re.compile(r"dashboard: http://127\.0\.0\.1:(\d+)/\?token=(\S+)")
@@ -164,6 +164,30 @@ def test_connections_past_the_bound_are_closed_as_they_come(dashboard: Dashboard
     time.sleep(REQUEST_SECONDS + SLACK)
     status, took = dashboard.ping()
     assert status == 200 and took < OWNER_SECONDS, (status, took)
+
+
+def test_a_client_that_reads_none_of_its_answers_is_dropped_in_time(
+    dashboard: Dashboard,
+) -> None:
+    """ASKS pipelined requests for the page's largest file (more than the system's
+    socket buffers hold), none of it read for a while: the server drops the connection
+    rather than wait on the reader, so that reading afterwards ends short of them all."""
+    asks = 120
+    path = "/static/vendor/uPlot.iife.min.js"
+    size = (STATIC / "vendor" / "uPlot.iife.min.js").stat().st_size
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", dashboard.port))
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * asks)
+        time.sleep(REQUEST_SECONDS + SLACK)
+        sock.settimeout(10)
+        got = 0
+        try:
+            while chunk := sock.recv(1 << 20):
+                got += len(chunk)
+        except (ConnectionResetError, TimeoutError):
+            pass
+    assert got < asks * size, f"all {asks} answers ({got} bytes) waited for the reader"
 
 
 def test_a_declared_body_past_the_bound_is_refused_unread(dashboard: Dashboard) -> None:
