@@ -106,11 +106,12 @@ def table_case(entry: dict[str, Any]) -> Case:
 
 
 def cases_in(root: Path) -> list[Case]:
-    """The file cases of root's folders, then the entries of root's cmdline.yaml."""
+    """The file cases of root's folders, then the entries of root's cmdline.yaml (the
+    hostile test modules beside them, and their __pycache__, are no cases)."""
     cases = [
         file_case(path)
         for folder in sorted(root.iterdir())
-        if folder.is_dir()
+        if folder.is_dir() and folder.name != "__pycache__"
         for path in sorted(folder.iterdir())
     ]
     table = root / TABLE.name
