@@ -575,6 +575,9 @@ class Gate:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 whole = len(given) - len(given) % array.array("i").itemsize
                 fds.extend(array.array("i", given[:whole]))
+        for extra in fds[1:]:  # the stream's is the first; more would only hold ours
+            os.close(extra)
+        del fds[1:]
         if not data:
             self._drop(fileno)
             return
@@ -590,8 +593,6 @@ class Gate:
         if not fds or not hmac.compare_digest(given, self.key):
             _close_all(conn, fds)
             return
-        for extra in fds[1:]:
-            os.close(extra)
         conn.setblocking(True)
         conn.settimeout(10)
         with self.ready:

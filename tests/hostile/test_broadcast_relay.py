@@ -6,6 +6,7 @@ written."""
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import json
@@ -61,6 +62,29 @@ def test_connections_that_never_send_do_not_hold_a_feed_back(tmp_path: Path) -> 
             sock.close()
     relay.end(close=False)
     assert (root / "f").read_bytes() == data
+
+
+def test_descriptors_passed_before_a_key_are_not_held(tmp_path: Path) -> None:
+    """A connection that passes descriptors message after message, never ending its
+    first line: the relay keeps at most one of them (a feed passes one: its stdin)."""
+    root = tmp_path / "dest"
+    root.mkdir()
+    relay = Relay(root, [("f", b"waits for its feed", True)], tmp_path)
+    before = len(os.listdir(f"/proc/{relay.proc.pid}/fd"))
+    read, write = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect("\0" + relay.socket)
+            fds = array.array("i", [read, write, read, write])
+            for _ in range(200):
+                sock.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            time.sleep(1.0)
+            held = len(os.listdir(f"/proc/{relay.proc.pid}/fd")) - before
+        assert held <= 4, f"the relay holds {held} more descriptors"
+    finally:
+        os.close(read)
+        os.close(write)
+        relay.end()
 
 
 # ---------------------------------------------------------------- names
