@@ -236,15 +236,15 @@ class Broadcast:
         tried = sum(len(n.hops) for n in self.nodes.values())
         if tried and len(lost) == tried:
             parent, child = lost[0]
-            why = self._hop_why.get((parent, child), "no answer")
-            self.note(
-                f"the nodes cannot reach each other over ssh ({parent} -> {child}: {why}): "
-                "sending to each node from the controller"
-            )
+            why = self._hop_why.get((parent, child), "")
+            if all(_ssh_words(self._hop_why.get(hop, "")) for hop in lost):
+                cause = f"the nodes cannot reach each other over ssh ({parent} -> {child}: {why})"
+            else:
+                cause = self._lost_hop(parent, child)
+            self.note(f"{cause}: sending to each node from the controller")
         else:
             for parent, child in lost:
-                why = self._hop_why.get((parent, child), "no answer")
-                self.note(f"{parent} cannot ssh to {child} ({why}): {child} is served directly")
+                self.note(f"{self._lost_hop(parent, child)}: {child} is served directly")
         for node in self.nodes.values():
             node.moved = time.monotonic()
         for parent, child in lost:
@@ -253,6 +253,16 @@ class Broadcast:
         for node in self.nodes.values():
             if node.delivery is None and node.parent is None:
                 self._feed(node)
+
+    def _lost_hop(self, parent: str, child: str) -> str:
+        """Why ``child`` took no stream from ``parent``, naming the part that failed: ssh
+        (its words), or the relay there (the feed's words, ssh having come up)."""
+        why = self._hop_why.get((parent, child), "")
+        if not why:  # neither up nor lost when the stream began
+            return f"{child} did not answer {parent}'s feed in time (its ssh, or its relay)"
+        if not _ssh_words(why):
+            return f"{child}'s relay took no stream from {parent} ({_feed_words(why)})"
+        return f"{parent} cannot ssh to {child} ({why})"
 
     def _watch(self) -> None:
         """Cut out the nodes that fall behind the node that feeds them."""
@@ -325,7 +335,11 @@ class Broadcast:
             )
         else:
             node.bad_files.append(rel)
-            self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
+            if event.get("error"):  # it arrived whole: its name could not be given to it
+                why = str(event["error"])[:200]
+                self.note(f"{node.host.name}: {rel} not kept there: {why}")
+            else:
+                self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
 
     def _fail(self, name: str, why: str) -> None:
         node = self.nodes[name]
@@ -435,7 +449,7 @@ class Broadcast:
             said: list[str] = []
             start = _from(lines, said)
             if start is None:  # no relay took the feed: the node cannot be served
-                why = said[-1] if said else "no answer"
+                why = _feed_words(said[-1]) if said else "no answer"
                 self.events.put((name, None, f"the controller's feed ended: {why}"))
                 return
             for chunk in _stream(self.files, start):
@@ -483,6 +497,16 @@ _FAST = (
 def relays(host: Host) -> bool:
     """Whether the host can take part in a chain (reached over ssh by the other nodes)."""
     return not host.is_local and host.vars.get("ansible_connection") != "slurm"
+
+
+def _ssh_words(why: str) -> bool:
+    """A lost hop's words are ssh's own (the feed never ran), not the feed's."""
+    return bool(why) and not why.startswith(relay.FEED_SAYS)
+
+
+def _feed_words(line: str) -> str:
+    """A feed's error line without the mark that tells it from ssh's."""
+    return line[len(relay.FEED_SAYS) :] if line.startswith(relay.FEED_SAYS) else line
 
 
 def _from(lines: Any, said: list[str]) -> int | None:

@@ -9,12 +9,18 @@ names this server in its Host header (a DNS-rebinding page names its own domain)
 id is one of ./runs' ids (records.run_ids) before any path is made from it. Every
 response forbids framing (``NoFraming``): a page that frames the dashboard could lead
 a click onto its Stop button.
+A client is bounded (``Bounded``): at most MAX_CONNECTIONS at once, a whole request
+within REQUEST_SECONDS of its first byte (or of the connection, or of the previous
+answer), its headers within HEADER_BYTES and its body within BODY_BYTES: a few dozen
+sockets that send a header byte now and then (slowloris) are closed, not waited for,
+and the owner's page is answered meanwhile.
 Imported only by the ``dashboard`` verb and ``run --dashboard``: starlette and uvicorn
 cost start-up time that no other verb should pay.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import socket
@@ -25,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import h11
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -35,6 +42,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from cpuaccel.dashboard.remote import Watcher
 from cpuaccel.dashboard.snapshot import DEFAULT_TAIL, MAX_TAIL, RunView
@@ -49,6 +57,12 @@ FRAME_ANCESTORS = b"frame-ancestors 'none'"
 CSP = b"content-security-policy"
 XFO = b"x-frame-options"
 Stopper = Callable[[Path], dict[str, Any]]
+# Bounds on a client (Bounded): a browser sends its few hundred bytes of a request at
+# once and opens a handful of connections.
+MAX_CONNECTIONS = 64
+REQUEST_SECONDS = 5.0
+HEADER_BYTES = 16 << 10
+BODY_BYTES = 64 << 10
 
 
 def new_token() -> str:
@@ -92,9 +106,82 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0].lower() if header.count(":") == 1 else header.lower()
 
 
+class Bounded(H11Protocol):
+    """uvicorn's h11 protocol, bounded against slow or greedy clients.
+
+    A connection past MAX_CONNECTIONS is closed as it is made. Each request (its line,
+    headers and body) must have arrived REQUEST_SECONDS after the connection is made or
+    the previous answer is sent, else the connection is closed: a client that trickles
+    a header byte at a time holds nothing for long. One that stops reading our answers
+    is dropped after REQUEST_SECONDS of that. More than HEADER_BYTES + BODY_BYTES
+    for one request closes the connection too (a chunked body says no length up front;
+    h11 itself refuses headers past HEADER_BYTES with a 400, and ``Guard`` a declared
+    length past BODY_BYTES with a 413)."""
+
+    deadline: asyncio.TimerHandle | None = None
+    stuck: asyncio.TimerHandle | None = None  # the client takes none of our answer
+    taken = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > MAX_CONNECTIONS:
+            transport.close()
+            return
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self.stuck is not None:
+            self.stuck.cancel()
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The answer waits on the client: if it reads none of it for REQUEST_SECONDS,
+        the connection is dropped (a close would wait for the client to read)."""
+        super().pause_writing()
+        if self.stuck is None:
+            self.stuck = self.loop.call_later(REQUEST_SECONDS, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        if self.stuck is not None:
+            self.stuck.cancel()
+            self.stuck = None
+        super().resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self.taken += len(data)
+        if self.taken > HEADER_BYTES + BODY_BYTES and self.conn.their_state is not h11.DONE:
+            self._close()
+            return
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+            self._disarm()  # the whole request is here (or the connection is ending)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm()  # the next request on this connection has its own time
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.taken = 0
+        self.deadline = self.loop.call_later(REQUEST_SECONDS, self._close)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _close(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
 class Guard:
-    """Refuses a request whose Host is not this server's (400), and an /api/ request
-    without the token (403), before any route sees it."""
+    """Refuses a request whose Host is not this server's (400), a body declared longer
+    than BODY_BYTES (413), and an /api/ request without the token (403), before any
+    route sees it."""
 
     def __init__(self, app: ASGIApp, services: Services) -> None:
         self.app = app
@@ -112,6 +199,12 @@ class Guard:
                 "open the URL cpuaccel dashboard printed",
                 400,
             )
+        elif _declared_length(headers.get("content-length", "0")) > BODY_BYTES:
+            refused = error(
+                f"a request body of more than {BODY_BYTES} bytes",
+                "send the page's own requests",
+                413,
+            )
         elif scope["path"].startswith("/api/") and not secrets.compare_digest(
             headers.get(TOKEN_HEADER, "").encode(), self.services.token.encode()
         ):
@@ -122,6 +215,14 @@ class Guard:
             await refused(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _declared_length(text: str) -> int:
+    """A Content-Length header's value (h11 has checked it is a whole number)."""
+    try:
+        return int(text)
+    except ValueError:
+        return 0
 
 
 def unframed(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -286,7 +387,15 @@ class Server:
             self.sock.close()
             raise
         self.port = int(self.sock.getsockname()[1])  # the one the system gave for 0
-        config = uvicorn.Config(app, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            http=Bounded,
+            ws="none",  # no route speaks WebSocket: no upgrade escapes Bounded's deadline
+            limit_concurrency=MAX_CONNECTIONS,  # requests past it are answered 503
+            h11_max_incomplete_event_size=HEADER_BYTES,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="dashboard", daemon=True)
 

@@ -18,6 +18,12 @@ sends each its request as one JSON line on stdin:
            killed
   idle     seconds without a byte or a word from the controller before it gives up
 
+The request is checked before anything is made (``check_request``): a file name that is
+absolute, holds ``..``, an empty or ``.`` part or a NUL is refused with one error line,
+whoever sent it. Anyone on the node can connect to the socket: the ``Gate`` takes every
+connection as it comes and reads each key with a short deadline in a thread of its own,
+so connections that never send hold no feed back.
+
 Every hop's ssh starts at once, before a byte moves. A feed (FEED, run on the next node
 by that ssh, or by the controller's own connection when a node is served directly)
 connects to the next relay's socket, presents the key with its own stdin (ssh's pipe),
@@ -28,7 +34,8 @@ leave out the costly sntrup761 key exchange (mux.fast_kex), as the head's do.
 A file is written under a temporary name (common.TMP_MARK) in its folder, reached by
 descriptors (nofollow), hashed as it arrives, and renamed onto its name only when its
 sha256 is the expected one; a file that differs is removed. What a killed relay left
-of a name is removed when a relay writes that name again. Chunks are kept in memory
+of a name is removed when a relay writes that name again (a live relay holds a lock on
+each of its temporary files: only those nobody holds go). Chunks are kept in memory
 for the hops (at most WINDOW bytes ahead of the slowest), so a slow next node does not
 slow this one until it falls that far behind.
 
@@ -68,12 +75,22 @@ if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031  # fcntl's name for it only from Python 3.10
 WINDOW = 64 << 20  # bytes held for the hops before the receiver waits for the slowest
-# A temporary file untouched for this many idle bounds is a killed relay's (the relay
-# ends itself after two without a word from the controller).
+# Where a filesystem takes no locks, a temporary file untouched for this many idle bounds
+# is an ended relay's (a relay ends itself after two without a word from the controller).
 STALE_IDLES = 3
 HEARTBEAT = 0.5
 ACCEPT_POLL = 0.2
 REQUEST_LIMIT = 1 << 24  # the first line: the file list of a large tree fits
+# Anyone on the node can connect to the relay's socket. A feed presents its key as it
+# connects; a connection silent for KEY_SECONDS is closed, at most PENDING wait for
+# their key at once (a new one past that closes the oldest), and the listening queue
+# holds BACKLOG: connections that never send cannot keep a feed from its relay.
+KEY_SECONDS = 3.0
+PENDING = 64
+BACKLOG = 128
+# What a feed's own error lines start with (ssh's are ssh's): the controller tells a
+# relay that took no stream from a node it could not reach.
+FEED_SAYS = "relay feed: "  # FEED's ``m``
 
 # A feed, run as ``python -S -c FEED``: the header line on stdin (``header``'s words),
 # then the stream. It connects to the relay, retrying within ``wait`` s (the relay may
@@ -91,14 +108,14 @@ while h[-1:]!=b"\\n" and len(h)<4096:
  c=os.read(0,1)
  if not c:break
  h+=c
-h=h.decode().split();s=socket.socket(socket.AF_UNIX)
+h=h.decode().split();s=socket.socket(socket.AF_UNIX);m="relay feed: "
 w=float(h[2]);t=time.monotonic()+w;q=select.poll();q.register(0,select.POLLIN)
 while 1:
  try:s.connect("\\0"+h[0]);break
  except OSError:
-  if time.monotonic()>t:sys.exit("no relay listening on this node")
+  if time.monotonic()>t:sys.exit(m+"no relay listening on this node")
   e=dict(q.poll(50)).get(0,0)
-  if e==select.POLLHUP:sys.exit("the upstream ended before the relay listened")
+  if e==select.POLLHUP:sys.exit(m+"the upstream ended before the relay listened")
   if e:time.sleep(0.05)
 b=b""
 def line(d):
@@ -117,7 +134,7 @@ def line(d):
 try:
  s.sendmsg([json.dumps({"key":h[1]}).encode()+b"\\n"],[(socket.SOL_SOCKET,socket.SCM_RIGHTS,array.array("i",[0]))])
  for d in(time.monotonic()+w,None):sys.stdout.buffer.write(line(d));sys.stdout.flush()
-except OSError as e:sys.exit("the relay stopped taking the stream: %s"%(e.strerror or e))
+except OSError as e:sys.exit(m+"the relay stopped taking the stream: %s"%(e.strerror or e))
 """
 
 
@@ -293,54 +310,43 @@ class Relay:
         return self.got - self.offsets[0] if self.offsets else 0
 
     # ------------------------------------------------------------- the upstream
-    def accept(self, server: socket.socket) -> tuple[socket.socket, int] | None:
-        """The next feed that presents the key, and the stream's descriptor it hands over
-        (its stdin), told the offset to send from."""
+    def accept(self, gate: Gate) -> tuple[socket.socket, int] | None:
+        """The next feed that presented the key (``Gate``), and the stream's descriptor
+        it handed over (its stdin), told the offset to send from."""
         deadline = time.monotonic() + self.idle
-        key = str(self.request["key"]).encode()
         while not self.aborted and time.monotonic() < deadline:
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:  # noqa: UP041 - an alias of TimeoutError only from 3.10
+            taken = gate.next(ACCEPT_POLL)
+            if taken is None:
                 continue
-            conn.settimeout(10)
+            conn, fd = taken
             try:
-                line, fd = _key_line(conn)
-            except OSError:
+                with self.lock:
+                    conn.sendall(json.dumps({"from": self.got}).encode() + b"\n")
+                    self.upstream = conn
+            except OSError:  # the feed went meanwhile: the next one
+                os.close(fd)
                 conn.close()
                 continue
-            try:
-                given = str(loads(line)["key"]).encode()
-            except (ValueError, KeyError, TypeError):
-                given = b""
-            if fd < 0 or not hmac.compare_digest(given, key):
-                if fd >= 0:
-                    os.close(fd)
-                conn.close()
-                continue
-            with self.lock:
-                conn.sendall(json.dumps({"from": self.got}).encode() + b"\n")
-                self.upstream = conn
             return conn, fd
         return None
 
-    def receive(self, server: socket.socket) -> None:
+    def receive(self, gate: Gate) -> None:
         try:
-            self._receive(server)
+            self._receive(gate)
         except OSError as exc:
             self.failure = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
             with self.lock:
                 self.aborted = True
                 self.lock.notify_all()
 
-    def _receive(self, server: socket.socket) -> None:
+    def _receive(self, gate: Gate) -> None:
         """Take the stream from feed after feed until every byte is here."""
         index, done_in_file = 0, 0
         index, current = self.advance(0, None)
         buf = bytearray(CHUNK)
         view = memoryview(buf)
         while self.got < self.total and not self.aborted:
-            taken = self.accept(server)
+            taken = self.accept(gate)
             if taken is None:
                 self.say(stalled=self.got)
                 return
@@ -450,6 +456,7 @@ class Relay:
             _remove_stale(folder, names, self.idle * STALE_IDLES)
         temp = "." + name + TMP_MARK + os.urandom(8).hex()
         fd = create_new(temp, 0o600, dir_fd=folder)
+        _lock(fd)
         self.temps.append((folder, temp))
         return [fd, (folder, name, temp), digest]
 
@@ -460,22 +467,23 @@ class Relay:
             return
         fd, (folder, name, temp), digest = current
         got = digest.hexdigest()
+        # the temporary file is closed last: its lock (``_lock``) is held until it is
+        # renamed or removed, so that no other relay's sweep takes it meanwhile
         try:
             if got != sha:
-                os.close(fd)
                 os.unlink(temp, dir_fd=folder)
                 self.say(file=rel, bad=got)
                 return
             os.fchmod(fd, int(mode) & 0o777 if int(mode) >= 0 else 0o666 & ~self.umask)
             if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
                 os.utime(fd, ns=(int(mtime), int(mtime)))
-            os.close(fd)
             os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
             self.say(file=rel, kept=got)
         except OSError as exc:
             _unlink_quietly(temp, folder)
-            self.say(file=rel, bad=got, error=f"{exc.strerror or exc}")
+            self.say(file=rel, bad=got, error=_standing(folder, name, exc))
         finally:
+            os.close(fd)
             self.temps.remove((folder, temp))
             os.close(folder)
 
@@ -486,6 +494,127 @@ class Relay:
     @property
     def root(self) -> str:
         return str(self.request["root"])
+
+
+class Gate:
+    """Takes every connection to the relay's socket as it comes and reads each one's
+    first line (the key) and descriptor, all at once by poll, in its own thread: the
+    receiver only ever sees feeds that presented the key. A connection that says
+    nothing for KEY_SECONDS, or says a wrong key, is closed; past PENDING waiting, the
+    oldest is."""
+
+    def __init__(self, server: socket.socket, key: str) -> None:
+        self.server = server
+        self.key = key.encode()
+        self.admitted: list[tuple[socket.socket, int]] = []
+        self.ready = threading.Condition()
+        self.closed = False
+        # descriptor -> [connection, deadline, bytes so far, descriptors passed]
+        self.pending: dict[int, list[Any]] = {}
+        self.poller = select.poll()
+
+    def next(self, wait: float) -> tuple[socket.socket, int] | None:
+        """The first admitted feed, waiting up to ``wait`` s for one."""
+        with self.ready:
+            if not self.admitted:
+                self.ready.wait(wait)
+            return self.admitted.pop(0) if self.admitted else None
+
+    def run(self) -> None:
+        self.server.setblocking(False)
+        self.poller.register(self.server, select.POLLIN)
+        try:
+            while not self.closed:
+                now = time.monotonic()
+                for fileno in [f for f, p in self.pending.items() if p[1] <= now]:
+                    self._drop(fileno)
+                first = min((p[1] for p in self.pending.values()), default=now + ACCEPT_POLL)
+                wait = max(0.0, min(first - now, ACCEPT_POLL))
+                for fileno, _events in self.poller.poll(wait * 1000):
+                    if fileno == self.server.fileno():
+                        self._take()
+                    elif fileno in self.pending:
+                        self._read(fileno)
+        except OSError:
+            pass  # the socket was closed: the relay is ending
+        finally:
+            for fileno in list(self.pending):
+                self._drop(fileno)
+
+    def close(self) -> None:
+        self.closed = True
+        with self.ready:
+            for conn, fd in self.admitted:
+                os.close(fd)
+                conn.close()
+            self.admitted.clear()
+
+    def _take(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            conn.setblocking(False)
+            self.pending[conn.fileno()] = [conn, time.monotonic() + KEY_SECONDS, b"", []]
+            self.poller.register(conn, select.POLLIN)
+            if len(self.pending) > PENDING:
+                self._drop(min(self.pending, key=lambda f: self.pending[f][1]))
+
+    def _read(self, fileno: int) -> None:
+        conn, _deadline, line, fds = entry = self.pending[fileno]
+        space = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+        try:
+            data, ancillary, _flags, _ = conn.recvmsg(4096, space)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(fileno)
+            return
+        for level, kind, given in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                whole = len(given) - len(given) % array.array("i").itemsize
+                fds.extend(array.array("i", given[:whole]))
+        for extra in fds[1:]:  # the stream's is the first; more would only hold ours
+            os.close(extra)
+        del fds[1:]
+        if not data:
+            self._drop(fileno)
+            return
+        line = entry[2] = line + data
+        if b"\n" not in line and len(line) < 4096:
+            return
+        self.poller.unregister(fileno)
+        del self.pending[fileno]
+        try:
+            given = str(loads(line.split(b"\n", 1)[0])["key"]).encode()
+        except (ValueError, KeyError, TypeError):
+            given = b""
+        if not fds or not hmac.compare_digest(given, self.key):
+            _close_all(conn, fds)
+            return
+        conn.setblocking(True)
+        conn.settimeout(10)
+        with self.ready:
+            if self.closed:
+                _close_all(conn, fds[:1])
+                return
+            self.admitted.append((conn, fds[0]))
+            self.ready.notify_all()
+
+    def _drop(self, fileno: int) -> None:
+        conn, _deadline, _line, fds = self.pending.pop(fileno)
+        try:
+            self.poller.unregister(fileno)
+        except KeyError:
+            pass
+        _close_all(conn, fds)
+
+
+def _close_all(conn: socket.socket, fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    conn.close()
 
 
 def _umask() -> int:
@@ -504,30 +633,6 @@ def _widen(fd: int) -> None:
         pass
 
 
-def _key_line(conn: socket.socket) -> tuple[bytes, int]:
-    """A feed's first line and the descriptor passed with it (-1 if none; any more are
-    closed)."""
-    line, fds = b"", []  # type: tuple[bytes, list[int]]
-    space = socket.CMSG_SPACE(4 * array.array("i").itemsize)
-    try:
-        while b"\n" not in line and len(line) < 4096:
-            data, ancillary, _flags, _ = conn.recvmsg(4096, space)
-            for level, kind, given in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    whole = len(given) - len(given) % array.array("i").itemsize
-                    fds.extend(array.array("i", given[:whole]))
-            if not data:
-                break
-            line += data
-    except OSError:
-        for fd in fds:
-            os.close(fd)
-        raise
-    for extra in fds[1:]:
-        os.close(extra)
-    return line, fds[0] if fds else -1
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
@@ -543,11 +648,23 @@ def _memory_file(name: str, text: str) -> int:
     return fd
 
 
+def _lock(fd: int) -> None:
+    """Mark a temporary file as a live relay's: an exclusive flock, which the kernel
+    lets go of when the relay ends however it ends (a filesystem without locks: none)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
 def _remove_stale(folder: int, names: set[str], age: float) -> None:
-    """Remove what a killed relay left of ``names`` in ``folder``: regular files named as
-    this module names their temporaries, untouched for ``age`` seconds. A live relay
-    writes its file at least every ``idle`` seconds, or gives up and removes it; a link,
-    or a file of another name, is left as it is."""
+    """Remove what an ended relay (killed, its node rebooted) left of ``names`` in
+    ``folder``: regular files named as this module names its temporaries that no live
+    relay holds (``_lock``), untouched for FRESH s at least (a new one is locked the
+    moment after it is made). Where the filesystem has no locks, only one untouched for
+    ``age`` s (a live relay writes its file at least every idle bound, or gives up and
+    removes it). Each is looked at without following a link: a link, or a file of
+    another name, is left as it is."""
     now = time.time()
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -560,8 +677,47 @@ def _remove_stale(folder: int, names: set[str], age: float) -> None:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISREG(info.st_mode) and now - info.st_mtime > age:
-                _unlink_quietly(entry.name, folder)
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime < FRESH:
+                continue
+            try:
+                fd = os.open(entry.name, LOOK, dir_fd=folder)
+            except OSError:
+                continue  # gone, swapped for a link (O_NOFOLLOW), or not ours to read
+            try:
+                here = os.fstat(fd)
+                if not stat.S_ISREG(here.st_mode) or here.st_ino != info.st_ino:
+                    continue
+                if not _held(fd, now - here.st_mtime > age):
+                    _unlink_quietly(entry.name, folder)
+            finally:
+                os.close(fd)
+
+
+LOOK = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+FRESH = 2.0
+
+
+def _held(fd: int, stale: bool) -> bool:
+    """Whether a live relay holds this temporary file (its flock); where locks cannot
+    be taken, whether it is not ``stale``."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return not stale
+    return False
+
+
+def _standing(folder: int, name: str, exc: OSError) -> str:
+    """Why a file could not take its name, saying what stands there when it is no file."""
+    try:
+        there = os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except OSError:
+        there = None
+    if there is not None and stat.S_ISDIR(there.st_mode):
+        return "a folder stands where the file goes"
+    return f"{exc.strerror or exc}"
 
 
 def _unlink_quietly(name: str, folder: int) -> None:
@@ -608,14 +764,15 @@ def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
     relay = Relay(request)
     os.makedirs(relay.root, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    gate = Gate(server, str(request["key"]))
     try:
         server.bind("\0" + str(request["socket"]))
-        server.listen(4)
-        server.settimeout(ACCEPT_POLL)
+        server.listen(BACKLOG)
+        threading.Thread(target=gate.run, daemon=True).start()
         relay.start_hops()
         relay.say(ready=True)
         threading.Thread(target=_controller, args=(relay, stdin), daemon=True).start()
-        receiver = threading.Thread(target=relay.receive, args=(server,), daemon=True)
+        receiver = threading.Thread(target=relay.receive, args=(gate,), daemon=True)
         receiver.start()
         while receiver.is_alive():
             receiver.join(HEARTBEAT)
@@ -644,10 +801,69 @@ def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
         relay.say(end=True, got=relay.got, sent=sent)
         return 0
     finally:
+        gate.close()
         server.close()
         for proc in relay.hops.values():
             if proc.poll() is None:
                 proc.kill()
+
+
+NAME_LIMIT = 4096
+
+
+def name_problem(rel: object) -> str | None:
+    """Why the relay will not write ``rel`` below its root, or None: a name is a
+    '/'-separated path of real names (no empty, '.' or '..' one), relative, without NUL.
+    Each folder on its way is then reached by descriptors (nofollow): a link there is
+    replaced, never followed, so no name leads out of the root."""
+    if not isinstance(rel, str) or not rel:
+        return "not a name"
+    if "\0" in rel:
+        return "it holds a NUL byte"
+    if len(rel) > NAME_LIMIT:
+        return f"longer than {NAME_LIMIT} characters"
+    if rel.startswith("/"):
+        return "an absolute name: the relay writes only below its root"
+    parts = rel.split("/")
+    if ".." in parts:
+        return "a '..' in it would lead out of the root"
+    if "" in parts or "." in parts:
+        return "not a normalised name (an empty or '.' part)"
+    return None
+
+
+def check_request(request: dict[str, Any]) -> None:
+    """ValueError naming the first part of the request the relay will not act on: it
+    checks what it is sent, whoever sends it."""
+    for word in ("socket", "key", "root"):
+        value = request.get(word)
+        if not isinstance(value, str) or not value or "\0" in value:
+            raise ValueError(f"{word} is not a name")
+    files = request.get("files")
+    if not isinstance(files, list):
+        raise ValueError("files is not a list")
+    for f in files:
+        if not isinstance(f, list) or not 5 <= len(f) <= 6:
+            raise ValueError(f"a file is not [name, size, sha256, mode, keep, mtime]: {f!r:.80}")
+        rel, size, sha, mode, keep = f[:5]
+        why = name_problem(rel)
+        if why is not None:
+            raise ValueError(f"file name {rel!r:.200}: {why}")
+        mtime = f[5] if len(f) > 5 else None
+        whole = all(type(v) is int for v in (size, mode)) and (mtime is None or type(mtime) is int)
+        if not whole or size < 0 or not isinstance(sha, str) or not isinstance(keep, bool):
+            raise ValueError(f"file {rel!r:.200}: size, sha256, mode, keep or mtime malformed")
+    hops = request.get("hops", [])
+    if not isinstance(hops, list) or not all(
+        isinstance(h, dict) and all(isinstance(h.get(k), str) for k in HOP_WORDS) for h in hops
+    ):
+        raise ValueError("hops is not a list of {name, command, socket, key}")
+    idle = request.get("idle", 120)
+    if type(idle) not in (int, float) or not 0 < idle < 86400:
+        raise ValueError("idle is not a number of seconds")
+
+
+HOP_WORDS = ("name", "command", "socket", "key")
 
 
 def main() -> None:
@@ -659,6 +875,11 @@ def main() -> None:
             raise ValueError("not an object")
     except ValueError as exc:
         print(json.dumps({"error": f"the relay's request was not understood: {exc}"}))
+        sys.exit(2)
+    try:
+        check_request(request)
+    except ValueError as exc:
+        print(json.dumps({"error": f"the relay's request was refused: {exc}"}))
         sys.exit(2)
     try:
         code = serve(request, stdin)

@@ -225,6 +225,25 @@ def slow_links(cluster: Cluster, rate: str = "100mbit") -> Iterator[None]:
         subprocess.run(["tc", "qdisc", "del", "dev", device, "root"], check=False)
 
 
+def test_a_folder_where_a_file_goes_is_said_in_one_line_and_sync_replaces_it(
+    cluster: Cluster, scratch: Path
+) -> None:
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    made = cluster.exec("node2", ["mkdir", "-p", f"{dest}/data/weights.bin/inner"])
+    assert made.returncode == 0, made.stderr
+    report, stderr = sync(cluster, src, "--dest", dest)
+    assert "another sha256" not in stderr, stderr
+    said = [line for line in stderr.splitlines() if "data/weights.bin" in line]
+    assert said == [
+        "broadcast: node2: data/weights.bin not kept there: a folder stands where the file goes"
+    ], stderr
+    assert methods(report)["node2"] in ("tar", "rsync"), report  # then sent directly
+    every_node_holds(cluster, dest, files)
+
+
 def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     cluster: Cluster, scratch: Path
 ) -> None:
@@ -270,3 +289,122 @@ def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     left = digests(cluster, "node2", root)
     assert "sub/big" not in left
     assert all(TMP_MARK in rel for rel in left), left
+    # the next broadcast of that file (provision's next copy) sweeps what node2's killed
+    # relay left, seconds after: no live relay holds it
+    with ConnectionPool(options) as pool:
+        again = Broadcast(pool.get, options, hosts, dict.fromkeys(NODES, root), files).run()
+    assert all(delivery.ok for delivery in again.values()), again
+    for node in NODES:
+        assert digests(cluster, node, root) == {"sub/big": sha(data)}, node
+
+
+# ---------------------------------------------------------------- what others on a node do
+
+# Someone on every node who holds connections to each relay socket as it appears
+# (abstract sockets are anyone's to connect to), HOLD at a time, never sending a byte,
+# and opens new ones as the relay closes them; a line for each held connection.
+SQUATTER = """import socket,sys,time
+held={}
+end=time.monotonic()+float(sys.argv[1])
+while time.monotonic()<end:
+ names=set()
+ for line in open("/proc/net/unix").read().splitlines()[1:]:
+  f=line.split()
+  if len(f)>=8 and f[3]=="00010000" and f[7].startswith("@cpuaccel-relay-"):names.add(f[7][1:])
+ for n in names:
+  alive=[]
+  for s in held.get(n,[]):
+   try:
+    if s.recv(1,socket.MSG_DONTWAIT)==b"":s.close();continue
+   except BlockingIOError:pass
+   except OSError:s.close();continue
+   alive.append(s)
+  while len(alive)<int(sys.argv[2]):
+   s=socket.socket(socket.AF_UNIX);s.setblocking(False)
+   try:s.connect("\\0"+n)
+   except BlockingIOError:pass
+   except OSError:s.close();break
+   alive.append(s);print("held",n,flush=True)
+  held[n]=alive
+ time.sleep(0.02)
+"""
+HOLD = 8
+SYNC_SECONDS = 40.0  # the sync of a 24 MB file to three nodes, while they squat
+
+
+def squat(cluster: Cluster, host: str) -> subprocess.Popen[str]:
+    """The squatter in ``host``'s network namespace (its abstract sockets), for 120 s."""
+    argv = ["ip", "netns", "exec", cluster.node(host).namespace, sys.executable, "-c"]
+    argv += [SQUATTER, "120", str(HOLD)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def test_connections_squatting_every_relay_do_not_stall_a_sync(
+    cluster: Cluster, scratch: Path
+) -> None:
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    squatters = [squat(cluster, host) for host in NODES]
+    try:
+        started = time.monotonic()
+        done = cpuaccel(
+            "sync", "-i", str(cluster.inventory_path), "--json", "--dest", dest,
+            cwd=src, timeout=300,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    finally:
+        for squatter in squatters:
+            squatter.kill()
+    held = [squatter.communicate()[0] for squatter in squatters]
+    assert all("held cpuaccel-relay-" in out for out in held), held  # every relay was squatted
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert took < SYNC_SECONDS, (took, done.stderr)
+    report = json.loads(done.stdout)
+    assert set(methods(report).values()) == {"broadcast+tar"}, (report, done.stderr)
+    assert "cannot ssh" not in done.stderr, done.stderr
+    every_node_holds(cluster, dest, files)
+
+
+def deaf_python(folder: Path) -> Path:
+    """An interpreter for a node whose broadcast relay refuses every feed's key (as one
+    fooled or broken would); any other program (and the feed) runs as it is."""
+    deaf = folder / "deaf"
+    deaf.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "if len(sys.argv) < 5:  # not a node program (the feed): as it is\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+        "source = sys.stdin.buffer.read(int(sys.argv[4]))\n"
+        "source = source.replace(b'hmac.compare_digest(', b'0 and hmac.compare_digest(')\n"
+        "sys.argv = [sys.argv[0], *sys.argv[4:]]\n"
+        "exec(compile(source, 'cpuaccel', 'exec'))\n"
+    )
+    deaf.chmod(0o755)
+    return deaf
+
+
+def test_a_relay_that_takes_no_feed_is_named_and_its_node_served_directly(
+    cluster: Cluster, scratch: Path
+) -> None:
+    inventory = cluster.write_inventory(
+        scratch / "inventory.yaml", {"node2": {"cpuaccel_python": str(deaf_python(scratch))}}
+    )
+    src = scratch / "proj"
+    src.mkdir()
+    files = project(src)
+    dest = f"{WORKDIR}/{scratch.name}"
+    started = time.monotonic()
+    report, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
+    took = time.monotonic() - started
+    # ssh from node1 to node2 worked: the relay there is named, not ssh
+    assert "cannot ssh" not in stderr and "cannot reach each other" not in stderr, stderr
+    named = [line for line in stderr.splitlines() if "node2's relay took no stream" in line]
+    assert len(named) == 1 and "from node1" in named[0], stderr
+    used = methods(report)
+    assert used["node2"] in ("tar", "rsync"), report  # the direct path, from the controller
+    assert used["node1"] == used["node3"] == "broadcast+tar", report
+    assert took < SYNC_SECONDS, (took, stderr)
+    every_node_holds(cluster, dest, files)

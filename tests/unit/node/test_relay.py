@@ -3,6 +3,7 @@ in a real interpreter, fed through the real FEED program over its abstract socke
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -318,23 +319,41 @@ def test_what_a_killed_relay_left_of_a_name_goes_when_that_name_is_written_again
     killed.end(close=False)
     (left,) = temporaries(root)
     sub = root / "sub"
-    recent = sub / (".f" + TMP_MARK + "0123456789abcdef")
-    recent.write_bytes(b"a live relay's, written a moment ago")
+    live = sub / (".f" + TMP_MARK + "0123456789abcdef")
+    live.write_bytes(b"a live relay's: it holds its lock")
+    new = sub / (".f" + TMP_MARK + "00000000000000bb")
+    new.write_bytes(b"made a moment ago, its lock not taken yet")
     link = sub / (".f" + TMP_MARK + "fedcba9876543210")
     outside = tmp_path / "outside"
     outside.write_bytes(b"keep me")
     link.symlink_to(outside)
     other = sub / (".g" + TMP_MARK + "00000000000000aa")
     other.write_bytes(b"another name's")
-    long_ago = os.stat(left).st_mtime - 3 * 5 - 60  # past three idle bounds (idle: 5 s)
-    for path in (Path(left), other):
-        os.utime(path, (long_ago, long_ago))
-    os.utime(link, (long_ago, long_ago), follow_symlinks=False)
+    # seconds ago, not three idle bounds (idle: 5 s): whether a relay holds it decides
+    moment = time.time() - 10
+    for path in (Path(left), live, other):
+        os.utime(path, (moment, moment))
+    os.utime(link, (moment, moment), follow_symlinks=False)
 
-    again = Relay(root, [("sub/f", data, True)], tmp_path)
-    assert again.feed(data).returncode == 0
-    again.end(close=False)
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        again = Relay(root, [("sub/f", data, True)], tmp_path)
+        assert again.feed(data).returncode == 0
+        again.end(close=False)
     assert (sub / "f").read_bytes() == data
     assert not Path(left).exists()
-    assert sorted(temporaries(root)) == sorted(str(p) for p in (recent, link, other))
+    assert sorted(temporaries(root)) == sorted(str(p) for p in (live, new, link, other))
     assert outside.read_bytes() == b"keep me"
+
+
+def test_a_folder_where_a_file_goes_is_said_as_such(root: Path, tmp_path: Path) -> None:
+    (root / "f").mkdir()
+    (root / "f" / "inside").write_bytes(b"the user's")
+    data = os.urandom(1000)
+    relay = Relay(root, [("f", data, True)], tmp_path)
+    assert relay.feed(data).returncode == 0
+    relay.end(close=False)
+    (bad,) = relay.said("bad")
+    assert bad["error"] == "a folder stands where the file goes", bad
+    assert (root / "f" / "inside").read_bytes() == b"the user's"
+    assert temporaries(root) == []
