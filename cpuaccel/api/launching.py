@@ -8,8 +8,11 @@ and the supervision. ``cli/run.py`` parses and prints around the same ``start``.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from cpuaccel.jobs.connections import JobFiles, Nodes
 from cpuaccel.jobs.foreground import GroupSink, LineSink
 from cpuaccel.jobs.launch import Require
 from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
-from cpuaccel.jobs.result import PREFLIGHT, JobReport
+from cpuaccel.jobs.result import INTERRUPTED, PREFLIGHT, TERMINATED, JobReport
 
 
 def launch(
@@ -65,8 +68,13 @@ def launch(
     the CLI's message and fix), ``InventoryError``/``ProjectFileError`` (a file, with
     its line), ``PreflightError`` (a node failed its checks: no job started) or
     ``HostError`` (a node could not be reached to start it). A job that starts and fails
-    is no exception: its ``Run.wait()`` says how it ended."""
-    with quiet_unless(progress):
+    is no exception: its ``Run.wait()`` says how it ended.
+
+    Ctrl-C (SIGINT) during a foreground run ends the job on every node, writes the run's
+    records, then raises ``KeyboardInterrupt`` here, as ``subprocess.run`` does; SIGTERM
+    does the same, then meets the caller's own SIGTERM handling (by default the process
+    ends with 143). The caller's signal handlers are given back either way."""
+    with quiet_unless(progress), caller_signals() as ended:
         hosts = HostKeywords(
             inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
             user, private_key,
@@ -77,7 +85,33 @@ def launch(
         report = start(target, settled, what, project, detach=detach)
         if report.ended_by == PREFLIGHT:
             raise PreflightError(report.error or "preflight failed", problems=report.problems)
+        ended.append(report.ended_by)
         return Run.of_report(report, _head_options(hosts), project / "runs")
+
+
+@contextlib.contextmanager
+def caller_signals() -> Iterator[list[str]]:
+    """A foreground call from Python: SIGINT raises ``KeyboardInterrupt`` for the whole
+    call (the supervisor takes it over while a job runs: it ends the job, then says
+    "interrupted" into the list yielded), whatever the caller had set; the caller's
+    handlers are given back at the end. A job ended by SIGINT then raises
+    ``KeyboardInterrupt``; one ended by SIGTERM raises SIGTERM again, under the caller's
+    own handler. Outside the main thread, whose handlers they are, nothing changes."""
+    ended: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield ended
+        return
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield ended
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    if ended == [INTERRUPTED]:
+        raise KeyboardInterrupt
+    if ended == [TERMINATED]:
+        signal.raise_signal(signal.SIGTERM)
 
 
 def _head_options(hosts: HostKeywords) -> HeadOptions:

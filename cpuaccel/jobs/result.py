@@ -15,6 +15,7 @@ from cpuaccel.node.supervisor import Outcome
 
 # ended_by, besides the job's own endings (Outcome.reason: completed, failed,
 # interrupted, terminated, timeout, lost, hang):
+INTERRUPTED, TERMINATED = "interrupted", "terminated"  # Ctrl-C, SIGTERM
 PREFLIGHT = "preflight"  # a node failed its checks (or its sync): no job was started
 ERROR = "error"  # bad input, or a failure before any rank started
 
