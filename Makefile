@@ -13,7 +13,7 @@ TORCH_INDEX_URL ?=
 PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 TORCH_INDEX_VARS := $(if $(TORCH_INDEX_URL),-e cpuaccel_torch_index_url=$(TORCH_INDEX_URL))
 
-.PHONY: venv system-deps wheelhouse test lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-broadcast-shape bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test test-stress lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-broadcast-shape bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ system-deps:
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest
 test: lint system-deps wheelhouse
 	$(PYTEST) -q -n 3 --dist loadgroup
+
+# Nightly: each rank's exit code over 50 runs a launcher, one rank failing in each
+# way (tests/cluster/test_rank_codes.py; `make test` runs a few of them).
+test-stress: system-deps $(STAMP)
+	CPUACCEL_STRESS_RUNS=50 $(PYTEST) -q -n 3 --dist loadgroup tests/cluster/test_rank_codes.py
 
 # Three workers on two cores too: the page, hang and provision tests wait on timers.
 unit: $(STAMP)

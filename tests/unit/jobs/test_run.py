@@ -653,6 +653,20 @@ def test_worker_reports_a_failing_exit_code(tmp_path: Path) -> None:
     assert crashed.stderr.splitlines()[-1].endswith(f"{EXIT_MARKER} 1")
 
 
+def test_worker_reports_a_code_the_script_left_without_reporting(tmp_path: Path) -> None:
+    """os._exit skips the script's own report: the rank's own process reports it, once."""
+    proc = worker(tmp_path, "import os\nprint('bye', flush=True)\nos._exit(5)\n")
+    assert proc.returncode == 5
+    label = f"[rank 2 {socket.gethostname()}] "
+    assert [line for line in proc.stderr.splitlines() if EXIT_MARKER in line] == [
+        f"{label}{EXIT_MARKER} 5"
+    ]
+    reported = worker(tmp_path, "import sys\nsys.exit(4)\n")  # reported by the script
+    assert [line for line in reported.stderr.splitlines() if EXIT_MARKER in line] == [
+        f"{label}{EXIT_MARKER} 4"
+    ]
+
+
 def test_worker_says_a_bad_runtime_setting_in_one_line(tmp_path: Path) -> None:
     """A CPUACCEL_* variable the runtime refuses ends the rank with EXIT_USAGE and one
     line naming the variable and the choices, not a traceback."""

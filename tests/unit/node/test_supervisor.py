@@ -109,6 +109,30 @@ def test_the_supervisor_reads_the_lines_the_worker_writes() -> None:
     assert supervisor.STATES.keys() >= {"completed", "failed", "terminated", "timeout", "lost"}
 
 
+def test_a_rank_s_marker_after_another_writer_s_unfinished_line_is_read(
+    tmp_path: Path,
+) -> None:
+    """setsid -w writes "setsid: " and its message apart on the launcher's stream, which
+    the ranks share: a rank's marker lines can land in between (seen under 2 x 2 runs,
+    a rank cpuaccel ended then recorded None)."""
+    output = supervisor.Output(str(tmp_path))
+    output.quiet = True  # the supervisor is ending the job
+    output.feed("err", f"setsid: [rank 3 node2] {worker.KILLED_MARKER} SIGTERM")
+    output.feed("err", "child 28750 did not exit normally: Success")
+    output.feed("err", f"[rank 3 node2] {worker.EXIT_MARKER} 143")
+    output.feed("err", f"[mpirun] a word [rank 2 node2] {worker.EXIT_MARKER} 9")
+    output.feed("err", "[mpirun] [rank 1 x] is only the launcher's word")
+    output.close()
+    assert output.codes == {3: 143, 2: 9} and output.signals == {3: "SIGTERM"}
+    launcher = (tmp_path / "launcher.log").read_text().splitlines()
+    assert launcher == [
+        "setsid: ",
+        "child 28750 did not exit normally: Success",
+        "[mpirun] a word ",
+        "[mpirun] [rank 1 x] is only the launcher's word",
+    ]
+
+
 def test_find_run_takes_an_id_a_prefix_or_last(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for name in ("20260101-000000-aaaaaa", "20260102-000000-bbbbbb", "20260102-000000-bbbccc"):
