@@ -33,6 +33,7 @@ import os
 import runpy
 import socket
 from collections.abc import Iterable, Mapping, MutableMapping
+from typing import NoReturn
 
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
@@ -442,14 +443,50 @@ def main() -> None:
     if code != 0:
         _report_cause(os.environ.get("TORCHELASTIC_ERROR_FILE"))
     _report_exit(code)
-    # What the script registered to run at exit runs while its output is still
-    # labelled; then the interpreter ends as after a plain `python SCRIPT`, which
-    # runs C-level exit hooks too: mpi4py's MPI_Finalize is one, and a rank that
-    # leaves without it makes MPI kill all the others.
+    _leave(code & 0xFF if code >= 0 else 1)
+
+
+def _leave(code: int) -> NoReturn:
+    """The script's process ends with ``code``, once the script has returned, as a plain
+    `python SCRIPT` would up to the interpreter's own teardown: its non-daemon threads
+    waited for, its atexit handlers run (while its output is still labelled), MPI
+    finalized where mpi4py started it (a rank that leaves without MPI_Finalize makes MPI
+    kill all the others), Python's and C's buffered output flushed.
+
+    Then os._exit: the C and C++ teardown (static destructors, a library's exit hooks)
+    is skipped. A native thread a library left running there, as gloo's can be after
+    destroy_process_group, meets a destructor that calls std::terminate ("terminate
+    called without an active exception"), and a rank whose work succeeded would die by
+    SIGABRT, recorded as failed."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code & 0xFF if code >= 0 else 1)
+    _finalize_mpi()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C's stdio: what a library printf'd
+    os._exit(code)
+
+
+def _finalize_mpi() -> None:
+    """MPI_Finalize, as mpi4py's own exit hook does, when mpi4py initialized MPI and
+    was not told to leave it (``mpi4py.rc.finalize = False``)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    rc = getattr(sys.modules.get("mpi4py"), "rc", None)
+    if getattr(rc, "finalize", None) is False:
+        return
+    with contextlib.suppress(Exception):
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
 
 
 def _report_cause(path: str | None) -> None:
