@@ -140,3 +140,21 @@ def test_a_caught_interrupt_leaves_the_next_launch_interruptible(project: Path) 
     assert took < 20, f"the second run took {took:.1f} s to end after SIGINT"
     assert _gone(first) and _gone(second), (first, second)
     assert _records(project) == [("interrupted", "interrupted", 130)] * 2
+
+
+def test_sigterm_ends_the_ranks_then_the_caller_as_its_handler_says(project: Path) -> None:
+    proc = _start(project, "raise")
+    seen: set[int] = set()
+    try:
+        rank = _next_rank(project, seen, proc)
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=BOUND)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The default SIGTERM disposition, once the records are written: a shell says 143.
+    assert proc.returncode == -signal.SIGTERM, (out, err)
+    assert out == "", out  # the loop did not go on
+    assert _gone(rank), f"rank pid {rank} is still running"
+    assert _records(project) == [("stopped", "terminated", 143)]

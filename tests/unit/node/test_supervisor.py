@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -206,3 +207,29 @@ def test_a_held_session_ends_once_the_guard_found_the_head_lost(tmp_path: Path) 
     assert json.loads(out.splitlines()[-1]) == {"head": "lost"}
     assert proc.stdin is not None
     proc.stdin.close()
+
+
+class _TwoNodes(supervisor.Side):
+    run_id, run_dir, hosts = RUN_ID, ".", ["n1", "n2"]
+
+
+def _filled(sent: int | None, lost: list[str]) -> supervisor.Outcome:
+    job = supervisor.Supervised(_TwoNodes(), supervisor.Limits(ppn=2), {"ranks": {}})
+    outcome = supervisor.Outcome(
+        3, "failed", 1.0, 1, None, codes={1: 3, 3: 143}, signals={3: "SIGTERM"}, sent=sent,
+        lost=lost,
+    )  # fmt: skip
+    job.unreported(outcome)
+    return outcome
+
+
+def test_a_rank_the_supervisor_ended_before_it_could_report_is_recorded_so() -> None:
+    """A rank still starting when the supervisor's SIGTERM came reports nothing: it is
+    recorded as ended by that signal, never on a lost node, never when none was sent."""
+    ended = _filled(signal.SIGTERM, [])
+    assert ended.codes == {0: 143, 1: 3, 2: 143, 3: 143}
+    assert ended.signals == {0: "SIGTERM", 2: "SIGTERM", 3: "SIGTERM"}
+    killed = _filled(signal.SIGKILL, ["n2"])  # rank 2 was n2's: unknown
+    assert killed.codes == {0: 137, 1: 3, 3: 143}
+    assert killed.signals == {0: "SIGKILL", 3: "SIGTERM"}
+    assert _filled(None, []).codes == {1: 3, 3: 143}
