@@ -13,7 +13,7 @@ TORCH_INDEX_URL ?=
 PIP_INDEX_ARGS := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 TORCH_INDEX_VARS := $(if $(TORCH_INDEX_URL),-e cpuaccel_torch_index_url=$(TORCH_INDEX_URL))
 
-.PHONY: venv system-deps wheelhouse test test-clients lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-broadcast-shape bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
+.PHONY: venv system-deps wheelhouse test test-clients test-stress lint unit demo bench-provision bench-fanout bench-sync bench-broadcast bench-broadcast-shape bench-launch bench-launch16 bench-launch-slurm bench-train bench-ab cluster-up cluster-down clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,11 @@ DEEPSPEED ?= deepspeed==0.19.8
 test-clients: $(STAMP) system-deps
 	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-build-isolation $(PIP_INDEX_ARGS) -c constraints.txt "$(DEEPSPEED)"
 	$(PYTEST) -q -m clients
+
+# Nightly: each rank's exit code over 50 runs a launcher, one rank failing in each
+# way (tests/cluster/test_rank_codes.py; `make test` runs a few of them).
+test-stress: system-deps $(STAMP)
+	CPUACCEL_STRESS_RUNS=50 $(PYTEST) -q -n 3 --dist loadgroup tests/cluster/test_rank_codes.py
 
 # Three workers on two cores too: the page, hang and provision tests wait on timers.
 unit: $(STAMP)

@@ -10,16 +10,30 @@ labels the output too, so the rank is finished when the script's process exits, 
 if something the script left (a copy of stderr, a background helper) still holds it.
 """
 
+# ruff: noqa: E402 (the signals are blocked before the other imports: they take time)
 from __future__ import annotations
+
+import signal
+import sys
+
+_BEFORE: set[int | signal.Signals] | None = None  # the mask the script's process gets back
+if __name__ == "__main__":
+    # As a rank: the signals that end a job wait blocked from here on (the rank's own
+    # process takes them once the script's runs: _wait_for_script), so that a rank
+    # ended while it is still importing reports how it ended.
+    _BEFORE = signal.pthread_sigmask(
+        signal.SIG_BLOCK,
+        {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+         signal.SIGUSR2, signal.SIGCHLD},
+    )  # fmt: skip
 
 import atexit
 import contextlib
 import os
 import runpy
-import signal
 import socket
-import sys
 from collections.abc import Iterable, Mapping, MutableMapping
+from typing import NoReturn
 
 from cpuaccel import _labels, _progress, _rendezvous
 from cpuaccel.errors import SettingError
@@ -288,11 +302,11 @@ def _fork() -> int:
     held = signal.pthread_sigmask(signal.SIG_BLOCK, AWAITED)
     child = os.fork()
     if child == 0:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held if _BEFORE is None else _BEFORE)
     return child
 
 
-def _wait_for_script(child: int, report: bool = True) -> int:
+def _wait_for_script(child: int, report: bool = True, told: int | None = None) -> int:
     """The rank's own process: pass signals on to the script's, wait for it, report its
     death by a signal.
 
@@ -308,6 +322,11 @@ def _wait_for_script(child: int, report: bool = True) -> int:
     hydra lets the other ranks run on). Its parent can: it prints the exit marker the
     controller watches for, so the job is ended at once.
 
+    A script that left without reporting its code (``os._exit``, a C library's
+    ``exit()``) cannot say it either: with ``report``, its code is reported here when
+    nothing came through ``told`` (the read end of the pipe the script's process writes
+    a byte to as it reports: :func:`_report_exit`).
+
     The rank is finished when the script's process has exited, whatever it left
     holding its output: the caller's :func:`cpuaccel._labels.finish` sees to that.
     """
@@ -320,18 +339,37 @@ def _wait_for_script(child: int, report: bool = True) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signum)
     if not os.WIFSIGNALED(status):
-        return os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status)
+        if report and not _told(told):
+            with contextlib.suppress(OSError):
+                os.write(2, f"{EXIT_MARKER} {code}\n".encode())
+        return code
     signum = os.WTERMSIG(status)
     code = 128 + signum
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
+    said = f"{KILLED_MARKER} {name}\n"
+    if report:  # else the caller reports every code itself
+        said += f"{EXIT_MARKER} {code}\n"
     with contextlib.suppress(OSError):  # fd 2: the labeller, if any, unless it is gone
-        os.write(2, f"{KILLED_MARKER} {name}\n".encode())
-        if report:  # else the caller reports every code itself
-            os.write(2, f"{EXIT_MARKER} {code}\n".encode())
+        os.write(2, said.encode())  # one write: both lines or neither
     return code
+
+
+def _told(told: int | None) -> bool:
+    """Whether the script's process reported its code itself (a byte on ``told``)."""
+    if told is None:
+        return True
+    os.set_blocking(told, False)
+    try:
+        return bool(os.read(told, 1))
+    except BlockingIOError:
+        return False
+
+
+_telling: int | None = None  # the script's process: the pipe its report is noted on
 
 
 USAGE = "usage: python -m cpuaccel.worker [-m MODULE | --no-python PROGRAM | SCRIPT] [ARGS...]"
@@ -352,6 +390,9 @@ def _report_exit(code: int) -> None:
     per-rank codes; elsewhere only a failure is worth a line."""
     if code != 0 or os.environ.get("CPUACCEL_RUN_ID"):
         os.write(2, f"{EXIT_MARKER} {code}\n".encode())  # fd 2: the labeller, if any
+    if _telling is not None:  # the rank's own process need not report it again
+        with contextlib.suppress(OSError):
+            os.write(_telling, b"1")
 
 
 def main() -> None:
@@ -374,16 +415,22 @@ def main() -> None:
         # when the script's process has, whatever the script left holding its output.
         _labels.install(f"[rank {derived['RANK']} {socket.gethostname()}] ")
     parent = os.getpid()
+    told, telling = os.pipe()  # not inherited by what the script execs
     child = _fork()
     if child != 0:
         # --no-python: a program cannot report its own code; a script reports its own
-        # (while its atexit handlers' output is still to come), a death by signal here.
-        code = _wait_for_script(child, report=mode != "program")
+        # (while its atexit handlers' output is still to come); a death by signal, or a
+        # code the script left without reporting (os._exit), is reported here.
+        os.close(telling)
+        code = _wait_for_script(child, report=mode != "program", told=told)
         if mode == "program":
             _report_exit(code)
         _labels.finish()
         os._exit(code & 0xFF)
     _die_with_parent(parent)
+    os.close(told)
+    global _telling
+    _telling = telling
     _labels.forget()
     if mode == "program":
         _exec_program(what, args)
@@ -396,14 +443,50 @@ def main() -> None:
     if code != 0:
         _report_cause(os.environ.get("TORCHELASTIC_ERROR_FILE"))
     _report_exit(code)
-    # What the script registered to run at exit runs while its output is still
-    # labelled; then the interpreter ends as after a plain `python SCRIPT`, which
-    # runs C-level exit hooks too: mpi4py's MPI_Finalize is one, and a rank that
-    # leaves without it makes MPI kill all the others.
+    _leave(code & 0xFF if code >= 0 else 1)
+
+
+def _leave(code: int) -> NoReturn:
+    """The script's process ends with ``code``, once the script has returned, as a plain
+    `python SCRIPT` would up to the interpreter's own teardown: its non-daemon threads
+    waited for, its atexit handlers run (while its output is still labelled), MPI
+    finalized where mpi4py started it (a rank that leaves without MPI_Finalize makes MPI
+    kill all the others), Python's and C's buffered output flushed.
+
+    Then os._exit: the C and C++ teardown (static destructors, a library's exit hooks)
+    is skipped. A native thread a library left running there, as gloo's can be after
+    destroy_process_group, meets a destructor that calls std::terminate ("terminate
+    called without an active exception"), and a rank whose work succeeded would die by
+    SIGABRT, recorded as failed."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code & 0xFF if code >= 0 else 1)
+    _finalize_mpi()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C's stdio: what a library printf'd
+    os._exit(code)
+
+
+def _finalize_mpi() -> None:
+    """MPI_Finalize, as mpi4py's own exit hook does, when mpi4py initialized MPI and
+    was not told to leave it (``mpi4py.rc.finalize = False``)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    rc = getattr(sys.modules.get("mpi4py"), "rc", None)
+    if getattr(rc, "finalize", None) is False:
+        return
+    with contextlib.suppress(Exception):
+        if mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
 
 
 def _report_cause(path: str | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import click
@@ -139,16 +139,19 @@ def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, 
     (as -e sets them), of ``given`` keywords; UsageError for an unknown keyword or a bad
     value, with the CLI's message for the flag."""
     entries = {e.name: e for e in setting_keywords(verb)}
-    unknown = [name for name in given if name not in entries]
+    aliases = keyword_aliases(entries.values())
+    unknown = [name for name in given if name not in entries and name not in aliases]
     if unknown:
         import difflib
 
-        close = difflib.get_close_matches(unknown[0], list(entries), n=1, cutoff=0.6)
+        words = [*entries, *aliases]
+        close = difflib.get_close_matches(unknown[0], words, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}=? " if close else ""
         raise UsageError(
             f"{unknown[0]}=: no such setting",
             hint=f"{hint}the settings are: {', '.join(entries)}",
         )
+    given = _canonical(given, aliases)
     flags = FlagValues()
     names: dict[str, str] = {}
     extra: dict[str, Any] = {}
@@ -176,6 +179,38 @@ def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, 
         flags["env"], flags["secret_env"] = env, env.secret
     flags["flag_names"] = names
     return flags, extra
+
+
+def keyword_aliases(entries: Iterable[Entry]) -> dict[str, str]:
+    """Each other spelling the CLI takes for a setting's flag (``--nproc_per_node``,
+    ``--nnodes``, ``--master-port``...), as a keyword (``nproc_per_node``), to the
+    setting's name."""
+    names = {entry.name for entry in entries}
+    aliases: dict[str, str] = {}
+    for entry in entries:
+        flag = entry.flag
+        for spelled in (*flag.decls, *flag.aliases) if flag is not None else ():
+            if not spelled.startswith("--"):
+                continue
+            word = spelled[2:].split("/")[0].replace("-", "_")
+            if word.isidentifier() and word not in names:
+                aliases.setdefault(word, entry.name)
+    return aliases
+
+
+def _canonical(given: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """``given`` under the settings' own names; one given twice is refused."""
+    named: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for word, value in given.items():
+        name = aliases.get(word, word)
+        if name in named:
+            raise UsageError(
+                f"{spelled[name]}= and {word}= are the same setting",
+                hint=f"give it once, as {name}=",
+            )
+        named[name], spelled[name] = value, word
+    return named
 
 
 def _flag_value(entry: Entry, verb: str, value: Any) -> tuple[Any, str]:

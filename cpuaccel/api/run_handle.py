@@ -77,6 +77,8 @@ class RunResult:
     seconds: float | None
     metrics: dict[str, Any] | None = None
     folder: Path | None = None
+    # rank -> the signal that ended it, by name ("SIGTERM": a rank cpuaccel ended)
+    signals: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -196,9 +198,16 @@ class Run:
         ranks = {rank: ranks.get(rank) for rank in range(run.world)} if run.world else ranks
         exit_code = run.exit_code()
         seconds = _seconds(status, record)
+        signals_doc = status.get("signals") if isinstance(status.get("signals"), dict) else {}
+        signals = {
+            int(key): name[:32]
+            for key, name in (signals_doc or {}).items()
+            if str(key).isdigit() and isinstance(name, str)
+        }
         return RunResult(
-            self.id, exit_code, state, ranks, seconds, _metrics(self.folder), self.folder
-        )
+            self.id, exit_code, state, ranks, seconds, _metrics(self.folder), self.folder,
+            signals,
+        )  # fmt: skip
 
     # ------------------------------------------------------------ stop, fetch
     @quiet

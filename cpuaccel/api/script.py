@@ -29,7 +29,7 @@ CONFIG_SUFFIXES = {
 _HEAD_BYTES = 256
 
 
-def check_script_kind(script: str, *, no_python: bool = False) -> None:
+def check_script_kind(script: str, *, no_python: bool = False, api: bool = False) -> None:
     """Refuse a SCRIPT that is not a Python file; with ``no_python`` (the ranks run it as
     an executable) anything goes. A missing file is left to the caller's own error."""
     if no_python:
@@ -37,11 +37,14 @@ def check_script_kind(script: str, *, no_python: bool = False) -> None:
     path = Path(script)
     kind = CONFIG_SUFFIXES.get(path.suffix.lower())
     if kind is not None:
-        raise UsageError(
-            f"{script}: SCRIPT is a {kind} file, not a Python script",
-            hint=f"an inventory goes with -i (cpuaccel run -i {script} train.py), a "
-            f"cpuaccel.yaml or Accelerate config with --config {script}",
+        hint = (
+            f"an inventory goes in inventory={script!r}, a cpuaccel.yaml or Accelerate "
+            f"config in config={script!r}"
+            if api
+            else f"an inventory goes with -i (cpuaccel run -i {script} train.py), a "
+            f"cpuaccel.yaml or Accelerate config with --config {script}"
         )
+        raise UsageError(f"{script}: SCRIPT is a {kind} file, not a Python script", hint=hint)
     if path.suffix.lower() in PYTHON_SUFFIXES:
         return
     first = _first_line(path)

@@ -7,10 +7,11 @@ into: one ``Target``, read once, before anything is contacted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from cpuaccel.config.project_choice import discover_config
 from cpuaccel.config.settings import LaunchSettings, Setting
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT, ConnectOptions
 from cpuaccel.connectors.hostkeys import opt_out_warnings
-from cpuaccel.errors import InsecureWarning, UsageError
+from cpuaccel.errors import CpuaccelError, InsecureWarning, UsageError
 from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory, parse_extra_vars
@@ -235,7 +236,12 @@ class HostKeywords:
     private_key: str | os.PathLike[str] | None = None
 
     def target(self, variables: Mapping[str, Any] | None = None) -> Target:
-        """The Target, with ``variables`` (settings the inventory sets) over extra_vars."""
+        """The Target, with ``variables`` (settings the inventory sets) over extra_vars;
+        an error names the keywords (``inventory=``), not the CLI's flags (``-i``)."""
+        with api_words():
+            return self._target(variables)
+
+    def _target(self, variables: Mapping[str, Any] | None) -> Target:
         return target_of(
             self.inventory,
             limit=self.limit,
@@ -247,6 +253,43 @@ class HostKeywords:
             user=self.user,
             private_key=self.private_key,
         )
+
+
+# The host flags as messages shared with the CLI name them, and their keywords.
+_API_WORDS = (
+    (r"(?<![\w-])-u/--user ('[^']*')", r"user=\1"),
+    (r"(?<![\w-])(?:-l|--limit) ('[^']*')", r"limit=\1"),
+    (r"(?<![\w-])-u/--user(?![\w-])", "user="),
+    (r"(?<![\w-])-u (\w+)", r"user='\1'"),
+    (r"(?<![\w-])--private-key ([^\s:]+)", r"private_key='\1'"),
+    (r"(?<![\w-])--private-key(?![\w-])", "private_key="),
+    (r"(?<![\w-])-i (FILE|PATH)\b", r"inventory='\1'"),
+    (r"(?<![\w-])-i(?![\w-])", "inventory="),
+    (r"(?<![\w-])(?:-l|--limit)(?![\w-])", "limit="),
+)
+
+
+def api_text(text: str) -> str:
+    """``text`` (a message or fix written for the CLI) with the host flags named as
+    the API's keywords."""
+    import re
+
+    for pattern, keyword in _API_WORDS:
+        text = re.sub(pattern, keyword, text)
+    return text
+
+
+@contextlib.contextmanager
+def api_words() -> Iterator[None]:
+    """A CpuaccelError raised within names the API's keywords, not the CLI's flags."""
+    try:
+        yield
+    except CpuaccelError as exc:
+        exc.message = api_text(exc.message)
+        exc.args = (exc.message, *exc.args[1:])
+        if exc.hint:
+            exc.hint = api_text(exc.hint)
+        raise
 
 
 def _with_variables(

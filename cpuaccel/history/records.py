@@ -19,23 +19,17 @@ from typing import Any
 
 from cpuaccel.errors import UsageError
 from cpuaccel.jsonsource import loads, read_object
+from cpuaccel.node.endings import STATES
 from cpuaccel.node.supervisor import start_time
 from cpuaccel.slurm import queue as jobs
 from cpuaccel.slurm.queue import JobState
 
 RUNS = "runs"
 TAIL = 8192  # bytes of metrics.jsonl read for the last step
-# run.json's reason (node/supervisor.py) as a state of the contract (status.json).
-_REASONS = {
-    "completed": "succeeded",
-    "failed": "failed",
-    "interrupted": "interrupted",
-    "terminated": "stopped",
-    "stopped": "stopped",
-    "timeout": "timeout",
-    "lost": "lost",
-}
-ENDED = ("succeeded", "failed", "stopped", "timeout", "lost", "interrupted")
+# run.json's reason (node/supervisor.py) as a state of the contract (status.json):
+# node/endings.py's, and "stopped" as `cpuaccel stop` records it.
+_REASONS = {**STATES, "stopped": "stopped"}
+ENDED = tuple(dict.fromkeys(STATES.values()))
 
 
 def read_json(path: Path, problems: list[str] | None = None) -> dict[str, Any] | None:

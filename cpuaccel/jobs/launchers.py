@@ -143,7 +143,15 @@ class OpenMPI(Launcher):
 
     def env(self, spec: LaunchSpec) -> dict[str, str]:
         # Open MPI refuses root unless told twice; containers and test beds run as root.
-        return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        # A rank's non-zero exit is the supervisor's to act on: Open MPI's own abort
+        # kills the other ranks' processes outright and drops their last output, with
+        # the exit codes they report (the supervisor ends them with SIGTERM, as under
+        # every launcher). An Open MPI that does not know the variable ignores it.
+        return {
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_orte_abort_on_non_zero_status": "0",
+        }
 
     def default_mpirun(self, python: str) -> str:
         return "mpirun.openmpi"

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.node import endings
 from cpuaccel.node.supervisor import Outcome
 
-# ended_by, besides the job's own endings (Outcome.reason: completed, failed,
-# interrupted, terminated, timeout, lost, hang):
-PREFLIGHT = "preflight"  # a node failed its checks (or its sync): no job was started
-ERROR = "error"  # bad input, or a failure before any rank started
+# ended_by: the job's own endings (Outcome.reason), and two before any job: a node
+# failed its checks (preflight) or bad input, a failure before any rank started (error).
+# Each with its exit code and meaning: node/endings.py.
+INTERRUPTED, TERMINATED = endings.INTERRUPTED.word, endings.TERMINATED.word
+PREFLIGHT, ERROR = endings.PREFLIGHT.word, endings.ERROR.word
 
 
 @dataclass
@@ -30,6 +32,7 @@ class JobReport:
     ppn: int | None = None
     world: int | None = None
     ranks: dict[int, int | None] = field(default_factory=dict)  # rank -> its exit code
+    signals: dict[int, str] = field(default_factory=dict)  # rank -> the signal that ended it
     error: str | None = None
     fix: str | None = None  # the error's hint, as the `fix:` line says it
     # run --detach: state, head, head_run_dir and supervisor (node/detached.py)
@@ -53,6 +56,7 @@ class JobReport:
         self.ranks = {
             rank: outcome.codes.get(rank, 0 if clean else None) for rank in range(self.world or 0)
         }
+        self.signals = dict(sorted(outcome.signals.items()))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +69,7 @@ class JobReport:
             "ended_by": self.ended_by,
             "seconds": round(self.seconds, 3),
             "ranks": {str(rank): code for rank, code in self.ranks.items()},
+            "signals": {str(rank): name for rank, name in self.signals.items()},
             "error": self.error,
             "fix": self.fix,
             **({"attempts": self.attempts} if self.attempts else {}),

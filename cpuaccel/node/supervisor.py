@@ -22,7 +22,8 @@ nodes' connections or the run's ssh.sh), declared by :class:`Side` and :class:`A
   attempt k's logs, and a ``--- attempt k ---`` line in each rank log where k starts.
 - status.json, the contract with ps, logs, fetch, stop and the dashboard, is written
   here and nowhere else (:func:`write_status`): run_id, state, exit_code, ended_by,
-  started, ended, detached, supervisor, ranks, and as they happen attempt, attempts,
+  started, ended, detached, supervisor, ranks (each rank's exit code), signals (the
+  signal that ended a rank, by name), and as they happen attempt, attempts,
   hang, rendezvous, launcher_exit, left and unreachable.
 """
 
@@ -39,6 +40,17 @@ from dataclasses import dataclass, field
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
+from cpuaccel.node.endings import (
+    HANG,
+    INTERRUPTED,
+    LOST,
+    RENDEZVOUS,
+    RETRIED,
+    STATES,
+    TERMINATED,
+    TIMEOUT,
+    exit_code,
+)
 from cpuaccel.node.progress import (
     CAUSE_LIMIT,
     CAUSE_MARKER,
@@ -56,24 +68,19 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 LABEL = re.compile(r"^\[rank (\d+) ([^\]]*)\] ?(.*)$")  # as cpuaccel/_labels.py writes them
+# A rank's marker line after another writer's unfinished line: the launcher's stream is
+# shared (setsid -w writes "setsid: " and its message apart, and a rank's line may land
+# between them). A rank's labelled lines are written whole, so the marker is intact.
+EMBEDDED = re.compile(r"\[rank (\d+) ([^\]]*)\] (\[cpuaccel\] .*)$")
 GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 # The launcher's exit status after the kill: a node that cannot give it within this is
 # reported, not waited for.
 LAUNCHER_WAIT = 20.0
-EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_TIMEOUT = 130, 143, 124
-EXIT_LOST = 255  # a node's connection died during the run (ssh's code for it)
-# An attempt's reason as status.json's state.
-STATES = {
-    "completed": "succeeded",
-    "failed": "failed",
-    "terminated": "stopped",
-    "interrupted": "interrupted",
-    "timeout": "timeout",
-    "lost": "lost",
-    "hang": "failed",  # --hang-timeout: a failure (a restart retries it), exit 124
-    "rendezvous": "failed",  # --rendezvous-timeout: the same
-}
-RETRIED = frozenset({"failed", "lost", "hang", "rendezvous"})  # the reasons a restart may follow
+# The endings' exit codes, states and restarts: node/endings.py, their one list.
+EXIT_INTERRUPTED = exit_code(INTERRUPTED.word)
+EXIT_TERMINATED = exit_code(TERMINATED.word)
+EXIT_TIMEOUT = exit_code(TIMEOUT.word)  # --hang-timeout's, --rendezvous-timeout's too
+EXIT_LOST = exit_code(LOST.word)  # a node's connection died (ssh's code for it)
 RESTART_ENV, RESUME_ENV = "CPUACCEL_RESTART", "CPUACCEL_RESUME"
 ATTEMPTS = "attempts.jsonl"
 MARKER = "--- attempt {} ---"  # where attempt k starts in a top-level rank log
@@ -208,6 +215,9 @@ class Outcome:
     left: dict[str, Any] = field(default_factory=dict)  # node -> processes still there
     lost: list[str] = field(default_factory=list)  # nodes whose connection died
     codes: dict[int, int] = field(default_factory=dict)  # rank -> the code it reported
+    # rank -> the signal that ended it, by name (SIGTERM), as its worker reported it
+    signals: dict[int, str] = field(default_factory=dict)
+    sent: int | None = None  # the signal the supervisor ended the job with, if it did
     hang: list[dict[str, Any]] = field(default_factory=list)  # each rank's last progress
     rendezvous: dict[str, Any] = field(default_factory=dict)  # who joined, who did not
 
@@ -237,12 +247,14 @@ class Output:
         self.failures: list[Failure] = []
         self.codes: dict[int, int] = {}  # rank -> the code it reported
         self.causes: dict[int, str] = {}  # rank -> the root cause it reported
+        self.signals: dict[int, str] = {}  # rank -> the signal that ended it, by name
         # Set when a rank failed: MPI does not always end the others (Intel MPI's hydra
         # lets the remaining ranks run on when a rank on another node exits).
         self.failed = threading.Event()
         # While the supervisor itself ends the job, the launcher's reports of ranks it
         # killed go to the logs only: they are the ending, not news.
         self.quiet = False
+        self.sent: int | None = None  # the last signal the supervisor ended the job with
         self._logs: dict[str, IO[str]] = {}
         self._lock = threading.Lock()
 
@@ -254,6 +266,12 @@ class Output:
 
     def feed(self, stream: str, line: str) -> None:
         match = LABEL.match(line)
+        if match is None and "[rank " in line:
+            embedded = EMBEDDED.search(line)
+            if embedded is not None and embedded.start() > 0:
+                self.feed(stream, line[: embedded.start()])  # the other writer's words
+                line = line[embedded.start() :]
+                match = LABEL.match(line)
         with self._lock:
             if match is None:  # the launcher's own words
                 if "BAD TERMINATION" in line:  # a rank died without reporting (a signal)
@@ -278,6 +296,8 @@ class Output:
                 self.causes[rank] = text[len(CAUSE_MARKER) :].strip()[:CAUSE_LIMIT]
                 self._log(f"rank-{rank}.log").write(text + "\n")
                 return
+            if text.startswith(KILLED_MARKER):
+                self.signals[rank] = text[len(KILLED_MARKER) :].strip()[:32]
             code = _reported_code(text)
             if code is not None:
                 self.codes[rank] = code
@@ -450,9 +470,11 @@ def _until_done(
         reason = stop.reason or reason
         if reason:
             output.quiet = True
+            output.sent = signal.SIGTERM
             side.signal_launcher(signal.SIGTERM, lost)
             reader.join(GRACE)
             if reader.is_alive():
+                output.sent = signal.SIGKILL
                 side.signal_launcher(signal.SIGKILL, lost)
                 # A process outside the group (an MPI proxy whose peer was lost) can
                 # hold the output open: the sweep ends it; no need to wait more.
@@ -553,8 +575,8 @@ def _outcome(
         code, reason = EXIT_INTERRUPTED, "interrupted"
     elif reason == "terminated":
         code = EXIT_TERMINATED
-    elif reason in ("timeout", "hang", "rendezvous"):
-        code = EXIT_TIMEOUT
+    elif reason in (TIMEOUT.word, HANG.word, RENDEZVOUS.word):
+        code = exit_code(reason)
     elif lost and (reason == "lost" or launcher_exit != 0):
         # Ranks on the other nodes fail because one was lost: name the cause.
         code, reason = EXIT_LOST, "lost"
@@ -568,7 +590,7 @@ def _outcome(
         code, reason = 0, "completed"
     return Outcome(
         code, reason, seconds, launcher_exit, first, swept, left, list(lost), output.codes,
-        hung, dict(met or {}),
+        output.signals, output.sent, hung, dict(met or {}),
     )  # fmt: skip
 
 
@@ -868,11 +890,29 @@ class Supervised(Attempts):
             self.side.run_dir, self.show, self._tracker(), self.placed(), self._rendezvous()
         )
         outcome = watch(self.side, output, self.limits.timeout)
+        self.unreported(outcome)
         self.doc["ranks"].update({str(r): c for r, c in outcome.codes.items()})
+        if outcome.signals:  # the ranks a signal ended, by name
+            self.doc["signals"] = {str(r): name for r, name in sorted(outcome.signals.items())}
+        else:
+            self.doc.pop("signals", None)
         return outcome
 
     def placed(self) -> dict[int, str]:
         return planned_hosts(self.side.hosts, self.limits.ppn, self.world)
+
+    def unreported(self, outcome: Outcome) -> None:
+        """A rank the supervisor's signal ended before its worker could say so (one
+        still starting: the worker reports from the moment its signals are blocked) is
+        recorded as ended by that signal; a rank of a lost node stays unknown (None)."""
+        if outcome.sent is None:
+            return
+        placed = self.placed()
+        name = signal.Signals(outcome.sent).name
+        for rank in range(self.world):
+            if rank not in outcome.codes and placed.get(rank) not in outcome.lost:
+                outcome.codes[rank] = 128 + outcome.sent
+                outcome.signals[rank] = name
 
     def _tracker(self) -> ProgressTracker | None:
         timeout = self.limits.hang_timeout

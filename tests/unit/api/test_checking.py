@@ -15,6 +15,7 @@ import pytest
 
 from cpuaccel.api import checking
 from cpuaccel.api.checking import CheckResult, check
+from cpuaccel.api.target import api_text
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_USAGE, InventoryError, UsageError
@@ -92,13 +93,15 @@ def test_a_bad_keyword_is_a_usage_error_naming_it(
 def test_a_bad_inventory_or_limit_says_what_the_cli_says(
     here: Path, keywords: dict[str, Any], flags: list[str]
 ) -> None:
-    # A wrong inventory or pattern is the inventory's error (exit 64), as the CLI's.
+    # A wrong inventory or pattern is the inventory's error (exit 64), as the CLI's,
+    # naming the keyword where the CLI names its flag.
     with pytest.raises(InventoryError) as caught:
         check(**keywords)
     assert caught.value.exit_code == EXIT_USAGE
     cli = cpuaccel("check", *flags, cwd=here, env=inherited_env())
     assert cli.returncode == EXIT_USAGE
-    assert f"error: {caught.value}" in cli.stderr
+    assert f"error: {caught.value}" in api_text(cli.stderr)
+    assert flags[0] in cli.stderr and f"{flags[0]} " not in str(caught.value)
 
 
 def test_nothing_is_printed_unless_progress(here: Path, capfd: pytest.CaptureFixture[str]) -> None:

@@ -130,3 +130,22 @@ def test_a_call_from_python_never_takes_the_run_id_of_its_environment(
     run = cpuaccel.launch("hello.py", nodes=1, ppn=1)
     assert run.id != given and run.wait().ok
     assert os.environ["CPUACCEL_RUN_ID"] == given  # left as it was
+
+
+KILLED = """\
+import os, signal, time
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(60)
+"""
+
+
+def test_each_rank_s_code_and_signal_are_in_the_result(project: Path) -> None:
+    (project / "killed.py").write_text(KILLED)
+    run = cpuaccel.launch("killed.py", nodes=1, ppn=2)
+    assert run.report is not None
+    assert (run.report.exit_code, run.report.ranks) == (137, {0: 143, 1: 137})
+    assert run.report.signals == {0: "SIGTERM", 1: "SIGKILL"}
+    result = run.wait()
+    assert (result.state, result.exit_code, result.ranks) == ("failed", 137, {0: 143, 1: 137})
+    assert result.signals == {0: "SIGTERM", 1: "SIGKILL"}

@@ -653,6 +653,68 @@ def test_worker_reports_a_failing_exit_code(tmp_path: Path) -> None:
     assert crashed.stderr.splitlines()[-1].endswith(f"{EXIT_MARKER} 1")
 
 
+def test_worker_reports_a_code_the_script_left_without_reporting(tmp_path: Path) -> None:
+    """os._exit skips the script's own report: the rank's own process reports it, once."""
+    proc = worker(tmp_path, "import os\nprint('bye', flush=True)\nos._exit(5)\n")
+    assert proc.returncode == 5
+    label = f"[rank 2 {socket.gethostname()}] "
+    assert [line for line in proc.stderr.splitlines() if EXIT_MARKER in line] == [
+        f"{label}{EXIT_MARKER} 5"
+    ]
+    reported = worker(tmp_path, "import sys\nsys.exit(4)\n")  # reported by the script
+    assert [line for line in reported.stderr.splitlines() if EXIT_MARKER in line] == [
+        f"{label}{EXIT_MARKER} 4"
+    ]
+
+
+# A native thread left running past the script, held by a static C++ object: at exit()
+# its destructor meets a joinable std::thread and the C++ runtime calls std::terminate,
+# as gloo's threads left after destroy_process_group can.
+LEFTOVER_CPP = """\
+#include <chrono>
+#include <thread>
+static std::thread left;
+extern "C" void start_thread() {
+    left = std::thread([] { for (;;) std::this_thread::sleep_for(std::chrono::seconds(1)); });
+}
+"""
+LEFTOVER_SCRIPT = """\
+import ctypes, os
+ctypes.CDLL(os.path.join(os.getcwd(), "libleftover.so")).start_thread()
+print("trained", flush=True)
+"""
+
+
+def test_a_native_thread_left_at_exit_does_not_turn_success_into_abort(tmp_path: Path) -> None:
+    (tmp_path / "leftover.cpp").write_text(LEFTOVER_CPP)
+    built = subprocess.run(
+        ["g++", "-shared", "-fPIC", "-pthread", "-o", "libleftover.so", "leftover.cpp"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    (tmp_path / "script.py").write_text(LEFTOVER_SCRIPT)
+    # The abort is real: a plain `python script.py` dies by SIGABRT after its work.
+    plain = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert plain.returncode == -signal.SIGABRT, plain
+    assert plain.stdout == "trained\n" and "terminate called" in plain.stderr
+    # As a rank: the script's own code, 0, reported and exited with.
+    proc = worker(tmp_path, LEFTOVER_SCRIPT, CPUACCEL_RUN_ID="r")
+    assert proc.returncode == 0, proc.stderr
+    assert "terminate called" not in proc.stderr and "killed by" not in proc.stderr
+    label = f"[rank 2 {socket.gethostname()}] "
+    assert proc.stderr.splitlines() == [f"{label}{EXIT_MARKER} 0"]
+    # And as a run records it.
+    env = {k: v for k, v in os.environ.items() if k != "CPUACCEL_INVENTORY"}
+    run = cpuaccel("run", "--nodes", "1", "--ppn", "1", "--json", "script.py", cwd=tmp_path,
+                   env=env, timeout=120)  # fmt: skip
+    said = json.loads(run.stdout)
+    assert (run.returncode, said["ended_by"], said["ranks"]) == (0, "completed", {"0": 0}), run
+    status = json.loads((tmp_path / "runs" / said["run_id"] / "status.json").read_text())
+    assert (status["state"], status["ranks"]) == ("succeeded", {"0": 0})
+
+
 def test_worker_says_a_bad_runtime_setting_in_one_line(tmp_path: Path) -> None:
     """A CPUACCEL_* variable the runtime refuses ends the rank with EXIT_USAGE and one
     line naming the variable and the choices, not a traceback."""

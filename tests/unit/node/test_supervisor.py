@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,30 @@ def test_the_supervisor_reads_the_lines_the_worker_writes() -> None:
     assert supervisor.STATES.keys() >= {"completed", "failed", "terminated", "timeout", "lost"}
 
 
+def test_a_rank_s_marker_after_another_writer_s_unfinished_line_is_read(
+    tmp_path: Path,
+) -> None:
+    """setsid -w writes "setsid: " and its message apart on the launcher's stream, which
+    the ranks share: a rank's marker lines can land in between (seen under 2 x 2 runs,
+    a rank cpuaccel ended then recorded None)."""
+    output = supervisor.Output(str(tmp_path))
+    output.quiet = True  # the supervisor is ending the job
+    output.feed("err", f"setsid: [rank 3 node2] {worker.KILLED_MARKER} SIGTERM")
+    output.feed("err", "child 28750 did not exit normally: Success")
+    output.feed("err", f"[rank 3 node2] {worker.EXIT_MARKER} 143")
+    output.feed("err", f"[mpirun] a word [rank 2 node2] {worker.EXIT_MARKER} 9")
+    output.feed("err", "[mpirun] [rank 1 x] is only the launcher's word")
+    output.close()
+    assert output.codes == {3: 143, 2: 9} and output.signals == {3: "SIGTERM"}
+    launcher = (tmp_path / "launcher.log").read_text().splitlines()
+    assert launcher == [
+        "setsid: ",
+        "child 28750 did not exit normally: Success",
+        "[mpirun] a word ",
+        "[mpirun] [rank 1 x] is only the launcher's word",
+    ]
+
+
 def test_find_run_takes_an_id_a_prefix_or_last(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for name in ("20260101-000000-aaaaaa", "20260102-000000-bbbbbb", "20260102-000000-bbbccc"):
@@ -182,3 +207,29 @@ def test_a_held_session_ends_once_the_guard_found_the_head_lost(tmp_path: Path) 
     assert json.loads(out.splitlines()[-1]) == {"head": "lost"}
     assert proc.stdin is not None
     proc.stdin.close()
+
+
+class _TwoNodes(supervisor.Side):
+    run_id, run_dir, hosts = RUN_ID, ".", ["n1", "n2"]
+
+
+def _filled(sent: int | None, lost: list[str]) -> supervisor.Outcome:
+    job = supervisor.Supervised(_TwoNodes(), supervisor.Limits(ppn=2), {"ranks": {}})
+    outcome = supervisor.Outcome(
+        3, "failed", 1.0, 1, None, codes={1: 3, 3: 143}, signals={3: "SIGTERM"}, sent=sent,
+        lost=lost,
+    )  # fmt: skip
+    job.unreported(outcome)
+    return outcome
+
+
+def test_a_rank_the_supervisor_ended_before_it_could_report_is_recorded_so() -> None:
+    """A rank still starting when the supervisor's SIGTERM came reports nothing: it is
+    recorded as ended by that signal, never on a lost node, never when none was sent."""
+    ended = _filled(signal.SIGTERM, [])
+    assert ended.codes == {0: 143, 1: 3, 2: 143, 3: 143}
+    assert ended.signals == {0: "SIGTERM", 2: "SIGTERM", 3: "SIGTERM"}
+    killed = _filled(signal.SIGKILL, ["n2"])  # rank 2 was n2's: unknown
+    assert killed.codes == {0: 137, 1: 3, 3: 143}
+    assert killed.signals == {0: "SIGKILL", 3: "SIGTERM"}
+    assert _filled(None, []).codes == {1: 3, 3: 143}
