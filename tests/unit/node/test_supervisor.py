@@ -72,7 +72,9 @@ def test_a_failing_rank_ends_the_job_with_its_code(tmp_path: Path) -> None:
     detached.start(run_dir)
     status = final_status(run_dir)
     assert status["state"] == "failed" and status["exit_code"] == 7
-    assert status["ended_by"] == "rank 1" and status["ranks"] == {"0": None, "1": 7}
+    # Rank 0 never reported: the supervisor's SIGTERM ended it, and says so.
+    assert status["ended_by"] == "rank 1" and status["ranks"] == {"0": 143, "1": 7}
+    assert status["signals"] == {"0": "SIGTERM"}
     assert status["ended"] - status["started"] < 15  # the sleep was ended, not waited for
 
 
