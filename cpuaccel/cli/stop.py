@@ -58,13 +58,16 @@ def stop_command(target: Target, run: str) -> None:
     done = engine.stop(folder, record, hosts, target.connect, target.forks)
     err = ui.stderr()
     run_id = escape(done.run_id)
-    if done.already:
-        ui.stdout().print(f"{run_id}: had already ended ({escape(done.state)})", highlight=False)
-        sys.exit(EXIT_OK)
     for host, procs in done.swept.items():
-        err.print(f"ended leftover processes on {escape(host)}: {len(procs)}")
+        pids = " ".join(str(pid) for pid, _ in procs)
+        err.print(f"ended leftover processes on {escape(host)}: pids {escape(pids)}")
     for host, procs in done.left.items():
         err.print(f"[red]still running on {escape(host)}[/]: {escape(str(procs))}")
+    if done.already:
+        ui.stdout().print(f"{run_id}: had already ended ({escape(done.state)})", highlight=False)
+        # Processes that would not end are a failure; a node not reached is said above.
+        stuck = any(isinstance(procs, list) for procs in done.left.values())
+        sys.exit(EXIT_PROBLEMS if stuck else EXIT_OK)
     nodes = escape(", ".join(h.name for h in hosts))
     if done.left:
         left = f"{run_id}: {escape(done.state)}, but processes are left"
