@@ -10,6 +10,7 @@ node (or the pair) and the fix; no job starts unless all pass.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cpuaccel import ui
 from cpuaccel.connectors import srun
 from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
@@ -173,7 +175,7 @@ def run_preflight(
         )
     found = Preflight(results)
     facts = found.facts
-    found.problems += checks.unreachable(results)
+    found.problems += without_them(checks.unreachable(results))
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     if network is not None and len(facts) == len(hosts):
         found.network = network(facts)
@@ -181,6 +183,18 @@ def run_preflight(
     _check_nodes(found, source)
     found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found
+
+
+def without_them(unreachable: list[Problem]) -> list[Problem]:
+    """The unreachable nodes' problems, each one's fix with the way to run without them
+    all: ``--limit '!node2'`` (quoted for a shell), the run said once."""
+    if not unreachable:
+        return unreachable
+    pattern = quote(":".join(f"!{p.host}" for p in unreachable))
+    leave = f"or run without {'it' if len(unreachable) == 1 else 'them'}: --limit {pattern}"
+    return [
+        dataclasses.replace(p, hint=f"{p.hint}; {leave}" if p.hint else leave) for p in unreachable
+    ]
 
 
 def _in_one_step(
