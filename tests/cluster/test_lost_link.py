@@ -207,3 +207,27 @@ def test_a_lost_nodes_ranks_end_by_themselves_when_the_controller_is_silent(
     finally:
         job.stop()
         restore(cluster, "node2", before)
+
+
+def test_stop_of_a_run_that_lost_a_node_ends_the_ranks_the_node_kept(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """As above, but `cpuaccel stop RUN` of the ended run is what reaches node2 again."""
+    before = set(cluster.pids("node2"))
+    proj, job, pids = start(inventory, tmp_path)
+    try:
+        with unheard(cluster, "node1", "node2"):
+            with link_down(cluster, "node2"):
+                run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+                assert "lost the connection to node2" in run.stderr, run
+            run_id = run.record()["run_id"]
+            assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+            proc = cpuaccel("stop", run_id, cwd=proj, env=ENV)
+            assert proc.returncode == 0, proc
+            assert f"{run_id}: had already ended (lost)" in proc.stdout, proc
+            swept = [line for line in proc.stderr.splitlines() if "on node2: pids" in line]
+            assert len(swept) == 1 and all(str(pid) in swept[0] for pid in pids), proc
+            assert not any(alive(pid) for pid in pids), pids
+    finally:
+        job.stop()
+        restore(cluster, "node2", before)
