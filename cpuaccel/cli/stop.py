@@ -32,7 +32,8 @@ RUN is `last`, a run id, a prefix only one run has (looked up in ./runs: run fro
 the project folder), or a run folder. A detached run's head is
 reached through the inventory it was started with (run.json), unless -i is given.
 The job ends as Ctrl-C ends a foreground run: SIGTERM, then SIGKILL, then every node
-swept for its processes; status.json then says stopped.
+swept for its processes; status.json then says stopped. A run that had ended is swept
+all the same: a node lost mid-run may still hold its ranks.
 
 \b
 A run queued by cpuaccel submit is cancelled with scancel; stop then waits until
