@@ -98,6 +98,12 @@ def check_target(target: Target, *, every_pair: bool = False) -> CheckResult:
     problems += [p for r in results if r.value is not None for p in readiness(r.host, r.value)]
     problems += [p for p in found if p.severity != NOTE]
     notes = same_account(results) + [p for p in found if p.severity == NOTE]
+    notes += [
+        Problem(NOTE, r.host.name, line)
+        for r in results
+        if r.value is not None
+        for line in r.value.get("swept") or ()
+    ]
     return CheckResult(tuple(results), tuple(problems), tuple(notes), network)
 
 
@@ -233,6 +239,13 @@ def _gather(
         if reach is not None and not conn.opens_lazily:
             reach.connected(conn)
         facts = gather(conn, names_to_resolve(conn.host, hosts))
+        if facts.get("runs"):  # jobs' processes there: those of a run ended here end
+            from pathlib import Path
+
+            from cpuaccel.history.records import RUNS
+            from cpuaccel.history.teardown import end_leftovers
+
+            facts["swept"] = end_leftovers(conn, facts, Path.cwd() / RUNS)
         if reach is not None and conn.opens_lazily:
             reach.connected(conn)
         if pool is not None and keep is not None and conn.host.name != keep:

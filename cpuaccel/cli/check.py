@@ -102,7 +102,8 @@ def check_command(
         for note in found.notes:  # said, never counted: exit codes stay the problems'
             where = f"{note.host}: " if note.host else ""
             ui.stdout().print(f"[cyan]note[/]    {escape(where + note.message)}")
-            ui.stdout().print(f"         [dim]{escape(note.hint or '')}[/]")
+            if note.hint:
+                ui.stdout().print(f"         [dim]{escape(note.hint)}[/]")
     sys.exit(found.exit_code)
 
 

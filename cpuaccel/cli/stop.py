@@ -32,7 +32,8 @@ RUN is `last`, a run id, a prefix only one run has (looked up in ./runs: run fro
 the project folder), or a run folder. A detached run's head is
 reached through the inventory it was started with (run.json), unless -i is given.
 The job ends as Ctrl-C ends a foreground run: SIGTERM, then SIGKILL, then every node
-swept for its processes; status.json then says stopped.
+swept for its processes; status.json then says stopped. A run that had ended is swept
+all the same: a node lost mid-run may still hold its ranks.
 
 \b
 A run queued by cpuaccel submit is cancelled with scancel; stop then waits until
@@ -58,13 +59,16 @@ def stop_command(target: Target, run: str) -> None:
     done = engine.stop(folder, record, hosts, target.connect, target.forks)
     err = ui.stderr()
     run_id = escape(done.run_id)
-    if done.already:
-        ui.stdout().print(f"{run_id}: had already ended ({escape(done.state)})", highlight=False)
-        sys.exit(EXIT_OK)
     for host, procs in done.swept.items():
-        err.print(f"ended leftover processes on {escape(host)}: {len(procs)}")
+        pids = " ".join(str(pid) for pid, _ in procs)
+        err.print(f"ended leftover processes on {escape(host)}: pids {escape(pids)}")
     for host, procs in done.left.items():
         err.print(f"[red]still running on {escape(host)}[/]: {escape(str(procs))}")
+    if done.already:
+        ui.stdout().print(f"{run_id}: had already ended ({escape(done.state)})", highlight=False)
+        # Processes that would not end are a failure; a node not reached is said above.
+        stuck = any(isinstance(procs, list) for procs in done.left.values())
+        sys.exit(EXIT_PROBLEMS if stuck else EXIT_OK)
     nodes = escape(", ".join(h.name for h in hosts))
     if done.left:
         left = f"{run_id}: {escape(done.state)}, but processes are left"

@@ -137,7 +137,12 @@ class Kept:
     fails leaves the program closed (``alive``)."""
 
     def __init__(
-        self, conn: Connector, program: str, words: Sequence[str], python: str | None = None
+        self,
+        conn: Connector,
+        program: str,
+        words: Sequence[str],
+        python: str | None = None,
+        heartbeat: float | None = None,
     ) -> None:
         self.conn = conn
         self.host = conn.host.name
@@ -147,9 +152,30 @@ class Kept:
         self._stderr: deque[str] = deque(maxlen=20)
         self._output_closed = threading.Event()  # both streams ended: it is exiting
         self._asking = threading.Lock()  # one request at a time (the results, the sweep)
+        self._sending = threading.Lock()  # one message at a time: a request, a heartbeat
+        self._closed = threading.Event()
         self.alive = True
         threading.Thread(target=self._read, name=f"kept-{self.host}", daemon=True).start()
         self.send(node.program(program))
+        if heartbeat:
+            threading.Thread(
+                target=self._beat, args=(heartbeat,), name=f"beat-{self.host}", daemon=True
+            ).start()
+
+    def _beat(self, every: float) -> None:
+        """An empty line every ``every`` s while the program is kept: the program's sign
+        that this controller's session lives (node/prelaunch.serve ends the run's
+        processes when they stop coming, and EOF never came)."""
+        while not self._closed.wait(every):
+            if not self._sending.acquire(timeout=every):
+                continue  # a request being sent says as much
+            try:
+                if self.alive:
+                    self._process.send(b"\n")
+            except (OSError, ValueError, CpuaccelError):
+                return  # the channel is gone: the requests' own errors say why
+            finally:
+                self._sending.release()
 
     def _read(self) -> None:
         try:
@@ -229,7 +255,8 @@ class Kept:
         try:
             if not self.alive:
                 raise KeptGone(self.host, "the node program was closed")
-            self.send(json.dumps(message).encode() + b"\n")
+            with self._sending:
+                self.send(json.dumps(message).encode() + b"\n")
             return self.answer(what, timeout)
         finally:
             self._asking.release()
@@ -243,6 +270,7 @@ class Kept:
     def close(self) -> None:
         """EOF to the program (it ends, changing nothing more) and its channel closed."""
         self.alive = False
+        self._closed.set()
         self._process.close()
 
     def wait(self, deadline: float) -> None:
@@ -282,10 +310,13 @@ def start(
     *,
     what: str,
     timeout: float,
+    heartbeat: float | None = None,
 ) -> tuple[dict[str, Any], Kept]:
     """``program`` started with ``words`` as ``call`` would, kept open after its first
-    answer (within ``timeout`` s): (that answer, the program for later requests)."""
-    kept = Kept(conn, program, words)
+    answer (within ``timeout`` s): (that answer, the program for later requests); with
+    ``heartbeat``, an empty line to it every that many seconds (``Kept._beat``)."""
+    kept = Kept(conn, program, words, heartbeat=heartbeat)
     if payload:
-        kept.send(payload)
+        with kept._sending:
+            kept.send(payload)
     return kept.answer(what, timeout), kept

@@ -69,15 +69,22 @@ def gather_and_look(
 
 
 def gather_look_and_keep(
-    conn: Connector, resolve: Sequence[str], port: int | None, look: Sequence[str], idle: int
+    conn: Connector,
+    resolve: Sequence[str],
+    port: int | None,
+    look: Sequence[str],
+    idle: int,
+    heartbeat: float | None,
 ) -> tuple[Facts, dict[str, Any], programs.Kept]:
     """``gather_and_look``, its program kept open after the answer for the run's later
-    requests to the node (node/prelaunch.serve), waiting at most ``idle`` s for each."""
+    requests to the node (node/prelaunch.serve), waiting at most ``idle`` s for each
+    line, a heartbeat sent every ``heartbeat`` s among them."""
     words = _preflight_words(conn, resolve, port, look, idle)
     sent = time.time()
     found, kept = programs.start(
-        conn, "prelaunch", words, what="the fact probe", timeout=PROBE_TIMEOUT
-    )
+        conn, "prelaunch", words, what="the fact probe", timeout=PROBE_TIMEOUT,
+        heartbeat=heartbeat,
+    )  # fmt: skip
     try:
         return settle(found["facts"], sent, time.time()), found["look"], kept
     except (KeyError, TypeError):  # an answer of another form: no program kept for it

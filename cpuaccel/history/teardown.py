@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import time
@@ -28,6 +29,7 @@ from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.history import records
 from cpuaccel.history.fanout import TEARDOWN, sweep_hosts
+from cpuaccel.history.records import ENDED
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
 from cpuaccel.slurm import queue as jobs
@@ -38,6 +40,41 @@ SUPERVISOR_WAIT = 60.0
 # scancel: Slurm's KillWait (30 s by default) between SIGTERM and SIGKILL, the batch
 # run's own teardown within it, then the epilog on every node.
 SLURM_WAIT = 120.0
+
+
+# A run id as a node reports it (node/jobprocs.live_runs): a name in the runs folder.
+_RUN_ID = re.compile(r"[0-9a-f][0-9a-f-]{0,63}")
+
+
+def end_leftovers(conn: Connector, facts: dict[str, Any], runs: Path) -> list[str]:
+    """End, on the node of ``conn``, the processes of every run its fact probe found
+    there (facts' ``runs``) that this controller recorded in ``runs`` as ended: a node
+    lost mid-run keeps its ranks until it is reached again. One line for each run ended
+    (the run, its state, the pids); runs unknown here, or running, are left alone."""
+    found = facts.get("runs")
+    said: list[str] = []
+    if not isinstance(found, dict):
+        return said
+    for run_id in sorted(found):
+        if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
+            continue
+        folder = runs / run_id
+        if not (folder / "run.json").is_file():
+            continue
+        state = records.load(folder).state()
+        if state not in ENDED:
+            continue
+        answer = programs.call(
+            conn, "jobctl", ["end", run_id, "2"],
+            what="ending an ended run's processes", timeout=TEARDOWN,
+        )  # fmt: skip
+        ended = [pid for pid, _ in answer["terminated"] + answer["killed"]]
+        left = [pid for pid, _ in answer["left"]]
+        line = f"run {run_id} had ended ({state}) but had processes left here"
+        line += f"; ended pids {' '.join(map(str, sorted(set(ended))))}" if ended else ""
+        line += f"; still running: pids {' '.join(map(str, left))}" if left else ""
+        said.append(line)
+    return said
 
 
 class HeadUnreachable(HostError):
@@ -159,10 +196,15 @@ def stop(
             run_dir = head.run_dir
         else:
             done, status, run_dir = stop_foreground(folder, record), {}, str(folder)
+        lost: list[str] = []
         if done is not None and done.already:
+            # Swept all the same: a node lost mid-run keeps the ranks it had, which
+            # the run's own sweep could not end; back now, they end here.
+            done.swept, done.left = sweep_hosts(
+                hosts, run_id, run_dir, pool, forks, lost, timeout=TEARDOWN
+            )
             _bring_home(folder, record, status)
             return done
-        lost: list[str] = []
         swept, left = sweep_hosts(hosts, run_id, run_dir, pool, forks, lost, timeout=TEARDOWN)
         if done is None:  # the supervisor was gone: the sweep ended the job; say so
             if record.get("detached"):

@@ -309,7 +309,9 @@ def _preflight_and_sync(
     source = build([str(project)], excludes=settings.exclude.value)
     nodes.kept.close()  # an earlier pass's (a restart's, --nodes MIN:MAX's): new ones come
     try:
-        return _checked(settings, draft, allow_sync, local, nodes, source, require)
+        return _checked(
+            settings, draft, allow_sync, local, nodes, source, require, project / "runs"
+        )
     except BaseException:  # no job starts: EOF ends every kept program, nothing written
         nodes.kept.close()
         raise
@@ -323,6 +325,7 @@ def _checked(
     nodes: Nodes,
     source: SourceManifest,
     require: Require | None = None,
+    runs: Path | None = None,
 ) -> dict[str, Facts]:
     launcher = settings.launcher.value
     reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
@@ -341,7 +344,10 @@ def _checked(
             on_host=bar.advance,
             kept=nodes.kept,
             network=lambda facts: job_network(settings, draft.hosts, facts),
+            runs=runs,
         )
+    for host, line in found.swept:  # said whether this run starts or not: it was done
+        ui.stderr().print(escape(f"{host}: {line}"), highlight=False)
     problems = list(found.errors)
     # Every node answered alike: try the connections the job will make. A fault of the
     # network (found there, or in choosing it) is the cause the launcher's ssh check

@@ -10,15 +10,18 @@ node (or the pair) and the fix; no job starts unless all pass.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cpuaccel import ui
 from cpuaccel.connectors import srun
 from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
@@ -45,16 +48,22 @@ if TYPE_CHECKING:
 # node, and its whole cost there is start-up.
 
 
-# Seconds a node's kept prelaunch program waits for each next request (the files, then
-# the sweep at the job's end) before it leaves by itself; a request after that is a
-# fresh call (fanout.call_all), so this bounds an orphan, not a job.
-KEEP_IDLE = 3600
+# A node's kept prelaunch program hears from the controller at least every HEARTBEAT s
+# (a request: the files, the sweep at the job's end; else an empty line) while the run
+# is watched from here. After KEEP_IDLE s of silence, with no EOF, the controller's
+# session is gone unseen (a link cut): the program ends the run's processes on its node
+# and leaves. KEEP_IDLE is twice the longest the controller takes to end a run that lost
+# a node (its keepalives, the launcher's grace, the teardown), so that where the
+# controller lives it is the one that decides.
+HEARTBEAT = 5.0
+KEEP_IDLE = 90
 
 
 @dataclass
 class NodeState:
     facts: Facts
     project: dict[str, Any] | None  # the sync program's look at the project folder
+    swept: list[str] = field(default_factory=list)  # ended runs' processes ended there
 
 
 @dataclass
@@ -75,6 +84,11 @@ class Preflight:
     @property
     def notes(self) -> list[Problem]:
         return [p for p in self.problems if p.severity == NOTE]
+
+    @property
+    def swept(self) -> list[tuple[str, str]]:
+        """(node, what was ended there of an ended run) (history/teardown.end_leftovers)."""
+        return [(r.host.name, line) for r in self.results if r.value for line in r.value.swept]
 
 
 def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
@@ -104,6 +118,7 @@ def run_preflight(
     on_host: Callable[[str], None] | None = None,
     kept: fanout.Kept | None = None,
     network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None,
+    runs: Path | None = None,
 ) -> Preflight:
     """Probe every node at once; ``reach`` (which needs the pool) is told of each
     connection as it opens and each host as it ends; ``on_host`` (the progress bar)
@@ -111,10 +126,20 @@ def run_preflight(
     there for the job's later requests (its files, its sweep), which the caller
     closes when no job is to start. ``network``: the job's network from the facts
     (jobs/plan.job_network), whose problems are the preflight's: the names of the nodes
-    need not resolve, as the job uses the addresses chosen there."""
+    need not resolve, as the job uses the addresses chosen there. ``runs``: the
+    controller's run records; a node still running processes of a run recorded there as
+    ended has them ended (``Preflight.swept`` says so)."""
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
+        state = _probe(conn)
+        if runs is not None and state.facts.get("runs"):
+            from cpuaccel.history.teardown import end_leftovers
+
+            state.swept = end_leftovers(conn, state.facts, runs)
+        return state
+
+    def _probe(conn: Connector) -> NodeState:
         if reach is not None:
             reach.connected(conn)
         port = master_port if conn.host.name == head.name else None
@@ -128,7 +153,9 @@ def run_preflight(
         if kept is None:
             facts, project = gather_and_look(conn, names, port, look)
         else:
-            facts, project, program = gather_look_and_keep(conn, names, port, look, KEEP_IDLE)
+            facts, project, program = gather_look_and_keep(
+                conn, names, port, look, KEEP_IDLE, HEARTBEAT
+            )
             kept.add(conn.host.name, program)
         return NodeState(facts, receiver.checked(conn.host.name, project))
 
@@ -148,7 +175,7 @@ def run_preflight(
         )
     found = Preflight(results)
     facts = found.facts
-    found.problems += checks.unreachable(results)
+    found.problems += without_them(checks.unreachable(results))
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
     if network is not None and len(facts) == len(hosts):
         found.network = network(facts)
@@ -156,6 +183,18 @@ def run_preflight(
     _check_nodes(found, source)
     found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
     return found
+
+
+def without_them(unreachable: list[Problem]) -> list[Problem]:
+    """The unreachable nodes' problems, each one's fix with the way to run without them
+    all: ``--limit '!node2'`` (quoted for a shell), the run said once."""
+    if not unreachable:
+        return unreachable
+    pattern = quote(":".join(f"!{p.host}" for p in unreachable))
+    leave = f"or run without {'it' if len(unreachable) == 1 else 'them'}: --limit {pattern}"
+    return [
+        dataclasses.replace(p, hint=f"{p.hint}; {leave}" if p.hint else leave) for p in unreachable
+    ]
 
 
 def _in_one_step(

@@ -77,7 +77,8 @@ import time
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.checkpoints import HostCheckpoints, choose, gather_here, host_of
 from cpuaccel.node.common import write_atomic
-from cpuaccel.node.jobctl import end, job_pids, signal_launcher
+from cpuaccel.node.jobctl import end, signal_launcher
+from cpuaccel.node.jobprocs import job_pids
 from cpuaccel.node.progress import DUMP_TIMEOUT, stacks
 from cpuaccel.node.supervisor import (
     RESTART_ENV,

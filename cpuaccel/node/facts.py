@@ -23,6 +23,7 @@ import sys
 import time
 
 from cpuaccel.node.common import dist_infos, normalise, which
+from cpuaccel.node.jobprocs import live_runs
 from cpuaccel.node.netif import interfaces, routes, ssh_address
 
 TYPE_CHECKING = False
@@ -284,6 +285,8 @@ def collect(request: dict[str, Any]) -> dict[str, Any]:
         "resolve": resolve(request.get("resolve") or []),
         "port_free": port_free(request["port"]) if request.get("port") else None,
         "time": time.time(),
+        # The jobs' processes here: the controller ends those of a run that has ended.
+        "runs": live_runs(),
     }
 
 

@@ -64,6 +64,9 @@ import time
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
+from cpuaccel.node.jobprocs import describe as _describe
+from cpuaccel.node.jobprocs import environ_has as _environ_has
+from cpuaccel.node.jobprocs import job_pids
 from cpuaccel.node.mux import end_masters, fast_kex, keep_folder, make_folder, own_masters
 from cpuaccel.node.nofollow import FOLDER, LinkRefused, folder_at, own_folder_at, remove_at
 from cpuaccel.node.progress import stacks
@@ -72,47 +75,6 @@ from cpuaccel.node.runfiles import operation as run_files
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
-
-
-def _environ_has(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def job_pids(run_id: str) -> list[int]:
-    marker = b"CPUACCEL_RUN_ID=" + run_id.encode()
-    uid, me = os.getuid(), os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        pid = int(name)
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue  # a zombie is already dead; its parent will reap it
-        except (OSError, IndexError):
-            continue
-        if _environ_has(pid, marker):
-            found.append(pid)
-    return sorted(found)
-
-
-def _describe(pids: list[int]) -> list[tuple[int, str]]:
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            cmd = "?"
-        out.append((pid, cmd[:200]))
-    return out
 
 
 SECRET = "secret.env"

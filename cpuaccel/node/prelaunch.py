@@ -13,17 +13,25 @@ With ``--keep=IDLE`` above 0 the program stays after its answer (``serve``): the
 requests to this node (its files written, its sweep) come on the same channel as the
 ``jobctl`` program's requests, one JSON line each way, rather than as a new sshd session
 and interpreter each. Nothing is written before such a request: a preflight that fails
-on any node ends every kept program by EOF, having changed no node.
+on any node ends every kept program by EOF, having changed no node. IDLE bounds the wait
+for each line, the controller's heartbeats included: a program that hears nothing for
+that long, and no EOF, is the agent of a controller gone unseen, and ends its run's
+processes on this node (``serve``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.facts import collect, request_of, to_json
-from cpuaccel.node.jobctl import request
+from cpuaccel.node.jobctl import end, request
 from cpuaccel.node.tree import answer
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 LOOK = "--look"
 KEEP = "--keep="
@@ -43,25 +51,52 @@ def main() -> None:
         serve(idle)
 
 
+class Silent(Exception):
+    """``idle`` seconds passed with no line from the controller: no request, no heartbeat."""
+
+
+def _silent(signum: int, frame: Any) -> None:
+    raise Silent
+
+
 def serve(idle: int) -> None:
     """Answer ``{"words": [MODE, ARG...], "payload": TEXT}`` lines as the ``jobctl`` program
     would answer MODE ARG... (its payload on stdin), until EOF (the controller is done
-    with this node, or no job starts) or ``idle`` seconds without a request: SIGALRM's
-    default action then ends the program, which never waits on a controller for good."""
+    with this node, or no job starts) or ``idle`` seconds without a line: the controller
+    sends an empty one, a heartbeat, every few seconds while it keeps this program
+    (connectors/programs.Kept). Silence, without EOF, is a controller whose session is
+    gone unseen (a link cut, a node that dropped off and came back): the program then
+    ends the processes of the run whose files it wrote (its CPUACCEL_RUN_ID, on this
+    node) and leaves; it never waits on a controller for good."""
     import io
     import json
     import signal
 
+    run_dir = None
+    signal.signal(signal.SIGALRM, _silent)
     while True:
         signal.alarm(max(1, idle))
-        line = sys.stdin.buffer.readline()  # the buffer BOOT read the source from
-        signal.alarm(0)
+        try:
+            line = sys.stdin.buffer.readline()  # the buffer BOOT read the source from
+        except Silent:
+            if run_dir is not None:
+                ended = end(os.path.basename(run_dir), 2.0, run_dir)
+                gone = [pid for pid, _ in ended["terminated"] + ended["killed"]]
+                print(f"no word from the controller in {idle} s: ended {gone}", file=sys.stderr)
+            raise SystemExit(3) from None
+        finally:
+            signal.alarm(0)
         if not line:
             return
+        if not line.strip():  # a heartbeat
+            continue
         try:
             asked = loads(line)
             payload = io.BytesIO(str(asked.get("payload", "")).encode())
-            result = request(str(asked["words"][0]), [str(w) for w in asked["words"][1:]], payload)
+            words = [str(w) for w in asked["words"]]
+            result = request(words[0], words[1:], payload)
+            if words[0] == "write" and len(words) > 1:  # the run is this node's now
+                run_dir = words[1]
         except SystemExit as exc:  # the jobctl program's one-line refusals
             result = {"error": str(exc.code)}
         except Exception as exc:  # said to the controller, which decides

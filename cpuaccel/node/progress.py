@@ -217,6 +217,39 @@ def stacks(ranks: dict[str, list[Any]], ours: set[int], timeout: float) -> dict[
     return found
 
 
+def innermost(dump: str) -> str | None:
+    """The frame a py-spy dump shows its process in: the first frame of its main thread
+    (py-spy lists the innermost first), e.g. ``all_reduce (torch/.../c10d.py:2050)``."""
+    frame, in_thread, main = None, False, False
+    for line in dump.splitlines():
+        if line.startswith("Thread "):
+            in_thread, main = True, '"MainThread"' in line
+            continue
+        if in_thread and line.startswith((" ", "\t")) and line.strip():
+            if main:
+                return line.strip()
+            frame = frame or line.strip()
+            in_thread = False
+    return frame
+
+
+def odd_ones_out(dumps: dict[str, str]) -> tuple[list[str], str] | None:
+    """(the ranks elsewhere, the frame where most ranks wait) when most of the dumped
+    ranks wait in the same frame (a collective) and some do not: the likeliest cause of
+    a hang is the rank the others wait for. None when there is no such majority."""
+    frames = {rank: f for rank, text in dumps.items() if (f := innermost(text)) is not None}
+    counts: dict[str, int] = {}
+    for f in frames.values():
+        counts[f] = counts.get(f, 0) + 1
+    if not counts:
+        return None
+    common = max(counts, key=lambda f: counts[f])
+    odd = sorted((r for r, f in frames.items() if f != common), key=int)
+    if counts[common] < 2 or not odd or counts[common] <= len(frames) / 2:
+        return None
+    return odd, common
+
+
 def write_stacks(run_dir: str, dumps: dict[str, str]) -> list[str]:
     """Each dump as RUN_DIR/hang-<rank>.txt (0600; an earlier attempt's replaced: the
     last hang's); the names written."""

@@ -57,6 +57,8 @@ from cpuaccel.node.progress import (
     EXIT_MARKER,
     KILLED_MARKER,
     ProgressTracker,
+    innermost,
+    odd_ones_out,
     planned_hosts,
     write_stacks,
 )
@@ -76,6 +78,7 @@ GRACE = 5.0  # seconds between SIGTERM and SIGKILL
 # The launcher's exit status after the kill: a node that cannot give it within this is
 # reported, not waited for.
 LAUNCHER_WAIT = 20.0
+STACK_LINES = 40  # of the odd rank's stack, said on a hang (its file holds all of it)
 # The endings' exit codes, states and restarts: node/endings.py, their one list.
 EXIT_INTERRUPTED = exit_code(INTERRUPTED.word)
 EXIT_TERMINATED = exit_code(TERMINATED.word)
@@ -552,7 +555,23 @@ def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[
     for line in found.report(now):
         side.say("note", f"  {line}")
     pids = found.pids()
-    written = write_stacks(side.run_dir, side.stacks(pids, lost) if pids else {})
+    dumps = side.stacks(pids, lost) if pids else {}
+    written = write_stacks(side.run_dir, dumps)
+    odd = odd_ones_out(dumps)
+    if odd is not None:
+        ranks, common = odd
+        waiting = sorted((r for r in dumps if r not in ranks), key=int)
+        first = found.ranks.get(int(ranks[0]))
+        where = f" on {first.host}" if first is not None else ""
+        side.say(
+            "note",
+            f"  the odd one out: rank {ranks[0]}{where}, in {innermost(dumps[ranks[0]])}; "
+            f"rank(s) {', '.join(waiting)} wait in {common}"
+            + (f" (also elsewhere: rank(s) {', '.join(ranks[1:])})" if ranks[1:] else ""),
+        )
+        for line in dumps[ranks[0]].splitlines()[:STACK_LINES]:  # its stack first
+            side.say("note", f"    {line}")
+        written.sort(key=lambda name: name != f"hang-{int(ranks[0])}.txt")
     if written:
         paths = ", ".join(os.path.join(side.run_dir, n) for n in written)
         side.say("note", f"  stacks (py-spy): {paths}")

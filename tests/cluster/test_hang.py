@@ -130,3 +130,28 @@ def test_a_detached_run_that_hangs_is_ended_by_its_supervisor(
     fetched = cpuaccel_cli("fetch", run_id, cwd=proj, env=ENV, timeout=120)  # the dumps come home
     assert fetched.returncode == EXIT_OK, (fetched.stdout, fetched.stderr)
     assert "hang.py" in (proj / "runs" / run_id / "hang-1.txt").read_text()
+
+
+def test_the_hang_report_names_the_rank_the_others_wait_for_with_its_stack_first(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """Three ranks; rank 1 sleeps inside the step while ranks 0 and 2 block in the
+    gradients' all_reduce: the report names rank 1 as the odd one out, says where the
+    others wait, and shows rank 1's stack before any other."""
+    proj = make_project(tmp_path, {"hang.py": HANGING})
+    run = cpuaccel_run(
+        proj, "-i", inventory, "--nodes", "3", "--ppn", "1", *TREE,
+        "--master-port", master_port(), "--hang-timeout", "10", "hang.py", "5",
+    )  # fmt: skip
+    assert run.code == EXIT_HANG, run
+    lines = run.stderr.splitlines()
+    odd = [i for i, line in enumerate(lines) if "the odd one out" in line]
+    assert len(odd) == 1, run
+    said = lines[odd[0]]
+    assert "rank 1 on node2, in <module> (hang.py:" in said, said
+    assert re.search(r"rank\(s\) 0, 2 wait in \S+ \(", said), said
+    stack = lines[odd[0] + 1 :]
+    assert any("hang.py" in line for line in stack[:10]), run  # its own stack, first
+    paths = next(line for line in lines if "stacks (py-spy):" in line)
+    assert paths.split("stacks (py-spy): ")[1].startswith(str(run.run_dir / "hang-1.txt")), paths
+    assert_nothing_left(cluster, json.loads((run.run_dir / "status.json").read_text())["run_id"])

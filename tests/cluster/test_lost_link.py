@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,127 @@ def test_check_of_a_node_whose_link_is_down_ends_within_the_connect_timeout(
     assert "Traceback" not in proc.stderr
     # The connect timeout, plus the CLI's own start and the other nodes' fact probes.
     assert seconds < timeout + 10, proc
+
+
+# Each rank prints its pid: what must be gone, and named, once its node is reached again.
+PID_SLEEPER = """\
+import os, time
+print("pid", os.getpid(), flush=True)
+time.sleep(300)
+"""
+
+
+@contextlib.contextmanager
+def unheard(cluster: Cluster, sender: str, receiver: str) -> Iterator[None]:
+    """Within the block nothing `sender` sends reaches `receiver` (a route rule in the
+    sender: its packets to that address are dropped). It stands for a cut that outlasted
+    the sender's own retries: the head's FIN for the launcher's connections, which would
+    otherwise reach the node when its link comes back and end its ranks through MPI."""
+    namespace, to = cluster.node(sender).namespace, cluster.node(receiver).address
+    rule = ["ip", "-n", namespace, "rule", "add", "pref", "900", "to", to, "blackhole"]
+    subprocess.run(rule, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "-n", namespace, "rule", "del", "pref", "900"], check=True)
+
+
+def rank_pids(job: BackgroundRun, node: str) -> list[int]:
+    """The pids the ranks on `node` printed."""
+    return [int(line.rsplit(" ", 1)[1]) for line in job.out if f" {node}] pid " in line]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def start(inventory: str, tmp_path: Path) -> tuple[Path, BackgroundRun, list[int]]:
+    """A 3x1 run, its ranks started: (project, the run, node2's rank pids)."""
+    proj = make_project(tmp_path, {"job.py": PID_SLEEPER})
+    job = BackgroundRun(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "job.py")
+    job.wait_for(" pid ", 3)
+    pids = rank_pids(job, "node2")
+    assert len(pids) == 1, job.report()
+    return proj, job, pids
+
+
+def test_a_lost_nodes_ranks_are_ended_by_the_next_check_of_it(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """The run ends naming node2 and cannot reach its ranks; node2 comes back with them
+    still running (the head's FIN never came: ``unheard``). The next check of node2
+    finds them, sees in ./runs that their run has ended, ends them and says so."""
+    before = set(cluster.pids("node2"))
+    proj, job, pids = start(inventory, tmp_path)
+    try:
+        with unheard(cluster, "node1", "node2"):
+            with link_down(cluster, "node2"):
+                run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+                assert "lost the connection to node2" in run.stderr, run
+            run_id = run.record()["run_id"]
+            assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+            started = time.monotonic()
+            proc = cpuaccel("check", "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
+            seconds = time.monotonic() - started
+            assert proc.returncode == 0, proc
+            said = [line for line in proc.stdout.splitlines() if run_id in line]
+            assert len(said) == 1 and "node2" in said[0] and "(lost)" in said[0], proc.stdout
+            assert all(str(pid) in said[0] for pid in pids), (pids, said)
+            assert not any(alive(pid) for pid in pids), pids
+            assert job_pids(cluster, "node2", run_id) == {}
+            assert seconds < 15, proc
+    finally:
+        job.stop()
+        restore(cluster, "node2", before)
+
+
+def test_a_lost_nodes_ranks_end_by_themselves_when_the_controller_is_silent(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """Node2 stays cut off: nothing can reach it. The run's agent there (the kept
+    prelaunch program) hears no heartbeat from the controller, and ends the ranks."""
+    from cpuaccel.jobs.preflight import KEEP_IDLE
+
+    before = set(cluster.pids("node2"))
+    _, job, pids = start(inventory, tmp_path)
+    try:
+        with link_down(cluster, "node2"):
+            cut = time.monotonic()
+            run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+            assert "lost the connection to node2" in run.stderr, run
+            deadline = cut + KEEP_IDLE + 20  # the silence, then the sweep's grace
+            while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not any(alive(pid) for pid in pids), pids
+            assert job_pids(cluster, "node2", run.record()["run_id"]) == {}
+    finally:
+        job.stop()
+        restore(cluster, "node2", before)
+
+
+def test_stop_of_a_run_that_lost_a_node_ends_the_ranks_the_node_kept(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    """As above, but `cpuaccel stop RUN` of the ended run is what reaches node2 again."""
+    before = set(cluster.pids("node2"))
+    proj, job, pids = start(inventory, tmp_path)
+    try:
+        with unheard(cluster, "node1", "node2"):
+            with link_down(cluster, "node2"):
+                run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+                assert "lost the connection to node2" in run.stderr, run
+            run_id = run.record()["run_id"]
+            assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+            proc = cpuaccel("stop", run_id, cwd=proj, env=ENV)
+            assert proc.returncode == 0, proc
+            assert f"{run_id}: had already ended (lost)" in proc.stdout, proc
+            swept = [line for line in proc.stderr.splitlines() if "on node2: pids" in line]
+            assert len(swept) == 1 and all(str(pid) in swept[0] for pid in pids), proc
+            assert not any(alive(pid) for pid in pids), pids
+    finally:
+        job.stop()
+        restore(cluster, "node2", before)

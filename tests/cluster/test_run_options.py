@@ -198,3 +198,23 @@ def test_cpuaccels_own_refusals_are_64_and_69(
     assert "no job was started" in data["error"] and data["ranks"] == {}
     assert any(line.startswith("preflight node2") for line in down.stderr.splitlines()), down
     assert not (proj / "runs").exists()
+
+
+def test_an_unreachable_node_is_said_once_with_the_limit_that_leaves_it_out(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> None:
+    proj = make_project(tmp_path, {"script.py": "print('ran')\n"})
+    with cluster.sshd_stopped("node2"):
+        down = cpuaccel_run(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "script.py")
+        assert down.code == EXIT_NODE_FAILED, down
+        output = (down.stdout + down.stderr).splitlines()
+        said = [line for line in output if "node2" in line and "connect" in line]
+        assert len(said) == 1, down  # one line says it, no probe's or summary's echo
+        fixes = [line for line in output if "--limit '!node2'" in line]
+        assert len(fixes) == 1 and "fix:" in fixes[0], down
+        assert "Traceback" not in down.stderr
+        # The fix, as given, runs without it.
+        left_out = cpuaccel_run(proj, "-i", inventory, "--limit", "!node2", "script.py")
+    assert left_out.code == 0, left_out
+    ranks = [line for line in left_out.stdout.splitlines() if line.endswith("] ran")]
+    assert ranks and not any(" node2]" in line for line in ranks), left_out

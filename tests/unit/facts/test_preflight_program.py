@@ -4,6 +4,9 @@ in one call, answering as the two programs would apart."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +65,8 @@ def test_a_refused_destination_is_refused_as_by_the_tree_program(tmp_path: Path)
 
 def test_the_program_carries_the_probe_the_receiver_and_the_jobs_part() -> None:
     assert node.parts("prelaunch") == [
-        "boundedjson", "common", "netif", "facts", "nofollow", "mux", "progress", "runfiles",
+        "boundedjson", "common", "jobprocs", "netif", "facts", "nofollow", "mux", "progress",
+        "runfiles",
         "jobctl", "destination", "entries", "unfinished", "tree", "prelaunch",
     ]  # fmt: skip
 
@@ -71,12 +75,14 @@ RUN_ID = "20261201-000000-abcdef"
 FILES = {"launch.sh": [0o700, "echo hi\n"], "secret.env": [0o600, "TOKEN=x\n"]}
 
 
-def _kept(tmp_path: Path, idle: int = 30) -> tuple[LocalConnector, programs.Kept]:
+def _kept(
+    tmp_path: Path, idle: int = 30, heartbeat: float | None = None
+) -> tuple[LocalConnector, programs.Kept]:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     conn = _conn(tmp_path / "work")
     look = receiver.words("look", str(project), conn.host.workdir, "0" * 64)[1:]
-    facts, found, kept = gather_look_and_keep(conn, [], None, look, idle)
+    facts, found, kept = gather_look_and_keep(conn, [], None, look, idle, heartbeat)
     assert facts["python"]["executable"] and "clock_skew" in facts and "entries" in found
     return conn, kept
 
@@ -119,6 +125,56 @@ def test_a_kept_program_leaves_after_its_idle_time_having_written_nothing(
     assert not (tmp_path / "work" / "runs").exists()
     with pytest.raises(programs.KeptGone):
         kept.request(["procs", RUN_ID], b"", what="listing", timeout=5)
+
+
+def _rank(run_id: str) -> subprocess.Popen[bytes]:
+    """A process of the run on this node, as a rank is: its CPUACCEL_RUN_ID, its own
+    session (no signal of the test's reaches it by the process group)."""
+    env = {**os.environ, "CPUACCEL_RUN_ID": run_id}
+    return subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+
+
+def _written(kept: programs.Kept, tmp_path: Path, run_id: str) -> None:
+    run_dir = tmp_path / "work" / "runs" / run_id
+    payload = json.dumps({"files": FILES}).encode()
+    kept.request(["write", str(run_dir)], payload, what="writing", timeout=30)
+
+
+def test_a_kept_program_that_hears_nothing_ends_its_runs_processes(tmp_path: Path) -> None:
+    """No heartbeat and no EOF: the controller's session is gone unseen (a link cut).
+    The program ends the processes of the run it wrote, and only those, then leaves."""
+    run_id, other_id = "20261201-000000-aaaaaa", "20261201-000000-bbbbbb"
+    _, kept = _kept(tmp_path, idle=2)
+    rank, other = _rank(run_id), _rank(other_id)
+    try:
+        _written(kept, tmp_path, run_id)
+        started = time.monotonic()
+        assert _ended(kept, 15)
+        assert rank.wait(10) == -signal.SIGTERM  # ended by the program, not by its end
+        assert time.monotonic() - started < 2 + 8  # the idle time, the sweep's grace
+        assert other.poll() is None  # another run's process is no concern of it
+        assert not (tmp_path / "work" / "runs" / run_id / "secret.env").exists()
+    finally:
+        for proc in (rank, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_kept_program_that_gets_heartbeats_keeps_its_runs_processes(tmp_path: Path) -> None:
+    run_id = "20261201-000000-cccccc"
+    _, kept = _kept(tmp_path, idle=2, heartbeat=0.5)
+    rank = _rank(run_id)
+    try:
+        _written(kept, tmp_path, run_id)
+        time.sleep(5)  # more than twice the idle time, in heartbeats
+        assert rank.poll() is None and kept.alive
+        done = kept.request(["procs", run_id], b"", what="listing", timeout=10)
+        assert [pid for pid, _ in done["pids"]] == [rank.pid]
+        kept.close()  # EOF: the run goes on without this program (a detached run's way)
+        assert _ended(kept, 10) and rank.poll() is None
+    finally:
+        rank.kill()
+        rank.wait()
 
 
 def test_the_run_files_go_to_the_kept_program_else_to_a_fresh_call(tmp_path: Path) -> None:

@@ -412,3 +412,34 @@ def test_a_local_run_that_hangs_is_ended_with_its_report(tmp_path: Path) -> None
         for rank in (0, 1):
             assert "silent.py" in (run.run_dir / f"hang-{rank}.txt").read_text()
     assert this_runs_processes(status["run_id"]) == []
+
+
+def _dump(pid: int, *frames: str) -> str:
+    """A ``py-spy dump`` as py-spy prints it: the innermost frame first."""
+    lines = [f"Process {pid}: python -m cpuaccel.worker hang.py", "Python v3.11.7", ""]
+    lines.append(f'Thread {pid + 1} (idle): "gloo"')
+    lines.append("    run (threading.py:975)")
+    lines.append(f'Thread {pid} (idle): "MainThread"')
+    lines += [f"    {frame}" for frame in frames]
+    return "\n".join(lines) + "\n"
+
+
+COLLECTIVE = "all_reduce (torch/distributed/distributed_c10d.py:2050)"
+
+
+def test_the_rank_outside_the_collective_the_others_wait_in_is_the_odd_one_out() -> None:
+    dumps = {
+        "0": _dump(100, COLLECTIVE, "backward (cpuaccel/runtime/context.py:300)"),
+        "1": _dump(200, COLLECTIVE, "backward (cpuaccel/runtime/context.py:300)"),
+        "2": _dump(300, "<module> (hang.py:15)"),
+        "3": _dump(400, COLLECTIVE, "backward (cpuaccel/runtime/context.py:300)"),
+    }
+    assert progress.innermost(dumps["2"]) == "<module> (hang.py:15)"
+    assert progress.odd_ones_out(dumps) == (["2"], COLLECTIVE)
+
+
+def test_no_odd_one_out_without_a_majority_in_one_frame() -> None:
+    assert progress.odd_ones_out({"0": _dump(1, COLLECTIVE), "1": _dump(2, "f (a.py:1)")}) is None
+    same = {str(r): _dump(r + 10, COLLECTIVE) for r in range(3)}
+    assert progress.odd_ones_out(same) is None  # all alike: no one is elsewhere
+    assert progress.odd_ones_out({"0": "py-spy failed: no such process"}) is None

@@ -18,12 +18,14 @@ from cpuaccel.errors import HostError
 
 
 def test_each_program_carries_only_the_parts_it_imports() -> None:
-    assert node.parts("facts") == ["common", "netif", "facts"]
+    # jobprocs: the jobs' processes on the node, which the probe reports
+    assert node.parts("facts") == ["common", "jobprocs", "netif", "facts"]
     # boundedjson: the one JSON reader, in every program that reads a request or a file
     tree = ["boundedjson", "common", "destination", "entries", "nofollow", "unfinished", "tree"]
     assert node.parts("tree") == tree  # unfinished: a folder the sync made (rsync)
     # runfiles: ps, logs; progress: run --hang-timeout's stacks; mux: the head's masters
-    jobctl = ["boundedjson", "common", "nofollow", "mux", "progress", "runfiles", "jobctl"]
+    jobctl = ["boundedjson", "common", "jobprocs", "nofollow", "mux", "progress", "runfiles"]
+    jobctl += ["jobctl"]
     assert node.parts("jobctl") == jobctl
     agent = node.parts("agent")
     assert agent[-1] == "agent" and {"common", "facts", "pip", "pep440"} <= set(agent)
