@@ -19,8 +19,8 @@ from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.target import HostKeywords, Target
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
-from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, HostResult
+from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, HostError, UsageError
+from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool, HostResult
 from cpuaccel.projectsync import engine
 from cpuaccel.projectsync.ignore import check_excludes
 from cpuaccel.projectsync.manifest import build
@@ -107,18 +107,54 @@ def sync_target(
     excludes = [*from_project, *exclude]
     source = build(paths, excludes=excludes, copy_links=copy_links, defer_hashing=True)
     options = engine.SyncOptions(dest or default_dest(paths), delete, check, copy_links)
-    with ui.progress("syncing", len(target.hosts)) as tracker:
-        results = engine.sync(
-            target.hosts,
-            source,
-            options,
-            forks=target.forks,
-            connect=replace(target.connect, keep=True),
-            on_result=lambda r: tracker.advance(r.host.name),
-            note=lambda line: ui.stderr().print(f"broadcast: {ui.escape(line)}"),
-            progress=tracker.transfer("broadcast"),
-        )
+    connect = replace(target.connect, keep=True)
+    with ConnectionPool(connect) as pool:
+        with ui.progress("syncing", len(target.hosts)) as tracker:
+            results = engine.sync(
+                target.hosts,
+                source,
+                options,
+                forks=target.forks,
+                connect=connect,
+                on_result=lambda r: tracker.advance(r.host.name),
+                note=lambda line: ui.stderr().print(f"broadcast: {ui.escape(line)}"),
+                progress=tracker.transfer("broadcast"),
+                pool=pool,
+            )
+        _end_leftovers(results, pool, check)
     return SyncResult(source.hash, len(source.entries), tuple(results), check)
+
+
+def _end_leftovers(
+    results: Sequence[HostResult[NodeReport]], pool: ConnectionPool, check: bool
+) -> None:
+    """The processes a node still holds of a run this project records as ended (a node
+    lost mid-run keeps its ranks until it is reached again) are ended, and said; with
+    ``check`` they are only said."""
+    found = [r for r in results if r.ok and r.value is not None and r.value.runs]
+    if not found:
+        return
+    from pathlib import Path
+
+    from cpuaccel.history.records import RUNS
+    from cpuaccel.history.teardown import end_leftovers, ended_runs
+
+    runs = Path.cwd() / RUNS
+    for r in found:
+        assert r.value is not None
+        if check:
+            said = [
+                f"run {run_id} has ended ({state}) but has processes left here"
+                for run_id, state in ended_runs(r.value.runs, runs)
+            ]
+        else:
+            try:
+                said = end_leftovers(pool.get(r.host), {"runs": r.value.runs}, runs)
+            except HostError as exc:
+                said = [f"could not end an ended run's processes: {exc}"]
+        r.value.swept = said
+        for line in said:
+            ui.stderr().print(f"[yellow]warning:[/] {ui.escape(r.host.name)}: {ui.escape(line)}")
 
 
 def sync(

@@ -46,15 +46,13 @@ SLURM_WAIT = 120.0
 _RUN_ID = re.compile(r"[0-9a-f][0-9a-f-]{0,63}")
 
 
-def end_leftovers(conn: Connector, facts: dict[str, Any], runs: Path) -> list[str]:
-    """End, on the node of ``conn``, the processes of every run its fact probe found
-    there (facts' ``runs``) that this controller recorded in ``runs`` as ended: a node
-    lost mid-run keeps its ranks until it is reached again. One line for each run ended
-    (the run, its state, the pids); runs unknown here, or running, are left alone."""
-    found = facts.get("runs")
-    said: list[str] = []
+def ended_runs(found: Any, runs: Path) -> list[tuple[str, str]]:
+    """(run id, state) of the runs a node reported processes of (``found``: run id ->
+    processes) that this controller records in ``runs`` as ended; ids that are no run
+    folder's name, runs unknown here and running ones left out."""
     if not isinstance(found, dict):
-        return said
+        return []
+    ended: list[tuple[str, str]] = []
     for run_id in sorted(found):
         if not isinstance(run_id, str) or _RUN_ID.fullmatch(run_id) is None:
             continue
@@ -62,8 +60,18 @@ def end_leftovers(conn: Connector, facts: dict[str, Any], runs: Path) -> list[st
         if not (folder / "run.json").is_file():
             continue
         state = records.load(folder).state()
-        if state not in ENDED:
-            continue
+        if state in ENDED:
+            ended.append((run_id, state))
+    return ended
+
+
+def end_leftovers(conn: Connector, facts: dict[str, Any], runs: Path) -> list[str]:
+    """End, on the node of ``conn``, the processes of every run its fact probe found
+    there (facts' ``runs``) that this controller recorded in ``runs`` as ended: a node
+    lost mid-run keeps its ranks until it is reached again. One line for each run ended
+    (the run, its state, the pids); runs unknown here, or running, are left alone."""
+    said: list[str] = []
+    for run_id, state in ended_runs(facts.get("runs"), runs):
         answer = programs.call(
             conn, "jobctl", ["end", run_id, "2"],
             what="ending an ended run's processes", timeout=TEARDOWN,

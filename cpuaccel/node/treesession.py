@@ -31,6 +31,7 @@ import sys
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import TMP_MARK, write_atomic
+from cpuaccel.node.jobprocs import live_runs
 from cpuaccel.node.nofollow import delete, lstat_below, open_folder, unpack
 from cpuaccel.node.tree import (
     RECORD,
@@ -233,6 +234,10 @@ def serve(raw: str, options: list[str], stdin: BinaryIO, stdout: Any, bound: int
                 mode, raw, words, payload, keep, functools.partial(apply_known, looked=looked)
             )
             looked = _looked(result, keep)  # after an apply, None: a later apply scans again
+            if mode == "look" and "refused" not in result:
+                # The jobs' processes here: the controller ends those of a run it
+                # records as ended (a node lost mid-run keeps its ranks till then).
+                result["runs"] = live_runs()
             payload.drain()
             stdout.write(json.dumps(result) + "\n")
             stdout.flush()

@@ -214,6 +214,13 @@ class Syncer:
                 self.memory.forget(self._key(host))
 
     def __call__(self, conn: Connector) -> NodeReport:
+        runs = self.looked[conn.host.name].get("runs")
+        report = self._sync_node(conn)
+        if isinstance(runs, dict):
+            report.runs = runs
+        return report
+
+    def _sync_node(self, conn: Connector) -> NodeReport:
         fsid = None
         try:
             scanned = self.looked[conn.host.name]
@@ -406,7 +413,7 @@ class Syncer:
         return result
 
 
-def sync(
+def sync(  # noqa: PLR0913
     hosts: Sequence[Host],
     source: SourceManifest,
     options: SyncOptions,
@@ -459,7 +466,7 @@ def sync(
     return [again.get(r.host.name, r) for r in results]
 
 
-def _sync_once(
+def _sync_once(  # noqa: PLR0913
     hosts: Sequence[Host],
     source: SourceManifest,
     options: SyncOptions,

@@ -21,6 +21,10 @@ class NodeReport:
     mismatches: list[str] = field(default_factory=list)
     # The part of ``changed`` the node did not have at all (sync --diff tells them apart).
     added: list[str] = field(default_factory=list)
+    # The jobs with processes on the node, as its look found them (run id -> processes),
+    # and what of them the controller ended: a run it records as ended.
+    runs: dict[str, Any] = field(default_factory=dict)
+    swept: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -32,4 +36,5 @@ class NodeReport:
             "method": self.method,
             "shared_with": self.shared_with,
             "in_sync": self.in_sync,
+            **({"swept": self.swept} if self.swept else {}),
         }

@@ -155,12 +155,13 @@ def start(inventory: str, tmp_path: Path) -> tuple[Path, BackgroundRun, list[int
     return proj, job, pids
 
 
-def test_a_lost_nodes_ranks_are_ended_by_the_next_check_of_it(
-    cluster: Cluster, inventory: str, tmp_path: Path
+@pytest.mark.parametrize("verb", ["check", "sync"])
+def test_a_lost_nodes_ranks_are_ended_by_the_next_check_or_sync_of_it(
+    cluster: Cluster, inventory: str, tmp_path: Path, verb: str
 ) -> None:
     """The run ends naming node2 and cannot reach its ranks; node2 comes back with them
-    still running (the head's FIN never came: ``unheard``). The next check of node2
-    finds them, sees in ./runs that their run has ended, ends them and says so."""
+    still running (the head's FIN never came: ``unheard``). The next check, or sync, of
+    node2 finds them, sees in ./runs that their run has ended, ends them and says so."""
     before = set(cluster.pids("node2"))
     proj, job, pids = start(inventory, tmp_path)
     try:
@@ -171,11 +172,13 @@ def test_a_lost_nodes_ranks_are_ended_by_the_next_check_of_it(
             run_id = run.record()["run_id"]
             assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
             started = time.monotonic()
-            proc = cpuaccel("check", "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
+            proc = cpuaccel(verb, "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
             seconds = time.monotonic() - started
             assert proc.returncode == 0, proc
-            said = [line for line in proc.stdout.splitlines() if run_id in line]
-            assert len(said) == 1 and "node2" in said[0] and "(lost)" in said[0], proc.stdout
+            # check's notes are on stdout; sync's warning on stderr, its stdout its report
+            shown = proc.stdout if verb == "check" else proc.stderr
+            said = [line for line in shown.splitlines() if run_id in line]
+            assert len(said) == 1 and "node2" in said[0] and "(lost)" in said[0], proc
             assert all(str(pid) in said[0] for pid in pids), (pids, said)
             assert not any(alive(pid) for pid in pids), pids
             assert job_pids(cluster, "node2", run_id) == {}
