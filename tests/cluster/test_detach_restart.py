@@ -13,6 +13,7 @@ attempt loop itself (node/supervisor.py, its side node/detached.py).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from tests.cluster.fixtures import REPO, TREE, link_down, train_args
 from tests.cluster.test_detach import WORKDIR, assert_nothing_left, head_file, wait_until
 from tests.cluster.test_resume import node_path
 from testsupport.command import cpuaccel
-from testsupport.runs import ENV, cpuaccel_run, make_project
+from testsupport.runs import ENV, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -213,9 +214,12 @@ def test_a_detached_run_leaves_out_a_silent_node_while_min_nodes_remain(
     assert "attempt 1 world 2" in (head_file(cluster, run_id, "rank-0.log") or "")
     hostfile = head_file(cluster, run_id, "hostfile") or ""
     assert hostfile.split() == ["node1", "node2"], hostfile
-    assert_nothing_left(cluster, run_id)
     # On node3 the job and the head's held session end too, though nothing could close
     # that session: its guard finds the head lost in the same window, or, when the link
     # came back before its keepalives ran out, the hold's next heartbeat meets the
-    # head's closed connection.
+    # head's closed connection. (No other node's sweep reaches node3's processes.)
+    deadline = time.monotonic() + HOLD_BEAT + 10
+    while job_processes(cluster, "node3", run_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert_nothing_left(cluster, run_id)
     assert cluster.wait_idle("node3", timeout=HOLD_BEAT + 10) == []
