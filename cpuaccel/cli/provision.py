@@ -256,7 +256,7 @@ def playbook_argument(command: Callable[..., Any]) -> Callable[..., Any]:
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
 @become_options
-def provision_command(
+def provision_command(  # noqa: PLR0913
     target: Target,
     playbook_path: str | None,
     check: bool,

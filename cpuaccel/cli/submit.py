@@ -202,7 +202,7 @@ def _epilog() -> str:
 @setting_options(SUBMIT)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def submit_command(
+def submit_command(  # noqa: PLR0913
     partition: str | None,
     time_limit: str | None,
     account: str | None,

@@ -96,7 +96,7 @@ def _line(r: HostResult[NodeReport]) -> str:
     help="List each file added (+), changed (~) or deleted (-) on every node.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
-def sync_command(
+def sync_command(  # noqa: PLR0913
     target: Target,
     sources: tuple[str, ...],
     dest: str | None,

@@ -134,7 +134,7 @@ def _write_path(target: Target) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def tune_command(
+def tune_command(  # noqa: PLR0913
     target: Target,
     flags: FlagValues,
     steps: int,

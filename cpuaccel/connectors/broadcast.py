@@ -116,7 +116,7 @@ class Broadcast:
     every live node now holds, as they grow; ``progress`` (those bytes, of the total);
     ``python`` the interpreter to run on a host (``host.python`` by default)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         connect: Callable[[Host], Connector],
         options: ConnectOptions,

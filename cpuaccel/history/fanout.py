@@ -38,7 +38,7 @@ def failed(host: Host, exc: CpuaccelError, seconds: float) -> HostResult[Any]:
     return HostResult(host, status, None, reason, exc.hint, seconds)
 
 
-def call_all(
+def call_all(  # noqa: PLR0913
     hosts: Sequence[Host],
     program: str,
     words: Sequence[str],

@@ -191,7 +191,7 @@ class ForegroundRun(Supervised):
 
     side: ControllerSide
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         plan: RunPlan,
         nodes: Nodes,

@@ -97,7 +97,7 @@ def dry_run(
     return plan, files, network_wanted(settings, plan.hosts)
 
 
-def launch(
+def launch(  # noqa: PLR0913
     settings: LaunchSettings,
     script: Script,
     project: Path,
@@ -198,7 +198,7 @@ def launch(
     return report
 
 
-def _detach(
+def _detach(  # noqa: PLR0913
     plan: RunPlan,
     project: Path,
     local: bool,

@@ -103,7 +103,7 @@ def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
     ]
 
 
-def run_preflight(
+def run_preflight(  # noqa: PLR0913
     hosts: Sequence[Host],
     project_dest: str,
     source: SourceManifest,

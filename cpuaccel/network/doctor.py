@@ -233,7 +233,7 @@ def checked_answerer(c: Connection, raw: Any, tokens: Mapping[str, str]) -> Conn
     return replace(c, status=WRONG_NODE, detail=detail)
 
 
-def diagnose(
+def diagnose(  # noqa: PLR0913
     hosts: Sequence[Host],
     addresses: Mapping[str, str],
     *,

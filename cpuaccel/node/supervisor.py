@@ -442,7 +442,7 @@ def _pump(launched: Launched, output: Output) -> None:
         output.feed(stream, line)
 
 
-def _until_done(
+def _until_done(  # noqa: PLR0913
     side: Side,
     output: Output,
     reader: threading.Thread,
@@ -578,7 +578,7 @@ def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[
     return [p.to_json(now) for p in found.stuck_first()]
 
 
-def _outcome(
+def _outcome(  # noqa: PLR0913
     reason: str | None,
     launcher_exit: int | None,
     seconds: float,

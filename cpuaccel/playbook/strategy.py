@@ -140,7 +140,7 @@ def selected(task: Task, tags: frozenset[str], skip_tags: frozenset[str]) -> boo
 
 
 class LinearStrategy:
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         playbook: Playbook,
         inventory: Inventory,

@@ -63,7 +63,7 @@ class Context:
     ``resume_path`` (the checkpoint this attempt resumes from, or None; see :meth:`load`).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         env: DistEnv,
         backend: BackendChoice,

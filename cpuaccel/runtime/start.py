@@ -39,7 +39,7 @@ from cpuaccel.runtime.trackers import TENSORBOARD_DIR, choose_trackers
 CBWR_ENV = "I_MPI_CBWR"  # Intel MPI's conditional numerical reproducibility
 
 
-def init(
+def init(  # noqa: PLR0913
     mixed_precision: str | None = None,
     *,
     gradient_accumulation_steps: int = 1,

@@ -44,7 +44,7 @@ def known_hosts_text(host_keys: Sequence[tuple[Node, Path]]) -> str:
     return "\n".join(known) + "\n"
 
 
-def inventory_text(
+def inventory_text(  # noqa: PLR0913
     nodes: Sequence[Node],
     *,
     key_path: Path,
