@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from cpuaccel import ui
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import HostKeywords, Target
+from cpuaccel.api.target import HostKeywords, HostOptions, Target
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
-from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import (
     ERROR,
@@ -110,16 +109,9 @@ def check_target(target: Target, *, every_pair: bool = False) -> CheckResult:
 def check(
     inventory: str | os.PathLike[str] | None = None,
     *,
-    limit: str | None = None,
-    extra_vars: Mapping[str, Any] | Sequence[str] = (),
-    forks: int = DEFAULT_FORKS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    host_key_checking: bool = True,
-    config: str | os.PathLike[str] | None = None,
-    user: str | None = None,
-    private_key: str | os.PathLike[str] | None = None,
     slurm: str | None = None,
     progress: bool = False,
+    **hosts: Unpack[HostOptions],
 ) -> CheckResult:
     """Gather facts from every node and report what differs, as ``cpuaccel check`` does.
 
@@ -147,10 +139,7 @@ def check(
                     hint="give either inventory or slurm",
                 )
             inventory = f"slurm:{slurm}"
-        target = HostKeywords(
-            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
-            user, private_key,
-        ).target()  # fmt: skip
+        target = HostKeywords.of(inventory, hosts, "slurm", "progress").target()
         return check_target(target)
 
 

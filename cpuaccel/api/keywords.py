@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import click
@@ -134,6 +134,18 @@ def setting_keywords(verb: str) -> list[Entry]:
     return [entry for entry in TABLE if entry.name not in NOT_KEYWORDS and taken(entry)]
 
 
+def no_such(word: str, known: Sequence[str], what: str, listed: Sequence[str]) -> UsageError:
+    """The error for an unknown keyword ``word=``: the closest of ``known`` as a
+    did-you-mean, then the ``listed`` ones."""
+    import difflib
+
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}=? " if close else ""
+    return UsageError(
+        f"{word}=: no such {what}", hint=f"{hint}the {what}s are: {', '.join(listed)}"
+    )
+
+
 def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, dict[str, Any]]:
     """The flags mapping ``config.effective.resolve`` reads, and the inventory variables
     (as -e sets them), of ``given`` keywords; UsageError for an unknown keyword or a bad
@@ -142,15 +154,7 @@ def flags_of_keywords(verb: str, given: Mapping[str, Any]) -> tuple[FlagValues, 
     aliases = keyword_aliases(entries.values())
     unknown = [name for name in given if name not in entries and name not in aliases]
     if unknown:
-        import difflib
-
-        words = [*entries, *aliases]
-        close = difflib.get_close_matches(unknown[0], words, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}=? " if close else ""
-        raise UsageError(
-            f"{unknown[0]}=: no such setting",
-            hint=f"{hint}the settings are: {', '.join(entries)}",
-        )
+        raise no_such(unknown[0], [*entries, *aliases], "setting", list(entries))
     given = _canonical(given, aliases)
     flags = FlagValues()
     names: dict[str, str] = {}

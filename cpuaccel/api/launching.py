@@ -21,11 +21,9 @@ from cpuaccel.api.keywords import FlagValues, flags_of_keywords
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.run_handle import Run
 from cpuaccel.api.script import check_script_kind, script_entry
-from cpuaccel.api.target import HostKeywords, Target
+from cpuaccel.api.target import HOST_OPTIONS, HostKeywords, Target
 from cpuaccel.config.settings import RUN, LaunchSettings
-from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import PreflightError, UsageError
-from cpuaccel.executor import DEFAULT_FORKS
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import JobFiles, Nodes
 from cpuaccel.jobs.foreground import GroupSink, LineSink
@@ -38,14 +36,6 @@ def launch(
     script: str | os.PathLike[str] | Sequence[str],
     *args: str,
     inventory: str | os.PathLike[str] | None = None,
-    limit: str | None = None,
-    extra_vars: Mapping[str, Any] | Sequence[str] = (),
-    forks: int = DEFAULT_FORKS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    host_key_checking: bool = True,
-    config: str | os.PathLike[str] | None = None,
-    user: str | None = None,
-    private_key: str | os.PathLike[str] | None = None,
     detach: bool = False,
     progress: bool = False,
     **settings: Any,
@@ -78,10 +68,9 @@ def launch(
     does the same, then meets the caller's own SIGTERM handling (by default the process
     ends with 143). The caller's signal handlers are given back either way."""
     with quiet_unless(progress), caller_signals() as ended:
-        hosts = HostKeywords(
-            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
-            user, private_key,
-        )  # fmt: skip
+        hosts = HostKeywords.of(
+            inventory, {k: settings.pop(k) for k in HOST_OPTIONS if k in settings}
+        )
         target, settled, flags = settle(hosts, settings)
         project = Path.cwd().resolve()
         name, args = script_and_args(script, args)
@@ -173,7 +162,7 @@ def script_for(
     return script_entry(script, tuple(args), project, as_module, no_python)
 
 
-def start(
+def start(  # noqa: PLR0913
     target: Target,
     settings: LaunchSettings,
     what: Script,

@@ -14,15 +14,14 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from cpuaccel import ui
 from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import HostKeywords, Target, beside_playbook
-from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.api.target import HostKeywords, HostOptions, Target, beside_playbook
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.variables import user_name_problem
 from cpuaccel.playbook import loader
 from cpuaccel.playbook.become import CliBecome
@@ -155,7 +154,7 @@ def _stacks(loaded: Playbook) -> list[str]:
     return []
 
 
-def run_playbook(
+def run_playbook(  # noqa: PLR0913
     target: Target,
     path: Path,
     playbook: Playbook,
@@ -191,7 +190,14 @@ def run_playbook(
     return ProvisionResult(str(path), check, seconds, stats, tuple(runner.log))
 
 
-def provision(
+# provision's own keywords, beside the host keywords (a misspelt one's closest match).
+_OWN = (
+    "playbook", "check", "diff", "tags", "skip_tags", "become", "become_user",
+    "become_password", "progress",
+)  # fmt: skip
+
+
+def provision(  # noqa: PLR0913
     inventory: str | os.PathLike[str] | None = None,
     *,
     playbook: str | os.PathLike[str] | None = None,
@@ -202,15 +208,8 @@ def provision(
     become: bool = False,
     become_user: str | None = None,
     become_password: str | None = None,
-    limit: str | None = None,
-    extra_vars: Mapping[str, Any] | Sequence[str] = (),
-    forks: int = DEFAULT_FORKS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    host_key_checking: bool = True,
-    config: str | os.PathLike[str] | None = None,
-    user: str | None = None,
-    private_key: str | os.PathLike[str] | None = None,
     progress: bool = False,
+    **hosts: Unpack[HostOptions],
 ) -> ProvisionResult:
     """Run a playbook on every node, as ``cpuaccel provision`` does.
 
@@ -237,10 +236,7 @@ def provision(
         check_switches(check=check, diff=diff, become=become)
         chosen, skipped = _tags("tags", tags), _tags("skip_tags", skip_tags)
         settled = _become(become, become_user, become_password)
-        target = HostKeywords(
-            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
-            user, private_key,
-        ).target()  # fmt: skip
+        target = HostKeywords.of(inventory, hosts, *_OWN).target()  # fmt: skip
         given = os.fspath(playbook) if playbook is not None else None
         path, loaded, target = load_playbook(target, given)
         refuse_local_default(

@@ -10,17 +10,16 @@ is ``cpuaccel sync``'s (cli/sync.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from cpuaccel import ui
 from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import HostKeywords, Target
-from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.api.target import HostKeywords, HostOptions, Target
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, HostError, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool, HostResult
+from cpuaccel.executor import ConnectionPool, HostResult
 from cpuaccel.projectsync import engine
 from cpuaccel.projectsync.ignore import check_excludes
 from cpuaccel.projectsync.manifest import build
@@ -157,6 +156,10 @@ def _end_leftovers(
             ui.stderr().print(f"[yellow]warning:[/] {ui.escape(r.host.name)}: {ui.escape(line)}")
 
 
+# sync's own keywords, beside the host keywords (a misspelt one's closest match).
+_OWN = ("sources", "dest", "delete", "exclude", "copy_links", "check", "progress")
+
+
 def sync(
     inventory: str | os.PathLike[str] | None = None,
     *,
@@ -166,15 +169,8 @@ def sync(
     exclude: str | Sequence[str] = (),
     copy_links: bool = False,
     check: bool = False,
-    limit: str | None = None,
-    extra_vars: Mapping[str, Any] | Sequence[str] = (),
-    forks: int = DEFAULT_FORKS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    host_key_checking: bool = True,
-    config: str | os.PathLike[str] | None = None,
-    user: str | None = None,
-    private_key: str | os.PathLike[str] | None = None,
     progress: bool = False,
+    **hosts: Unpack[HostOptions],
 ) -> SyncResult:
     """Push the project to every node, verified, as ``cpuaccel sync`` does.
 
@@ -200,10 +196,7 @@ def sync(
             raise UsageError(f"dest={dest!r}: expected a path", hint="e.g. dest='/scratch/job'")
         patterns = _patterns(exclude)
         check_switches(delete=delete, copy_links=copy_links, check=check)
-        target = HostKeywords(
-            inventory, limit, extra_vars, forks, connect_timeout, host_key_checking, config,
-            user, private_key,
-        ).target()  # fmt: skip
+        target = HostKeywords.of(inventory, hosts, *_OWN).target()
         return sync_target(
             target,
             paths,

@@ -14,9 +14,10 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from cpuaccel import ui
+from cpuaccel.api.keywords import no_such
 from cpuaccel.config.effective import resolve
 from cpuaccel.config.inventory_choice import choose_inventory
 from cpuaccel.config.project import ProjectConfig
@@ -58,7 +59,7 @@ class Target:
         )
 
 
-def resolve_target(
+def resolve_target(  # noqa: PLR0913
     inventory_path: str | None,
     limit: str | None,
     extra_vars: tuple[str, ...],
@@ -149,21 +150,16 @@ def warn(messages: list[str]) -> None:
 
 
 def target_of(
-    inventory: str | os.PathLike[str] | None = None,
-    *,
-    limit: str | None = None,
-    extra_vars: Mapping[str, Any] | Sequence[str] = (),
-    forks: int = DEFAULT_FORKS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    host_key_checking: bool = True,
-    config: str | os.PathLike[str] | None = None,
-    user: str | None = None,
-    private_key: str | os.PathLike[str] | None = None,
+    inventory: str | os.PathLike[str] | None = None, **options: Unpack[HostOptions]
 ) -> Target:
     """The API's host keywords as one ``Target``, as the CLI's ``-i -l -e -f -T
     --no-host-key-checking -c -u --private-key`` make it: each checked as its flag is
     (a bad one raises the CLI's message naming the flag), the inventory read once.
     ``extra_vars`` is a mapping, or ``KEY=VALUE`` / ``@file.yaml`` words as ``-e`` takes."""
+    given = HostKeywords.of(inventory, options)
+    limit, extra_vars, forks = given.limit, given.extra_vars, given.forks
+    connect_timeout, host_key_checking = given.connect_timeout, given.host_key_checking
+    config, user, private_key = given.config, given.user, given.private_key
     if isinstance(forks, bool) or not isinstance(forks, int) or not 1 <= forks <= 1024:
         raise UsageError(
             f"forks={forks!r}: expected a whole number from 1 to 1024", hint="e.g. forks=16"
@@ -221,6 +217,25 @@ def _extra_words(extra_vars: Mapping[str, Any] | Sequence[str]) -> tuple[str, ..
     return tuple(extra_vars)
 
 
+class HostOptions(TypedDict, total=False):
+    """The host keywords every API call takes beside ``inventory``, the CLI's host
+    options: ``limit`` (-l), ``extra_vars`` (-e), ``forks`` (-f), ``connect_timeout``
+    (-T), ``host_key_checking`` (--no-host-key-checking), ``config`` (-c), ``user``
+    (-u), ``private_key`` (--private-key). Each is checked as its flag is (``target_of``)."""
+
+    limit: str | None
+    extra_vars: Mapping[str, Any] | Sequence[str]
+    forks: int
+    connect_timeout: float
+    host_key_checking: bool
+    config: str | os.PathLike[str] | None
+    user: str | None
+    private_key: str | os.PathLike[str] | None
+
+
+HOST_OPTIONS = tuple(HostOptions.__annotations__)
+
+
 @dataclass(frozen=True)
 class HostKeywords:
     """The host keywords of an API call, as given (``target_of`` checks them)."""
@@ -234,6 +249,18 @@ class HostKeywords:
     config: str | os.PathLike[str] | None = None
     user: str | None = None
     private_key: str | os.PathLike[str] | None = None
+
+    @classmethod
+    def of(
+        cls, inventory: str | os.PathLike[str] | None, given: Mapping[str, Any], *also: str
+    ) -> HostKeywords:
+        """``inventory`` and the host keywords ``given``; an unknown keyword is refused
+        with the closest of these and ``also`` (the calling function's own keywords)."""
+        unknown = [name for name in given if name not in HOST_OPTIONS]
+        if unknown:
+            words = [*HOST_OPTIONS, *also]
+            raise no_such(unknown[0], words, "keyword", ["inventory", *words])
+        return cls(inventory, **given)
 
     def target(self, variables: Mapping[str, Any] | None = None) -> Target:
         """The Target, with ``variables`` (settings the inventory sets) over extra_vars;

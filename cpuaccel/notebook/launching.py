@@ -29,7 +29,7 @@ from cpuaccel.api.keywords import check_switches
 from cpuaccel.api.launching import settle, start
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
-from cpuaccel.api.target import HostKeywords
+from cpuaccel.api.target import HOST_OPTIONS, HostKeywords
 from cpuaccel.config.settings import LaunchSettings, SecretEnv, Setting
 from cpuaccel.errors import CpuaccelError, PreflightError, UsageError
 from cpuaccel.executor import run_on_hosts
@@ -46,11 +46,6 @@ from cpuaccel.notebook.errors import JobError, RankError, ResultRefused
 from cpuaccel.visible import visible
 
 RANK_MODULE = "cpuaccel.notebook.rank"
-# The host keywords of cpuaccel.launch, given to target_of as they are.
-HOST_KEYWORDS = (
-    "limit", "extra_vars", "forks", "connect_timeout", "host_key_checking", "config",
-    "user", "private_key",
-)  # fmt: skip
 # Settings that would make the ranks run something else than the function.
 NOT_HERE = ("module", "no_python", "detach")
 READ_TIMEOUT = 30.0  # seconds one read of a rank's file may take
@@ -78,8 +73,8 @@ def launch_function(
             "while this call waits",
             hint="use cpuaccel.launch for a script, a module or a detached run",
         )
-    hosts = HostKeywords(inventory, **{k: settings[k] for k in HOST_KEYWORDS if k in settings})
-    run_settings = {k: v for k, v in settings.items() if k not in HOST_KEYWORDS}
+    hosts = HostKeywords.of(inventory, {k: settings[k] for k in HOST_OPTIONS if k in settings})
+    run_settings = {k: v for k, v in settings.items() if k not in HOST_OPTIONS}
     run_settings.update({k: v for k, v in (("nodes", nodes), ("ppn", ppn)) if v is not None})
     call = payload.dumps(payload.Call(fn, tuple(args), gather))  # before any node is asked
     sink = CellOutput(sys.stdout, sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,24 @@ def test_a_config_file_given_as_the_script_names_the_keywords(here: Path) -> Non
         "an inventory goes in inventory='hosts.yaml', a cpuaccel.yaml or Accelerate "
         "config in config='hosts.yaml'"
     )
+
+
+@pytest.mark.parametrize(
+    ("call", "word", "meant"),
+    [
+        (lambda: cpuaccel.check(limt="node1"), "limt", "limit"),
+        (lambda: cpuaccel.sync(privat_key="k"), "privat_key", "private_key"),
+        (lambda: cpuaccel.provision(become_usr="root"), "become_usr", "become_user"),
+        (lambda: cpuaccel.sync(exlude="*.log"), "exlude", "exclude"),
+    ],
+)
+def test_a_misspelt_keyword_of_check_sync_or_provision_gets_a_did_you_mean(
+    here: Path, call: Any, word: str, meant: str
+) -> None:
+    """The host keywords are one set (HostOptions) that every call takes beside its own;
+    a word that is neither is refused before anything is read or contacted."""
+    with pytest.raises(UsageError) as raised:
+        call()
+    assert raised.value.message == f"{word}=: no such keyword"
+    assert raised.value.hint is not None
+    assert raised.value.hint.startswith(f"did you mean {meant}=? the keywords are: inventory, ")
