@@ -49,24 +49,32 @@ class Run:
         data: dict[str, Any] = json.loads((self.run_dir / "run.json").read_text())
         return data
 
-    def ranks(self) -> dict[int, tuple[str, str]]:
-        """rank -> (host of its label, text) of the last labelled stdout line of each rank."""
-        found: dict[int, tuple[str, str]] = {}
+    def labelled(self) -> list[tuple[int, tuple[str, str]]]:
+        """(rank, (host of its label, text)) of every stdout line, in order; every
+        stdout line must carry a rank label."""
+        found = []
         for line in self.stdout.splitlines():
             match = LABELLED.match(line)
             assert match, f"unlabelled line {line!r} in\n{self}"
-            found[int(match[1])] = (match[2], match[3])
+            found.append((int(match[1]), (match[2], match[3])))
         return found
 
+    def ranks(self) -> dict[int, tuple[str, str]]:
+        """rank -> (host of its label, text) of the last labelled stdout line of each rank."""
+        return dict(self.labelled())
+
     def lines(self, rank: int) -> list[str]:
-        """What ``rank`` printed; every stdout line must carry a rank label."""
-        texts = []
-        for line in self.stdout.splitlines():
-            match = LABELLED.match(line)
-            assert match, f"unlabelled line {line!r} in\n{self}"
-            if int(match[1]) == rank:
-                texts.append(match[3])
-        return texts
+        """What ``rank`` printed."""
+        return [text for r, (_, text) in self.labelled() if r == rank]
+
+    def json_lines(self) -> dict[int, tuple[str, dict[str, Any]]]:
+        """rank -> (host of its label, the JSON object it printed) of the ranks that
+        printed a line starting with ``{``."""
+        return {
+            rank: (host, json.loads(text))
+            for rank, (host, text) in self.labelled()
+            if text.startswith("{")
+        }
 
 
 def make_project(tmp_path: Path, files: Mapping[str, str]) -> Path:

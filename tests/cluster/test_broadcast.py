@@ -102,6 +102,14 @@ def every_node_holds(cluster: Cluster, dest: str, files: dict[str, bytes]) -> No
         assert digests(cluster, node, dest) == want, node
 
 
+def scratch_project(scratch: Path) -> tuple[Path, dict[str, bytes], str]:
+    """A project in ``scratch``/proj (a large file among its files), its files, and
+    where the nodes get it."""
+    src = scratch / "proj"
+    src.mkdir()
+    return src, project(src), f"{WORKDIR}/{scratch.name}"
+
+
 def methods(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
     return {name: str(host["method"]) for name, host in report["hosts"].items()}
 
@@ -112,10 +120,7 @@ def methods(report: dict) -> dict[str, str]:  # type: ignore[type-arg]
 def test_sync_broadcasts_a_large_file_and_every_node_holds_its_bytes(
     cluster: Cluster, scratch: Path
 ) -> None:
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     report, stderr = sync(cluster, src, "--dest", dest)
     assert set(methods(report).values()) == {"broadcast+tar"}, report
     # through the chain: every hop's ssh came up, no node was served directly
@@ -139,10 +144,7 @@ def test_nodes_that_cannot_ssh_to_each_other_get_the_star_with_one_line(
         inventory = cluster.write_inventory(
             scratch / "inventory.yaml", ansible_ssh_private_key_file=str(hidden / "id")
         )
-        src = scratch / "proj"
-        src.mkdir()
-        files = project(src)
-        dest = f"{WORKDIR}/{scratch.name}"
+        src, files, dest = scratch_project(scratch)
         _, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
     finally:
         shutil.rmtree(hidden, ignore_errors=True)
@@ -160,10 +162,7 @@ def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
     inventory = cluster.write_inventory(
         scratch / "inventory.yaml", {"node3": {"cpuaccel_python": str(liar)}}
     )
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     report, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
     named = [line for line in stderr.splitlines() if "node3" in line and "sha256" in line]
     assert named, stderr
@@ -177,10 +176,7 @@ def test_a_node_that_reports_a_wrong_hash_is_named_and_served_directly(
 def test_a_symlinked_destination_file_is_replaced_never_written_through(
     cluster: Cluster, scratch: Path
 ) -> None:
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     outside = f"{NODE_DIR}/{scratch.name}"
     for node in NODES:
         made = cluster.exec(
@@ -228,10 +224,7 @@ def slow_links(cluster: Cluster, rate: str = "100mbit") -> Iterator[None]:
 def test_a_folder_where_a_file_goes_is_said_in_one_line_and_sync_replaces_it(
     cluster: Cluster, scratch: Path
 ) -> None:
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     made = cluster.exec("node2", ["mkdir", "-p", f"{dest}/data/weights.bin/inner"])
     assert made.returncode == 0, made.stderr
     report, stderr = sync(cluster, src, "--dest", dest)
@@ -342,10 +335,7 @@ def squat(cluster: Cluster, host: str) -> subprocess.Popen[str]:
 def test_connections_squatting_every_relay_do_not_stall_a_sync(
     cluster: Cluster, scratch: Path
 ) -> None:
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     squatters = [squat(cluster, host) for host in NODES]
     try:
         started = time.monotonic()
@@ -392,10 +382,7 @@ def test_a_relay_that_takes_no_feed_is_named_and_its_node_served_directly(
     inventory = cluster.write_inventory(
         scratch / "inventory.yaml", {"node2": {"cpuaccel_python": str(deaf_python(scratch))}}
     )
-    src = scratch / "proj"
-    src.mkdir()
-    files = project(src)
-    dest = f"{WORKDIR}/{scratch.name}"
+    src, files, dest = scratch_project(scratch)
     started = time.monotonic()
     report, stderr = sync(cluster, src, "--dest", dest, inventory=inventory)
     took = time.monotonic() - started

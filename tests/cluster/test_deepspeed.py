@@ -15,15 +15,13 @@ docs/compatibility.md shows.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, master_port
-from testsupport.runs import LABELLED, Run, cpuaccel_run, make_project
+from testsupport.runs import cpuaccel_run, make_project
 
 pytestmark = [
     pytest.mark.cluster,
@@ -78,17 +76,6 @@ print(json.dumps({
 """
 
 
-def printed(run: Run) -> dict[int, tuple[str, dict[str, Any]]]:
-    """rank label -> (host of the label, the JSON line that rank printed)."""
-    found: dict[int, tuple[str, dict[str, Any]]] = {}
-    for line in run.stdout.splitlines():
-        match = LABELLED.match(line)
-        assert match, f"unlabelled line {line!r}\n{run}"
-        if match[3].startswith("{"):
-            found[int(match[1])] = (match[2], json.loads(match[3]))
-    return found
-
-
 def test_deepspeed_zero2_on_cpu_trains_and_ends(cluster: Cluster, tmp_path: Path) -> None:
     extensions = {}
     for node in ("node1", "node2"):
@@ -103,7 +90,7 @@ def test_deepspeed_zero2_on_cpu_trains_and_ends(cluster: Cluster, tmp_path: Path
     )  # fmt: skip
     assert run.code == 0, run  # not 124: the run ended when the scripts did
     assert "completed: 4 rank(s) on 2 node(s)" in run.stderr, run
-    ranks = printed(run)
+    ranks = run.json_lines()
     assert sorted(ranks) == [0, 1, 2, 3], run
     for rank, (label_host, seen) in ranks.items():
         assert label_host == seen["host"] == f"node{rank // 2 + 1}", (rank, seen)

@@ -14,15 +14,13 @@ tell it the job's shape.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import TREE, TWO_BY_TWO, master_port
-from testsupport.runs import LABELLED, Run, cpuaccel_run, make_project
+from testsupport.runs import cpuaccel_run, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -122,17 +120,6 @@ print(json.dumps({
 """
 
 
-def printed(run: Run) -> dict[int, tuple[str, dict[str, Any]]]:
-    """rank label -> (host of the label, the JSON line that rank printed)."""
-    found: dict[int, tuple[str, dict[str, Any]]] = {}
-    for line in run.stdout.splitlines():
-        match = LABELLED.match(line)
-        assert match, f"unlabelled line {line!r}\n{run}"
-        if match[3].startswith("{"):
-            found[int(match[1])] = (match[2], json.loads(match[3]))
-    return found
-
-
 def test_lightning_ddp_finds_the_job_from_torchrun_s_variables(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
@@ -147,7 +134,7 @@ def test_lightning_ddp_finds_the_job_from_torchrun_s_variables(
         "--timeout", "120", "--env", f"PYTHONPATH={hide}:{tree}", "lightning_ddp.py",
     )  # fmt: skip
     assert run.code == 0, run
-    ranks = printed(run)
+    ranks = run.json_lines()
     assert sorted(ranks) == [0, 1, 2, 3], run
     for rank, (label_host, seen) in ranks.items():
         node = rank // 2

@@ -132,6 +132,18 @@ def unheard(cluster: Cluster, sender: str, receiver: str) -> Iterator[None]:
         subprocess.run(["ip", "-n", namespace, "rule", "del", "pref", "900"], check=True)
 
 
+@contextlib.contextmanager
+def kept_on_node2(cluster: Cluster, job: BackgroundRun, pids: list[int]) -> Iterator[str]:
+    """Node2 cut off until the run ends naming it, its ranks (``pids``) kept alive after
+    the link is back (the head's packets to node2 held back meanwhile): the run's id."""
+    with unheard(cluster, "node1", "node2"):
+        with link_down(cluster, "node2"):
+            run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+            assert "lost the connection to node2" in run.stderr, run
+        assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+        yield run.record()["run_id"]
+
+
 def rank_pids(job: BackgroundRun, node: str) -> list[int]:
     """The pids the ranks on `node` printed."""
     return [int(line.rsplit(" ", 1)[1]) for line in job.out if f" {node}] pid " in line]
@@ -165,12 +177,7 @@ def test_a_lost_nodes_ranks_are_ended_by_the_next_check_or_sync_of_it(
     before = set(cluster.pids("node2"))
     proj, job, pids = start(inventory, tmp_path)
     try:
-        with unheard(cluster, "node1", "node2"):
-            with link_down(cluster, "node2"):
-                run = job.finish(timeout=DEAD_NODE_BOUND + 30)
-                assert "lost the connection to node2" in run.stderr, run
-            run_id = run.record()["run_id"]
-            assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+        with kept_on_node2(cluster, job, pids) as run_id:
             started = time.monotonic()
             proc = cpuaccel(verb, "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
             seconds = time.monotonic() - started
@@ -219,12 +226,7 @@ def test_stop_of_a_run_that_lost_a_node_ends_the_ranks_the_node_kept(
     before = set(cluster.pids("node2"))
     proj, job, pids = start(inventory, tmp_path)
     try:
-        with unheard(cluster, "node1", "node2"):
-            with link_down(cluster, "node2"):
-                run = job.finish(timeout=DEAD_NODE_BOUND + 30)
-                assert "lost the connection to node2" in run.stderr, run
-            run_id = run.record()["run_id"]
-            assert all(alive(pid) for pid in pids), "the ranks were ended before: no test"
+        with kept_on_node2(cluster, job, pids) as run_id:
             proc = cpuaccel("stop", run_id, cwd=proj, env=ENV)
             assert proc.returncode == 0, proc
             assert f"{run_id}: had already ended (lost)" in proc.stdout, proc

@@ -13,6 +13,7 @@ test, as TREE does for `cpuaccel run`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import shutil
 import sys
@@ -28,6 +29,7 @@ from nbclient import NotebookClient
 
 from cpuaccel.testbed.cluster import Cluster
 from tests.cluster.fixtures import REPO, TREE, assert_nothing_left
+from tests.hostile.test_notebook_results import swapped_on_rank_one
 from testsupport.runs import ENV, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
@@ -197,22 +199,8 @@ def test_a_rank_that_raises_is_the_cells_error_with_its_traceback(
     assert "[rank 1 node2] ValueError: rank 1 is over the limit 7" in streams(cell, "stderr")
 
 
-SWAPS = """\
-def swapped(marker):
-    import os, time
-    rank = int(os.environ["RANK"])
-    if rank == 1 and os.fork() == 0:  # left behind: swaps the result once it is written
-        target = os.path.join(os.environ["CPUACCEL_RUN_DIR"], "notebook-result-1.pkl")
-        evil = b"cbuiltins\\nopen\\n(V" + marker.encode() + b"\\nVw\\ntR."
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not os.path.exists(target):
-            time.sleep(0.001)
-        with open(target + ".swap", "wb") as f:
-            f.write(evil)
-        os.replace(target + ".swap", target)
-        os._exit(0)
-    return rank
-"""
+# The hostile test's rank-1 swap, defined in the kernel as the user's cell would.
+SWAPS = inspect.getsource(swapped_on_rank_one) + "\n"
 
 
 def test_a_result_swapped_on_its_node_is_refused_never_unpickled(
@@ -221,10 +209,11 @@ def test_a_result_swapped_on_its_node_is_refused_never_unpickled(
     # rank 1's result file on node2 is replaced, after the rank wrote it, by a pickle
     # that would create the marker wherever it is loaded: the kernel refuses it unread
     marker = tmp_path / "unpickled"
+    call = f"cpuaccel.notebook.launch(swapped_on_rank_one, {str(marker)!r}, nodes=2, ppn=1"
     nb = notebook_of(
         SETUP,
-        SWAPS + f"cpuaccel.notebook.launch(swapped, {str(marker)!r}, nodes=2, ppn=1, gather=True)",
-        f"cpuaccel.notebook.launch(swapped, {str(marker)!r}, nodes=2, ppn=1)",
+        SWAPS + call + ", gather=True)",
+        call + ")",
     )
     run_notebook(nb, tmp_path, inventory)
     [error] = errors(nb.cells[1])
