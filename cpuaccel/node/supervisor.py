@@ -578,6 +578,10 @@ def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[
     return [p.to_json(now) for p in found.stuck_first()]
 
 
+# The endings the supervisor decides itself, each with its fixed exit code.
+_FIXED = frozenset(e.word for e in (INTERRUPTED, TERMINATED, TIMEOUT, HANG, RENDEZVOUS))
+
+
 def _outcome(  # noqa: PLR0913
     reason: str | None,
     launcher_exit: int | None,
@@ -590,11 +594,7 @@ def _outcome(  # noqa: PLR0913
     met: dict[str, Any] | None = None,
 ) -> Outcome:
     first = cause(output.failures)
-    if reason == "interrupted":
-        code, reason = EXIT_INTERRUPTED, "interrupted"
-    elif reason == "terminated":
-        code = EXIT_TERMINATED
-    elif reason in (TIMEOUT.word, HANG.word, RENDEZVOUS.word):
+    if reason in _FIXED:  # the supervisor's own ending: its code, whatever the ranks did
         code = exit_code(reason)
     elif lost and (reason == "lost" or launcher_exit != 0):
         # Ranks on the other nodes fail because one was lost: name the cause.
@@ -861,8 +861,7 @@ def _wait(settings: Settings) -> bool:
 def _stopped(outcome: Outcome, reason: str, settings: Settings) -> Outcome:
     """Ctrl-C or SIGTERM between attempts: the job is already ended everywhere."""
     settings.say("warning", f"{reason} before the restart: no further attempt")
-    code = EXIT_INTERRUPTED if reason == "interrupted" else EXIT_TERMINATED
-    return dataclasses.replace(outcome, exit_code=code, reason=reason)
+    return dataclasses.replace(outcome, exit_code=exit_code(reason), reason=reason)
 
 
 # ---------------------------------------------------------------- a run
