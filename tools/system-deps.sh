@@ -43,6 +43,12 @@ command -v mpirun.mpich >/dev/null || need+=(mpich)
 command -v mpirun.openmpi >/dev/null || need+=(openmpi-bin)
 # provision's become test: a non-root SSH user whose sudo asks for a password.
 command -v sudo >/dev/null || need+=(sudo)
+# A C++ compiler and the Python headers: the worker's exit test builds a library that
+# leaves a native thread behind, and DeepSpeed builds its CPU op on first use
+# (`make test-clients`).
+command -v g++ >/dev/null || need+=(g++)
+"${PYTHON:-python3}" -c 'import os, sysconfig, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null \
+    || need+=(python3-dev)
 # The dashboard's page tests: a real headless browser (driven by playwright).
 command -v /usr/bin/chromium >/dev/null || need+=(chromium)
 # The Slurm tests: a real Slurm in the test cluster (cpuaccel/testbed/slurm.py starts its
