@@ -234,7 +234,7 @@ def _gather(
             from cpuaccel.history.records import RUNS
             from cpuaccel.history.teardown import end_leftovers
 
-            facts["swept"] = end_leftovers(conn, facts, Path.cwd() / RUNS)
+            facts["swept"] = end_leftovers(conn, facts["runs"], Path.cwd() / RUNS)
         if reach is not None and conn.opens_lazily:
             reach.connected(conn)
         if pool is not None and keep is not None and conn.host.name != keep:

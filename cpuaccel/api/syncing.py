@@ -148,7 +148,7 @@ def _end_leftovers(
             ]
         else:
             try:
-                said = end_leftovers(pool.get(r.host), {"runs": r.value.runs}, runs)
+                said = end_leftovers(pool.get(r.host), r.value.runs, runs)
             except HostError as exc:
                 said = [f"could not end an ended run's processes: {exc}"]
         r.value.swept = said

@@ -65,13 +65,14 @@ def ended_runs(found: Any, runs: Path) -> list[tuple[str, str]]:
     return ended
 
 
-def end_leftovers(conn: Connector, facts: dict[str, Any], runs: Path) -> list[str]:
-    """End, on the node of ``conn``, the processes of every run its fact probe found
-    there (facts' ``runs``) that this controller recorded in ``runs`` as ended: a node
-    lost mid-run keeps its ranks until it is reached again. One line for each run ended
-    (the run, its state, the pids); runs unknown here, or running, are left alone."""
+def end_leftovers(conn: Connector, found: Any, runs: Path) -> list[str]:
+    """End, on the node of ``conn``, the processes of every run the node reported
+    (``found``: its fact probe's or its sync look's ``runs``) that this controller
+    recorded in ``runs`` as ended: a node lost mid-run keeps its ranks until it is
+    reached again. One line for each run ended (the run, its state, the pids); runs
+    unknown here, or running, are left alone."""
     said: list[str] = []
-    for run_id, state in ended_runs(facts.get("runs"), runs):
+    for run_id, state in ended_runs(found, runs):
         answer = programs.call(
             conn, "jobctl", ["end", run_id, "2"],
             what="ending an ended run's processes", timeout=TEARDOWN,

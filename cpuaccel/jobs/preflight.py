@@ -136,7 +136,7 @@ def run_preflight(  # noqa: PLR0913
         if runs is not None and state.facts.get("runs"):
             from cpuaccel.history.teardown import end_leftovers
 
-            state.swept = end_leftovers(conn, state.facts, runs)
+            state.swept = end_leftovers(conn, state.facts.get("runs"), runs)
         return state
 
     def _probe(conn: Connector) -> NodeState:
