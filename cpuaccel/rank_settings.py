@@ -11,6 +11,8 @@ every rank after the job started. No torch here: the CLI imports it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from cpuaccel.errors import SettingError
 
 ATTENTION_ENV = "CPUACCEL_ATTENTION"
@@ -146,3 +148,18 @@ def check(name: str, value: str, origin: str) -> None:
     problem = value_problem(name, value)
     if problem is not None:
         raise SettingError(f"{origin}: {problem}")
+
+
+def forced_value(
+    name: str, argument: str, requested: str | None, environ: Mapping[str, str]
+) -> tuple[str | None, str]:
+    """(value, origin) of what forces variable ``name`` in a rank: init's ``argument``
+    (``requested``) over ``$NAME``, checked (:func:`check`) and lower-cased; the value is
+    None when neither is given. The origin is what an error about the value names."""
+    value, origin = requested, f"init({argument}=...)"
+    if not value and environ.get(name):
+        value, origin = environ[name], f"${name}"
+    if not value:
+        return None, origin
+    check(name, value, origin)
+    return value.strip().lower(), origin

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from cpuaccel.rank_settings import BACKEND_ENV, check
+from cpuaccel.rank_settings import BACKEND_ENV, forced_value
 
 CCL_MODULE = "oneccl_bindings_for_pytorch"
 CCL_DISTS = ("oneccl_bind_pt", "oneccl-bind-pt")
@@ -103,12 +103,8 @@ def choose_backend(
     A forced ``ccl`` imports the bindings (that registers the backend with torch) and
     fails loudly when they are unusable; a forced ``mpi`` needs a torch built with MPI.
     """
-    forced, source = requested, "init(backend=...)"
-    if not forced and environ.get(BACKEND_ENV):
-        forced, source = environ[BACKEND_ENV], f"${BACKEND_ENV}"
-    if forced:
-        check(BACKEND_ENV, forced, source)
-        forced = forced.strip().lower()
+    forced, source = forced_value(BACKEND_ENV, "backend", requested, environ)
+    if forced is not None:
         if forced == "ccl":
             ccl = find_extension(CCL_MODULE, CCL_DISTS, torch_version)
             if not ccl.usable:

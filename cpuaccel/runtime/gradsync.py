@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
-from cpuaccel.rank_settings import GRAD_REDUCE_ENV, GRAD_SYNC_ENV, check
+from cpuaccel.rank_settings import GRAD_REDUCE_ENV, GRAD_SYNC_ENV, check, forced_value
 from cpuaccel.runtime.env import DistEnv
 
 # Buckets of these dtypes go to MPI as they are (numpy and MPI have them).
@@ -265,12 +265,7 @@ def choose_grad_sync(requested: str | None, env: DistEnv, environ: Mapping[str, 
     ``requested`` (init's argument) wins over $CPUACCEL_GRAD_SYNC; a forced ``mpi``
     that cannot work is an error, not a silent fallback.
     """
-    forced, source = requested, "init(grad_sync=...)"
-    if not forced and environ.get(GRAD_SYNC_ENV):
-        forced, source = environ[GRAD_SYNC_ENV], f"${GRAD_SYNC_ENV}"
-    if forced:
-        check(GRAD_SYNC_ENV, forced, source)
-        forced = forced.strip().lower()
+    forced, source = forced_value(GRAD_SYNC_ENV, "grad_sync", requested, environ)
     if env.world_size == 1:
         return SyncChoice("none", "a single process has no gradients to sync")
     if forced == "pg":
