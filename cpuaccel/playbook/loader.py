@@ -16,6 +16,7 @@ from typing import Any
 
 from cpuaccel import templating
 from cpuaccel.errors import PlaybookError
+from cpuaccel.inventory.variables import parse_bool
 from cpuaccel.playbook import become as becoming
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook import subset, templar
@@ -153,7 +154,7 @@ class _Reader:
         template) is refused rather than taken as true."""
         if key not in raw:
             return default
-        value = subset.boolean(raw[key])
+        value = parse_bool(raw[key])
         if value is None:
             raise self.error(
                 f"{label}: {key}: takes true or false, got {raw[key]!r}",

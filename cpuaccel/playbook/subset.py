@@ -8,8 +8,6 @@ ignored; docs/provision.md's "Playbook subset" table is this module in prose.
 
 from __future__ import annotations
 
-from typing import Any
-
 PLAY_KEYS = frozenset({"name", "hosts", "vars", "tasks", "gather_facts", "tags"})
 TASK_KEYS = frozenset(
     {
@@ -108,9 +106,6 @@ TASK_ONLY = frozenset(
     {"environment", "check_mode", "ignore_errors", "run_once", "timeout", "when", "register"}
 )
 
-_TRUE = {"true", "yes", "on", "y", "t", "1"}
-_FALSE = {"false", "no", "off", "n", "f", "0"}
-
 
 def refusal(key: str, *, on_play: bool) -> tuple[str, str] | None:
     """(message, hint) when ``key`` is an Ansible keyword outside the subset."""
@@ -127,19 +122,4 @@ def refusal(key: str, *, on_play: bool) -> tuple[str, str] | None:
         )
     if on_play and key in TASK_ONLY:
         return f"{key}: cpuaccel takes it on tasks, not on plays", f"set '{key}:' on each task"
-    return None
-
-
-def boolean(value: Any) -> bool | None:
-    """Ansible's reading of a boolean keyword (``yes``, ``off``, ``1`` ...); None when
-    ``value`` is none of them (then the loader refuses it: ``bool("no")`` is True)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    text = str(value).strip().lower() if isinstance(value, str) else None
-    if text in _TRUE:
-        return True
-    if text in _FALSE:
-        return False
     return None
