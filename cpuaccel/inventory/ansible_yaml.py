@@ -146,18 +146,28 @@ class _Walker:
             )
         return value
 
-    def parse_hosts(self, group: GroupDraft, node: Node) -> None:
+    def mapping_pairs(
+        self, node: Node, what: str, holds: str, hint: str
+    ) -> list[tuple[str, int, Node]]:
+        """The (key, line, value) pairs of ``node``, a mapping of ``holds`` (none when it
+        is empty); any other value is an error naming its line, with ``hint``."""
         if is_null(node):
-            return
+            return []
         if not isinstance(node, MappingNode):
             raise self.error(
-                f"the hosts of group {group.name!r} must be a mapping of host names, "
-                f"got {kind(node)}",
-                line_of(node),
-                "write each host on its own indented line as a key ending in ':' (node1:), "
-                "not as a list item (- node1)",
+                f"{what} must be a mapping of {holds}, got {kind(node)}", line_of(node), hint
             )
-        for key, line, value in self.yaml.pairs(node, f"the hosts of group {group.name!r}"):
+        return self.yaml.pairs(node, what)
+
+    def parse_hosts(self, group: GroupDraft, node: Node) -> None:
+        hosts = self.mapping_pairs(
+            node,
+            f"the hosts of group {group.name!r}",
+            "host names",
+            "write each host on its own indented line as a key ending in ':' (node1:), "
+            "not as a list item (- node1)",
+        )
+        for key, line, value in hosts:
             try:
                 names, port = parse_host_key(key)
             except InventoryError as exc:
@@ -190,16 +200,13 @@ class _Walker:
                 self.built.add_host(group, name, host_vars, origins)
 
     def parse_children(self, group: GroupDraft, node: Node) -> None:
-        if is_null(node):
-            return
-        if not isinstance(node, MappingNode):
-            raise self.error(
-                f"the children of group {group.name!r} must be a mapping of group names, "
-                f"got {kind(node)}",
-                line_of(node),
-                "write each child group as a key ending in ':' (web:), not as a list item",
-            )
-        for name, line, value in self.yaml.pairs(node, f"the children of group {group.name!r}"):
+        children = self.mapping_pairs(
+            node,
+            f"the children of group {group.name!r}",
+            "group names",
+            "write each child group as a key ending in ':' (web:), not as a list item",
+        )
+        for name, line, value in children:
             if name in GROUP_KEYS or name == "all":
                 raise self.error(
                     f"{name!r} cannot be a child group of {group.name!r}",
@@ -215,15 +222,10 @@ class _Walker:
     def read_vars(self, node: Node, what: str) -> tuple[dict[str, Any], dict[str, Origin]]:
         values: dict[str, Any] = {}
         origins: dict[str, Origin] = {}
-        if is_null(node):
-            return values, origins
-        if not isinstance(node, MappingNode):
-            raise self.error(
-                f"{what} must be a mapping of NAME: value, got {kind(node)}",
-                line_of(node),
-                "write one 'NAME: value' per line, indented under the key",
-            )
-        for name, line, value in self.yaml.pairs(node, what):
+        written = self.mapping_pairs(
+            node, what, "NAME: value", "write one 'NAME: value' per line, indented under the key"
+        )
+        for name, line, value in written:
             if not name.isidentifier():
                 raise self.error(
                     f"invalid variable name {name!r} in {what}",
