@@ -28,7 +28,7 @@ from __future__ import annotations
 import ipaddress
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cpuaccel.facts.gather import Facts
@@ -229,13 +229,8 @@ class NodeChoice:
     why: str
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "interface": self.interface,
-            "prefix": self.prefix,
-            "mtu": self.mtu,
-            "why": self.why,
-        }
+        """Every field but the host, the key the job's nodes are filed under."""
+        return {name: value for name, value in asdict(self).items() if name != "host"}
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from cpuaccel.facts.problems import ERROR, NOTE
 from cpuaccel.inventory.host import Host
-from cpuaccel.network.choice import JobNetwork, Wanted, choose, of_facts, wanted_on
+from cpuaccel.network.choice import JobNetwork, NodeChoice, Wanted, choose, of_facts, wanted_on
 
 LO = ("lo", ["127.0.0.1/8"])
 
@@ -315,3 +315,14 @@ def test_the_flag_wins_over_every_host_then_a_host_s_own_then_the_run_s() -> Non
         "10.1.0.0/16", "cpuaccel.yaml:2"
     )
     assert wanted_on(plain, None, None, flag=False) is None
+
+
+def test_a_node_s_choice_as_json_is_its_fields_but_the_host_in_order() -> None:
+    chosen = NodeChoice("n1", "10.0.0.1", "eth1", 24, None, "the only address")
+    assert list(chosen.to_json().items()) == [
+        ("address", "10.0.0.1"),
+        ("interface", "eth1"),
+        ("prefix", 24),
+        ("mtu", None),
+        ("why", "the only address"),
+    ]
