@@ -115,13 +115,7 @@ class RankRendezvous:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "host": self.host,
-            "joined": self.joined,
-            "state": self.state,
-            "error": self.error,
-        }
+        return {name: getattr(self, name) for name in ("rank", "host", "joined", "state", "error")}
 
 
 class RendezvousTracker:

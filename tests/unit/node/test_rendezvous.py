@@ -132,6 +132,7 @@ def test_the_report_names_the_joined_and_the_first_collective_unfinished() -> No
         "rank": 1, "host": "n1", "joined": True, "state": "joined",
         "error": "RuntimeError: barrier failed",
     }  # fmt: skip
+    assert list(doc["ranks"][1]) == ["rank", "host", "joined", "state", "error"]
 
 
 def test_the_detached_supervisor_ends_a_job_whose_ranks_never_all_join(tmp_path: Path) -> None:
