@@ -6,6 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# The fields of sync --json's host object, in its order. Not shown: the mismatches (they
+# make the sync's error) and the runs found (what of them was ended is ``swept``).
+_JSON_KEYS = ("dest", "changed", "deleted", "added", "bytes", "method", "shared_with", "in_sync")
+
 
 @dataclass
 class NodeReport:
@@ -27,14 +31,6 @@ class NodeReport:
     swept: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "dest": self.dest,
-            "changed": self.changed,
-            "deleted": self.deleted,
-            "added": self.added,
-            "bytes": self.bytes,
-            "method": self.method,
-            "shared_with": self.shared_with,
-            "in_sync": self.in_sync,
-            **({"swept": self.swept} if self.swept else {}),
-        }
+        """sync --json's host object: ``_JSON_KEYS``, then ``swept`` when any run was."""
+        shown = {name: getattr(self, name) for name in _JSON_KEYS}
+        return {**shown, "swept": self.swept} if self.swept else shown
