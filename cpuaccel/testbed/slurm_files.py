@@ -26,48 +26,32 @@ MUNGE_USER = "munge"
 LIBPMI2 = Path("/usr/lib/x86_64-linux-gnu/libpmi2.so.0")
 
 
+class _Below:
+    """A BedPaths attribute: the path ``parts`` below the bed's root."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, paths: BedPaths, owner: type[BedPaths] | None = None) -> Path:
+        return paths.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class BedPaths:
     """Where one bed keeps its files (all below ``root``, removed by ``down``)."""
 
     root: Path
 
-    @property
-    def conf(self) -> Path:
-        return self.root / "slurm.conf"
-
-    @property
-    def dbd_conf(self) -> Path:
-        # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF.
-        return self.root / "slurmdbd.conf"
-
-    @property
-    def munge_dir(self) -> Path:
-        return self.root / "munge"
-
-    @property
-    def munge_socket(self) -> Path:
-        return self.munge_dir / "munge.socket"
-
-    @property
-    def munge_key(self) -> Path:
-        return self.munge_dir / "munge.key"
-
-    @property
-    def pids_file(self) -> Path:
-        return self.root / "pids.json"
-
-    @property
-    def ctld_state(self) -> Path:
-        return self.root / "ctld"
-
-    @property
-    def db_dir(self) -> Path:
-        return self.root / "db"
-
-    @property
-    def db_socket(self) -> Path:
-        return self.root / "mysqld.sock"
+    conf = _Below("slurm.conf")
+    # slurmdbd has no -f: it reads slurmdbd.conf beside $SLURM_CONF.
+    dbd_conf = _Below("slurmdbd.conf")
+    munge_dir = _Below("munge")
+    munge_socket = _Below("munge", "munge.socket")
+    munge_key = _Below("munge", "munge.key")
+    pids_file = _Below("pids.json")
+    ctld_state = _Below("ctld")
+    db_dir = _Below("db")
+    db_socket = _Below("mysqld.sock")
 
     def log(self, daemon: str) -> Path:
         """The log of a daemon: ``munged``, ``slurmctld``, ``slurmd-node1``, ..."""
