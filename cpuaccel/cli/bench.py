@@ -6,6 +6,7 @@ link."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -13,7 +14,7 @@ import click
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues, Seconds
 from cpuaccel.api.target import Target
-from cpuaccel.cli.options import host_options, list_hosts_and_exit, setting_options
+from cpuaccel.cli.options import F, host_options, list_hosts_and_exit, setting_options
 from cpuaccel.config.settings import BENCH
 from cpuaccel.errors import UsageError
 from cpuaccel.netbench.launching import Options, report_of, run_bench
@@ -66,6 +67,11 @@ class Size(click.ParamType):  # type: ignore[type-arg]
         return size
 
 
+def _size_option(flag: str, default: str, help_text: str) -> Callable[[F], F]:
+    """An option taking a message size (:class:`Size`), its default shown in --help."""
+    return click.option(flag, type=Size(), default=default, show_default=True, help=help_text)
+
+
 @click.group()
 def bench_command() -> None:
     """Measure the nodes: bench net measures the network between them."""
@@ -74,20 +80,8 @@ def bench_command() -> None:
 @bench_command.command("net", epilog=NET_EPILOG)
 @setting_options(BENCH)
 @host_options(settles_hosts=True)
-@click.option(
-    "--max-size",
-    type=Size(),
-    default="64M",
-    show_default=True,
-    help="The allreduce sweep's largest message (bytes; K, M, G: 1024s).",
-)
-@click.option(
-    "--pair-size",
-    type=Size(),
-    default="16M",
-    show_default=True,
-    help="The message of each pair's bandwidth.",
-)
+@_size_option("--max-size", "64M", "The allreduce sweep's largest message (bytes; K, M, G: 1024s).")
+@_size_option("--pair-size", "16M", "The message of each pair's bandwidth.")
 @click.option(
     "--iters",
     type=click.IntRange(3, 10_000),
