@@ -62,6 +62,7 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
     "default",
 )
 DEFAULT_MASTER_PORT = 29500
+MASTER_PORTS = WholeNumber(1, 65535)  # master_port's kind (Accelerate's main_process_port too)
 DEFAULT_CCL_WORKERS = 1
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0  # seconds: torch's own default waits 30 minutes
 DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
@@ -360,7 +361,7 @@ TABLE: tuple[Entry, ...] = (
     ),
     Entry(
         "master_port",
-        WholeNumber(1, 65535),
+        MASTER_PORTS,
         "the rendezvous port on the head node",
         label="master port",
         flag=Flag(
