@@ -4,10 +4,13 @@ one frozen object holding every value with its source.
 ``TABLE`` is to cpuaccel's run settings what an Ansible module's argument spec is to its
 parameters: each entry says what the setting is (its kind and check), how it is given (a
 flag of run, submit, tune or ``config show``, with the spellings Accelerate and torchrun
-users type; a project-file key; the head node's inventory variables), what it defaults
-to, and whether ``config show`` prints it. Everything else is derived from it: the click
-options (``cli/options.py``), the project file's keys and checks (``config/project.py``),
-``config.effective.resolve``, ``config show``'s rows and the settings table of
+users type; a project-file key; the head node's inventory variables; the questionnaire's
+question), what it defaults to, the variables every rank gets it as, and whether
+``config show`` prints it. Everything else is derived from it: the click options
+(``cli/options.py``), the project file's keys and checks (``config/project.py``), the
+checks of its inventory variables on every host (``INVENTORY_VARIABLES``),
+``config.effective.resolve``, the ranks' variables (``rank_env``, for jobs/plan.py),
+the questionnaire's questions, ``config show``'s rows and the settings table of
 docs/run.md (``config/settings_doc.py``).
 
 ``config.effective.resolve`` builds a ``LaunchSettings``; ``jobs.plan.build_plan`` reads
@@ -551,7 +554,7 @@ TABLE: tuple[Entry, ...] = (
         ),
         verbs=_ALL,
         key="max_restarts",
-        env=(MAX_RESTARTS_ENV,),
+        env=(MAX_RESTARTS_ENV,),  # torchrun's; the worker sets the rest
         default=0,
         note="a failed job is not restarted",
         shown=True,
