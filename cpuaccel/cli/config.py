@@ -11,19 +11,18 @@ from typing import Any
 import click
 
 from cpuaccel import ui
-from cpuaccel.api.keywords import FlagValues
+from cpuaccel.api.keywords import FlagValues, click_type
 from cpuaccel.api.target import Target, warn
 from cpuaccel.cli.options import EPILOG as ALIASES_EPILOG
 from cpuaccel.cli.options import (
-    PRECISION_CHOICES,
     host_options,
     list_hosts_and_exit,
     setting_options,
 )
-from cpuaccel.config.project import LAUNCHERS, ProjectConfig
+from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import load_config
 from cpuaccel.config.questionnaire import Answers, run_questionnaire
-from cpuaccel.config.settings import SHOW, TABLE
+from cpuaccel.config.settings import BY_NAME, LAUNCHER_CHOICES, SHOW, TABLE
 from cpuaccel.config.writer import default_paths, inventory_text, project_text, write_files
 from cpuaccel.errors import InventoryError, UsageError
 from cpuaccel.inventory.hostfile import looks_like_hostfile
@@ -138,16 +137,20 @@ def _confirm(path: Path) -> bool:
 @click.option("--key", "old_key", metavar="FILE", hidden=True)  # the earlier spelling
 @click.option("--ppn", type=click.IntRange(1, 1024), help="Processes per machine.")
 @click.option("--head", metavar="HOST", help="The main node (default: the first host).")
-@click.option("--master-port", type=click.IntRange(1, 65535), help="Port of the main process.")
+@click.option(
+    "--master-port", type=click_type(BY_NAME["master_port"], SHOW), help="Port of the main process."
+)
 @click.option(
     "--launcher",
-    type=click.Choice(LAUNCHERS),
+    type=click.Choice(LAUNCHER_CHOICES),
     help="MPI launcher (auto: the head node's, from its facts).",
 )
-@click.option("--ccl-workers", type=click.IntRange(0, 64), help="oneCCL worker threads.")
+@click.option(
+    "--ccl-workers", type=click_type(BY_NAME["ccl_workers"], SHOW), help="oneCCL worker threads."
+)
 @click.option(
     "--mixed-precision",
-    type=click.Choice(PRECISION_CHOICES, case_sensitive=False),
+    type=click_type(BY_NAME["mixed_precision"], SHOW),
     help="auto, bf16, or fp32 (= no).",
 )
 @click.option(

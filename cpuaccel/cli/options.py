@@ -35,7 +35,6 @@ from cpuaccel.config.settings import (
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import DEFAULT_FORKS
-from cpuaccel.inventory import variables
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:  # runs.records reads Slurm's queue: only ps, logs and fetch need it
@@ -277,7 +276,6 @@ def list_hosts_and_exit(target: Target, names: Sequence[str]) -> None:
 # options through (everything after SCRIPT is the script's), so an option it does not
 # know, typed before SCRIPT, would otherwise be taken as the script.
 
-PRECISION_CHOICES = variables.PRECISION_CHOICES  # the same words in config and run
 _EPILOG_COLUMN = 28
 
 

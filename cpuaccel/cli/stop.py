@@ -12,7 +12,7 @@ from cpuaccel import ui
 from cpuaccel.api import run_handle
 from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options
-from cpuaccel.config.settings import FLAG
+from cpuaccel.config.settings import FLAG, INVENTORY_VARIABLES
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS
 from cpuaccel.history import teardown as engine
 from cpuaccel.history.records import load
@@ -107,4 +107,5 @@ def run_hosts(target: Target, record: dict[str, Any]) -> list[Host]:
     given = target.inventory_setting is not None and target.inventory_setting.source == FLAG
     if not given and record.get("inventory"):
         inventory = Inventory.load(str(record["inventory"]), target.cli_vars)
+        inventory = inventory.check_declared(INVENTORY_VARIABLES)
     return run_handle.run_hosts(inventory.hosts, record, inventory.source or "")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cpuaccel.config.project import Field, ProjectConfig
+from cpuaccel.config.settings import DEFAULT_MASTER_PORT, MASTER_PORTS
 from cpuaccel.errors import InventoryError, ProjectFileError
 from cpuaccel.inventory import hostfile
 
@@ -161,10 +162,14 @@ def _settings(
             )
         config.set("mixed_precision", value, precision.line, "mixed_precision")
 
-    port = _number(fields, "main_process_port", source)
+    port = _number(fields, "main_process_port", source, low=MASTER_PORTS.low)
     if port is not None:
-        if port > 65535:
-            raise fail("main_process_port", f"{port} is not a port", "use 1 to 65535, e.g. 29500")
+        if MASTER_PORTS.high is not None and port > MASTER_PORTS.high:
+            raise fail(
+                "main_process_port",
+                f"{port} is not a port",
+                f"use {MASTER_PORTS.low} to {MASTER_PORTS.high}, e.g. {DEFAULT_MASTER_PORT}",
+            )
         config.set("master_port", port, fields["main_process_port"].line, "main_process_port")
 
     threads = _number(fields, "num_cpu_threads_per_process", source)

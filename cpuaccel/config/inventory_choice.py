@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cpuaccel.config.project import ProjectConfig
-from cpuaccel.config.settings import DEFAULT, ENVIRONMENT, FLAG, PROJECT, Setting
+from cpuaccel.config.settings import (
+    DEFAULT,
+    ENVIRONMENT,
+    FLAG,
+    INVENTORY_VARIABLES,
+    PROJECT,
+    Setting,
+)
 from cpuaccel.inventory import groupvars
 from cpuaccel.inventory.inventory import DEFAULT_FILE, ENV_VAR, Inventory, is_host_list
 from cpuaccel.inventory.slurm_source import is_slurm_source, slurm_builder
@@ -33,7 +40,10 @@ class InventoryChoice:
     slurm: Allocation | None = None  # the allocation's nodes, not a file
 
     def load(self, extra_vars: Mapping[str, Any] | None = None) -> Inventory:
-        """The chosen inventory, read (with -e on top)."""
+        """The chosen inventory, read (with -e on top), the settings' variables checked."""
+        return self._read(extra_vars).check_declared(INVENTORY_VARIABLES)
+
+    def _read(self, extra_vars: Mapping[str, Any] | None) -> Inventory:
         if self.slurm is not None:
             from cpuaccel.slurm import allocation
 

@@ -17,12 +17,10 @@ from yaml.nodes import MappingNode, ScalarNode
 
 from cpuaccel.config.settings import TABLE
 from cpuaccel.errors import InventoryError, ProjectFileError
-from cpuaccel.inventory import variables
 from cpuaccel.inventory.slurm_source import PREFIX as SLURM_PREFIX
 from cpuaccel.yamlsource import YamlReader, line_of
 
 PROJECT_FILE = "cpuaccel.yaml"
-LAUNCHERS = variables.LAUNCHER_CHOICES  # the same words as cpuaccel_launcher
 # The key written in the file -> what it means (the hint of a bad value), and its check:
 # the keys of the settings table (config/settings.py), in its order.
 KEYS: dict[str, str] = {entry.key: entry.help for entry in TABLE if entry.key is not None}

@@ -20,17 +20,22 @@ from typing import Any
 
 import click
 
-from cpuaccel.config.project import LAUNCHERS
+from cpuaccel.config.kinds import OneOf, WholeNumber
+from cpuaccel.config.settings import BY_NAME, INVENTORY_VARIABLES, Entry
 from cpuaccel.errors import CpuaccelError, InventoryError, UsageError
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.hostfile import looks_like_hostfile
 from cpuaccel.inventory.inventory import Inventory
-from cpuaccel.inventory.variables import LAUNCHER_WORDS
 from cpuaccel.sourcefile import read_source
 
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9\-]{0,61}[A-Za-z0-9])?)*$"
 )
+
+
+# The run settings asked under "Processes", in this order: each entry's question
+# (config/settings.py) is the Answers field of its name.
+SETTINGS_ASKED = ("master_port", "launcher", "ccl_workers", "mixed_precision")
 
 
 @dataclass
@@ -124,7 +129,7 @@ def check_source(text: str) -> str:
     if not Path(text).is_file():
         raise ValueError(f"no file at {text} (leave empty to type the addresses)")
     try:
-        Inventory.load(text)
+        Inventory.load(text).check_declared(INVENTORY_VARIABLES)
     except CpuaccelError as exc:
         raise ValueError(str(exc)) from None
     return text
@@ -214,7 +219,7 @@ def _ask_machines(a: Answers, asker: Asker) -> bool:
             or None
         )
     if a.source:
-        inventory = Inventory.load(a.source)
+        inventory = Inventory.load(a.source).check_declared(INVENTORY_VARIABLES)
         text = read_source(a.source, InventoryError, "inventory file", "check the path")
         a.source_is_inventory = not looks_like_hostfile(text)
         a.hosts = a.hosts or list(inventory.hosts)
@@ -266,30 +271,23 @@ def _ask_processes(a: Answers, asker: Asker, multi: bool) -> None:
                 "--head",
             )
         )
-    if a.master_port is None:
-        a.master_port = asker.ask(
-            "Port of the main process", 29500, check_int(1, 65535), "--master-port"
-        )
-    if a.launcher is None:
-        a.launcher = asker.ask(
-            f"Which MPI launches the job? ({LAUNCHER_WORDS}; auto = the head node's, "
-            "impi = Intel MPI)",
-            "auto",  # as `cpuaccel run` defaults: the MPI the head node has
-            check_choice(LAUNCHERS),
-            "--launcher",
-        )
-    if a.ccl_workers is None:
-        a.ccl_workers = asker.ask(
-            "How many oneCCL worker threads per process?", 1, check_int(0, 64), "--ccl-workers"
-        )
-    if a.mixed_precision is None:
-        a.mixed_precision = asker.ask(
-            "bf16 mixed precision or fp32? (auto = bf16 where the CPU has AMX or "
-            "AVX512-BF16, else fp32; bf16; fp32)",
-            "auto",
-            check_choice(("auto", "bf16", "fp32")),
-            "--mixed-precision",
-        )
+    for name in SETTINGS_ASKED:
+        if getattr(a, name) is None:
+            setattr(a, name, _ask_setting(BY_NAME[name], asker))
+
+
+def _ask_setting(entry: Entry, asker: Asker) -> Any:
+    """The settings table's question for ``entry``: its default (as `cpuaccel run`
+    takes it), checked by its kind's bounds or choices."""
+    question, kind = entry.question, entry.kind
+    check: Callable[[str], Any]
+    if question is not None and isinstance(kind, WholeNumber) and kind.high is not None:
+        check = check_int(kind.low, kind.high)
+    elif question is not None and isinstance(kind, OneOf):
+        check = check_choice(question.choices or kind.choices)
+    else:
+        raise TypeError(f"{entry.name}: no question of the questionnaire's kinds")
+    return asker.ask(question.text, entry.default, check, question.flag)
 
 
 def _ask_environment(a: Answers, asker: Asker, multi: bool) -> None:

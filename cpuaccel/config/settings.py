@@ -4,10 +4,13 @@ one frozen object holding every value with its source.
 ``TABLE`` is to cpuaccel's run settings what an Ansible module's argument spec is to its
 parameters: each entry says what the setting is (its kind and check), how it is given (a
 flag of run, submit, tune or ``config show``, with the spellings Accelerate and torchrun
-users type; a project-file key; the head node's inventory variables), what it defaults
-to, and whether ``config show`` prints it. Everything else is derived from it: the click
-options (``cli/options.py``), the project file's keys and checks (``config/project.py``),
-``config.effective.resolve``, ``config show``'s rows and the settings table of
+users type; a project-file key; the head node's inventory variables; the questionnaire's
+question), what it defaults to, the variables every rank gets it as, and whether
+``config show`` prints it. Everything else is derived from it: the click options
+(``cli/options.py``), the project file's keys and checks (``config/project.py``), the
+checks of its inventory variables on every host (``INVENTORY_VARIABLES``),
+``config.effective.resolve``, the ranks' variables (``rank_env``, for jobs/plan.py),
+the questionnaire's questions, ``config show``'s rows and the settings table of
 docs/run.md (``config/settings_doc.py``).
 
 ``config.effective.resolve`` builds a ``LaunchSettings``; ``jobs.plan.build_plan`` reads
@@ -42,6 +45,7 @@ from cpuaccel.config.kinds import (
 )
 from cpuaccel.inventory import variables
 from cpuaccel.inventory.host import DEFAULT_PYTHON, DEFAULT_WORKDIR, Host
+from cpuaccel.inventory.variables import Declared
 from cpuaccel.rank_settings import (
     BACKEND_ENV,
     DETERMINISTIC_ENV,
@@ -61,12 +65,18 @@ FLAG, PROJECT, INVENTORY, ENVIRONMENT, DEFAULT = (
     "default",
 )
 DEFAULT_MASTER_PORT = 29500
+MASTER_PORTS = WholeNumber(1, 65535)  # master_port's kind (Accelerate's main_process_port too)
 DEFAULT_CCL_WORKERS = 1
 DEFAULT_RENDEZVOUS_TIMEOUT = 120.0  # seconds: torch's own default waits 30 minutes
 DEFAULT_RESTART_DELAY = 3.0  # seconds between a failed attempt's end and the next's preflight
 MAX_RESTARTS = 1000  # a bound, so that a typo (30000) is caught
+LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
+# The list as prose, for cpuaccel.yaml's comment and the questionnaire.
+LAUNCHER_WORDS = ", ".join(LAUNCHER_CHOICES[:-1]) + " or " + LAUNCHER_CHOICES[-1]
 # cpuaccel_allocator: "auto" preloads whichever of them the node has (jobs/plan.py).
-ALLOCATOR_CHOICES = variables.ALLOCATOR_CHOICES  # declared with the inventory variable
+ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
+PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")
+_ENV_FIX = "write one NAME: value line per variable, e.g. cpuaccel_env: {FI_PROVIDER: tcp}"
 
 T = TypeVar("T")
 
@@ -155,6 +165,22 @@ class Flag:
         return (own[-1] if own else self.aliases[0]).split("/")[0]
 
 
+# When a setting's value reaches every rank as its ``env`` variables (``rank_env``).
+SET = "set"  # whenever it has a value
+GIVEN = "given"  # when given anywhere: its default is the runtime's own
+UNDER_USER = "under the user's"  # when it has a value, unless the user's env sets it
+
+
+@dataclass(frozen=True)
+class Question:
+    """The ``cpuaccel config`` questionnaire's question for a setting: the entry's
+    default and kind answer it and check the answer (config/questionnaire.py)."""
+
+    text: str
+    flag: str  # `cpuaccel config`'s option that answers it without asking
+    choices: tuple[str, ...] | None = None  # None: the kind's own
+
+
 @dataclass(frozen=True)
 class Entry:
     """One setting: every way it is given, and what it is when none is."""
@@ -167,12 +193,15 @@ class Entry:
     verbs: frozenset[str] = frozenset()  # the verbs whose options include the flag
     key: str | None = None  # the project file's key (cpuaccel.yaml)
     variables: tuple[str, ...] = ()  # the head node's inventory variables, first wins
+    fix: str | None = None  # the fix of a bad value of one (None: "fix the value of NAME")
     env: tuple[str, ...] = ()  # the variables the ranks get it as
+    env_when: str = SET  # SET, GIVEN or UNDER_USER
     default: Any = None
     note: str | None = None  # what the default means, when it is computed
     shown: bool = False  # a row of `config show`
     field: bool = True  # a field of LaunchSettings
     also: str | None = None  # docs: another way to give it, when it has no flag
+    question: Question | None = None  # `cpuaccel config` asks it
 
     def default_text(self) -> str:
         """The default as help and docs print it: the value, else the note."""
@@ -299,13 +328,14 @@ TABLE: tuple[Entry, ...] = (
         verbs=_verbs(RUN, TUNE, SHOW),
         key="ppn",
         variables=("cpuaccel_ppn", variables.SLOTS_VAR),
+        fix="write the ranks per node as a whole number, e.g. cpuaccel_ppn: 2",
         note="sockets per node, from the nodes' facts",
         shown=True,
     ),
     Entry(
         "launcher",
-        OneOf(variables.LAUNCHER_CHOICES),
-        variables.LAUNCHER_WORDS,
+        OneOf(LAUNCHER_CHOICES),
+        LAUNCHER_WORDS,
         label="launcher",
         flag=Flag(
             ("--launcher",),
@@ -326,10 +356,15 @@ TABLE: tuple[Entry, ...] = (
         default="auto",
         note="picked from the head node's MPI",
         shown=True,
+        question=Question(
+            f"Which MPI launches the job? ({LAUNCHER_WORDS}; auto = the head "
+            "node's, impi = Intel MPI)",
+            "--launcher",
+        ),
     ),
     Entry(
         "master_port",
-        WholeNumber(1, 65535),
+        MASTER_PORTS,
         "the rendezvous port on the head node",
         label="master port",
         flag=Flag(
@@ -345,6 +380,7 @@ TABLE: tuple[Entry, ...] = (
         env=("MASTER_PORT",),
         default=DEFAULT_MASTER_PORT,
         shown=True,
+        question=Question("Port of the main process", "--master-port"),
     ),
     # Each node's own address and interface on it: cpuaccel.network.choice. A host's own
     # cpuaccel_network (its host or group vars) wins over the run's, except --network.
@@ -362,12 +398,13 @@ TABLE: tuple[Entry, ...] = (
         verbs=_verbs(RUN, SUBMIT, TUNE, BENCH, SHOW),
         key="network",
         variables=("cpuaccel_network",),
+        fix="write a network in CIDR form or an interface name, e.g. cpuaccel_network: 10.1.0.0/16",
         note="each node's route to the head node",
         shown=True,
     ),
     Entry(
         "mixed_precision",
-        OneOf(variables.PRECISION_CHOICES, same={"fp32": "no"}),
+        OneOf(PRECISION_CHOICES, same={"fp32": "no"}),
         "auto, bf16 or no (fp32)",
         label="precision",
         flag=Flag(
@@ -380,10 +417,19 @@ TABLE: tuple[Entry, ...] = (
         verbs=_ALL,
         key="mixed_precision",
         variables=("cpuaccel_mixed_precision",),
+        # Accelerate scripts read the first, cpuaccel.init() the second; the values
+        # are the plan's (jobs/plan.choose_precision), and an --env of either wins.
         env=("ACCELERATE_MIXED_PRECISION", "CPUACCEL_MIXED_PRECISION"),
+        env_when=UNDER_USER,
         default="auto",
         note="bf16 if every node has AMX-BF16 or AVX512-BF16, else fp32",
         shown=True,
+        question=Question(
+            "bf16 mixed precision or fp32? (auto = bf16 where the CPU has AMX or "
+            "AVX512-BF16, else fp32; bf16; fp32)",
+            "--mixed-precision",
+            choices=("auto", "bf16", "fp32"),
+        ),
     ),
     Entry(
         "weights",
@@ -394,6 +440,7 @@ TABLE: tuple[Entry, ...] = (
         key="weights",
         variables=("cpuaccel_weights",),
         env=(WEIGHTS_ENV,),
+        env_when=GIVEN,
         default="fp32",
         shown=True,
     ),
@@ -404,10 +451,11 @@ TABLE: tuple[Entry, ...] = (
         label="oneCCL workers",
         key="ccl_workers",
         variables=("cpuaccel_ccl_workers",),
-        env=("CCL_WORKER_COUNT",),
+        env=("CCL_WORKER_COUNT",),  # with the ccl backend only (jobs/plan.py)
         default=DEFAULT_CCL_WORKERS,
         note="used with the ccl backend",
         shown=True,
+        question=Question("How many oneCCL worker threads per process?", "--ccl-workers"),
     ),
     Entry("hosts", Derived(), "the chosen hosts' names, head first", default=[], shown=True),
     Entry(
@@ -425,6 +473,8 @@ TABLE: tuple[Entry, ...] = (
         "the nodes' folder for code and runs",
         label="work folder on the nodes",
         variables=("cpuaccel_workdir",),
+        fix="give the nodes' work folder as an absolute path or one below ~/, e.g. "
+        "cpuaccel_workdir: /opt/cpuaccel/work",
         default=DEFAULT_WORKDIR,
         shown=True,
     ),
@@ -448,6 +498,7 @@ TABLE: tuple[Entry, ...] = (
         verbs=_ALL | _verbs(BENCH),
         key="env",
         variables=("cpuaccel_env",),
+        fix=_ENV_FIX,
         default={},
         shown=True,
     ),
@@ -503,7 +554,7 @@ TABLE: tuple[Entry, ...] = (
         ),
         verbs=_ALL,
         key="max_restarts",
-        env=(MAX_RESTARTS_ENV,),
+        env=(MAX_RESTARTS_ENV,),  # torchrun's; the worker sets the rest
         default=0,
         note="a failed job is not restarted",
         shown=True,
@@ -612,6 +663,7 @@ TABLE: tuple[Entry, ...] = (
         key="grad_reduce",
         variables=("cpuaccel_grad_reduce",),
         env=(GRAD_REDUCE_ENV,),
+        env_when=GIVEN,
         default="ordered",
         shown=True,
     ),
@@ -649,6 +701,7 @@ TABLE: tuple[Entry, ...] = (
         label="secret environment",
         also="`--env NAME` (a NAME with TOKEN, KEY, SECRET or PASSWORD)",
         variables=("cpuaccel_secret_env",),
+        fix=_ENV_FIX,
         default=SecretEnv(),
     ),
     Entry(
@@ -721,6 +774,11 @@ TABLE: tuple[Entry, ...] = (
     ),
 )
 BY_NAME: dict[str, Entry] = {entry.name: entry for entry in TABLE}
+# The settings' inventory variables, each checked by its entry's kind on every host when
+# an inventory is loaded (Inventory.check_declared), as the inventory's own variables are.
+INVENTORY_VARIABLES: dict[str, Declared] = {
+    var: Declared(entry.kind.check, entry.fix) for entry in TABLE for var in entry.variables
+}
 # What `config show` prints, in its order.
 SHOWN = tuple(entry.name for entry in TABLE if entry.shown and entry.field)
 
@@ -790,3 +848,30 @@ class LaunchSettings:
     def shown(self) -> dict[str, Setting[Any]]:
         """The rows of ``config show``, by name."""
         return {name: getattr(self, name) for name in SHOWN}
+
+
+def rank_env(
+    settings: LaunchSettings, decided: Mapping[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The variables the settings give every rank (each entry's ``env``), in the table's
+    order: those set beside cpuaccel's own, and those set under the user's variables
+    (UNDER_USER), which only a variable the user set leaves out.
+
+    ``decided`` holds, by setting name, what the plan settled from the settings and the
+    nodes' facts in place of the setting's value (the head's address, the backend); a
+    tuple gives each of the entry's variables its own value, and None sets none."""
+    beside: dict[str, str] = {}
+    under: dict[str, str] = {}
+    for entry in TABLE:
+        if not entry.env:
+            continue
+        setting: Setting[Any] = getattr(settings, entry.name)
+        if entry.env_when == GIVEN and setting.source == DEFAULT:
+            continue
+        value = decided.get(entry.name, setting.value)
+        values = value if isinstance(value, tuple) else (value,) * len(entry.env)
+        into = under if entry.env_when == UNDER_USER else beside
+        for name, item in zip(entry.env, values, strict=True):
+            if item is not None:
+                into[name] = ("1" if item else "0") if isinstance(item, bool) else str(item)
+    return beside, under

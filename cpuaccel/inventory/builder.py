@@ -13,14 +13,19 @@ vars, host_vars/<host> beside the inventory, beside the playbook, and -e last.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, NamedTuple
 
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.host import Host, ssh_options
-from cpuaccel.inventory.variables import VARIABLES, BadValue, hint_for, user_name_problem
+from cpuaccel.inventory.variables import (
+    VARIABLES,
+    Declared,
+    hint_for,
+    user_name_problem,
+)
 
 CONNECTIONS = ("ssh", "local", "paramiko", "smart", "slurm")  # slurm: connectors/srun.py
 PORT_VARS = ("ansible_port", "ansible_ssh_port")
@@ -274,6 +279,9 @@ class InventoryBuilder:
                 visit(name, [name])
 
 
+_OWN = {var: Declared(check) for var, check in VARIABLES.items()}
+
+
 def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) -> None:
     """Check the values a host ended up with, reporting where each bad one was written."""
 
@@ -283,9 +291,7 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
             f"host {host!r}: {message}", source=at.source, line=at.line, hint=hint
         )
 
-    for var, check in VARIABLES.items():
-        if merged.get(var) is not None:
-            _check_variable(host, var, merged[var], check, where)
+    check_declared(host, merged, where, _OWN)
     port_hint = "use an integer from 1 to 65535, e.g. ansible_port: 2222"
     for var in PORT_VARS:
         if merged.get(var) is not None and not _is_port(merged[var]):
@@ -322,18 +328,31 @@ def validate(host: str, merged: Mapping[str, Any], where: Mapping[str, Origin]) 
         )
 
 
-def _check_variable(
-    host: str, var: str, value: Any, check: Callable[[Any], Any], where: Mapping[str, Origin]
+def check_declared(
+    host: str,
+    merged: Mapping[str, Any],
+    where: Mapping[str, Origin],
+    declared: Mapping[str, Declared],
 ) -> None:
-    """``var``'s value against its declared type (inventory/variables.py); the error
-    names the line that wrote it (a bad key of a mapping: that key's line), or the -e."""
+    """The values a host ended up with of the ``declared`` variables, each against its
+    check; the error names the line that wrote it (a bad key of a mapping: that key's
+    line), or the -e."""
+    for var, declaration in declared.items():
+        if merged.get(var) is not None:
+            _check_variable(host, var, merged[var], declaration, where)
+
+
+def _check_variable(
+    host: str, var: str, value: Any, declared: Declared, where: Mapping[str, Origin]
+) -> None:
     try:
-        check(value)
-    except BadValue as exc:
+        declared.check(value)
+    except ValueError as exc:  # BadValue, or a setting kind's complaint
         at = where.get(var, Origin(None, None))
-        if exc.key is not None:
-            at = where.get(f"{var}.{exc.key}", at)
-        hint = exc.hint or hint_for(var)
+        key = getattr(exc, "key", None)
+        if key is not None:
+            at = where.get(f"{var}.{key}", at)
+        hint = getattr(exc, "hint", None) or declared.hint or hint_for(var)
         if at.source == EXTRA_VARS_SOURCE:
             raise InventoryError(f"-e {var}: {var} {exc}", hint=f"fix -e {var}: {hint}") from None
         raise InventoryError(

@@ -23,7 +23,13 @@ import yaml
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory import ansible_ini, groupvars
 from cpuaccel.inventory.ansible_yaml import read_inventory
-from cpuaccel.inventory.builder import EXTRA_VARS_SOURCE, Group, InventoryBuilder, Origin
+from cpuaccel.inventory.builder import (
+    EXTRA_VARS_SOURCE,
+    Group,
+    InventoryBuilder,
+    Origin,
+    check_declared,
+)
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.patterns import (
     expand_host_pattern,
@@ -31,7 +37,7 @@ from cpuaccel.inventory.patterns import (
     pattern_hosts,
     select_hosts,
 )
-from cpuaccel.inventory.variables import host_name_problem
+from cpuaccel.inventory.variables import Declared, host_name_problem
 from cpuaccel.sourcefile import read_source
 from cpuaccel.yamlsource import MAX_DEPTH, NestedTooDeep, YamlReader, safe_load
 
@@ -105,6 +111,7 @@ class Inventory:
         self._origins = dict(origins or {})
         self._builder: InventoryBuilder | None = None  # kept to add a playbook's vars files
         self._extra_vars: dict[str, Any] = {}
+        self._declared: dict[str, Declared] = {}  # see check_declared
         # Said once to the user by the CLI (e.g. "a hostfile has no SSH details").
         self.warnings: list[str] = []
 
@@ -170,6 +177,15 @@ class Inventory:
         inventory._builder, inventory._extra_vars = builder, dict(extra_vars or {})
         return inventory
 
+    def check_declared(self, declared: Mapping[str, Declared]) -> Inventory:
+        """This inventory, once every host's values of the variables a layer above
+        declares (the run settings': config/settings.py) pass their checks, as its own
+        passed theirs when it was built; they are checked again with a playbook's vars."""
+        for name, host in self.hosts.items():
+            check_declared(name, host.vars, self._origins.get(name, {}), declared)
+        self._declared = {**self._declared, **declared}
+        return self
+
     def with_playbook_vars(self, folder: str | Path) -> Inventory:
         """This inventory with the group_vars/ and host_vars/ beside a playbook in
         ``folder`` too (over those beside the inventory, as in ansible-playbook)."""
@@ -183,7 +199,7 @@ class Inventory:
         warnings = groupvars.attach(builder, str(folder), 1)
         inventory = Inventory.built(builder, self._extra_vars)
         inventory.warnings = [*self.warnings, *warnings]
-        return inventory
+        return inventory.check_declared(self._declared)
 
     @classmethod
     def implicit(cls, extra_vars: Mapping[str, Any] | None = None) -> Inventory:

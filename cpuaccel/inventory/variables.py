@@ -1,11 +1,14 @@
-"""The declared type of every inventory variable cpuaccel reads: ``VARIABLES``.
+"""The declared type of every inventory variable cpuaccel reads: ``VARIABLES``, and
+``Declared``, how a layer above declares the variables of its own.
 
 A value reaches an argv, a rendered shell script, an ssh option or a path on a node, so
 each has a type, checked when the inventory (and ``-e``) loads (``builder.validate``),
 for every host and every verb: ``cpuaccel_ppn: four`` or ``ansible_host_key_checking:
 ture`` is then one error naming the line that wrote it, before anything connects.
-The run settings' own checks (config/kinds.py, named in config/settings.py's table) take
-the same values as the declarations here of the variables that set them.
+The run settings' variables (``cpuaccel_ppn``, ``cpuaccel_master_port`` ...) are declared
+in config/settings.py's table, with the kind that checks them; the config layer hands
+them to :meth:`Inventory.check_declared <cpuaccel.inventory.inventory.Inventory.check_declared>`
+when it loads an inventory, and they are checked as these are.
 
 A check takes the value and returns it converted, or raises :class:`BadValue` with the
 complaint (the caller adds where it was written). None means "not set" and is never
@@ -18,15 +21,10 @@ import ipaddress
 import re
 import shlex
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from cpuaccel.rank_settings import GRAD_REDUCE_MODES, KNOWN_BACKENDS, WEIGHTS, value_problem
+from cpuaccel.rank_settings import value_problem
 
-LAUNCHER_CHOICES = ("auto", "impi", "mpich", "openmpi", "slurm")
-# The list as prose, for cpuaccel.yaml's comment and the questionnaire.
-LAUNCHER_WORDS = ", ".join(LAUNCHER_CHOICES[:-1]) + " or " + LAUNCHER_CHOICES[-1]
-ALLOCATOR_CHOICES = ("auto", "none", "tcmalloc", "jemalloc")
-PRECISION_CHOICES = ("auto", "bf16", "fp32", "no")
 # An MPI hostfile's slots (inventory/hostfile.py): --ppn's last source (config/effective.py).
 SLOTS_VAR = "cpuaccel_slots"
 # YAML 1.1's and Ansible's boolean words (ansible.module_utils.parsing.convert_bool).
@@ -49,6 +47,14 @@ USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 Check = Callable[[Any], Any]
+
+
+class Declared(NamedTuple):
+    """A variable declared by a layer above the inventory: its check, and the fix of a
+    bad value (None: "fix the value of NAME")."""
+
+    check: Check
+    hint: str | None = None
 
 
 class BadValue(ValueError):
@@ -104,12 +110,6 @@ def choice(options: tuple[str, ...], *, fold: bool = False) -> Check:
         return word
 
     return check
-
-
-def precision(value: Any) -> str:
-    """auto, bf16 or no (fp32 is written "no", as Accelerate reads it)."""
-    word = choice(PRECISION_CHOICES, fold=True)(value)
-    return "no" if word == "fp32" else word
 
 
 def text(value: Any) -> str | None:
@@ -324,8 +324,9 @@ def user_name(value: Any) -> str:
     return str(value)
 
 
-# Every variable cpuaccel's code reads, with its type. (Playbooks read their own
-# variables through Jinja: those are the playbook's to check.)
+# Every variable cpuaccel's code reads, with its type, but the run settings' (declared
+# with them, in config/settings.py). (Playbooks read their own variables through Jinja:
+# those are the playbook's to check.)
 VARIABLES: dict[str, Check] = {
     "ansible_host": host_address,
     "ansible_ssh_host": host_address,
@@ -349,26 +350,6 @@ VARIABLES: dict[str, Check] = {
     "ansible_sudo_flags": sudo_flags,
     "ansible_become_exe": sudo_exe,
     "ansible_sudo_exe": sudo_exe,
-    "cpuaccel_ppn": whole(1),
-    "cpuaccel_slots": whole(1),
-    "cpuaccel_launcher": choice(LAUNCHER_CHOICES, fold=True),
-    "cpuaccel_master_port": whole(1, 65535),
-    "cpuaccel_mixed_precision": precision,
-    "cpuaccel_ccl_workers": whole(0, 64),
-    "cpuaccel_mpirun": text,
-    "cpuaccel_fi_provider": text,
-    "cpuaccel_network": network,
-    "cpuaccel_allocator": choice(ALLOCATOR_CHOICES, fold=True),
-    "cpuaccel_templates": text,
-    "cpuaccel_backend": choice(KNOWN_BACKENDS, fold=True),
-    "cpuaccel_grad_reduce": choice(GRAD_REDUCE_MODES, fold=True),
-    "cpuaccel_weights": choice(WEIGHTS, fold=True),
-    "cpuaccel_deterministic": boolean,
-    "cpuaccel_env": env_mapping,
-    "cpuaccel_secret_env": secret_env_mapping,
-    "cpuaccel_python": text,
-    "cpuaccel_venv": text,
-    "cpuaccel_workdir": folder,
     "cpuaccel_setvars": text,
     "cpuaccel_known_hosts": text,
     # false: check and sync reach the host with paramiko, not a kept OpenSSH master
@@ -386,16 +367,7 @@ HINTS: dict[str, str] = {
     "ansible_host": "write the node's host name or IP address, e.g. ansible_host: 10.0.0.2",
     "ansible_host_key_checking": "write ansible_host_key_checking: true (or false, to "
     "accept any host key: unsafe)",
-    "cpuaccel_env": "write one NAME: value line per variable, e.g. cpuaccel_env: "
-    "{FI_PROVIDER: tcp}",
-    "cpuaccel_ppn": "write the ranks per node as a whole number, e.g. cpuaccel_ppn: 2",
-    "cpuaccel_network": "write a network in CIDR form or an interface name, e.g. "
-    "cpuaccel_network: 10.1.0.0/16",
 }
-HINTS["cpuaccel_workdir"] = (
-    "give the nodes' work folder as an absolute path or one below ~/, e.g. "
-    "cpuaccel_workdir: /opt/cpuaccel/work"
-)
 HINTS["ansible_ssh_host"] = HINTS["ansible_host"]
 HINTS["ansible_become_method"] = (
     "cpuaccel becomes another user with sudo only: ansible_become_method: sudo, or leave it out"
@@ -410,7 +382,6 @@ HINTS["ansible_become_flags"] = "remove it (cpuaccel chooses sudo's flags: -H -S
 HINTS["ansible_sudo_flags"] = HINTS["ansible_become_flags"]
 HINTS["ansible_become_exe"] = "remove it (cpuaccel runs the node's sudo)"
 HINTS["ansible_sudo_exe"] = HINTS["ansible_become_exe"]
-HINTS["cpuaccel_secret_env"] = HINTS["cpuaccel_env"]
 
 
 def hint_for(name: str) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.config.settings import DEFAULT, FLAG, LaunchSettings, SecretEnv, Setting
+from cpuaccel.config.settings import DEFAULT, FLAG, LaunchSettings, SecretEnv, Setting, rank_env
 from cpuaccel.errors import SourceError, UsageError
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import native_bf16
@@ -35,9 +35,7 @@ from cpuaccel.rank_settings import (
     DETERMINISTIC_ENV,
     GRAD_REDUCE_ENV,
     HOST_ENV,
-    MAX_RESTARTS_ENV,
     NODE_IFACES_ENV,
-    WEIGHTS_ENV,
     switch,
 )
 
@@ -244,7 +242,19 @@ def build_plan(
     network = job_network(settings, chosen, facts) if facts else None
     if network is not None and not network.complete:
         network = None  # the preflight named what is wrong; a plan alone keeps names
-    computed = _computed_env(settings, head, run_id, run_dir, threads, network)
+    precision = choose_precision(settings.mixed_precision.value, chosen, facts)
+    beside, under = rank_env(
+        settings,
+        {  # what the plan settled in place of the settings' values
+            # The head's address on the job's network, unless every node resolves its
+            # name to that address (an alias no node resolves, or a name on another one).
+            "head": head.name if network is None or network.use_names else network.head_address,
+            "backend": backend or None,
+            "ccl_workers": ccl_workers if backend == "ccl" else None,
+            "mixed_precision": (precision.accelerate, precision.cpuaccel),
+        },
+    )
+    computed = _computed_env(beside, run_id, run_dir, threads, network)
     computed.update(_host_env(settings, chosen, network, facts is not None))
     if settings.hang_timeout.value is not None:  # the ranks' progress markers (_progress.py)
         from cpuaccel.node import progress  # only then: off check's start-up
@@ -254,7 +264,6 @@ def build_plan(
     from cpuaccel.node.rendezvous import ENV as RENDEZVOUS_ENV
 
     computed[RENDEZVOUS_ENV] = f"{settings.rendezvous_timeout.value:g}"
-    precision = choose_precision(settings.mixed_precision.value, chosen, facts)
     return RunPlan(
         run_id=run_id,
         hosts=chosen,
@@ -266,7 +275,7 @@ def build_plan(
         workdir=workdir,
         project_dir=project_dir,
         run_dir=run_dir,
-        env=_rank_env(settings, computed, backend, ccl_workers, precision),
+        env=_rank_env(settings, computed, backend, under),
         secret_env=settings.secret_env.value,
         setvars=head.setvars or ((head_facts or {}).get("setvars") or {}).get("path"),
         allocator=settings.allocator.value,
@@ -287,25 +296,21 @@ def build_plan(
 
 
 def _computed_env(
-    settings: LaunchSettings,
-    head: Host,
+    beside: Mapping[str, str],
     run_id: str,
     run_dir: str,
     threads: int | None,
     network: JobNetwork | None,
 ) -> dict[str, str]:
-    """What every rank gets from cpuaccel itself, before the user's variables."""
+    """What every rank gets from cpuaccel itself, before the user's variables:
+    ``beside``, the settings' own (config.settings.rank_env), among them."""
     ifaces = {NODE_IFACES_ENV: network.rank_map()} if network is not None else {}
     return {
         "CPUACCEL_RUN_ID": run_id,  # how cpuaccel finds this job's processes, and only them
         "CPUACCEL_RUN_DIR": run_dir,
         "CPUACCEL_LABEL_OUTPUT": "1",
-        # The head's address on the job's network, unless every node resolves its name
-        # to that address (an alias no node resolves, or a name on another network).
-        "MASTER_ADDR": head.name if network is None or network.use_names else network.head_address,
+        **beside,
         **ifaces,
-        "MASTER_PORT": str(settings.master_port.value),
-        MAX_RESTARTS_ENV: str(settings.max_restarts.value),  # torchrun's; the worker sets the rest
         "OMP_NUM_THREADS": str(threads) if threads else "<physical cores per node / ppn>",
         # As `accelerate launch --cpu` does: without it, a plain Accelerator() on a node
         # without a GPU silently trains as separate one-process jobs.
@@ -356,32 +361,17 @@ def _rank_env(
     settings: LaunchSettings,
     computed: dict[str, str],
     backend: str,
-    ccl_workers: int,
-    precision: PrecisionChoice,
+    under: Mapping[str, str],
 ) -> dict[str, str]:
     """What every rank gets: what cpuaccel computes, then the user's env over it (the
-    inventory's cpuaccel_env, the project file's, --env); never a secret."""
+    inventory's cpuaccel_env, the project file's, --env), then ``under``, the settings'
+    variables the user's env left unset; never a secret."""
     env = dict(computed)
-    if backend:
-        env["CPUACCEL_BACKEND"] = backend
     if backend == "ccl":
-        env["CCL_WORKER_COUNT"] = str(ccl_workers)
         env["CCL_ATL_TRANSPORT"] = "ofi"
-    if settings.fi_provider.value:
-        env["FI_PROVIDER"] = settings.fi_provider.value
-    if settings.grad_reduce.source != DEFAULT:
-        env[GRAD_REDUCE_ENV] = settings.grad_reduce.value
-    if settings.weights.source != DEFAULT:
-        env[WEIGHTS_ENV] = settings.weights.value
-    if settings.deterministic.value is not None:
-        env[DETERMINISTIC_ENV] = "1" if settings.deterministic.value else "0"
     user = dict(settings.env.value)
-    # Accelerate scripts read ACCELERATE_MIXED_PRECISION; cpuaccel.init() reads
-    # CPUACCEL_MIXED_PRECISION. An explicit --env of either still wins.
-    if precision.accelerate is not None:
-        user.setdefault("ACCELERATE_MIXED_PRECISION", precision.accelerate)
-    if precision.cpuaccel is not None:
-        user.setdefault("CPUACCEL_MIXED_PRECISION", precision.cpuaccel)
+    for name, value in under.items():
+        user.setdefault(name, value)
     env.update(user)
     for key in settings.secret_env.value:
         env.pop(key, None)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from cpuaccel.config.settings import LAUNCHER_CHOICES, LAUNCHER_WORDS
 from cpuaccel.errors import EXIT_USAGE
-from cpuaccel.inventory.variables import LAUNCHER_CHOICES, LAUNCHER_WORDS
 from tests.unit.config.test_questionnaire import Terminal
 from testsupport.command import cpuaccel
 

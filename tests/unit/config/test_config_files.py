@@ -244,6 +244,11 @@ ACC_MULTI = (
          "acc.yaml:3: mixed_precision: 'fp16' is not supported on CPUs"),
         ("acc.yaml", SEED_SINGLE.read_text().replace("num_machines: 1", "num_machines: 2"), None,
          "acc.yaml:7: num_machines: 2 machines, but distributed_type 'NO' is one machine"),
+        # master_port's range, the one of its kind, as each file names it
+        ("cpuaccel.yaml", "master_port: 65536\n", None,
+         "cpuaccel.yaml:1: master_port must be 1 to 65535, got 65536"),
+        ("acc.yaml", ACC_MULTI.format(m=2, p=4) + "main_process_port: 65536\n", "a\nb\n",
+         "acc.yaml:10: main_process_port: 65536 is not a port"),
     ],
 )  # fmt: skip
 def test_bad_configs_are_one_error_naming_file_line_and_field(

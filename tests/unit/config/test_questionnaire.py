@@ -8,10 +8,14 @@ import os
 import select
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
+from cpuaccel.config.questionnaire import Answers, Asker, _ask_processes
 from cpuaccel.errors import EXIT_USAGE
 from tests.unit.config.test_config_files import command, env_of, section
 from testsupport.command import cpuaccel, inherited_env, start_cpuaccel
@@ -170,3 +174,29 @@ def test_non_interactive_config_with_flags(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     argv = command(run.stdout)
     assert argv[argv.index("-n") + 1] == "4" and argv[0] == "/p/mpirun"
+
+
+def test_the_settings_questions_check_as_their_kinds() -> None:
+    """Each setting's question is its table entry's: the text, the default, the flag that
+    answers it, and the answer checked by its kind's bounds or choices."""
+    asked: dict[str, tuple[str, Any, Callable[[str], Any], str]] = {}
+
+    class Recording(Asker):
+        def ask(self, question: str, default: Any, check: Callable[[str], Any], flag: str) -> Any:
+            asked[flag] = (question, default, check, flag)
+            return default
+
+    answers = Answers(ppn=1, hosts=["localhost"])
+    _ask_processes(answers, Recording(interactive=True), multi=False)
+    assert (answers.master_port, answers.launcher) == (29500, "auto")
+    assert (answers.ccl_workers, answers.mixed_precision) == (1, "auto")
+    assert list(asked) == ["--master-port", "--launcher", "--ccl-workers", "--mixed-precision"]
+    port, workers = asked["--master-port"][2], asked["--ccl-workers"][2]
+    assert port("65535") == 65535 and workers("0") == 0
+    with pytest.raises(ValueError, match="type a whole number from 1 to 65535"):
+        port("65536")
+    with pytest.raises(ValueError, match="type a whole number from 0 to 64"):
+        workers("65")
+    assert asked["--launcher"][2]("mpi") == "mpich"
+    with pytest.raises(ValueError, match="type one of: auto, bf16, fp32"):
+        asked["--mixed-precision"][2]("no")

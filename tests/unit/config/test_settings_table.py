@@ -30,7 +30,6 @@ from cpuaccel.config.settings import (
     LaunchSettings,
     for_verb,
 )
-from cpuaccel.inventory.variables import VARIABLES
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = {RUN: run_command, SUBMIT: submit_command, TUNE: tune_command, SHOW: show_command}
@@ -75,32 +74,6 @@ def test_the_project_files_keys_and_checks_are_the_tables() -> None:
     for key, entry in keyed.items():
         assert project.KEYS[key] == entry.help
         assert project.CHECKS[key] == entry.kind.check
-
-
-PROBES: list[Any] = [
-    0, 1, 2, 63, 64, 65, 1000, 65535, 65536, -1, 2.5, True, "3", "x", "", "auto", "AUTO",
-    "impi", "IMPI", "slurm", "fp32", "FP32", "no", "bf16", "fp16", "none", "tcmalloc",
-    "Jemalloc", "gloo", "CCL", "/opt/venv/bin/python", "~/work", "relative", "../up",
-    "a\nb", {"A": "1"}, {"1A": "x"}, {"A": None}, [], ["x"],
-]  # fmt: skip
-
-
-def _outcome(check: Any, value: Any) -> tuple[str, Any]:
-    try:
-        return "ok", check(value)
-    except ValueError:
-        return "refused", None
-
-
-@pytest.mark.parametrize(
-    ("name", "var"), [(e.name, v) for e in TABLE for v in e.variables], ids=lambda x: str(x)
-)
-def test_an_inventory_variable_takes_what_its_setting_takes(name: str, var: str) -> None:
-    """The inventory checks every variable when it loads (inventory/variables.py, a layer
-    below config); the setting's own check must agree with it, value for value."""
-    entry = next(e for e in TABLE if e.name == name)
-    for value in PROBES:
-        assert _outcome(entry.kind.check, value) == _outcome(VARIABLES[var], value), (var, value)
 
 
 def _declared(command: click.Command) -> tuple[list[tuple[str, ...]], set[str]]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cpuaccel.config.inventory_choice import choose_inventory
+from cpuaccel.config.settings import INVENTORY_VARIABLES
 from cpuaccel.errors import InventoryError
 from cpuaccel.inventory.inventory import Inventory
 from testsupport.command import cpuaccel
@@ -137,7 +138,7 @@ def test_ini_mistakes_name_the_file_and_line(
     path = tmp_path / "hosts.ini"
     path.write_text(text)
     with pytest.raises(InventoryError) as caught:
-        Inventory.load(path)
+        Inventory.load(path).check_declared(INVENTORY_VARIABLES)
     assert caught.value.source == str(path)
     assert caught.value.line == line, str(caught.value)
     assert fragment in str(caught.value)

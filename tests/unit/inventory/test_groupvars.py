@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cpuaccel.config.settings import INVENTORY_VARIABLES
 from cpuaccel.errors import EXIT_USAGE, InventoryError
 from cpuaccel.inventory.inventory import Inventory
 from testsupport.command import cpuaccel
@@ -116,7 +117,7 @@ def test_a_bad_vars_file_names_its_file_and_line(
     write(tmp_path / "hosts", "[gpu]\nnode1\n")
     write(tmp_path / name, text)
     with pytest.raises(InventoryError) as caught:
-        Inventory.load(tmp_path / "hosts")
+        Inventory.load(tmp_path / "hosts").check_declared(INVENTORY_VARIABLES)
     assert (caught.value.source, caught.value.line) == (str(tmp_path / name), line)
     assert fragment in str(caught.value)
 

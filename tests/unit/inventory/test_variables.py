@@ -1,5 +1,6 @@
 """Every inventory variable cpuaccel reads has a declared type, checked where the inventory
-and -e are read, with file:line (or the -e) and exit 64."""
+and -e are read, with file:line (or the -e) and exit 64: the inventory's own when it is
+built, the run settings' (config/settings.py's table) when the config layer loads it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from cpuaccel.api.keywords import parse_env
 from cpuaccel.config.project import parse_project
+from cpuaccel.config.settings import INVENTORY_VARIABLES
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.hostkeys import host_key_policy
 from cpuaccel.errors import EXIT_USAGE, InventoryError, ProjectFileError, UsageError
@@ -29,7 +31,7 @@ def write(tmp_path: Path, text: str, name: str = "inventory.yaml") -> Path:
 def load_error(tmp_path: Path, text: str, extra: dict[str, Any] | None = None) -> InventoryError:
     path = write(tmp_path, text)
     with pytest.raises(InventoryError) as info:
-        Inventory.load(path, extra)
+        Inventory.load(path, extra).check_declared(INVENTORY_VARIABLES)
     assert info.value.exit_code == EXIT_USAGE and info.value.hint
     return info.value
 
@@ -115,6 +117,19 @@ def test_bad_values_are_errors_at_their_line(
     assert error.line == line, str(error)
     assert str(error).startswith(f"{tmp_path / 'inventory.yaml'}:{line}: "), str(error)
     assert fragment in str(error)
+
+
+def test_the_settings_variables_are_checked_as_declared_from_above(tmp_path: Path) -> None:
+    """The inventory layer knows only its own variables: the config layer declares the
+    run settings' (check_declared), and a playbook's vars files are checked by them too."""
+    path = write(tmp_path, host_with("cpuaccel_ppn: 2"))
+    inventory = Inventory.load(path).check_declared(INVENTORY_VARIABLES)
+    (tmp_path / "playbook" / "group_vars").mkdir(parents=True)
+    write(tmp_path, "cpuaccel_ccl_workers: many\n", "playbook/group_vars/all.yaml")
+    with pytest.raises(InventoryError, match="cpuaccel_ccl_workers must be a whole number"):
+        inventory.with_playbook_vars(tmp_path / "playbook")
+    write(tmp_path, host_with("cpuaccel_ppn: four"))
+    assert Inventory.load(path).hosts["node1"].vars["cpuaccel_ppn"] == "four"
 
 
 @pytest.mark.parametrize(
