@@ -20,9 +20,9 @@ from typing import Any, ParamSpec, TypeVar
 from cpuaccel.api.heads import HeadOptions, Heads, node_failed
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.target import resolve_target
+from cpuaccel.connectors import runfiles
 from cpuaccel.errors import CpuaccelError, HostError, UsageError, WaitTimeout
 from cpuaccel.executor import DEFAULT_FORKS
-from cpuaccel.history import node_files as runfiles
 from cpuaccel.history import teardown
 from cpuaccel.history.homecoming import Fetched, Homecoming
 from cpuaccel.history.metrics import read_metrics, read_restarts, read_run_info, summarize

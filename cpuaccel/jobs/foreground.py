@@ -29,12 +29,11 @@ from typing import Any
 from rich.console import Console
 
 from cpuaccel import ui
-from cpuaccel.connectors import programs
+from cpuaccel.connectors import programs, runfiles
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
 from cpuaccel.history import fanout, homecoming
-from cpuaccel.history import node_files as runfiles
 from cpuaccel.history.fanout import TEARDOWN
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic, tracebacks
