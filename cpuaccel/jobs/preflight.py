@@ -24,7 +24,15 @@ from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
-from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.executor import (
+    ConnectionPool,
+    HostResult,
+    KeptPrograms,
+    Status,
+    failed,
+    in_one_step,
+    run_on_hosts,
+)
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import (
     PROBE_TIMEOUT,
@@ -36,7 +44,6 @@ from cpuaccel.facts.gather import (
     settle,
 )
 from cpuaccel.facts.problems import ERROR, NOTE, Problem
-from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.network.choice import JobNetwork
@@ -116,7 +123,7 @@ def run_preflight(  # noqa: PLR0913
     pool: ConnectionPool | None = None,
     reach: LauncherReach | None = None,
     on_host: Callable[[str], None] | None = None,
-    kept: fanout.Kept | None = None,
+    kept: KeptPrograms | None = None,
     network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None,
     runs: Path | None = None,
 ) -> Preflight:
@@ -165,7 +172,7 @@ def run_preflight(  # noqa: PLR0913
         if on_host is not None:
             on_host(result.host.name)
 
-    if fanout.in_one_step(hosts):  # an allocation: one srun step each
+    if in_one_step(hosts):  # an allocation: one srun step each
         results = _in_one_step(hosts, project_dest, source, master_port, check_project)
         for result in results:
             on_result(result)
@@ -245,7 +252,7 @@ def _in_one_step(
             state = NodeState(settle(facts, sent, received), project)
             results.append(HostResult(h, Status.OK, state, seconds=received - sent))
         except CpuaccelError as exc:
-            results.append(fanout.failed(h, exc, received - sent))
+            results.append(failed(h, exc, received - sent))
     return results
 
 
