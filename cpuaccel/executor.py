@@ -316,12 +316,25 @@ def call_all(
             return programs.call(conn, program, words, payload, what=what, timeout=timeout)
 
         return run_on_hosts(list(hosts), one, forks=forks, pool=pool)
+    return in_step(hosts, program, lambda h: list(words), payload, what=what, timeout=timeout)
+
+
+def in_step(
+    hosts: Sequence[Host],
+    program: str,
+    words_of: Callable[[Host], list[str]],
+    payload: bytes = b"",
+    *,
+    what: str,
+    timeout: float,
+) -> list[HostResult[Answer]]:
+    """``program`` on every host of one allocation (``in_one_step``) in ONE srun step,
+    each host with its own words ``words_of(host)``; one result a host, in the order
+    given, each with the step's time."""
     from cpuaccel.connectors import srun
 
     started = time.monotonic()
-    answers = srun.call_everywhere(
-        hosts, program, lambda h: list(words), payload, what=what, timeout=timeout
-    )
+    answers = srun.call_everywhere(hosts, program, words_of, payload, what=what, timeout=timeout)
     seconds = time.monotonic() - started
     results: list[HostResult[Answer]] = []
     for host in hosts:
