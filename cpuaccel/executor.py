@@ -254,15 +254,18 @@ def in_one_step(hosts: Sequence[Host]) -> bool:
 
 @dataclass(frozen=True)
 class Request:
-    """A node program's request, the same on every host: ``program`` with ``words``
-    (and ``payload`` on stdin), each answer awaited ``timeout`` s at most; ``what``
-    names it in a host's error."""
+    """A node program's request on every host: ``program`` with ``words`` (the same on
+    every host, or a host's own from a function of it) and ``payload`` on stdin, each
+    answer awaited ``timeout`` s at most; ``what`` names it in a host's error."""
 
     program: str
-    words: Sequence[str]
+    words: Sequence[str] | Callable[[Host], list[str]]
     what: str
     timeout: float
     payload: bytes = b""
+
+    def words_for(self, host: Host) -> list[str]:
+        return self.words(host) if callable(self.words) else list(self.words)
 
 
 class KeptPrograms:
@@ -303,38 +306,32 @@ def call_all(
     """``request`` on every host; one result a host, in the order given. A ``jobctl``
     request goes to a host's program in ``kept`` while it lives; one that is gone gives
     way to a fresh call."""
+    if in_one_step(hosts):
+        return in_step(hosts, request)
     from cpuaccel.connectors import programs
 
-    program, words, payload = request.program, request.words, request.payload
     what, timeout = request.what, request.timeout
-    if not in_one_step(hosts):
 
-        def one(conn: Connector) -> Answer:
-            if kept is not None and program == "jobctl":
-                open_ = kept.get(conn.host.name)
-                return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
-            return programs.call(conn, program, words, payload, what=what, timeout=timeout)
+    def one(conn: Connector) -> Answer:
+        words, payload = request.words_for(conn.host), request.payload
+        if kept is not None and request.program == "jobctl":
+            open_ = kept.get(conn.host.name)
+            return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
+        return programs.call(conn, request.program, words, payload, what=what, timeout=timeout)
 
-        return run_on_hosts(list(hosts), one, forks=forks, pool=pool)
-    return in_step(hosts, program, lambda h: list(words), payload, what=what, timeout=timeout)
+    return run_on_hosts(list(hosts), one, forks=forks, pool=pool)
 
 
-def in_step(
-    hosts: Sequence[Host],
-    program: str,
-    words_of: Callable[[Host], list[str]],
-    payload: bytes = b"",
-    *,
-    what: str,
-    timeout: float,
-) -> list[HostResult[Answer]]:
-    """``program`` on every host of one allocation (``in_one_step``) in ONE srun step,
-    each host with its own words ``words_of(host)``; one result a host, in the order
-    given, each with the step's time."""
+def in_step(hosts: Sequence[Host], request: Request) -> list[HostResult[Answer]]:
+    """``request`` on every host of one allocation (``in_one_step``) in ONE srun step;
+    one result a host, in the order given, each with the step's time."""
     from cpuaccel.connectors import srun
 
     started = time.monotonic()
-    answers = srun.call_everywhere(hosts, program, words_of, payload, what=what, timeout=timeout)
+    answers = srun.call_everywhere(
+        hosts, request.program, request.words_for, request.payload, what=request.what,
+        timeout=request.timeout,
+    )  # fmt: skip
     seconds = time.monotonic() - started
     results: list[HostResult[Answer]] = []
     for host in hosts:

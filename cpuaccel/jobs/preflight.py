@@ -28,6 +28,7 @@ from cpuaccel.executor import (
     ConnectionPool,
     HostResult,
     KeptPrograms,
+    Request,
     Status,
     failed,
     in_one_step,
@@ -230,14 +231,14 @@ def _in_one_step(
 
     def look() -> None:
         what = f"syncing to {project_dest}"
-        found = in_step(hosts, "tree", look_words, what=what, timeout=PROBE_TIMEOUT)
+        found = in_step(hosts, Request("tree", look_words, what, PROBE_TIMEOUT))
         looked.update((r.host.name, r) for r in found)
 
     other = threading.Thread(target=ui.carried(look), daemon=True)
     if check_project:
         other.start()
     sent = time.time()
-    probed = in_step(hosts, "facts", facts_words, what="the fact probe", timeout=PROBE_TIMEOUT)
+    probed = in_step(hosts, Request("facts", facts_words, "the fact probe", PROBE_TIMEOUT))
     received = time.time()
     if check_project:
         other.join(PROBE_TIMEOUT)
