@@ -18,7 +18,7 @@ Phases (name: the function timed; each span is [first start, last end] over host
     copy       nodes.copy_files: the run's files written on every node
     job        supervise.Job.run: launch.sh started on the head to the end of the sweep
     waitexit   Job._launcher_exit: the launcher's exit status, after its output ended
-    sweep      fanout.sweep_hosts: every node swept for the job's processes
+    sweep      teardown.sweep_hosts: every node swept for the job's processes
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ def _write() -> None:
 def main() -> None:
     imported = time.time()
     from cpuaccel.connectors import ssh
-    from cpuaccel.history import fanout
     from cpuaccel.jobs import foreground, launcher_reach, preflight
     from cpuaccel.jobs import launch as job
     from cpuaccel.node import supervisor
@@ -84,7 +83,7 @@ def main() -> None:
     _timed(foreground, "copy_files", "copy")
     _timed(supervisor, "watch", "job")
     _timed(foreground._OverConnection, "wait", "waitexit")
-    _timed(fanout, "sweep_hosts", "sweep")
+    _timed(foreground, "sweep_hosts", "sweep")
     atexit.register(_write)
     from cpuaccel.cli.main import main as cpuaccel_main
 

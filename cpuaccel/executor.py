@@ -3,6 +3,12 @@
 A bounded thread pool (``--forks``) opens one connection per host and runs the action
 on it. Each host ends ok, failed or unreachable with its reason; one host's failure
 never stops the others, and results come back in inventory order.
+
+A node program with the same request on every host (``call_all``) goes the same way,
+or, for the nodes of one Slurm allocation, in ONE srun step over them all
+(connectors/srun.call_everywhere), which spares Slurm a step a node and the job a round
+of srun start-ups; a ``jobctl`` request goes to the host's program kept open since the
+preflight (``KeptPrograms``) while it lives.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
@@ -20,6 +26,9 @@ from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError, Unreachable
 from cpuaccel.inventory.host import Host
+
+if TYPE_CHECKING:
+    from cpuaccel.connectors import programs
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -51,6 +60,14 @@ class HostResult(Generic[T]):
 
 
 Action = Callable[[Connector], T]
+Answer = dict[str, Any]
+
+
+def failed(host: Host, exc: CpuaccelError, seconds: float) -> HostResult[Any]:
+    """The result of a host whose answer is an error: unreachable or failed, its reason."""
+    status = Status.UNREACHABLE if isinstance(exc, Unreachable) else Status.FAILED
+    reason = exc.reason if isinstance(exc, HostError) else exc.message
+    return HostResult(host, status, None, reason, exc.hint, seconds)
 
 
 class ConnectionPool:
@@ -127,20 +144,14 @@ def _run_one(
     host: Host, action: Action[T], options: ConnectOptions, pool: ConnectionPool | None = None
 ) -> HostResult[T]:
     started = time.monotonic()
-    hint: str | None = None
     try:
         value = _connected(host, action, options, pool)
-    except Unreachable as exc:
-        status, error, hint = Status.UNREACHABLE, exc.reason, exc.hint
-    except HostError as exc:
-        status, error, hint = Status.FAILED, exc.reason, exc.hint
     except CpuaccelError as exc:
-        status, error, hint = Status.FAILED, exc.message, exc.hint
+        return failed(host, exc, time.monotonic() - started)
     except Exception as exc:  # a bug on one host must not hide the others' results
-        status, error = Status.FAILED, f"internal error: {type(exc).__name__}: {exc}"
-    else:
-        return HostResult(host, Status.OK, value, seconds=time.monotonic() - started)
-    return HostResult(host, status, None, error, hint, time.monotonic() - started)
+        error = f"internal error: {type(exc).__name__}: {exc}"
+        return HostResult(host, Status.FAILED, None, error, None, time.monotonic() - started)
+    return HostResult(host, Status.OK, value, seconds=time.monotonic() - started)
 
 
 def fan_out(
@@ -233,3 +244,100 @@ def run_on_hosts(
         return result
 
     return fan_out(hosts, one, forks=forks, on_done=on_result, one_inline=one_inline)
+
+
+def in_one_step(hosts: Sequence[Host]) -> bool:
+    """True when every host is a node of the same Slurm allocation."""
+    jobs = {h.slurm_job for h in hosts}
+    return bool(hosts) and None not in jobs and len(jobs) == 1
+
+
+@dataclass(frozen=True)
+class Request:
+    """A node program's request on every host: ``program`` with ``words`` (the same on
+    every host, or a host's own from a function of it) and ``payload`` on stdin, each
+    answer awaited ``timeout`` s at most; ``what`` names it in a host's error."""
+
+    program: str
+    words: Sequence[str] | Callable[[Host], list[str]]
+    what: str
+    timeout: float
+    payload: bytes = b""
+
+    def words_for(self, host: Host) -> list[str]:
+        return self.words(host) if callable(self.words) else list(self.words)
+
+
+class KeptPrograms:
+    """The preflight's programs kept open on the nodes (connectors/programs.Kept), by
+    host name, for the job's later requests (its files, its sweep): closed (EOF, which
+    ends them having written nothing) when no job is to start and when the run ends."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, programs.Kept] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, program: programs.Kept) -> None:
+        with self._lock:
+            old, self._open[name] = self._open.get(name), program
+        if old is not None:
+            old.close()
+
+    def get(self, name: str) -> programs.Kept | None:
+        with self._lock:
+            program = self._open.get(name)
+        return program if program is not None and program.alive else None
+
+    def close(self) -> None:
+        with self._lock:
+            gone, self._open = list(self._open.values()), {}
+        for program in gone:
+            program.close()
+
+
+def call_all(
+    hosts: Sequence[Host],
+    request: Request,
+    *,
+    forks: int,
+    pool: ConnectionPool,
+    kept: KeptPrograms | None = None,
+) -> list[HostResult[Answer]]:
+    """``request`` on every host; one result a host, in the order given. A ``jobctl``
+    request goes to a host's program in ``kept`` while it lives; one that is gone gives
+    way to a fresh call."""
+    if in_one_step(hosts):
+        return in_step(hosts, request)
+    from cpuaccel.connectors import programs
+
+    what, timeout = request.what, request.timeout
+
+    def one(conn: Connector) -> Answer:
+        words, payload = request.words_for(conn.host), request.payload
+        if kept is not None and request.program == "jobctl":
+            open_ = kept.get(conn.host.name)
+            return programs.call_kept(open_, conn, words, payload, what=what, timeout=timeout)
+        return programs.call(conn, request.program, words, payload, what=what, timeout=timeout)
+
+    return run_on_hosts(list(hosts), one, forks=forks, pool=pool)
+
+
+def in_step(hosts: Sequence[Host], request: Request) -> list[HostResult[Answer]]:
+    """``request`` on every host of one allocation (``in_one_step``) in ONE srun step;
+    one result a host, in the order given, each with the step's time."""
+    from cpuaccel.connectors import srun
+
+    started = time.monotonic()
+    answers = srun.call_everywhere(
+        hosts, request.program, request.words_for, request.payload, what=request.what,
+        timeout=request.timeout,
+    )  # fmt: skip
+    seconds = time.monotonic() - started
+    results: list[HostResult[Answer]] = []
+    for host in hosts:
+        answer = answers[host.name]
+        if isinstance(answer, HostError):
+            results.append(failed(host, answer, seconds))
+        else:
+            results.append(HostResult(host, Status.OK, answer, seconds=seconds))
+    return results

@@ -28,7 +28,7 @@ from cpuaccel.api.target import HostKeywords, HostOptions, Target
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import EXIT_NODE_FAILED, EXIT_OK, EXIT_PROBLEMS, CpuaccelError, UsageError
-from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.executor import ConnectionPool, HostResult, Status, in_one_step, run_on_hosts
 from cpuaccel.facts.gather import Facts, gather, names_to_resolve
 from cpuaccel.facts.problems import (
     ERROR,
@@ -38,7 +38,6 @@ from cpuaccel.facts.problems import (
     find_problems,
     same_account,
 )
-from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.slurm_source import CPUS_VAR, REASON_VAR, STATE_VAR
 from cpuaccel.jobs.launcher_reach import LauncherReach
@@ -189,7 +188,7 @@ def _network(
     if network is None:
         return None, [], []
     shown: dict[str, Any] = network.to_json()
-    if not network.complete or fanout.in_one_step(hosts):
+    if not network.complete or in_one_step(hosts):
         return shown, network.problems, []
     from cpuaccel.network import doctor  # only for several nodes: off check's start-up
 

@@ -12,7 +12,6 @@ import functools
 import math
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -20,9 +19,9 @@ from typing import Any, ParamSpec, TypeVar
 from cpuaccel.api.heads import HeadOptions, Heads, node_failed
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.target import resolve_target
+from cpuaccel.connectors import runfiles
 from cpuaccel.errors import CpuaccelError, HostError, UsageError, WaitTimeout
-from cpuaccel.executor import DEFAULT_FORKS
-from cpuaccel.history import node_files as runfiles
+from cpuaccel.executor import DEFAULT_FORKS, fan_out
 from cpuaccel.history import teardown
 from cpuaccel.history.homecoming import Fetched, Homecoming
 from cpuaccel.history.metrics import read_metrics, read_restarts, read_run_info, summarize
@@ -288,8 +287,7 @@ def rows(count: int | None, options: HeadOptions) -> list[dict[str, Any]]:
     found = [load(runs_folder() / i) for i in ids]
     heads = options.open()
     try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            found = list(pool.map(lambda run: live(run, heads), found))
+        found = fan_out(found, lambda run: live(run, heads), forks=8)
     finally:
         heads.close()
     try:

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cpuaccel import ui
-from cpuaccel.connectors import programs
+from cpuaccel.connectors import programs, runfiles
 from cpuaccel.connectors.base import Connector
+from cpuaccel.connectors.runfiles import RemoteFile
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.history import node_files as runfiles
-from cpuaccel.history.node_files import RemoteFile
 from cpuaccel.inventory.host import Host
 from cpuaccel.ui import escape
 

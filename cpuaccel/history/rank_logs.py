@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from cpuaccel import ui
+from cpuaccel.connectors import runfiles
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError, HostError, UsageError
-from cpuaccel.history import node_files as runfiles
 from cpuaccel.history.records import ENDED, RunRecord, load, with_slurm
 from cpuaccel.jsonsource import Refused, loads
 from cpuaccel.slurm.commands import SlurmError

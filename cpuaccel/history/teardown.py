@@ -6,7 +6,7 @@ supervisor (its environment names the run; never a pattern); it does the teardow
 writes status.json. A foreground run is ended by SIGTERM to the ``cpuaccel run`` that
 supervises it (the pid and start time in the controller's status.json), which then
 does its own teardown, exactly as when its terminal sends it. Either way, this then
-sweeps every node by CPUACCEL_RUN_ID itself (history/fanout.sweep_hosts) and reports
+sweeps every node by CPUACCEL_RUN_ID itself (``sweep_hosts``) and reports
 what stays; a supervisor that is gone (killed) leaves that sweep to end the job alone.
 """
 
@@ -26,9 +26,8 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
-from cpuaccel.executor import ConnectionPool
+from cpuaccel.executor import ConnectionPool, KeptPrograms, Request, Status, call_all
 from cpuaccel.history import records
-from cpuaccel.history.fanout import TEARDOWN, sweep_hosts
 from cpuaccel.history.records import ENDED
 from cpuaccel.inventory.host import Host
 from cpuaccel.node.supervisor import mark_ended, read_status, start_time, write_status
@@ -40,6 +39,10 @@ SUPERVISOR_WAIT = 60.0
 # scancel: Slurm's KillWait (30 s by default) between SIGTERM and SIGKILL, the batch
 # run's own teardown within it, then the epilog on every node.
 SLURM_WAIT = 120.0
+# Every wait after the kill ends within this: the launcher's last output, its exit
+# status, and each node's sweep (its own 2 s grace plus a node program's start, with room).
+# A node that does not answer in time is reported, not waited for.
+TEARDOWN = 20.0
 
 
 # A run id as a node reports it (node/jobprocs.live_runs): a name in the runs folder.
@@ -84,6 +87,43 @@ def end_leftovers(conn: Connector, found: Any, runs: Path) -> list[str]:
         line += f"; still running: pids {' '.join(map(str, left))}" if left else ""
         said.append(line)
     return said
+
+
+def sweep_hosts(
+    hosts: list[Host],
+    run_id: str,
+    run_dir: str,
+    pool: ConnectionPool,
+    forks: int,
+    lost: list[str],
+    *,
+    timeout: float,
+    kept: KeptPrograms | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """End the job's processes on every host not ``lost`` (a host found unreachable is
+    added to it): (node -> what was ended, node -> what stays or why it was not checked),
+    each node's answer awaited ``timeout`` s at most: a foreground run's own at its end
+    (through its ``kept`` programs), and ``stop``'s, which has none."""
+
+    # With the run folder: the node removes secret.env once the job is over.
+    words = ["end", run_id, "2", run_dir]
+    reachable = [h for h in hosts if h.name not in lost]
+    request = Request("jobctl", words, what="ending the job's processes", timeout=timeout)
+    results = call_all(reachable, request, forks=forks, pool=pool, kept=kept)
+    swept: dict[str, Any] = {}
+    left: dict[str, Any] = {name: "not checked: the connection to it was lost" for name in lost}
+    for r in results:
+        if r.value is None:
+            if r.status is Status.UNREACHABLE and r.host.name not in lost:
+                lost.append(r.host.name)
+            left[r.host.name] = f"could not check: {r.error}"
+            continue
+        ended = r.value["terminated"] + r.value["killed"]
+        if ended:
+            swept[r.host.name] = ended
+        if r.value["left"]:
+            left[r.host.name] = r.value["left"]
+    return swept, left
 
 
 class HeadUnreachable(HostError):

@@ -1,6 +1,6 @@
 """How one job of ``cpuaccel run`` reaches its nodes (``Nodes``): one connection a node
 for every phase (preflight, sync, copy, launch, sweep) and, on it, the preflight's node
-program kept open for the copy and the sweep (``fanout.Kept``); the run's files written
+program kept open for the copy and the sweep (``executor.KeptPrograms``); the run's files written
 on every node, and its secrets taken back off them when no job starts.
 """
 
@@ -19,8 +19,7 @@ from cpuaccel import ui
 from cpuaccel.connectors import broadcast
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
-from cpuaccel.executor import ConnectionPool, HostResult
-from cpuaccel.history import fanout
+from cpuaccel.executor import Answer, ConnectionPool, HostResult, KeptPrograms, Request, call_all
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.rundir import SECRET_FILES
@@ -36,7 +35,7 @@ class Nodes:
     connect: ConnectOptions
     forks: int
     pool: ConnectionPool
-    kept: fanout.Kept = field(default_factory=fanout.Kept)
+    kept: KeptPrograms = field(default_factory=KeptPrograms)
 
     def fan(self) -> dict[str, Any]:
         return {"forks": self.forks, "pool": self.pool, "kept": self.kept}
@@ -119,13 +118,13 @@ def _write(
     files: JobFiles,
     nodes: Nodes,
     held: dict[str, tuple[int, str]] | None = None,
-) -> list[HostResult[fanout.Answer]]:
+) -> list[HostResult[Answer]]:
     """``files`` written into the run folder on ``hosts`` (made there, 0700): each
     host's result, with the names of ``held`` ({name: (mode, sha256)}) it holds already."""
     # the same request everywhere: one srun step in Slurm
     payload = json.dumps({"files": files, "held": held or {}}).encode()
     words, what = ["write", plan.run_dir], "writing the run's files"
-    return fanout.call_all(hosts, "jobctl", words, payload, what=what, timeout=600.0, **nodes.fan())
+    return call_all(hosts, Request("jobctl", words, what, 600.0, payload), **nodes.fan())
 
 
 def _write_each(
@@ -134,13 +133,13 @@ def _write_each(
     files: JobFiles,
     needs: dict[str, frozenset[str]],
     nodes: Nodes,
-) -> list[HostResult[fanout.Answer]]:
+) -> list[HostResult[Answer]]:
     """Each host's ``needs`` of ``files`` written directly (one request for the hosts
     that need the same); the results that failed."""
     groups: dict[frozenset[str], list[Host]] = {}
     for host in hosts:
         groups.setdefault(needs[host.name], []).append(host)
-    failed: list[HostResult[fanout.Answer]] = []
+    failed: list[HostResult[Answer]] = []
     for names, group in groups.items():
         results = _write(plan, group, {n: files[n] for n in sorted(names)}, nodes)
         failed += [r for r in results if not r.ok]
@@ -199,4 +198,4 @@ def _broadcast(
 def forget_secrets(plan: RunPlan, hosts: list[Host], nodes: Nodes) -> None:
     words = ["end", plan.run_id, "0", plan.run_dir]
     what = "removing the run's secrets"
-    fanout.call_all(hosts, "jobctl", words, what=what, timeout=600.0, **nodes.fan())
+    call_all(hosts, Request("jobctl", words, what, 600.0), **nodes.fan())

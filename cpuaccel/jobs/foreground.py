@@ -29,13 +29,12 @@ from typing import Any
 from rich.console import Console
 
 from cpuaccel import ui
-from cpuaccel.connectors import programs
+from cpuaccel.connectors import programs, runfiles
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
-from cpuaccel.history import fanout, homecoming
-from cpuaccel.history import node_files as runfiles
-from cpuaccel.history.fanout import TEARDOWN
+from cpuaccel.history import homecoming
+from cpuaccel.history.teardown import TEARDOWN, sweep_hosts
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic, tracebacks
 from cpuaccel.jobs.connections import JobFiles, Nodes, broadcast_note, copy_files
@@ -180,7 +179,7 @@ class ControllerSide(Side):
 
     def sweep(self, lost: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         plan, nodes = self.plan, self.nodes
-        return fanout.sweep_hosts(
+        return sweep_hosts(
             plan.hosts, plan.run_id, plan.run_dir, nodes.pool, nodes.forks, lost,
             timeout=TEARDOWN, kept=nodes.kept,
         )  # fmt: skip

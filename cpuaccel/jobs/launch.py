@@ -31,10 +31,9 @@ from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
-from cpuaccel.executor import ConnectionPool
+from cpuaccel.executor import ConnectionPool, in_one_step
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
-from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs import elastic, master_port
 from cpuaccel.jobs.connections import (
@@ -395,7 +394,7 @@ def _network_doctor(
     head's master port, each to the next node), over the addresses the job will use.
     Nothing to try on one node, this machine alone, or an allocation's nodes (reached
     through srun, not ssh)."""
-    if network is None or not network.complete or fanout.in_one_step(draft.hosts):
+    if network is None or not network.complete or in_one_step(draft.hosts):
         return []
     from cpuaccel.network import doctor  # only for several nodes: off run's start-up
 

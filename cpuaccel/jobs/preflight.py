@@ -19,12 +19,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cpuaccel import ui
-from cpuaccel.connectors import srun
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.commandline import quote
 from cpuaccel.connectors.connect_options import ConnectOptions
-from cpuaccel.errors import CpuaccelError, HostError
-from cpuaccel.executor import ConnectionPool, HostResult, Status, run_on_hosts
+from cpuaccel.errors import CpuaccelError
+from cpuaccel.executor import (
+    Answer,
+    ConnectionPool,
+    HostResult,
+    KeptPrograms,
+    Request,
+    Status,
+    failed,
+    in_one_step,
+    in_step,
+    run_on_hosts,
+)
 from cpuaccel.facts import problems as checks
 from cpuaccel.facts.gather import (
     PROBE_TIMEOUT,
@@ -36,7 +46,6 @@ from cpuaccel.facts.gather import (
     settle,
 )
 from cpuaccel.facts.problems import ERROR, NOTE, Problem
-from cpuaccel.history import fanout
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.network.choice import JobNetwork
@@ -116,7 +125,7 @@ def run_preflight(  # noqa: PLR0913
     pool: ConnectionPool | None = None,
     reach: LauncherReach | None = None,
     on_host: Callable[[str], None] | None = None,
-    kept: fanout.Kept | None = None,
+    kept: KeptPrograms | None = None,
     network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None,
     runs: Path | None = None,
 ) -> Preflight:
@@ -165,7 +174,7 @@ def run_preflight(  # noqa: PLR0913
         if on_host is not None:
             on_host(result.host.name)
 
-    if fanout.in_one_step(hosts):  # an allocation: one srun step each
+    if in_one_step(hosts):  # an allocation: one srun step each
         results = _in_one_step(hosts, project_dest, source, master_port, check_project)
         for result in results:
             on_result(result)
@@ -206,7 +215,7 @@ def _in_one_step(
 ) -> list[HostResult[NodeState]]:
     """The same probe and look as over connections, for an allocation's nodes: the
     fact probe in ONE srun step over every node, the look at the project in another,
-    both at once (connectors/srun.call_everywhere), rather than two steps a node."""
+    both at once (executor.in_step), rather than two steps a node."""
     from cpuaccel.projectsync import receiver
 
     head = hosts[0]
@@ -215,46 +224,44 @@ def _in_one_step(
         port = str(master_port) if h.name == head.name else ""
         return [h.workdir, h.setvars or "", port, *names_to_resolve(h, hosts)]
 
-    looked: dict[str, dict[str, Any] | HostError] = {}
+    looked: dict[str, HostResult[Answer]] = {}
 
     def look_words(h: Host) -> list[str]:
         return receiver.words("look", project_dest, h.workdir, source.hash)
 
     def look() -> None:
         what = f"syncing to {project_dest}"
-        looked.update(
-            srun.call_everywhere(hosts, "tree", look_words, what=what, timeout=PROBE_TIMEOUT)
-        )
+        found = in_step(hosts, Request("tree", look_words, what, PROBE_TIMEOUT))
+        looked.update((r.host.name, r) for r in found)
 
     other = threading.Thread(target=ui.carried(look), daemon=True)
     if check_project:
         other.start()
     sent = time.time()
-    probed = srun.call_everywhere(
-        hosts, "facts", facts_words, what="the fact probe", timeout=PROBE_TIMEOUT
-    )
+    probed = in_step(hosts, Request("facts", facts_words, "the fact probe", PROBE_TIMEOUT))
     received = time.time()
     if check_project:
         other.join(PROBE_TIMEOUT)
     results: list[HostResult[NodeState]] = []
-    for h in hosts:
-        try:
-            facts, project = _answer(probed[h.name]), None
-            if check_project:
-                project = receiver.checked(h.name, _answer(looked.get(h.name)))
-            state = NodeState(settle(facts, sent, received), project)
-            results.append(HostResult(h, Status.OK, state, seconds=received - sent))
+    seconds = received - sent
+    for probe in probed:
+        h = probe.host
+        seen = looked.get(h.name, _UNANSWERED) if check_project else None
+        bad = next((r for r in (probe, seen) if r is not None and not r.ok), None)
+        if bad is not None:  # the probe's error first, then the look's
+            results.append(HostResult(h, bad.status, None, bad.error, bad.hint, seconds))
+            continue
+        try:  # each result ok: each holds its node's answer
+            project = receiver.checked(h.name, seen.value or {}) if seen is not None else None
+            state = NodeState(settle(probe.value or {}, sent, received), project)
+            results.append(HostResult(h, Status.OK, state, seconds=seconds))
         except CpuaccelError as exc:
-            results.append(fanout.failed(h, exc, received - sent))
+            results.append(failed(h, exc, seconds))
     return results
 
 
-def _answer(value: dict[str, Any] | HostError | None) -> dict[str, Any]:
-    if value is None:
-        raise HostError("-", "no answer in time")
-    if isinstance(value, HostError):
-        raise value
-    return value
+# A node whose look did not end with the probe (in PROBE_TIMEOUT more).
+_UNANSWERED: HostResult[Answer] = HostResult(Host("-"), Status.FAILED, error="no answer in time")
 
 
 def _check_nodes(found: Preflight, source: SourceManifest) -> None:

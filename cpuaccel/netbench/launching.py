@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cpuaccel.config.settings import DEFAULT, FLAG, LaunchSettings, Setting
+from cpuaccel.connectors import runfiles
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.history import node_files
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
 from cpuaccel.jobs.plan import MODULE, RunPlan, Script, new_run_id
@@ -70,7 +70,7 @@ def bench_settings(settings: LaunchSettings) -> LaunchSettings:
 def read_result(plan: RunPlan, nodes: Nodes) -> Any:
     """net.json of the head's run folder, as JSON; None when there is none."""
     conn = nodes.pool.get(plan.head)
-    data, _, size = node_files.read(conn, plan.run_dir, RESULT, 0, MAX_RESULT, READ_TIMEOUT)
+    data, _, size = runfiles.read(conn, plan.run_dir, RESULT, 0, MAX_RESULT, READ_TIMEOUT)
     if data is None:
         return None
     if size is not None and size > MAX_RESULT:

@@ -31,11 +31,11 @@ from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
 from cpuaccel.api.target import HOST_OPTIONS, HostKeywords
 from cpuaccel.config.settings import LaunchSettings, SecretEnv, Setting
+from cpuaccel.connectors import runfiles
 from cpuaccel.errors import CpuaccelError, PreflightError, UsageError
 from cpuaccel.executor import run_on_hosts
 from cpuaccel.facts.gather import Facts
 from cpuaccel.facts.problems import ERROR, Problem
-from cpuaccel.history import node_files as runfiles
 from cpuaccel.jobs.connections import Nodes
 from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.result import PREFLIGHT, JobReport

@@ -148,3 +148,86 @@ def test_the_pool_names_the_hosts_whose_connection_died(monkeypatch: pytest.Monk
         dead.add("h2")
         dead.add("h3")  # never connected: not lost
         assert pool.lost(group) == ["h1", "h2"]
+
+
+class Program:
+    """A kept program as ``KeptPrograms`` holds it: alive until closed."""
+
+    def __init__(self) -> None:
+        self.alive = True
+
+    def close(self) -> None:
+        self.alive = False
+
+
+def test_call_all_sends_jobctl_to_a_kept_program_and_the_rest_fresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cpuaccel.connectors import programs
+
+    asked: list[tuple[str, str, object, list[str], bytes]] = []
+
+    def call(conn: Connector, program: str, words: list[str], payload: bytes, **_: object) -> dict:
+        if conn.host.name == "h2":
+            raise Unreachable("h2", "gone")
+        asked.append((conn.host.name, program, None, list(words), payload))
+        return {"from": conn.host.name}
+
+    def call_kept(
+        kept: object, conn: Connector, words: list[str], payload: bytes, **_: object
+    ) -> dict:
+        asked.append((conn.host.name, "jobctl", kept, list(words), payload))
+        return {"from": conn.host.name}
+
+    monkeypatch.setattr(programs, "call", call)
+    monkeypatch.setattr(programs, "call_kept", call_kept)
+    kept, h0_program, dead = executor.KeptPrograms(), Program(), Program()
+    kept.add("h0", h0_program)
+    kept.add("h1", dead)
+    dead.close()  # gone: h1's request goes fresh (call_kept with no program)
+    group = hosts(3)
+    with ConnectionPool(ConnectOptions()) as pool:
+        request = executor.Request("jobctl", ["end", "r"], "ending", 5.0, b"in")
+        done = executor.call_all(group, request, forks=2, pool=pool, kept=kept)
+        assert [(r.host.name, r.status, r.value) for r in done] == [
+            ("h0", Status.OK, {"from": "h0"}), ("h1", Status.OK, {"from": "h1"}),
+            ("h2", Status.OK, {"from": "h2"}),
+        ]  # fmt: skip
+        assert sorted(asked, key=lambda a: a[0]) == [
+            ("h0", "jobctl", h0_program, ["end", "r"], b"in"),
+            ("h1", "jobctl", None, ["end", "r"], b"in"),
+            ("h2", "jobctl", None, ["end", "r"], b"in"),
+        ]
+        asked.clear()
+        done = executor.call_all(
+            group, executor.Request("facts", [], "probing", 5.0), forks=2, pool=pool, kept=kept
+        )
+        assert [a[:3] for a in asked] == [("h0", "facts", None), ("h1", "facts", None)]
+    assert done[2].status is Status.UNREACHABLE and done[2].error == "gone"
+    kept.close()
+    assert not h0_program.alive and kept.get("h0") is None
+
+
+def test_call_all_over_one_allocation_is_one_srun_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpuaccel.connectors import srun
+
+    steps: list[tuple[list[str], list[str], str]] = []
+
+    def call_everywhere(group: list[Host], program: str, words_of: object, payload: bytes = b"",
+                        **_: object) -> dict:  # fmt: skip
+        steps.append(([h.name for h in group], words_of(group[0]), program))  # type: ignore[operator]
+        return {"n0": {"ok": 1}, "n1": HostError("n1", "disk full", hint="free it"),
+                "n2": Unreachable("n2", "no answer through srun")}  # fmt: skip
+
+    monkeypatch.setattr(srun, "call_everywhere", call_everywhere)
+    group = [Host(f"n{i}", {**LOCAL, "cpuaccel_slurm_job": "77"}) for i in range(3)]
+    assert executor.in_one_step(group) and not executor.in_one_step([*group, Host("other")])
+    with ConnectionPool(ConnectOptions()) as pool:
+        request = executor.Request("jobctl", ["write", "/r"], "writing", 5.0)
+        done = executor.call_all(group, request, forks=1, pool=pool)
+        assert pool.open_hosts() == []  # no connection: srun reaches them all
+    assert steps == [(["n0", "n1", "n2"], ["write", "/r"], "jobctl")]
+    assert [(r.status, r.value, r.error, r.hint) for r in done] == [
+        (Status.OK, {"ok": 1}, None, None), (Status.FAILED, None, "disk full", "free it"),
+        (Status.UNREACHABLE, None, "no answer through srun", None),
+    ]  # fmt: skip

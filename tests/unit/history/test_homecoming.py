@@ -13,7 +13,6 @@ import pytest
 
 from cpuaccel.connectors import programs
 from cpuaccel.errors import HostError
-from cpuaccel.history import node_files
 from cpuaccel.history.homecoming import Homecoming
 
 RUN_DIR = "/work/runs/20260101-000000-abcdef"
@@ -78,16 +77,6 @@ def test_a_listed_name_that_climbs_out_writes_nothing_outside(node: Node, tmp_pa
     ]  # fmt: skip
 
 
-def test_only_names_the_node_would_read_are_listed(node: Node) -> None:
-    node.listing = [
-        ["metrics.jsonl", 1, MTIME], ["attempt-1/rank-0.log", 1, MTIME], ["../x", 1, MTIME],
-        ["a/b", 1, MTIME], [".hidden", 1, MTIME], ["x\n", 1, MTIME], ["secret.env", 1, MTIME],
-        ["a..b", 1, MTIME], ["", 1, MTIME],
-    ]  # fmt: skip
-    found = node_files.list_files(node, RUN_DIR)  # type: ignore[arg-type]
-    assert [f.name for f in found or []] == ["metrics.jsonl", "attempt-1/rank-0.log"]
-
-
 @pytest.mark.parametrize(
     ("entry", "says"),
     [
@@ -115,12 +104,6 @@ def test_a_number_out_of_range_is_one_host_error(
     with pytest.raises(HostError, match=f"head0: listing the run's files: .*{re.escape(says)}"):
         homecoming.once()
     assert list(homecoming.home.iterdir()) == []
-
-
-def test_a_listing_that_is_no_list_is_one_host_error(node: Node) -> None:
-    node.listing = {"status.json": 2}  # type: ignore[assignment]
-    with pytest.raises(HostError, match="head0: listing the run's files: the answer holds no"):
-        node_files.list_files(node, RUN_DIR)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

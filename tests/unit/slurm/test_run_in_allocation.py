@@ -18,8 +18,7 @@ from cpuaccel.connectors.choose import connector_for
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.connectors.srun import SrunConnector, step_answers
 from cpuaccel.errors import EXIT_OK, EXIT_USAGE, HostError, Unreachable, UsageError
-from cpuaccel.executor import Status
-from cpuaccel.history import fanout
+from cpuaccel.executor import Status, failed, in_one_step
 from cpuaccel.inventory.host import Host
 from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.rundir import render_job_files
@@ -200,8 +199,8 @@ def test_one_step_only_for_the_nodes_of_one_allocation() -> None:
     found = allocation.detect(SLURM)
     assert found is not None
     hosts = list(allocation.inventory(found).hosts.values())
-    assert fanout.in_one_step(hosts)
-    assert not fanout.in_one_step([*hosts, Host("other")])  # an SSH host among them
-    assert not fanout.in_one_step([])
-    result = fanout.failed(hosts[1], Unreachable("node2", "no answer through srun"), 0.5)
+    assert in_one_step(hosts)
+    assert not in_one_step([*hosts, Host("other")])  # an SSH host among them
+    assert not in_one_step([])
+    result = failed(hosts[1], Unreachable("node2", "no answer through srun"), 0.5)
     assert result.status is Status.UNREACHABLE and result.error == "no answer through srun"

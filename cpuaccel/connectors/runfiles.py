@@ -2,7 +2,7 @@
 ``read`` (cpuaccel.node.runfiles), each call bounded by a timeout.
 
 What a node answers is checked before a path or a call is made of it: a listed name
-must be one the node's ``read`` would read (``runfiles.is_run_file``: a plain name,
+must be one the node's ``read`` would read (``node.runfiles.is_run_file``: a plain name,
 directly in the run folder or its ``attempt-N/``), else it is left out; a size, an
 mtime or an offset must be a finite number in range, and a read's offsets must follow
 from the request and the bytes it carries, else the answer is a HostError naming the
