@@ -41,7 +41,7 @@ from broadcast import (
     wire_seconds,
 )
 
-from cpuaccel.connectors.broadcast import Broadcast, payload_file
+from cpuaccel.connectors.broadcast import Broadcast, Listeners, payload_file
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
@@ -66,13 +66,12 @@ def through_broadcast(
     started = time.perf_counter()
     with ConnectionPool(ConnectOptions()) as pool:
         sender = Broadcast(
-            pool.get,
-            pool.options,
+            pool,
             hosts,
             dict.fromkeys(cluster.names, str(dest)),
             files,
             fanout=fanout,
-            note=notes.append,
+            listen=Listeners(note=notes.append),
         )
         out = sender.run()
     elapsed = time.perf_counter() - started

@@ -115,10 +115,12 @@ def sync_target(
                 options,
                 forks=target.forks,
                 connect=connect,
-                on_result=lambda r: tracker.advance(r.host.name),
-                note=lambda line: ui.stderr().print(f"broadcast: {ui.escape(line)}"),
-                progress=tracker.transfer("broadcast"),
                 pool=pool,
+                listen=engine.SyncListeners(
+                    note=lambda line: ui.stderr().print(f"broadcast: {ui.escape(line)}"),
+                    progress=tracker.transfer("broadcast"),
+                    on_result=lambda r: tracker.advance(r.host.name),
+                ),
             )
         _end_leftovers(results, pool, check)
     return SyncResult(source.hash, len(source.entries), tuple(results), check)

@@ -13,9 +13,9 @@ one before it. Each node checks the sha256 of every file it keeps and renames it
 place only when it matches; the controller checks the hashes it is told again. A node
 that fails (its relay ends, or is silent for STALL s) is named and cut out, and the
 nodes it fed are served directly by the controller, from the offset each already holds;
-so are the nodes behind one that falls LAG bytes behind the node feeding it. When the
-nodes cannot ssh to each other, every node is served directly (a star), with one line
-saying why.
+so are the nodes behind one too slow to keep up. When the nodes cannot ssh to each
+other, every node is served directly (a star), with one line saying why. What goes by
+broadcast, the nodes' order and when one is too slow are cpuaccel.connectors.broadcast_policy's.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cpuaccel.connectors import commandline, openssh, programs
 from cpuaccel.connectors.base import Connector, Process
+from cpuaccel.connectors.broadcast_policy import CHAIN, LAG, feeders, relays, slow
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.inventory.host import Host
@@ -41,21 +42,33 @@ from cpuaccel.jsonsource import loads
 from cpuaccel.node import relay
 from cpuaccel.node.relay import FEED
 
-CHAIN = 1  # each node passes the stream to one other: the default fan-out
-
-# What goes by broadcast (sync's changed files, a playbook's synchronize): a file of at
-# least FILE_BYTES that two nodes or more need, when such files add up to MIN_BYTES:
-# below that the set-up of the node-to-node pipeline costs more than the copies it saves.
-FILE_BYTES = 1 << 20
-MIN_BYTES = 16 << 20
-
 STALL = 20.0  # seconds without a relay's heartbeat (it sends one every half second)
 IDLE = 60.0  # seconds a relay waits for a byte, or a hop for its bytes, before it gives up
-# A node is slow when it falls LAG bytes behind the node feeding it (which holds up to
-# the relay's WINDOW for it), or takes nothing for SLOW s while that node has bytes for it.
-LAG = 48 << 20
-SLOW = 10.0
 READ = 1 << 20
+
+
+class Pool(Protocol):
+    """Where the broadcast gets each host's open connection (an executor's
+    ConnectionPool), and the options it verified them with."""
+
+    options: ConnectOptions
+
+    def get(self, host: Host) -> Connector: ...
+
+
+def _quiet(line: str) -> None:
+    """A note nobody takes."""
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """Who hears of a broadcast as it goes: ``note`` takes the lines that name a node
+    cut out or the fall-back to a star; ``on_bytes`` the bytes that every live node now
+    holds, as they grow; ``progress`` (those bytes, of the total)."""
+
+    note: Callable[[str], None] = _quiet
+    on_bytes: Callable[[int], None] | None = None
+    progress: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -111,40 +124,36 @@ class Broadcast:
     """Send ``files`` to every host of ``hosts`` below its root (``roots``), each host
     keeping the files ``keep`` names for it (all by default), through one pipeline.
 
-    ``connect`` gives a host's open connection (the pool's); ``note`` takes the lines
-    that name a node cut out or the fall-back to a star; ``on_bytes`` the bytes that
-    every live node now holds, as they grow; ``progress`` (those bytes, of the total);
+    ``pool`` gives a host's open connection; ``listen`` hears of the broadcast as it
+    goes; ``fanout`` is how many nodes each node feeds (broadcast_policy.feeders);
     ``python`` the interpreter to run on a host (``host.python`` by default)."""
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
-        connect: Callable[[Host], Connector],
-        options: ConnectOptions,
+        pool: Pool,
         hosts: Sequence[Host],
         roots: Mapping[str, str],
         files: Sequence[PayloadFile],
         *,
         keep: Mapping[str, frozenset[str]] | None = None,
         fanout: int = CHAIN,
-        note: Callable[[str], None] = lambda line: None,
-        on_bytes: Callable[[int], None] | None = None,
-        progress: Callable[[int, int], None] | None = None,
+        listen: Listeners = Listeners(),
         python: Callable[[Host], str] | None = None,
     ) -> None:
-        self.connect = connect
+        self.connect = pool.get
         # the node's interpreter for the relay and the feeds: cpuaccel's (host.python) by
         # default; a playbook's runs before that one exists, with the module interpreter
         self.python = python or (lambda host: host.python)
-        self.progress = progress
-        self.options = options
+        self.progress = listen.progress
+        self.options = pool.options
         self.hosts = list(hosts)
         self.roots = dict(roots)
         self.files = list(files)
         self.total = sum(f.size for f in self.files)
         self.keep = keep
         self.fanout = fanout
-        self.note = note
-        self.on_bytes = on_bytes
+        self.note = listen.note
+        self.on_bytes = listen.on_bytes
         self.nodes: dict[str, _Node] = {}
         self.events: queue.Queue[tuple[str, dict[str, Any] | None, str]] = queue.Queue()
         self._feeds: list[Process] = []
@@ -186,18 +195,12 @@ class Broadcast:
             return None, str(exc)
 
     def _lay_out(self) -> None:
-        """Each node's parent: node i is fed by node (i-1)//fanout; the first by the
-        controller. Nodes without ssh to pass on (the controller itself) are fed directly."""
-        chain = [n for n in self.nodes.values() if n.delivery is None and relays(n.host)]
-        for node in self.nodes.values():
-            if node not in chain:
-                node.parent = None
-        if self.fanout < 1:
-            return
-        for i, node in enumerate(chain[1:], start=1):
-            parent = chain[(i - 1) // self.fanout]
-            node.parent = parent.host.name
-            parent.children.append(node.host.name)
+        """Each node's parent (broadcast_policy.feeders), among the nodes reached that
+        relay; the others (the controller itself) are fed directly."""
+        chain = [n.host.name for n in self.nodes.values() if n.delivery is None and relays(n.host)]
+        for child, parent in feeders(chain, self.fanout).items():
+            self.nodes[child].parent = parent
+            self.nodes[parent].children.append(child)
 
     def _loop(self) -> None:
         started = False
@@ -273,7 +276,7 @@ class Broadcast:
                 continue
             behind = self.nodes[node.parent].got - node.got
             still = time.monotonic() - node.moved
-            if behind > LAG or (behind > 0 and still > SLOW):
+            if slow(behind, still):
                 how = f"{behind >> 20} MiB behind" if behind > LAG else f"{still:.0f} s still,"
                 self.note(
                     f"{node.host.name} is slow ({how} {node.parent}): "
@@ -492,11 +495,6 @@ _FAST = (
     "    Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
     "aes128-ctr,aes256-ctr\n"
 )
-
-
-def relays(host: Host) -> bool:
-    """Whether the host can take part in a chain (reached over ssh by the other nodes)."""
-    return not host.is_local and host.vars.get("ansible_connection") != "slurm"
 
 
 def _ssh_words(why: str) -> bool:

@@ -16,7 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from cpuaccel import ui
-from cpuaccel.connectors import broadcast
+from cpuaccel.connectors import broadcast, broadcast_policy
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import UsageError
 from cpuaccel.executor import Answer, ConnectionPool, HostResult, KeptPrograms, Request, call_all
@@ -147,17 +147,11 @@ def _write_each(
 
 
 def _large(files: JobFiles, hosts: list[Host]) -> frozenset[str]:
-    """The files worth one broadcast: each of broadcast.FILE_BYTES or more, no secret,
-    adding up to broadcast.MIN_BYTES, for two hosts or more that relays reach."""
-    if sum(1 for h in hosts if broadcast.relays(h)) < 2:
-        return frozenset()
-    large = {
-        name
-        for name, (_, text) in files.items()
-        if name not in SECRET_FILES and len(text) >= broadcast.FILE_BYTES
-    }
-    total = sum(len(files[name][1]) for name in large)
-    return frozenset(large) if total >= broadcast.MIN_BYTES else frozenset()
+    """The files worth one broadcast (broadcast_policy.choose) to the ``hosts`` that
+    relays reach, each of which needs them all; no secret goes."""
+    sizes = {name: len(text) for name, (_, text) in files.items() if name not in SECRET_FILES}
+    needs = {h.name: sizes.keys() for h in hosts if broadcast_policy.relays(h)}
+    return frozenset().union(*broadcast_policy.choose(needs, sizes).values())
 
 
 def _broadcast(
@@ -170,7 +164,7 @@ def _broadcast(
 ) -> list[str]:
     """Into the run folder of each of ``hosts`` that relays reach, the ``files`` it
     ``needs``; the hosts that kept them all (each checked by sha256 there)."""
-    hosts = [h for h in hosts if broadcast.relays(h)]
+    hosts = [h for h in hosts if broadcast_policy.relays(h)]
     names = sorted(set().union(*(needs[h.name] for h in hosts)))
     with tempfile.TemporaryDirectory(prefix="cpuaccel-cast-") as folder:
         payload = []
@@ -181,18 +175,14 @@ def _broadcast(
                 f.write(text.encode())
             os.chmod(path, mode)
             payload.append(broadcast.payload_file(path, name))
-        sender = broadcast.Broadcast(
-            nodes.pool.get, nodes.connect, hosts, dict.fromkeys([h.name for h in hosts],
-            plan.run_dir), payload, keep={h.name: needs[h.name] for h in hosts}, note=note,
-        )  # fmt: skip
-        done = sender.run()
-    cast = []
-    for name, delivery in done.items():
-        if delivery.ok and set(delivery.kept) == needs[name]:
-            cast.append(name)
-        elif delivery.error:
-            note(f"{name}: the broadcast failed ({delivery.error}): its run files go directly")
-    return sorted(cast)
+        roots = dict.fromkeys([h.name for h in hosts], plan.run_dir)
+        keep = {h.name: needs[h.name] for h in hosts}
+        listen = broadcast.Listeners(note=note)
+        done = broadcast.Broadcast(
+            nodes.pool, hosts, roots, payload, keep=keep, listen=listen
+        ).run()
+    broadcast_policy.fall_back(done, note, "its run files go directly")
+    return sorted(name for name, d in done.items() if d.ok and set(d.kept) == needs[name])
 
 
 def forget_secrets(plan: RunPlan, hosts: list[Host], nodes: Nodes) -> None:

@@ -5,10 +5,10 @@ per node. Before the task's per-host runs, the strategy hands this step the host
 task is ready to run (arguments rendered, ``when`` true, no become, not in check mode).
 Each node says what is at the task's dest (the ``stat`` request: where ``~`` resolves,
 the folder it goes in, and whether the file there is this one already, by size then
-sha1). A source of at least ``broadcast.MIN_BYTES`` that two nodes or more lack goes
-through one broadcast (cpuaccel.connectors.broadcast): it takes its name on a node only
-after its sha256 was checked there, with the task's mode (a new file's, per the node's
-umask, without one). Each host's own run then finds it equal (copy's probe: its sha1)
+sha1). A source worth a broadcast (cpuaccel.connectors.broadcast_policy) that two nodes
+or more lack goes through one (cpuaccel.connectors.broadcast): it takes its name on a
+node only after its sha256 was checked there, with the task's mode (a new file's, per
+the node's umask, without one). Each host's own run then finds it equal (copy's probe: its sha1)
 and sends nothing.
 
 A node whose dest is a folder, whose folder is missing, or that keeps an existing file
@@ -21,21 +21,19 @@ Which nodes got it is left on their HostContext (``broadcast``) for the task's r
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.connectors import broadcast
+from cpuaccel.connectors import broadcast, broadcast_policy
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, fan_out
+from cpuaccel.executor import fan_out
 from cpuaccel.node.moduleutil import want_mode
 from cpuaccel.playbook.actions import ActionError, copy_dest, copy_source, source_sha1
-from cpuaccel.playbook.preparing import deliver
+from cpuaccel.playbook.preparing import Caster
 from cpuaccel.playbook.session import HostContext
 
-Note = Callable[[str], None]
-Moved = Callable[[int, int], None]
 NEW_FILE = -1  # a mode for the relay: what a new file gets there (0o666 less the umask)
 
 
@@ -47,17 +45,11 @@ class Target:
     folder: str
 
 
-def prepare(
-    ready: Sequence[tuple[HostContext, dict[str, Any]]],
-    pool: ConnectionPool,
-    note: Note,
-    moved: Moved,
-) -> None:
-    """One broadcast per source file and name at dest that two hosts or more copy;
-    ``note`` takes a line for each node cut out, ``moved`` the bytes."""
+def prepare(ready: Sequence[tuple[HostContext, dict[str, Any]]], cast: Caster) -> None:
+    """One broadcast per source file and name at dest that two hosts or more copy."""
     groups: dict[tuple[str, str, int], list[tuple[HostContext, dict[str, Any], str]]] = {}
     for ctx, args in ready:
-        if args.get("content") is not None or not broadcast.relays(ctx.host):
+        if args.get("content") is not None or not broadcast_policy.relays(ctx.host):
             continue
         try:
             src = copy_source(ctx, args)
@@ -73,7 +65,7 @@ def prepare(
         groups.setdefault(key, []).append((ctx, args, dest))
     for (path, name, kept), members in groups.items():
         if len(members) >= 2:
-            _one_file(Path(path), name, kept, members, pool, note, moved)
+            _one_file(Path(path), name, kept, members, cast)
 
 
 def _one_file(
@@ -81,12 +73,12 @@ def _one_file(
     name: str,
     mode: int,
     members: list[tuple[HostContext, dict[str, Any], str]],
-    pool: ConnectionPool,
-    note: Note,
-    moved: Moved,
+    cast: Caster,
 ) -> None:
     size = src.stat().st_size
-    if size < broadcast.MIN_BYTES or not name or name in (".", ".."):
+    sizes = {name: size}
+    every = {ctx.host.name: sizes.keys() for ctx, _, _ in members}
+    if not broadcast_policy.worth(every, sizes) or not name or name in (".", ".."):
         return
     sha1 = source_sha1(src)
 
@@ -98,17 +90,15 @@ def _one_file(
             return None  # unreachable, or the node's answer was bad: its own run says so
 
     targets = [t for t in fan_out(members, look, forks=len(members)) if t is not None]
-    if len(targets) < 2:
+    if not broadcast_policy.worth({t.ctx.host.name: sizes.keys() for t in targets}, sizes):
         return
     sent = broadcast.payload_file(str(src), name)
     if sent.size != size:
         return  # the source changed while we looked: each host's run sends what is there
     kept = mode & 0o777 if mode >= 0 else NEW_FILE
     file = broadcast.PayloadFile(sent.rel, sent.local, sent.size, sent.sha256, kept)
-    done = deliver([(t.ctx, t.folder) for t in targets], [file], pool, note, moved)
-    for host, delivery in done.items():
-        if not delivery.ok and delivery.error:
-            note(f"{host}: the broadcast failed ({delivery.error}): copy sends it directly")
+    done = cast.deliver([(t.ctx, t.folder) for t in targets], [file])
+    broadcast_policy.fall_back(done, cast.note, "copy sends it directly")
 
 
 def survey(ctx: HostContext, dest: str, force: bool, size: int, sha1: str) -> Target | None:

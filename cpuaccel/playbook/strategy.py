@@ -26,17 +26,13 @@ from cpuaccel.playbook import copy_broadcast, synchronize_broadcast, templar
 from cpuaccel.playbook import modules as catalogue
 from cpuaccel.playbook.actions import ACTIONS, FINISHERS, HostContext, Result
 from cpuaccel.playbook.loader import Play, Playbook, Task
+from cpuaccel.playbook.preparing import Caster
 
 FACTS_VAR = "cpuaccel_facts"
 
 # A module's step across all of a task's hosts, before each host's own run: given the
-# hosts ready to run it (with their rendered arguments), the pool, a note taker and a
-# bytes meter.
-Preparer = Callable[
-    [Sequence[tuple[HostContext, dict[str, Any]]], ConnectionPool, Callable[[str], None],
-     Callable[[int, int], None]],
-    None,
-]  # fmt: skip
+# hosts ready to run it (with their rendered arguments), and how to broadcast to them.
+Preparer = Callable[[Sequence[tuple[HostContext, dict[str, Any]]], Caster], None]
 PREPARERS: dict[str, Preparer] = {
     "synchronize": synchronize_broadcast.prepare,
     "copy": copy_broadcast.prepare,
@@ -364,7 +360,7 @@ class LinearStrategy:
                 meters.append(self.listener.transfer("broadcast"))
             meters[0](done, total)
 
-        PREPARERS[task.module](ready, self.pool, note, moved)
+        PREPARERS[task.module](ready, Caster(self.pool, note, moved))
 
     def _settle(self, state: HostState, task: Task | None, result: Result) -> None:
         """Count the result, register it, and drop the host if it failed."""

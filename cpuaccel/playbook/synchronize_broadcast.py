@@ -5,13 +5,13 @@ once per node, which for a wheelhouse pushed to many nodes is most of provision'
 Before the task's per-host runs, the strategy hands this step the hosts whose task is
 ready to run (arguments rendered, ``when`` true, no become, not in check mode). Each node
 lists its destination (the ``tree`` request: rsync -a's quick check, size and mtime).
-The regular files of at least ``broadcast.FILE_BYTES`` that two nodes or more lack, when
-they add up to ``broadcast.MIN_BYTES``, go through one broadcast
-(cpuaccel.connectors.broadcast): each lands under its name only after its sha256 was
-checked on the node, with the source's mode and mtime. Each host's rsync then finds them
-equal and sends the rest (and deletes, with ``delete``). A node the broadcast failed is
-named in a note, and its rsync compares contents (--checksum): a file may have taken
-its name there whose report was not believed.
+The large regular files that two nodes or more lack, when they are worth a broadcast
+(cpuaccel.connectors.broadcast_policy), go through one (cpuaccel.connectors.broadcast):
+each lands under its name only after its sha256 was checked on the node, with the
+source's mode and mtime. Each host's rsync then finds them equal and sends the rest (and
+deletes, with ``delete``). A node the broadcast failed is named in a note, and its rsync
+compares contents (--checksum): a file may have taken its name there whose report was
+not believed.
 
 Which files each node got is left on its HostContext (``broadcast``) for the task's
 result: rsync itemizes only what it sent itself.
@@ -20,20 +20,17 @@ result: rsync itemizes only what it sent itself.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpuaccel.connectors import broadcast
+from cpuaccel.connectors import broadcast, broadcast_policy
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.executor import ConnectionPool, fan_out
+from cpuaccel.executor import fan_out
 from cpuaccel.playbook.actions import listing, plain_excludes
-from cpuaccel.playbook.preparing import deliver
+from cpuaccel.playbook.preparing import Caster
 from cpuaccel.playbook.session import HostContext
-
-Note = Callable[[str], None]
-Moved = Callable[[int, int], None]
 
 
 @dataclass
@@ -45,42 +42,36 @@ class Survey:
     lacks: frozenset[str]  # the large files its copy lacks or holds another version of
 
 
-def prepare(
-    ready: Sequence[tuple[HostContext, dict[str, Any]]],
-    pool: ConnectionPool,
-    note: Note,
-    moved: Moved,
-) -> None:
+def prepare(ready: Sequence[tuple[HostContext, dict[str, Any]]], cast: Caster) -> None:
     """One broadcast per source folder that two hosts or more push, of the large files
-    they lack; ``note`` takes a line for each node cut out, ``moved`` the bytes."""
+    they lack."""
     groups: dict[tuple[str, tuple[str, ...]], list[tuple[HostContext, dict[str, Any]]]] = {}
     for ctx, args in ready:
         src = Path(str(args["src"])).expanduser()
         excludes = plain_excludes(args)
-        if excludes is None or not broadcast.relays(ctx.host):
+        if excludes is None or not broadcast_policy.relays(ctx.host):
             continue  # rsync options only rsync knows, or a host the others cannot reach
         if src.is_dir():
             groups.setdefault((str(src.resolve()), tuple(excludes)), []).append((ctx, args))
     for (folder, names), members in groups.items():
         if len(members) >= 2:
-            _one_folder(Path(folder), list(names), members, pool, note, moved)
+            _one_folder(Path(folder), list(names), members, cast)
 
 
 def _one_folder(
     src: Path,
     excludes: list[str],
     members: list[tuple[HostContext, dict[str, Any]]],
-    pool: ConnectionPool,
-    note: Note,
-    moved: Moved,
+    cast: Caster,
 ) -> None:
     local = {
         rel: entry
         for rel, entry in listing(src, excludes).items()
-        if entry[0] >= broadcast.FILE_BYTES and (src / rel).is_file()
+        if broadcast_policy.large(entry[0]) and (src / rel).is_file()
         and not (src / rel).is_symlink()
     }  # fmt: skip
-    if sum(entry[0] for entry in local.values()) < broadcast.MIN_BYTES:
+    sizes = {rel: entry[0] for rel, entry in local.items()}
+    if not broadcast_policy.worth({ctx.host.name: sizes.keys() for ctx, _ in members}, sizes):
         return
 
     def look(member: tuple[HostContext, dict[str, Any]]) -> Survey | None:
@@ -91,20 +82,17 @@ def _one_folder(
             return None  # unreachable, or the node's answer was bad: its own run says so
 
     targets = [t for t in fan_out(members, look, forks=len(members)) if t is not None and t.lacks]
-    wanted = sorted(set().union(*(t.lacks for t in targets)))
-    if len(targets) < 2 or sum(local[rel][0] for rel in wanted) < broadcast.MIN_BYTES:
+    if not broadcast_policy.worth({t.ctx.host.name: t.lacks for t in targets}, sizes):
         return
+    wanted = sorted(set().union(*(t.lacks for t in targets)))
     files = [broadcast.payload_file(str(src / rel), rel, keep_mtime=True) for rel in wanted]
     if any(f.size != local[f.rel][0] for f in files):
         return  # the source changed while we looked: rsync sends what is there now
     keep = {t.ctx.host.name: t.lacks for t in targets}
-    done = deliver([(t.ctx, t.dest) for t in targets], files, pool, note, moved, keep)
+    done = cast.deliver([(t.ctx, t.dest) for t in targets], files, keep)
     by_name = {t.ctx.host.name: t for t in targets}
-    for name, delivery in done.items():
-        if not delivery.ok:
-            by_name[name].ctx.recheck = True
-            if delivery.error:
-                note(f"{name}: the broadcast failed ({delivery.error}): rsync checks it all")
+    for name in broadcast_policy.fall_back(done, cast.note, "rsync checks it all"):
+        by_name[name].ctx.recheck = True
 
 
 def survey(

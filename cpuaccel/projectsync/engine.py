@@ -12,15 +12,14 @@ filesystem) are written once.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from cpuaccel.connectors import broadcast
+from cpuaccel.connectors import broadcast, broadcast_policy
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.choose import keeps_connection
 from cpuaccel.connectors.connect_options import ConnectOptions
@@ -45,26 +44,32 @@ class SyncOptions:
     copy_links: bool = False
 
 
+@dataclass(frozen=True)
+class SyncListeners(broadcast.Listeners):
+    """Who hears of a sync as it goes: the broadcast's listeners (its lines, and the
+    bytes sent, ``on_bytes`` counting every transfer's), and ``on_result`` each node's
+    result as it is known."""
+
+    on_result: Callable[[HostResult[NodeReport]], None] | None = None
+
+
 class Syncer:
     def __init__(
         self,
         source: SourceManifest,
         options: SyncOptions,
         dests: dict[str, str],
-        on_bytes: Callable[[int], None] | None = None,
         memory: SyncMemory | None = None,
         hosts: Sequence[Host] = (),
-        note: Callable[[str], None] = lambda line: None,
-        progress: Callable[[int, int], None] | None = None,
+        listen: SyncListeners = SyncListeners(),
     ) -> None:
         self.source = source
-        self.note = note
-        self.progress = progress
+        self.listen = listen
         # Files each node holds already from the broadcast, verified there by sha256.
         self.delivered: dict[str, frozenset[str]] = {}
         self.options = options
         self.dests = dests
-        self.on_bytes = on_bytes
+        self.on_bytes = listen.on_bytes
         self.shared = SharedDestinations()
         self.memory = memory
         self._memory_lock = threading.Lock()
@@ -134,22 +139,16 @@ class Syncer:
         A node the broadcast failed gets those files the usual way, from the controller."""
         if self.options.check:
             return
-        needs: dict[str, frozenset[str]] = {}
+        sizes = {rel: int(e[2]) for rel, e in self.source.entries.items() if e[0] == "f"}
+        changed: dict[str, list[str]] = {}
         for host in hosts:
             looked = self.looked.get(host.name)
-            if looked is None or not broadcast.relays(host) or not host_has_ssh(pool, host):
+            if looked is None or not broadcast_policy.relays(host) or not host_has_ssh(pool, host):
                 continue
             entries = looked["entries"] if looked["entries"] is not None else self.source.entries
-            changed, _ = plan(self.source, entries)
-            large = [
-                rel
-                for rel in changed
-                if self.source.entries[rel][0] == "f"
-                and int(self.source.entries[rel][2]) >= broadcast.FILE_BYTES
-            ]
-            if large:
-                needs[host.name] = frozenset(large)
-        if len(needs) < 2 or self._bytes_of(needs) < broadcast.MIN_BYTES:
+            changed[host.name] = plan(self.source, entries)[0]
+        needs = broadcast_policy.choose(changed, sizes)
+        if not needs:
             return
         # a destination not made yet: made now (the scan), as the node's own transfer
         # would, so that its filesystem id tells whether other nodes share the folder
@@ -165,7 +164,7 @@ class Syncer:
             if fsids.count(self.looked[name].get("fsid")) == 1
             and self.looked[name].get("fsid") not in self._shared_fsids
         }
-        if len(needs) < 2 or self._bytes_of(needs) < broadcast.MIN_BYTES:
+        if not broadcast_policy.worth(needs, sizes):
             return
         chosen = [h for h in hosts if h.name in needs]
         union = sorted(set().union(*needs.values()))
@@ -180,19 +179,10 @@ class Syncer:
             for rel in union
         ]
         roots = {h.name: str(self.looked[h.name]["dest"]) for h in chosen}
-        sender = broadcast.Broadcast(
-            pool.get, pool.options, chosen, roots, files, keep=needs, note=self.note,
-            on_bytes=self.on_bytes, progress=self.progress,
-        )  # fmt: skip
-        for name, delivery in sender.run().items():
-            if delivery.ok:
-                self.delivered[name] = frozenset(delivery.kept)
-            elif delivery.error:
-                self.note(f"{name}: the broadcast failed ({delivery.error}): sending it directly")
-
-    def _bytes_of(self, needs: dict[str, frozenset[str]]) -> int:
-        """The bytes of every file some node needs, each once."""
-        return sum(int(self.source.entries[rel][2]) for rel in set().union(*needs.values()))
+        sender = broadcast.Broadcast(pool, chosen, roots, files, keep=needs, listen=self.listen)
+        done = sender.run()
+        broadcast_policy.fall_back(done, self.listen.note, "sending it directly")
+        self.delivered = {name: frozenset(d.kept) for name, d in done.items() if d.ok}
 
     def _make(self, conn: Connector) -> None:
         self.looked[conn.host.name] = self._session(conn).request("scan", expect=self.source.hash)
@@ -413,22 +403,20 @@ class Syncer:
         return result
 
 
-def sync(  # noqa: PLR0913
+def sync(
     hosts: Sequence[Host],
     source: SourceManifest,
     options: SyncOptions,
     *,
     forks: int,
     connect: ConnectOptions,
-    on_result: Callable[[HostResult[NodeReport]], None] | None = None,
-    on_bytes: Callable[[int], None] | None = None,
     pool: ConnectionPool | None = None,
-    note: Callable[[str], None] = lambda line: None,
-    progress: Callable[[int, int], None] | None = None,
+    listen: SyncListeners = SyncListeners(),
 ) -> list[HostResult[NodeReport]]:
-    """Sync to every host in parallel. Large files that several nodes need go through
-    one broadcast (``Syncer.broadcast``): ``note`` takes its lines (a node cut out, the
-    fall-back to the star), ``progress`` its bytes (so far, of the total).
+    """Sync to every host in parallel, on ``pool``'s connections (a pool of its own on
+    ``connect`` without one). Large files that several nodes need go through one
+    broadcast (``Syncer.broadcast``): ``listen.note`` takes its lines (a node cut out,
+    the fall-back to the star), ``listen.progress`` its bytes (so far, of the total).
 
     Destinations are checked as text before any connection, then by every node as it
     resolves them, before any node is changed: DestinationRefused (exit 64) when one
@@ -439,78 +427,74 @@ def sync(  # noqa: PLR0913
     is synced once more from the tree as it is then; when files change again, SourceChanging
     names them (exit 64), with the hint to exclude them."""
     held: list[HostResult[NodeReport]] = []  # failures: reported once we know their fate
-    report = on_result or (lambda r: None)
-    once = functools.partial(
-        _sync_once,
-        options=options,
-        forks=forks,
-        connect=connect,
-        on_bytes=on_bytes,
-        pool=pool,
-        note=note,
-        progress=progress,
-    )
+    report = listen.on_result or (lambda r: None)
+    once = _Pass(options, forks, connect, pool, listen)
     results = once(
         hosts,
         source,
-        on_result=lambda r: (report if r.ok or r.status is Status.UNREACHABLE else held.append)(r),
+        lambda r: (report if r.ok or r.status is Status.UNREACHABLE else held.append)(r),
     )
     if not held or not source.changed_since_build():
         for r in held:
             report(r)
         return results
     source.rebuild()  # the tree as it is now, for the nodes that failed
-    again = {r.host.name: r for r in once([r.host for r in held], source, on_result=report)}
+    again = {r.host.name: r for r in once([r.host for r in held], source, report)}
     if any(not r.ok for r in again.values()) and (moved := source.changed_since_build()):
         raise SourceChanging(moved)
     return [again.get(r.host.name, r) for r in results]
 
 
-def _sync_once(  # noqa: PLR0913
-    hosts: Sequence[Host],
-    source: SourceManifest,
-    options: SyncOptions,
-    *,
-    forks: int,
-    connect: ConnectOptions,
-    on_result: Callable[[HostResult[NodeReport]], None] | None = None,
-    on_bytes: Callable[[int], None] | None = None,
-    pool: ConnectionPool | None = None,
-    note: Callable[[str], None] = lambda line: None,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[HostResult[NodeReport]]:
-    dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
-    memory = None if options.check else SyncMemory(source.roots, options.dest_template)
-    syncer = Syncer(source, options, dests, on_bytes, memory, hosts, note, progress)
-    with contextlib.ExitStack() as stack:
-        if pool is None:  # one connection a host for both phases
-            pool = stack.enter_context(ConnectionPool(connect))
-        stack.callback(syncer.close)  # before the pool closes the connections
-        if source.pending:  # files to hash (a cold cache): the nodes' start overlaps it
-            syncer.start_early(hosts[:forks], pool)
-            source.finish()
-        looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
-        raise_refusals([r.value for r in looked])
-        source.save_cache()  # the destinations are accepted: from here on, state is kept
-        done: dict[str, HostResult[NodeReport]] = {}
-        for seen in looked:
-            if isinstance(seen.value, dict):
-                syncer.looked[seen.host.name] = seen.value
-                continue
-            # unreachable, or the node program failed: reported as it is
-            failed = HostResult[NodeReport](
-                seen.host, seen.status, None, seen.error, seen.hint, seen.seconds
-            )
-            done[seen.host.name] = failed
-            if on_result is not None:
+@dataclass(frozen=True)
+class _Pass:
+    """One pass of a sync over some of its hosts (``sync`` makes a second one, for the
+    nodes that failed while the source changed)."""
+
+    options: SyncOptions
+    forks: int
+    connect: ConnectOptions
+    pool: ConnectionPool | None
+    listen: SyncListeners
+
+    def __call__(
+        self,
+        hosts: Sequence[Host],
+        source: SourceManifest,
+        on_result: Callable[[HostResult[NodeReport]], None],
+    ) -> list[HostResult[NodeReport]]:
+        options, forks, pool = self.options, self.forks, self.pool
+        dests = {h.name: render_dest(h, options.dest_template) for h in hosts}
+        memory = None if options.check else SyncMemory(source.roots, options.dest_template)
+        listen = replace(self.listen, on_result=on_result)
+        syncer = Syncer(source, options, dests, memory, hosts, listen)
+        with contextlib.ExitStack() as stack:
+            if pool is None:  # one connection a host for both phases
+                pool = stack.enter_context(ConnectionPool(self.connect))
+            stack.callback(syncer.close)  # before the pool closes the connections
+            if source.pending:  # files to hash (a cold cache): the nodes' start overlaps it
+                syncer.start_early(hosts[:forks], pool)
+                source.finish()
+            looked = run_on_hosts(hosts, syncer.look, forks=forks, pool=pool)
+            raise_refusals([r.value for r in looked])
+            source.save_cache()  # the destinations are accepted: from here on, state is kept
+            done: dict[str, HostResult[NodeReport]] = {}
+            for seen in looked:
+                if isinstance(seen.value, dict):
+                    syncer.looked[seen.host.name] = seen.value
+                    continue
+                # unreachable, or the node program failed: reported as it is
+                failed = HostResult[NodeReport](
+                    seen.host, seen.status, None, seen.error, seen.hint, seen.seconds
+                )
+                done[seen.host.name] = failed
                 on_result(failed)
-        ready = [h for h in hosts if h.name in syncer.looked]
-        syncer.broadcast(ready, pool)
-        for r in run_on_hosts(ready, syncer, forks=forks, on_result=on_result, pool=pool):
-            done[r.host.name] = r
-        if memory is not None:  # while the nodes' programs end (syncer.close waits for them)
-            memory.save()
-    return [done[h.name] for h in hosts]
+            ready = [h for h in hosts if h.name in syncer.looked]
+            syncer.broadcast(ready, pool)
+            for r in run_on_hosts(ready, syncer, forks=forks, on_result=on_result, pool=pool):
+                done[r.host.name] = r
+            if memory is not None:  # while the nodes' programs end (syncer.close waits)
+                memory.save()
+        return [done[h.name] for h in hosts]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from cpuaccel.connectors.broadcast import Broadcast, payload_file
+from cpuaccel.connectors.broadcast import Broadcast, Listeners, payload_file
 from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.inventory.inventory import Inventory
@@ -263,9 +263,8 @@ def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     with slow_links(cluster), ConnectionPool(options) as pool:
         killer = threading.Thread(target=kill_node2_once_it_holds_bytes)
         killer.start()
-        sender = Broadcast(
-            pool.get, options, hosts, dict.fromkeys(NODES, root), files, note=notes.append
-        )
+        listen = Listeners(note=notes.append)
+        sender = Broadcast(pool, hosts, dict.fromkeys(NODES, root), files, listen=listen)
         started = time.monotonic()
         out = sender.run()
         took = time.monotonic() - started
@@ -285,7 +284,7 @@ def test_a_node_killed_mid_broadcast_is_named_and_the_others_complete(
     # the next broadcast of that file (provision's next copy) sweeps what node2's killed
     # relay left, seconds after: no live relay holds it
     with ConnectionPool(options) as pool:
-        again = Broadcast(pool.get, options, hosts, dict.fromkeys(NODES, root), files).run()
+        again = Broadcast(pool, hosts, dict.fromkeys(NODES, root), files).run()
     assert all(delivery.ok for delivery in again.values()), again
     for node in NODES:
         assert digests(cluster, node, root) == {"sub/big": sha(data)}, node

@@ -147,7 +147,7 @@ def test_a_file_changing_during_the_sync_is_retried_once(
         SyncOptions("{{ cpuaccel_workdir }}/proj"),
         forks=1,
         connect=ConnectOptions(),
-        on_result=lambda r: seen.append(r.status),
+        listen=engine.SyncListeners(on_result=lambda r: seen.append(r.status)),
     )
     assert [r.status for r in results] == [Status.OK], [r.error for r in results]
     assert len(calls) == 2 and seen == [Status.OK]  # the failed first try was not reported
