@@ -376,7 +376,7 @@ class Broadcast:
         name = node.host.name
         try:
             node.kept = programs.Kept(node.conn, "relay", [], self.python(node.host))
-            node.kept.send(json.dumps(self._request(node)).encode() + b"\n")
+            node.kept.send(json.dumps(self._request(node).wire()).encode() + b"\n")
             while True:
                 answer = node.kept.answer("the broadcast relay", STALL)
                 self.events.put((name, answer, ""))
@@ -387,7 +387,7 @@ class Broadcast:
         except Exception as exc:
             self.events.put((name, None, f"{type(exc).__name__}: {exc}"))
 
-    def _request(self, node: _Node) -> dict[str, Any]:
+    def _request(self, node: _Node) -> relay.Request:
         children = [self.nodes[c] for c in node.children]
         # the relay names its own in-memory known_hosts on ssh's command line, which wins
         # over the config's: /dev/null here, so that no other file could ever be trusted
@@ -399,27 +399,28 @@ class Broadcast:
             key = child.conn.host_key()
             if key:
                 keys.append(openssh.known_hosts_line(child.host, key))
-        return {
-            "socket": node.socket,
-            "key": node.key,
-            "root": self.roots[node.host.name],
-            "files": [
-                [f.rel, f.size, f.sha256, f.mode, f.rel in node.keep, f.mtime_ns]
+        return relay.Request(
+            relay.VERSION,
+            node.socket,
+            node.key,
+            self.roots[node.host.name],
+            [
+                relay.RelayFile(f.rel, f.size, f.sha256, f.mode, f.rel in node.keep, f.mtime_ns)
                 for f in self.files
             ],
-            "hops": [
-                {
-                    "name": c.host.name,
-                    "command": commandline.shell_line(self._feed_argv(c.host)),
-                    "socket": c.socket,
-                    "key": c.key,
-                }
+            [
+                relay.Hop(
+                    c.host.name,
+                    commandline.shell_line(self._feed_argv(c.host)),
+                    c.socket,
+                    c.key,
+                )
                 for c in children
             ],
-            "ssh_config": config,
-            "known_hosts": "".join(keys),
-            "idle": IDLE,
-        }
+            config,
+            "".join(keys),
+            IDLE,
+        )
 
     def _feed_argv(self, host: Host) -> list[str]:
         """The feed run on ``host`` (its interpreter, no site: stdlib only)."""

@@ -2,23 +2,25 @@
 
 Part of cpuaccel's node package (see ``cpuaccel.node``): stdlib only, Python 3.8+. The
 controller (cpuaccel.connectors.broadcast) starts one relay a node, all at once, and
-sends each its request as one JSON line on stdin:
+sends each its request, a ``Request`` (a JSON object, its files ``RelayFile`` lists),
+as one line on stdin:
 
+  version  VERSION: the controller and this program ship together; a request of
+           another version is refused in one line
   socket   the abstract Unix socket name it listens on (Linux: one namespace a network
            namespace, no file to leave behind), where its upstream's feed connects
   key      what a feed must present first (never in argv: ``ps`` shows argv)
-  root     the folder the files land below; ``files``: [rel, size, sha256, mode (-1: a
-           new file's here, 0o666 less the umask), keep, mtime_ns or null] in the order
-           of the stream (a file not kept is only passed on; a kept one gets the mtime
+  root     the folder the files land below; ``files``: the stream's files in order
+           (``RelayFile``: a file not kept is only passed on; a kept one gets the mtime
            given, else keeps the time it was written)
-  hops     the nodes it passes the stream to: name, the quoted remote command of their
-           feed, and their socket and key; ``ssh_config``/``known_hosts``: the texts of
-           the ssh files it reaches them with, kept in memory files (memfd) that its ssh
-           reads as /proc/self/fd/N: nothing on disk, and nothing left if the relay is
-           killed
+  hops     the nodes it passes the stream to (``Hop``: name, the quoted remote command
+           of their feed, and their socket and key); ``ssh_config``/``known_hosts``: the
+           texts of the ssh files it reaches them with, kept in memory files (memfd) that
+           its ssh reads as /proc/self/fd/N: nothing on disk, and nothing left if the
+           relay is killed
   idle     seconds without a byte or a word from the controller before it gives up
 
-The request is checked before anything is made (``check_request``): a file name that is
+The request is checked before anything is made (``Request.read``): a file name that is
 absolute, holds ``..``, an empty or ``.`` part or a NUL is refused with one error line,
 whoever sent it. Anyone on the node can connect to the socket: the ``Gate`` takes every
 connection as it comes and reads each key with a short deadline in a thread of its own,
@@ -62,6 +64,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import TMP_MARK, create_new
@@ -69,7 +72,7 @@ from cpuaccel.node.mux import fast_kex
 from cpuaccel.node.nofollow import open_folder, parent_of
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # typing is not imported at run time: the node pays for every import
+if TYPE_CHECKING:  # only NamedTuple is imported at run time: the node pays for every import
     from typing import IO, Any, BinaryIO
 
 CHUNK = 1 << 20
@@ -138,17 +141,115 @@ except OSError as e:sys.exit(m+"the relay stopped taking the stream: %s"%(e.stre
 """
 
 
+VERSION = 1  # of ``Request``: a relay reads its own version only
+
+
+class RelayFile(NamedTuple):
+    """One file of the stream (a JSON list in the request)."""
+
+    rel: str  # '/'-separated, normalised, below the relay's root
+    size: int
+    sha256: str
+    mode: int  # -1: a new file's here, 0o666 less the umask
+    keep: bool  # False: only passed on
+    mtime_ns: int | None = None  # the kept copy's mtime, or the time it was written
+
+
+class Hop(NamedTuple):
+    """A node the relay passes the stream to."""
+
+    name: str
+    command: str  # the quoted remote command of its feed
+    socket: str
+    key: str
+
+
+class Request(NamedTuple):
+    """What a relay is asked to do: the first line the controller sends it."""
+
+    version: int
+    socket: str
+    key: str
+    root: str
+    files: list[RelayFile]
+    hops: list[Hop]
+    ssh_config: str = ""
+    known_hosts: str = ""
+    idle: float = 120
+
+    def wire(self) -> dict[str, Any]:
+        """The request as its JSON object (each file a list, each hop an object)."""
+        return {**self._asdict(), "hops": [hop._asdict() for hop in self.hops]}
+
+    @classmethod
+    def read(cls, request: object) -> Request:
+        """The request a JSON object says; ValueError naming the first part of it the
+        relay will not act on (it checks what it is sent, whoever sends it)."""
+        if not isinstance(request, dict):
+            raise ValueError("not an object")
+        version = request.get("version")
+        if version != VERSION:
+            raise ValueError(
+                f"version {version!r}, where this relay reads {VERSION}: "
+                "the controller and the node program must come from the same cpuaccel"
+            )
+        for word in ("socket", "key", "root"):
+            value = request.get(word)
+            if not isinstance(value, str) or not value or "\0" in value:
+                raise ValueError(f"{word} is not a name")
+        files = request.get("files")
+        if not isinstance(files, list):
+            raise ValueError("files is not a list")
+        stream = [_file(f) for f in files]
+        hops = request.get("hops", [])
+        if not isinstance(hops, list) or not all(
+            isinstance(h, dict) and all(isinstance(h.get(k), str) for k in Hop._fields)
+            for h in hops
+        ):
+            raise ValueError("hops is not a list of {name, command, socket, key}")
+        idle = request.get("idle", 120)
+        if type(idle) not in (int, float) or not 0 < idle < 86400:
+            raise ValueError("idle is not a number of seconds")
+        return cls(
+            VERSION,
+            str(request["socket"]),
+            str(request["key"]),
+            str(request["root"]),
+            stream,
+            [Hop(*(str(h[k]) for k in Hop._fields)) for h in hops],
+            str(request.get("ssh_config", "")),
+            str(request.get("known_hosts", "")),
+            float(idle),
+        )
+
+
+def _file(f: object) -> RelayFile:
+    """One file of a request's list; ValueError naming what is wrong with it."""
+    if not isinstance(f, list) or not 5 <= len(f) <= 6:
+        raise ValueError(f"a file is not [name, size, sha256, mode, keep, mtime]: {f!r:.80}")
+    file = RelayFile(*f)
+    why = name_problem(file.rel)
+    if why is not None:
+        raise ValueError(f"file name {file.rel!r:.200}: {why}")
+    whole = all(type(v) is int for v in (file.size, file.mode))
+    whole = whole and (file.mtime_ns is None or type(file.mtime_ns) is int)
+    typed = isinstance(file.sha256, str) and isinstance(file.keep, bool)
+    if not whole or file.size < 0 or not typed:
+        raise ValueError(f"file {file.rel!r:.200}: size, sha256, mode, keep or mtime malformed")
+    return file
+
+
 def header(socket_name: str, key: str, wait: float) -> bytes:
     """A feed's first line: the relay's socket, its key and how long to try (hex words)."""
     return f"{socket_name} {key} {wait:g}\n".encode()
 
 
 class Relay:
-    def __init__(self, request: dict[str, Any]) -> None:
+    def __init__(self, request: Request) -> None:
         self.request = request
-        self.files = [list(f) for f in request["files"]]
-        self.total = sum(int(f[1]) for f in self.files)
-        self.idle = float(request.get("idle", 120))
+        self.files = request.files
+        self.total = sum(f.size for f in self.files)
+        self.idle = request.idle
         self.got = 0
         self.lock = threading.Condition()
         self.out = threading.Lock()
@@ -164,9 +265,9 @@ class Relay:
         # The names kept in each folder (by its relative path), whose leftovers are swept
         # from that folder once, before its first file is written.
         self.unswept: dict[str, set[str]] = {}
-        for rel, _size, _sha, _mode, keep in (f[:5] for f in self.files):
-            if keep:
-                parent, _, name = str(rel).rpartition("/")
+        for f in self.files:
+            if f.keep:
+                parent, _, name = f.rel.rpartition("/")
                 self.unswept.setdefault(parent, set()).add(name)
         self.last_word = time.monotonic()
         self.failure = ""
@@ -180,24 +281,24 @@ class Relay:
 
     # ------------------------------------------------------------- hops
     def start_hops(self) -> None:
-        if not self.request["hops"]:
+        if not self.request.hops:
             return
         # ssh closes every descriptor it inherits but 0-2 as it starts, so it reads the
         # files through this process's own (open until the relay ends)
         here = f"/proc/{os.getpid()}/fd"
         # last, so that any key exchange the hosts' own blocks name wins over it
-        text = str(self.request.get("ssh_config", "")) + fast_kex()
+        text = self.request.ssh_config + fast_kex()
         config = _memory_file("ssh_config", text)
-        known = _memory_file("known_hosts", str(self.request.get("known_hosts", "")))
-        for hop in self.request["hops"]:
+        known = _memory_file("known_hosts", self.request.known_hosts)
+        for hop in self.request.hops:
             self.start_hop(hop, f"{here}/{config}", f"{here}/{known}")
 
-    def start_hop(self, hop: dict[str, Any], config: str, known: str) -> None:
+    def start_hop(self, hop: Hop, config: str, known: str) -> None:
         """One hop's ssh, its config and known keys read from the memory files (the
         command line's UserKnownHostsFile wins over any the config names)."""
-        name = str(hop["name"])
+        name = hop.name
         argv = ["ssh", "-F", config, "-T", "-x", "-o", "ControlPath=none"]
-        argv += ["-o", f"UserKnownHostsFile={known}", name, str(hop["command"])]
+        argv += ["-o", f"UserKnownHostsFile={known}", name, hop.command]
         try:
             proc = subprocess.Popen(
                 argv,
@@ -213,7 +314,7 @@ class Relay:
         try:
             assert proc.stdin is not None
             _widen(proc.stdin.fileno())
-            proc.stdin.write(header(str(hop["socket"]), str(hop["key"]), self.idle))
+            proc.stdin.write(header(hop.socket, hop.key, self.idle))
             proc.stdin.flush()
         except OSError:
             pass  # its end is read below
@@ -367,7 +468,7 @@ class Relay:
                     pos = 0
                     while pos < n:
                         f = self.files[index]
-                        room = int(f[1]) - done_in_file
+                        room = f.size - done_in_file
                         part = data[pos : pos + room]
                         if current is not None:
                             current[2].update(part)
@@ -375,7 +476,7 @@ class Relay:
                                 _write_all(current[0], part)
                         pos += len(part)
                         done_in_file += len(part)
-                        if done_in_file == int(f[1]) and current is not None:
+                        if done_in_file == f.size and current is not None:
                             self.close_file(index, current)
                             index, current = self.advance(index + 1, None)
                             done_in_file = 0
@@ -422,7 +523,7 @@ class Relay:
         """File ``index`` opened (unless ``current`` is it), empty files kept at once."""
         while index < len(self.files):
             current = current or self.open_file(index)
-            if int(self.files[index][1]) > 0:
+            if self.files[index].size > 0:
                 return index, current
             self.close_file(index, current)
             index, current = index + 1, None
@@ -440,18 +541,18 @@ class Relay:
     # ------------------------------------------------------------- files
     def open_file(self, index: int) -> list[Any]:
         """[descriptor or -1, (folder, name, temporary name), sha256] of file ``index``."""
-        rel, _size, _sha, _mode, keep = self.files[index][:5]
+        rel, keep = self.files[index].rel, self.files[index].keep
         digest = hashlib.sha256()
         if not keep:
             return [-1, None, digest]
         root = open_folder(self.root)
         try:
-            way = parent_of(root, str(rel), create=True)
+            way = parent_of(root, rel, create=True)
         finally:
             os.close(root)
         assert way is not None
         folder, name = way
-        names = self.unswept.pop(str(rel).rpartition("/")[0], None)
+        names = self.unswept.pop(rel.rpartition("/")[0], None)
         if names is not None:
             _remove_stale(folder, names, self.idle * STALE_IDLES)
         temp = "." + name + TMP_MARK + os.urandom(8).hex()
@@ -461,8 +562,7 @@ class Relay:
         return [fd, (folder, name, temp), digest]
 
     def close_file(self, index: int, current: list[Any]) -> None:
-        rel, _size, sha, mode, keep = self.files[index][:5]
-        mtime = self.files[index][5] if len(self.files[index]) > 5 else None
+        rel, _size, sha, mode, keep, mtime = self.files[index]
         if not keep:
             return
         fd, (folder, name, temp), digest = current
@@ -474,9 +574,9 @@ class Relay:
                 os.unlink(temp, dir_fd=folder)
                 self.say(file=rel, bad=got)
                 return
-            os.fchmod(fd, int(mode) & 0o777 if int(mode) >= 0 else 0o666 & ~self.umask)
+            os.fchmod(fd, mode & 0o777 if mode >= 0 else 0o666 & ~self.umask)
             if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
-                os.utime(fd, ns=(int(mtime), int(mtime)))
+                os.utime(fd, ns=(mtime, mtime))
             os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
             self.say(file=rel, kept=got)
         except OSError as exc:
@@ -493,7 +593,7 @@ class Relay:
 
     @property
     def root(self) -> str:
-        return str(self.request["root"])
+        return self.request.root
 
 
 class Gate:
@@ -760,13 +860,13 @@ def _controller(relay: Relay, stdin: BinaryIO) -> None:
             relay.reroute()
 
 
-def serve(request: dict[str, Any], stdin: BinaryIO) -> int:
+def serve(request: Request, stdin: BinaryIO) -> int:
     relay = Relay(request)
     os.makedirs(relay.root, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    gate = Gate(server, str(request["key"]))
+    gate = Gate(server, request.key)
     try:
-        server.bind("\0" + str(request["socket"]))
+        server.bind("\0" + request.socket)
         server.listen(BACKLOG)
         threading.Thread(target=gate.run, daemon=True).start()
         relay.start_hops()
@@ -832,52 +932,18 @@ def name_problem(rel: object) -> str | None:
     return None
 
 
-def check_request(request: dict[str, Any]) -> None:
-    """ValueError naming the first part of the request the relay will not act on: it
-    checks what it is sent, whoever sends it."""
-    for word in ("socket", "key", "root"):
-        value = request.get(word)
-        if not isinstance(value, str) or not value or "\0" in value:
-            raise ValueError(f"{word} is not a name")
-    files = request.get("files")
-    if not isinstance(files, list):
-        raise ValueError("files is not a list")
-    for f in files:
-        if not isinstance(f, list) or not 5 <= len(f) <= 6:
-            raise ValueError(f"a file is not [name, size, sha256, mode, keep, mtime]: {f!r:.80}")
-        rel, size, sha, mode, keep = f[:5]
-        why = name_problem(rel)
-        if why is not None:
-            raise ValueError(f"file name {rel!r:.200}: {why}")
-        mtime = f[5] if len(f) > 5 else None
-        whole = all(type(v) is int for v in (size, mode)) and (mtime is None or type(mtime) is int)
-        if not whole or size < 0 or not isinstance(sha, str) or not isinstance(keep, bool):
-            raise ValueError(f"file {rel!r:.200}: size, sha256, mode, keep or mtime malformed")
-    hops = request.get("hops", [])
-    if not isinstance(hops, list) or not all(
-        isinstance(h, dict) and all(isinstance(h.get(k), str) for k in HOP_WORDS) for h in hops
-    ):
-        raise ValueError("hops is not a list of {name, command, socket, key}")
-    idle = request.get("idle", 120)
-    if type(idle) not in (int, float) or not 0 < idle < 86400:
-        raise ValueError("idle is not a number of seconds")
-
-
-HOP_WORDS = ("name", "command", "socket", "key")
-
-
 def main() -> None:
     # After BOOT's LENGTH (cpuaccel.connectors.programs): the request is stdin's next line.
     stdin = sys.stdin.buffer
     try:
-        request = loads(stdin.readline(REQUEST_LIMIT), REQUEST_LIMIT)
-        if not isinstance(request, dict):
+        said = loads(stdin.readline(REQUEST_LIMIT), REQUEST_LIMIT)
+        if not isinstance(said, dict):
             raise ValueError("not an object")
     except ValueError as exc:
         print(json.dumps({"error": f"the relay's request was not understood: {exc}"}))
         sys.exit(2)
     try:
-        check_request(request)
+        request = Request.read(said)
     except ValueError as exc:
         print(json.dumps({"error": f"the relay's request was refused: {exc}"}))
         sys.exit(2)

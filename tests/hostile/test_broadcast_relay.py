@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -25,7 +24,15 @@ from hypothesis import strategies as st
 
 from cpuaccel import node
 from cpuaccel.connectors import programs
-from cpuaccel.node.relay import FEED, KEY_SECONDS, header, name_problem
+from cpuaccel.node.relay import (
+    FEED,
+    KEY_SECONDS,
+    VERSION,
+    RelayFile,
+    Request,
+    header,
+    name_problem,
+)
 from tests.unit.node.test_relay import Relay
 
 SILENT = 12  # connections that never send a byte
@@ -94,16 +101,16 @@ def start(root: Path, names: list[str], data: bytes) -> tuple[int, list[str], by
     """A relay told to write ``data`` at each of ``names`` below root, then fed the
     stream with its real key (as the controller and the hops do) when it says ready;
     its exit code, answer lines and stderr."""
-    request: dict[str, Any] = {
-        "socket": "cpuaccel-relay-test-" + secrets.token_hex(8),
-        "key": secrets.token_hex(16),
-        "root": str(root),
-        "files": [[rel, len(data), hashlib.sha256(data).hexdigest(), 0o644, True] for rel in names],
-        "hops": [],
-        "ssh_config": "",
-        "known_hosts": "",
-        "idle": 5,
-    }
+    sha = hashlib.sha256(data).hexdigest()
+    request = Request(
+        VERSION,
+        "cpuaccel-relay-test-" + secrets.token_hex(8),
+        secrets.token_hex(16),
+        str(root),
+        [RelayFile(rel, len(data), sha, 0o644, True) for rel in names],
+        [],
+        idle=5,
+    )
     proc = subprocess.Popen(
         programs.argv(sys.executable, "relay"),
         stdin=subprocess.PIPE,
@@ -111,13 +118,13 @@ def start(root: Path, names: list[str], data: bytes) -> tuple[int, list[str], by
         stderr=subprocess.PIPE,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    proc.stdin.write(node.program("relay") + json.dumps(request).encode() + b"\n")
+    proc.stdin.write(node.program("relay") + json.dumps(request.wire()).encode() + b"\n")
     proc.stdin.flush()
     first = proc.stdout.readline()
     if b"ready" in first:
         subprocess.run(
             [sys.executable, "-S", "-c", FEED],
-            input=header(request["socket"], request["key"], 5) + data * len(names),
+            input=header(request.socket, request.key, 5) + data * len(names),
             capture_output=True,
             timeout=30,
         )

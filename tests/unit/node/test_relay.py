@@ -22,7 +22,7 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.node.relay import ACCEPT_POLL, FEED, header
+from cpuaccel.node.relay import ACCEPT_POLL, FEED, VERSION, Hop, RelayFile, Request, header
 from tests.unit.node.interpreters import old_python
 
 
@@ -40,19 +40,18 @@ class Relay:
         self.python = python
         self.socket = "cpuaccel-relay-test-" + secrets.token_hex(8)
         self.key = secrets.token_hex(16)
-        request = {
-            "socket": self.socket,
-            "key": self.key,
-            "root": str(root),
-            "files": [
-                [rel, len(data), hashlib.sha256(data).hexdigest(), mode, keep]
+        request = Request(
+            VERSION,
+            self.socket,
+            self.key,
+            str(root),
+            [
+                RelayFile(rel, len(data), hashlib.sha256(data).hexdigest(), mode, keep)
                 for rel, data, keep in files
             ],
-            "hops": [],
-            "ssh_config": "",
-            "known_hosts": "",
-            "idle": 5,
-        }
+            [],
+            idle=5,
+        ).wire()
         argv = programs.argv(python, "relay")
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -357,3 +356,58 @@ def test_a_folder_where_a_file_goes_is_said_as_such(root: Path, tmp_path: Path) 
     assert bad["error"] == "a folder stands where the file goes", bad
     assert (root / "f" / "inside").read_bytes() == b"the user's"
     assert temporaries(root) == []
+
+
+# ---------------------------------------------------------------- the request
+
+
+def a_request() -> Request:
+    return Request(
+        VERSION,
+        "cpuaccel-relay-test",
+        "k" * 32,
+        "/srv/root",
+        [
+            RelayFile("sub/big", 3 << 20, "ab" * 32, 0o640, True, 1_700_000_000_123_456_789),
+            RelayFile("passed-on", 10, "cd" * 32, -1, False),
+        ],
+        [Hop("node2", "python3 -S -c ...", "cpuaccel-relay-next", "n" * 32)],
+        "Host node2\n",
+        "node2 ssh-ed25519 AAAA\n",
+        7.5,
+    )
+
+
+def test_a_request_reads_back_as_it_was_sent_each_file_a_json_list() -> None:
+    sent = a_request()
+    line = json.dumps(sent.wire())
+    assert json.loads(line)["files"][1] == ["passed-on", 10, "cd" * 32, -1, False, None]
+    assert Request.read(json.loads(line)) == sent
+
+
+@pytest.mark.parametrize("version", [None, 0, VERSION + 1, str(VERSION)])
+def test_a_request_of_another_version_is_refused_naming_both(version: object) -> None:
+    said = {**a_request().wire(), "version": version}
+    if version is None:
+        del said["version"]
+    with pytest.raises(ValueError, match=f"version {version!r}, where this relay reads {VERSION}"):
+        Request.read(said)
+
+
+def test_the_relay_refuses_another_version_in_one_line_having_made_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    request = {**a_request()._replace(root=str(root), hops=[]).wire(), "version": VERSION + 1}
+    done = subprocess.run(
+        programs.argv(sys.executable, "relay"),
+        input=node.program("relay") + json.dumps(request).encode() + b"\n",
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == 1 and b"Traceback" not in done.stderr, (lines, done.stderr)
+    error = json.loads(lines[0])["error"]
+    assert error.startswith("the relay's request was refused: version 2, where this relay reads 1")
+    assert not root.exists()
