@@ -213,6 +213,8 @@ class Broadcast:
             if name:
                 try:
                     self._take(self.nodes[name], event, why)
+                except relay.OtherVersion as exc:
+                    self._fail(name, str(exc))
                 except (ValueError, TypeError, KeyError, AttributeError):
                     self._fail(name, f"its relay's answer was not understood: {event!r:.80}")
             if not started and (self._settled() or time.monotonic() > settle_by):
@@ -290,57 +292,57 @@ class Broadcast:
         if event is None:
             self._fail(node.host.name, why)
             return
-        if event.get("ready"):
+        said = relay.answer_of(event)
+        if isinstance(said, relay.Ready):
             node.ready = True
             node.hops = dict.fromkeys(node.children)
-        elif "hop" in event:
-            child = str(event["hop"])
+        elif isinstance(said, (relay.HopUp, relay.HopLost)):
+            child = said.hop
             if child not in node.hops:
                 return
-            if event.get("up"):
+            if isinstance(said, relay.HopUp):
                 node.hops[child] = True
             else:
                 first = node.hops[child] is None
                 node.hops[child] = False
-                self._hop_why[(node.host.name, child)] = str(event.get("lost", ""))
+                self._hop_why[(node.host.name, child)] = said.lost
                 if not first:  # lost mid-stream: the child is fed directly from here on
                     self._reroute(child, f"its feed from {node.host.name} ended")
-        elif "got" in event and "end" not in event:
-            if int(event["got"]) > node.got:
-                node.got, node.moved = int(event["got"]), time.monotonic()
-        elif "file" in event:
-            self._file(node, event)
-        elif "end" in event:
+        elif isinstance(said, relay.Got):
+            if said.got > node.got:
+                node.got, node.moved = said.got, time.monotonic()
+        elif isinstance(said, (relay.Kept, relay.Bad)):
+            self._file(node, said)
+        elif isinstance(said, relay.Ended):
             node.ended = True
-            node.got = int(event.get("got", node.got))
+            node.got = said.got
             node.delivery = Delivery(
                 node.host.name, node.kept_files, node.bad_files, direct=node.parent is None
             )
-            if not event["end"]:
-                failure = f": {event['failure']}" if event.get("failure") else ""
+            if not said.end:
+                failure = f": {said.failure}" if said.failure else ""
                 node.delivery.error = (
                     f"its relay ended with {node.got} of {self.total} bytes{failure}"
                 )
                 self._cut_children(node)
-        elif "stalled" in event:
+        else:
             self._fail(node.host.name, f"no byte came within {IDLE:g} s")
 
-    def _file(self, node: _Node, event: dict[str, Any]) -> None:
-        rel = str(event["file"])
+    def _file(self, node: _Node, said: relay.Kept | relay.Bad) -> None:
+        rel = said.file
         wanted = next((f.sha256 for f in self.files if f.rel == rel), None)
-        if "kept" in event and event["kept"] == wanted:
-            node.kept_files[rel] = str(event["kept"])
-        elif "kept" in event:  # it kept what it says is something else: not to be trusted
+        if isinstance(said, relay.Kept) and said.kept == wanted:
+            node.kept_files[rel] = said.kept
+        elif isinstance(said, relay.Kept):  # it kept another file: not to be trusted
             self._fail(
                 node.host.name,
-                f"it reported sha256 {str(event['kept'])[:16]}... for {rel}, "
+                f"it reported sha256 {said.kept[:16]}... for {rel}, "
                 f"not the sent {str(wanted)[:16]}...",
             )
         else:
             node.bad_files.append(rel)
-            if event.get("error"):  # it arrived whole: its name could not be given to it
-                why = str(event["error"])[:200]
-                self.note(f"{node.host.name}: {rel} not kept there: {why}")
+            if said.error:  # it arrived whole: its name could not be given to it
+                self.note(f"{node.host.name}: {rel} not kept there: {said.error[:200]}")
             else:
                 self.note(f"{node.host.name}: {rel} arrived with another sha256; removed there")
 

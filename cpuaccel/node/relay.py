@@ -41,9 +41,10 @@ each of its temporary files: only those nobody holds go). Chunks are kept in mem
 for the hops (at most WINDOW bytes ahead of the slowest), so a slow next node does not
 slow this one until it falls that far behind.
 
-Answers are JSON lines on stdout: ``ready``, ``hop`` (up, or lost with ssh's words),
-``got`` (a heartbeat every HEARTBEAT s, with the bytes each hop has taken), ``file``
-(kept with its sha256, or bad), ``end``. Requests on stdin after the first: ``drop``
+Answers are JSON lines on stdout, each the fields of a record (``answer_of`` reads
+them back): ``Ready`` (with the version), ``HopUp`` or ``HopLost`` (with ssh's words),
+``Got`` (a heartbeat every HEARTBEAT s, with the bytes each hop has taken), ``Kept`` or
+``Bad`` (a file), ``Stalled``, ``Ended``. Requests on stdin after the first: ``drop``
 (stop passing on to a hop), ``reroute`` (end the current upstream, take the next
 feed). EOF on stdin before the end: abort, temporary files removed.
 """
@@ -73,7 +74,7 @@ from cpuaccel.node.nofollow import open_folder, parent_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # only NamedTuple is imported at run time: the node pays for every import
-    from typing import IO, Any, BinaryIO
+    from typing import IO, Any, BinaryIO, TypeAlias
 
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031  # fcntl's name for it only from Python 3.10
@@ -223,6 +224,107 @@ class Request(NamedTuple):
         )
 
 
+class Ready(NamedTuple):
+    """The relay listens, every hop's ssh started; the version of its records."""
+
+    ready: bool = True
+    version: int = VERSION
+
+
+class HopUp(NamedTuple):
+    """A hop's relay took the stream."""
+
+    hop: str
+    up: bool = True
+
+
+class HopLost(NamedTuple):
+    """A hop took no stream, or stopped taking it: ``lost`` says why (ssh's words, or
+    its feed's, marked FEED_SAYS)."""
+
+    hop: str
+    lost: str
+
+
+class Got(NamedTuple):
+    """The heartbeat: the bytes here, and each hop's taken."""
+
+    got: int
+    sent: dict[str, int]
+
+
+class Kept(NamedTuple):
+    """A file took its name here, its sha256 the one expected."""
+
+    file: str
+    kept: str
+
+
+class Bad(NamedTuple):
+    """A file not kept: it arrived with another sha256 (``bad``), or whole but its name
+    could not be given to it (``error``)."""
+
+    file: str
+    bad: str
+    error: str | None = None
+
+
+class Ended(NamedTuple):
+    """The relay's last word: whether every byte came (and was passed on)."""
+
+    end: bool
+    got: int
+    sent: dict[str, int] | None = None
+    failure: str | None = None  # why the receiver stopped, when it did before the end
+
+
+class Stalled(NamedTuple):
+    """No byte came within the idle bound."""
+
+    stalled: int
+
+
+if TYPE_CHECKING:
+    Answer: TypeAlias = Ready | HopUp | HopLost | Got | Kept | Bad | Ended | Stalled
+
+
+def wire(answer: Answer) -> str:
+    """An answer as its JSON line: an object of the fields that are set."""
+    return json.dumps({k: v for k, v in answer._asdict().items() if v is not None}) + "\n"
+
+
+class OtherVersion(ValueError):
+    """A relay's records are of another version than the controller's."""
+
+
+def answer_of(said: dict[str, Any]) -> Answer:
+    """The answer a relay's JSON line says; OtherVersion for a Ready of another version,
+    ValueError (or TypeError, KeyError) for a line that is no answer of a relay."""
+    if said.get("ready"):
+        if said.get("version") != VERSION:
+            raise OtherVersion(
+                f"its relay's records are version {said.get('version')!r}, "
+                f"this controller's {VERSION}"
+            )
+        return Ready()
+    if "hop" in said:
+        hop = str(said["hop"])
+        return HopUp(hop) if said.get("up") else HopLost(hop, str(said.get("lost", "")))
+    if "end" in said:
+        failure = said.get("failure")
+        return Ended(bool(said["end"]), int(said["got"]), said.get("sent"), failure)
+    if "got" in said:
+        return Got(int(said["got"]), dict(said.get("sent") or {}))
+    if "file" in said and "kept" in said:
+        return Kept(str(said["file"]), str(said["kept"]))
+    if "file" in said:
+        error = said.get("error")
+        return Bad(str(said["file"]), str(said.get("bad", "")), str(error) if error else None)
+    if "stalled" in said:
+        return Stalled(int(said["stalled"]))
+    raise ValueError("no answer of a relay")
+
+
 def _file(f: object) -> RelayFile:
     """One file of a request's list; ValueError naming what is wrong with it."""
     if not isinstance(f, list) or not 5 <= len(f) <= 6:
@@ -274,9 +376,9 @@ class Relay:
         self.umask = _umask()  # why the receiver stopped, when it did before the end
 
     # ------------------------------------------------------------- answers
-    def say(self, **answer: Any) -> None:
+    def say(self, answer: Answer) -> None:
         with self.out:
-            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.write(wire(answer))
             sys.stdout.flush()
 
     # ------------------------------------------------------------- hops
@@ -308,7 +410,7 @@ class Relay:
                 start_new_session=True,
             )
         except OSError as exc:
-            self.say(hop=name, lost=f"cannot start ssh: {exc}")
+            self.say(HopLost(name, f"cannot start ssh: {exc}"))
             self.dropped.add(name)
             return
         try:
@@ -332,7 +434,7 @@ class Relay:
         except (ValueError, KeyError, TypeError):
             self.lose(name, proc)
             return
-        self.say(hop=name, up=True)
+        self.say(HopUp(name))
         try:
             self.forward(name, proc.stdin, start)
             proc.stdin.close()
@@ -362,7 +464,7 @@ class Relay:
             self.dropped.add(name)
             self.lock.notify_all()
         if not already:
-            self.say(hop=name, lost=why or f"its ssh ended (exit code {proc.returncode})")
+            self.say(HopLost(name, why or f"its ssh ended (exit code {proc.returncode})"))
 
     def finish_hop(self, name: str) -> None:
         with self.lock:
@@ -449,7 +551,7 @@ class Relay:
         while self.got < self.total and not self.aborted:
             taken = self.accept(gate)
             if taken is None:
-                self.say(stalled=self.got)
+                self.say(Stalled(self.got))
                 return
             conn, fd = taken
             _widen(fd)
@@ -572,16 +674,16 @@ class Relay:
         try:
             if got != sha:
                 os.unlink(temp, dir_fd=folder)
-                self.say(file=rel, bad=got)
+                self.say(Bad(rel, got))
                 return
             os.fchmod(fd, mode & 0o777 if mode >= 0 else 0o666 & ~self.umask)
             if mtime is not None:  # the source's, to the nanosecond: rsync's quick check
                 os.utime(fd, ns=(mtime, mtime))
             os.rename(temp, name, src_dir_fd=folder, dst_dir_fd=folder)
-            self.say(file=rel, kept=got)
+            self.say(Kept(rel, got))
         except OSError as exc:
             _unlink_quietly(temp, folder)
-            self.say(file=rel, bad=got, error=_standing(folder, name, exc))
+            self.say(Bad(rel, got, _standing(folder, name, exc)))
         finally:
             os.close(fd)
             self.temps.remove((folder, temp))
@@ -870,7 +972,7 @@ def serve(request: Request, stdin: BinaryIO) -> int:
         server.listen(BACKLOG)
         threading.Thread(target=gate.run, daemon=True).start()
         relay.start_hops()
-        relay.say(ready=True)
+        relay.say(Ready())
         threading.Thread(target=_controller, args=(relay, stdin), daemon=True).start()
         receiver = threading.Thread(target=relay.receive, args=(gate,), daemon=True)
         receiver.start()
@@ -878,12 +980,12 @@ def serve(request: Request, stdin: BinaryIO) -> int:
             receiver.join(HEARTBEAT)
             with relay.lock:
                 sent = {n: relay.sent[n] for n in relay.hops}
-            relay.say(got=relay.got, sent=sent)
+            relay.say(Got(relay.got, sent))
             if time.monotonic() - relay.last_word > relay.idle * 2:
                 relay.aborted = True  # neither a byte nor a word: the controller is gone
         if relay.aborted or relay.got < relay.total:
             relay.remove_temps()
-            relay.say(end=False, got=relay.got, failure=relay.failure)
+            relay.say(Ended(False, relay.got, failure=relay.failure))
             return 1
         # every byte is here: pass the rest on (while a hop takes bytes), then end
         moved, before = time.monotonic(), None
@@ -895,10 +997,10 @@ def serve(request: Request, stdin: BinaryIO) -> int:
                 relay.lock.wait(HEARTBEAT)
             if sent != before:
                 moved, before = time.monotonic(), sent
-            relay.say(got=relay.got, sent=sent)
+            relay.say(Got(relay.got, sent))
         with relay.lock:
             sent = {n: relay.sent[n] for n in relay.hops}
-        relay.say(end=True, got=relay.got, sent=sent)
+        relay.say(Ended(True, relay.got, sent))
         return 0
     finally:
         gate.close()

@@ -200,7 +200,7 @@ def lying_python(folder: Path) -> Path:
         "if len(sys.argv) < 5:  # not a node program (the feed): as it is\n"
         f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
         "source = sys.stdin.buffer.read(int(sys.argv[4]))\n"
-        "source = source.replace(b'kept=got)', b'kept=\"0\" * 64)')\n"
+        "source = source.replace(b'Kept(rel, got)', b'Kept(rel, \"0\" * 64)')\n"
         "sys.argv = [sys.argv[0], *sys.argv[4:]]\n"
         "exec(compile(source, 'cpuaccel', 'exec'))\n"
     )

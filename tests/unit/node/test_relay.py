@@ -22,7 +22,26 @@ import pytest
 from cpuaccel import node
 from cpuaccel.connectors import programs
 from cpuaccel.node.common import TMP_MARK
-from cpuaccel.node.relay import ACCEPT_POLL, FEED, VERSION, Hop, RelayFile, Request, header
+from cpuaccel.node.relay import (
+    ACCEPT_POLL,
+    FEED,
+    VERSION,
+    Bad,
+    Ended,
+    Got,
+    Hop,
+    HopLost,
+    HopUp,
+    Kept,
+    OtherVersion,
+    Ready,
+    RelayFile,
+    Request,
+    Stalled,
+    answer_of,
+    header,
+    wire,
+)
 from tests.unit.node.interpreters import old_python
 
 
@@ -60,7 +79,7 @@ class Relay:
         self.proc.stdin.write(node.program("relay") + json.dumps(request).encode() + b"\n")
         self.proc.stdin.flush()
         self.answers: list[dict[str, Any]] = []
-        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True, "version": VERSION}
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -411,3 +430,43 @@ def test_the_relay_refuses_another_version_in_one_line_having_made_nothing(
     error = json.loads(lines[0])["error"]
     assert error.startswith("the relay's request was refused: version 2, where this relay reads 1")
     assert not root.exists()
+
+
+# ---------------------------------------------------------------- the answers
+
+ANSWERS = [
+    Ready(),
+    HopUp("node2"),
+    HopLost("node2", "ssh: connect to host node2 port 22: Connection refused"),
+    Got(3 << 20, {"node2": 1 << 20}),
+    Kept("sub/big", "ab" * 32),
+    Bad("sub/big", "cd" * 32),
+    Bad("sub/big", "ab" * 32, "a folder stands where the file goes"),
+    Ended(True, 3 << 20, {"node2": 3 << 20}),
+    Ended(False, 1 << 20, failure=""),
+    Stalled(1 << 20),
+]
+
+
+@pytest.mark.parametrize("said", ANSWERS, ids=lambda a: type(a).__name__)
+def test_an_answer_reads_back_as_the_relay_said_it(said: Any) -> None:
+    line = wire(said)
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert answer_of(json.loads(line)) == said
+
+
+def test_an_ended_relay_says_only_the_fields_it_has() -> None:
+    line = wire(Ended(False, 1 << 20, failure=""))
+    assert json.loads(line) == {"end": False, "got": 1 << 20, "failure": ""}
+
+
+def test_a_ready_of_another_version_is_refused_naming_both() -> None:
+    with pytest.raises(OtherVersion, match=f"records are version 2, this controller's {VERSION}"):
+        answer_of({"ready": True, "version": 2})
+    with pytest.raises(OtherVersion, match="records are version None"):
+        answer_of({"ready": True})
+
+
+def test_a_line_no_relay_says_is_refused() -> None:
+    with pytest.raises(ValueError, match="no answer of a relay"):
+        answer_of({"hello": 1})
