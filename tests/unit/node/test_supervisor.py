@@ -39,11 +39,12 @@ def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:
     return str(run_dir)
 
 
-def final_status(run_dir: str, timeout: float = 30) -> dict[str, Any]:
+def final_status(run_dir: str, timeout: float = 30, running: bool = False) -> dict[str, Any]:
+    """status.json once its state is no longer running (or, with ``running``, is)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = supervisor.read_status(run_dir)
-        if status and status["state"] != "running":
+        if status and (status["state"] == "running") == running:
             return status
         time.sleep(0.1)
     raise AssertionError(supervisor.read_status(run_dir))
@@ -86,7 +87,9 @@ def test_timeout_and_stop(tmp_path: Path) -> None:
 
     run_dir = make_run(tmp_path / "b", "exec sleep 60\n")
     pid = detached.start(run_dir)["pid"]
-    time.sleep(0.5)
+    # Stopped once its job runs: a supervisor ended while Python still starts writes no
+    # status (teardown marks such a run itself).
+    final_status(run_dir, running=True)
     assert detached.stop("some-other-run", pid, 5) == {"signalled": False, "alive": False}
     assert detached.is_supervisor(pid, RUN_ID)
     assert detached.stop(RUN_ID, pid, 30) == {"signalled": True, "alive": False}
