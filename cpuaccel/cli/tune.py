@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from cpuaccel import ui
+from cpuaccel.api import launching
 from cpuaccel.api.keywords import FlagValues, Seconds
 from cpuaccel.api.script import check_script_kind, script_entry
 from cpuaccel.api.target import Target
@@ -21,8 +22,8 @@ from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import TUNE, LaunchSettings
 from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.jobs import launch as job
-from cpuaccel.jobs.plan import Script, new_run_id
+from cpuaccel.jobs.plan import Script
+from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.tuning import grid, measure, write
 from cpuaccel.tuning import survey as nodes
@@ -230,16 +231,16 @@ class _Tuner:
         settings = nodes.trial_settings(self.settings, row.trial, "cpuaccel tune")
         started = time.monotonic()
         try:
-            report = job.launch(
-                settings,
-                self.what,
-                self.project,
-                connect=self.target.connect,
-                forks=self.target.forks,
-                allow_sync=True,
-                timeout=self.timeout,
-                ranks_to_stderr=True,  # stdout is the table's
-                run_id=new_run_id(),
+            report = launching.start(
+                LaunchRequest(
+                    settings,
+                    self.what,
+                    self.project,
+                    self.target.connect,
+                    self.target.forks,
+                    timeout=self.timeout,
+                    ranks_to_stderr=True,  # stdout is the table's
+                )
             )
         except KeyboardInterrupt:
             self.interrupted = True
