@@ -560,3 +560,21 @@ def head_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def bundled(
+    name: str, make: Callable[..., Any], *options: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The command receives its ``options`` (their destinations, as click passes them)
+    as one value, ``make(**those)``, under ``name``: a verb's related flags reach it as
+    one object, e.g. provision's -C -D -t --skip-tags as ``PlayOptions``."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {option: kwargs.pop(option) for option in options}
+            return func(*args, **{name: make(**given)}, **kwargs)
+
+        return command
+
+    return decorate
