@@ -22,7 +22,7 @@ from click.core import ParameterSource
 
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues, Seconds, click_type, normal_choice, parse_env
-from cpuaccel.api.target import Target, resolve_target
+from cpuaccel.api.target import HostFlags, Target, resolve_target
 from cpuaccel.config.kinds import UNSET_WORD, OneOf, Switch
 from cpuaccel.config.settings import (
     ALIAS_VERBS,
@@ -232,7 +232,7 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
                     hint="give either -i or --slurm",
                 )
             given["inventory_path"] = f"slurm:{slurm}"
-        target = resolve_target(**given)
+        target = resolve_target(HostFlags(**given))
         if list_hosts and not settles_hosts:
             print_hosts([host.name for host in target.hosts])
             return None

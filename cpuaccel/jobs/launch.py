@@ -50,7 +50,7 @@ from cpuaccel.jobs.plan import (
     job_network,
     network_wanted,
 )
-from cpuaccel.jobs.preflight import run_preflight
+from cpuaccel.jobs.preflight import Checks, run_preflight
 from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import (
@@ -260,21 +260,21 @@ def _checked(
     launcher = settings.launcher.value
     reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
     with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
+        checks = Checks(
+            master_port=settings.master_port.value,
+            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
+            check_project=request.local_project is None,
+            network=lambda facts: job_network(settings, draft.hosts, facts),
+            runs=request.project / "runs",
+        )
         found = run_preflight(
             draft.hosts,
             draft.project_dir,
             source,
-            master_port=settings.master_port.value,
-            forks=nodes.forks,
-            connect=nodes.connect,
-            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
-            check_project=request.local_project is None,
-            pool=nodes.pool,
+            nodes,
+            checks,
             reach=reach,
             on_host=bar.advance,
-            kept=nodes.kept,
-            network=lambda facts: job_network(settings, draft.hosts, facts),
-            runs=request.project / "runs",
         )
     for host, line in found.swept:  # said whether this run starts or not: it was done
         ui.stderr().print(escape(f"{host}: {line}"), highlight=False)
