@@ -32,7 +32,7 @@ from cpuaccel.rank_settings import DETERMINISTIC_ENV, check, switch
 from cpuaccel.runtime import gradsync, group, master_weights
 from cpuaccel.runtime.attention import attention_policy
 from cpuaccel.runtime.backend import BackendChoice
-from cpuaccel.runtime.context import Context
+from cpuaccel.runtime.context import Context, Settled
 from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
 from cpuaccel.runtime.trackers import TENSORBOARD_DIR, choose_trackers
 
@@ -128,10 +128,7 @@ def init(  # noqa: PLR0913
         atexit.register(group.leave)
     if seed is not None:
         torch.manual_seed(seed)
-    ctx = Context(
-        env,
-        choice,
-        sync,
+    settled = Settled(
         dtype=precision.dtype,
         gradient_accumulation_steps=gradient_accumulation_steps,
         seed=seed or 0,
@@ -147,6 +144,7 @@ def init(  # noqa: PLR0913
         deterministic=fixed,
         weights=weights_name,
     )
+    ctx = Context(env, choice, sync, settled)
     _note_choices(ctx, choice, sync, precision)
     if weights_name != ctx.weights:
         ctx.note(f"weights {weights_name} not used: the precision is fp32")
