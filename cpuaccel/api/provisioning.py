@@ -236,6 +236,20 @@ def run_playbook(prepared: Prepared, listener: Listener | None = None) -> Provis
     return ProvisionResult(str(prepared.path), play.check, seconds, stats, tuple(runner.log))
 
 
+class ProvisionOptions(HostOptions, total=False):
+    """provision()'s own keywords, beside the host keywords (``HostOptions``)."""
+
+    playbook: str | os.PathLike[str] | None
+    check: bool
+    diff: bool
+    tags: str | Sequence[str]
+    skip_tags: str | Sequence[str]
+    become: bool
+    become_user: str | None
+    become_password: str | None
+    progress: bool
+
+
 # provision's own keywords, beside the host keywords (a misspelt one's closest match).
 _OWN = (
     "playbook", "check", "diff", "tags", "skip_tags", "become", "become_user",
@@ -243,19 +257,8 @@ _OWN = (
 )  # fmt: skip
 
 
-def provision(  # noqa: PLR0913
-    inventory: str | os.PathLike[str] | None = None,
-    *,
-    playbook: str | os.PathLike[str] | None = None,
-    check: bool = False,
-    diff: bool = False,
-    tags: str | Sequence[str] = (),
-    skip_tags: str | Sequence[str] = (),
-    become: bool = False,
-    become_user: str | None = None,
-    become_password: str | None = None,
-    progress: bool = False,
-    **hosts: Unpack[HostOptions],
+def provision(
+    inventory: str | os.PathLike[str] | None = None, **keywords: Unpack[ProvisionOptions]
 ) -> ProvisionResult:
     """Run a playbook on every node, as ``cpuaccel provision`` does.
 
@@ -274,14 +277,19 @@ def provision(  # noqa: PLR0913
     ``ProjectFileError`` for a wrong inventory or project file, all before anything runs
     on any node.
     """
-    with quiet_unless(progress):
+    hosts: dict[str, Any] = dict(keywords)
+    own = {name: hosts.pop(name) for name in _OWN if name in hosts}
+    playbook, check, diff = own.get("playbook"), own.get("check", False), own.get("diff", False)
+    become = own.get("become", False)
+    with quiet_unless(own.get("progress", False)):
         if playbook is not None and not isinstance(playbook, (str, os.PathLike)):
             raise UsageError(
                 f"playbook={playbook!r}: expected a path", hint="e.g. playbook='site.yaml'"
             )
         check_switches(check=check, diff=diff, become=become)
-        chosen, skipped = _tags("tags", tags), _tags("skip_tags", skip_tags)
-        settled = _become(become, become_user, become_password)
+        chosen = _tags("tags", own.get("tags", ()))
+        skipped = _tags("skip_tags", own.get("skip_tags", ()))
+        settled = _become(become, own.get("become_user"), own.get("become_password"))
         target = HostKeywords.of(inventory, hosts, *_OWN).target()  # fmt: skip
         given = os.fspath(playbook) if playbook is not None else None
         play = PlayOptions(check, diff, chosen, skipped, settled)
