@@ -56,19 +56,20 @@ class Settled:
     group, so ends it), and the keywords it passes on as they are."""
 
     dtype: torch.dtype | None
-    gradient_accumulation_steps: int = 1
-    seed: int = 0
+    gradient_accumulation_steps: int
+    seed: int
+    owns_group: bool
+    trackers: Sequence[str]
+    attention: str
+    ordered: bool
+    deterministic: bool
+    weights: str
+    # The keywords passed on as they are given, with init's defaults.
     ipex: bool | None = None
     metrics_path: str | os.PathLike[str] | None = None
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = True
     verbose: bool = True
-    owns_group: bool = False
-    trackers: Sequence[str] = ()
-    attention: str = "auto"
-    ordered: bool = True
-    deterministic: bool = False
-    weights: str = master_weights.FP32
 
 
 class Context:

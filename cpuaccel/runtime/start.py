@@ -24,7 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from typing import Unpack
 
 CBWR_ENV = "I_MPI_CBWR"  # Intel MPI's conditional numerical reproducibility
+# The keywords the context takes as they are given.
+PASSED_ON = ("ipex", "metrics_path", "find_unused_parameters", "gradient_as_bucket_view", "verbose")
 
 
 class InitOptions(TypedDict, total=False):
@@ -141,22 +143,9 @@ def init(mixed_precision: str | None = None, **options: Unpack[InitOptions]) -> 
         atexit.register(group.leave)
     if seed is not None:
         torch.manual_seed(seed)
-    settled = Settled(
-        dtype=precision.dtype,
-        gradient_accumulation_steps=steps,
-        seed=seed or 0,
-        ipex=options.get("ipex"),
-        metrics_path=options.get("metrics_path"),
-        find_unused_parameters=options.get("find_unused_parameters", False),
-        gradient_as_bucket_view=options.get("gradient_as_bucket_view", True),
-        verbose=options.get("verbose", True),
-        owns_group=owns,
-        trackers=tracker_names,
-        attention=attention_name,
-        ordered=ordered,
-        deterministic=fixed,
-        weights=weights_name,
-    )
+    passed: dict[str, Any] = {k: v for k, v in options.items() if k in PASSED_ON}
+    policies = (tracker_names, attention_name, ordered, fixed, weights_name)
+    settled = Settled(precision.dtype, steps, seed or 0, owns, *policies, **passed)
     ctx = Context(env, choice, sync, settled)
     _note_choices(ctx, choice, sync, precision)
     if weights_name != ctx.weights:
