@@ -76,7 +76,6 @@ def main() -> None:
     _timed(job, "_preflight_and_sync", "preflight")
     _timed(ssh.SSHConnector, "connect", "connect")
     _timed(preflight, "gather", "facts")
-    _timed(preflight, "gather_and_look", "facts")
     _timed(preflight, "gather_look_and_keep", "facts")
     _timed(launcher_reach, "check_launcher_reach", "reach")
     _timed(job, "render_job_files", "render")

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cpuaccel.api.target import resolve_target
+from cpuaccel.api.target import HostFlags, resolve_target
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
-from cpuaccel.executor import DEFAULT_FORKS, ConnectionPool
+from cpuaccel.executor import ConnectionPool
 from cpuaccel.history.records import RunRecord
 
 
@@ -35,9 +35,8 @@ class Heads:
 
     def _target(self, path: str | None) -> Any:
         if path not in self._targets:
-            self._targets[path] = resolve_target(
-                path, None, (), DEFAULT_FORKS, self.connect_timeout, self.no_hkc
-            )
+            given = HostFlags(path, timeout=self.connect_timeout, no_host_key_checking=self.no_hkc)
+            self._targets[path] = resolve_target(given)
         return self._targets[path]
 
     def connector(self, run: RunRecord) -> Callable[[], Connector]:

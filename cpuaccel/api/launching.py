@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +25,8 @@ from cpuaccel.api.target import HOST_OPTIONS, HostKeywords, Target
 from cpuaccel.config.settings import RUN, LaunchSettings
 from cpuaccel.errors import PreflightError, UsageError
 from cpuaccel.jobs import launch as job
-from cpuaccel.jobs.connections import JobFiles, Nodes
-from cpuaccel.jobs.foreground import GroupSink, LineSink
-from cpuaccel.jobs.launch import Require
-from cpuaccel.jobs.plan import RunPlan, Script, new_run_id
+from cpuaccel.jobs.plan import Script
+from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.jobs.result import INTERRUPTED, PREFLIGHT, TERMINATED, JobReport
 
 
@@ -75,7 +73,7 @@ def launch(
         project = Path.cwd().resolve()
         name, args = script_and_args(script, args)
         what = script_for(name, args, project, flags, api=True)
-        report = start(target, settled, what, project, detach=detach)
+        report = start(request(target, settled, what, project, detach=detach))
         if report.ended_by == PREFLIGHT:
             raise PreflightError(report.error or "preflight failed", problems=report.problems)
         ended.append(report.ended_by)
@@ -162,55 +160,26 @@ def script_for(
     return script_entry(script, tuple(args), project, as_module, no_python)
 
 
-def start(  # noqa: PLR0913
-    target: Target,
-    settings: LaunchSettings,
-    what: Script,
-    project: Path,
-    *,
-    detach: bool = False,
-    ranks_to_stderr: bool = False,
-    extra_files: JobFiles | None = None,
-    show: LineSink | None = None,
-    show_group: GroupSink | None = None,
-    collect: Callable[[RunPlan, Nodes], None] | None = None,
-    require: Require | None = None,
-    run_id: str | None = None,
-) -> JobReport:
-    """The job of ``settings`` started (and, unless ``detach``, supervised to its end):
-    how it ended, or how it started. ``extra_files``, ``show``, ``show_group``,
-    ``collect``, ``require``: as ``jobs.launch.launch`` takes them. ``run_id``: one
-    given from outside (``cpuaccel run`` under ``CPUACCEL_RUN_ID``), else a new one: a
-    call from Python never takes the id from its environment."""
-    if detach:
-        refuse_detached_in_slurm(settings)
+def request(
+    target: Target, settings: LaunchSettings, what: Script, project: Path, **options: Any
+) -> LaunchRequest:
+    """The one request of a run of ``settings`` on ``target``: the nodes reached as the
+    target says, the inventory kept for later verbs, the sync and the timeout the
+    settings say. ``options``: the request's other fields (``detach``,
+    ``ranks_to_stderr``, ``run_id``, ``extra_files``, ``show``, ``show_group``,
+    ``collect``, ``require``: see ``jobs.request.LaunchRequest``). No ``run_id``: a new
+    one; a call from Python never takes the id from its environment."""
     setting = target.inventory_setting
-    return job.launch(
-        settings,
-        what,
-        project,
-        connect=target.connect,
-        forks=target.forks,
-        allow_sync=settings.sync.value,
-        timeout=settings.timeout.value,
-        ranks_to_stderr=ranks_to_stderr,
-        detach=detach,
-        inventory=job.inventory_path(setting.value if setting else None),
-        run_id=run_id or new_run_id(),
-        extra_files=extra_files,
-        show=show,
-        show_group=show_group,
-        collect=collect,
-        require=require,
-    )
+    fields = {
+        "allow_sync": settings.sync.value,
+        "timeout": settings.timeout.value,
+        "inventory": job.inventory_path(setting.value if setting else None),
+        **options,
+    }
+    return LaunchRequest(settings, what, project, target.connect, target.forks, **fields)
 
 
-def refuse_detached_in_slurm(settings: LaunchSettings) -> None:
-    """A detached run's supervisor on the head reaches the other nodes by ssh, which the
-    nodes of a Slurm allocation may refuse: there, `cpuaccel submit` outlives the shell."""
-    if settings.chosen[0].slurm_job is not None:
-        raise UsageError(
-            f"--detach inside Slurm job {settings.chosen[0].slurm_job}: a detached "
-            "supervisor reaches the other nodes by ssh, which Slurm nodes may refuse",
-            hint="use cpuaccel submit for a job that outlives this shell, or leave out --detach",
-        )
+def start(request: LaunchRequest) -> JobReport:
+    """The job of ``request`` started (and, unless ``request.detach``, supervised to its
+    end): how it ended, or how it started."""
+    return job.launch(request)

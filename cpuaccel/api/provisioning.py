@@ -9,6 +9,7 @@ cli/provision.py.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,7 +28,13 @@ from cpuaccel.playbook import loader
 from cpuaccel.playbook.become import CliBecome
 from cpuaccel.playbook.display import Display
 from cpuaccel.playbook.loader import Playbook
-from cpuaccel.playbook.strategy import HostStats, LinearStrategy, Listener, default_playbook
+from cpuaccel.playbook.strategy import (
+    HostStats,
+    LinearStrategy,
+    Listener,
+    PlayOptions,
+    default_playbook,
+)
 
 # The tag whose tasks are safe on this machine: they fill the controller's wheelhouse.
 WHEELHOUSE = "wheelhouse"
@@ -84,12 +91,29 @@ def load_playbook(target: Target, playbook: str | None) -> tuple[Path, Playbook,
     return path, loaded, target
 
 
+@dataclass(frozen=True)
+class Fixes:
+    """How a refusal's fix names what to give: the command line's words (the default)
+    or the Python call's keywords."""
+
+    inventory: str = (
+        "give the nodes' inventory (cpuaccel provision inventory.yaml); "
+        "--tags wheelhouse alone fills the controller's wheelhouse"
+    )
+    settings: str = "in the inventory (host or group vars), or -e cpuaccel_venv=/opt/cpuaccel/venv"
+
+
+# ``provision()``'s fixes, which name its keywords.
+KEYWORD_FIXES = Fixes(
+    inventory="give the nodes' inventory (provision('inventory.yaml')); "
+    "tags='wheelhouse' alone fills the controller's wheelhouse",
+    settings="in the inventory (host or group vars), or "
+    "extra_vars={'cpuaccel_venv': '/opt/cpuaccel/venv'}",
+)
+
+
 def refuse_local_default(
-    target: Target,
-    playbook: str | None,
-    tags: frozenset[str],
-    hint: str = "give the nodes' inventory (cpuaccel provision inventory.yaml); "
-    "--tags wheelhouse alone fills the controller's wheelhouse",
+    target: Target, playbook: str | None, tags: frozenset[str], hint: str = Fixes.inventory
 ) -> None:
     """No inventory means this machine alone: the default playbook would reinstall the
     environment cpuaccel itself runs from (UsageError). Only its wheelhouse step is safe."""
@@ -111,7 +135,7 @@ def refuse_unset_settings(
     target: Target,
     playbook: str | None,
     loaded: Playbook,
-    how: str = "in the inventory (host or group vars), or -e cpuaccel_venv=/opt/cpuaccel/venv",
+    how: str = Fixes.settings,
 ) -> None:
     """The default playbook needs, on every host, cpuaccel_venv or cpuaccel_python as an
     absolute path, and a cpuaccel_stack it knows when one is set: checked here, from the
@@ -154,40 +178,76 @@ def _stacks(loaded: Playbook) -> list[str]:
     return []
 
 
-def run_playbook(  # noqa: PLR0913
-    target: Target,
-    path: Path,
-    playbook: Playbook,
-    *,
-    check: bool = False,
-    diff: bool = False,
-    tags: frozenset[str] = frozenset(),
-    skip_tags: frozenset[str] = frozenset(),
-    become: CliBecome | None = None,
-    listener: Listener | None = None,
-) -> ProvisionResult:
-    """Run ``playbook`` (read from ``path``) on the hosts of ``target``, telling
-    ``listener`` each play and task. A host that fails or is unreachable is counted in
-    its stats, not raised."""
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """A playbook run as its caller asks for it, from ``cpuaccel provision``'s flags or
+    ``provision()``'s keywords: on ``target``'s hosts, ``playbook`` (None: cpuaccel's
+    provision.yaml), as ``play`` says."""
+
+    target: Target
+    playbook: str | None = None
+    play: PlayOptions = field(default_factory=PlayOptions)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request's playbook loaded and checked, ready to run: ``path`` and ``loaded``,
+    on ``target`` (with the variables beside a given playbook read too)."""
+
+    request: ProvisionRequest
+    path: Path
+    loaded: Playbook
+    target: Target
+
+    def becoming(self, become: CliBecome) -> Prepared:
+        """The same run, as ``become`` says (the command line's -K asks only now)."""
+        play = dataclasses.replace(self.request.play, become=become)
+        return dataclasses.replace(self, request=dataclasses.replace(self.request, play=play))
+
+
+def prepare(request: ProvisionRequest, fixes: Fixes = Fixes()) -> Prepared:
+    """The request's playbook loaded (validated whole), and the run refused, before
+    anything runs on any node, when it would provision this machine's own environment
+    or a setting the default playbook needs is missing (``fixes`` name what to give)."""
+    path, loaded, target = load_playbook(request.target, request.playbook)
+    refuse_local_default(target, request.playbook, request.play.tags, hint=fixes.inventory)
+    refuse_unset_settings(target, request.playbook, loaded, how=fixes.settings)
+    return Prepared(request, path, loaded, target)
+
+
+def run_playbook(prepared: Prepared, listener: Listener | None = None) -> ProvisionResult:
+    """Run the prepared playbook on the hosts of its target, telling ``listener`` each
+    play and task. A host that fails or is unreachable is counted in its stats, not
+    raised."""
     started = time.monotonic()
+    target, play = prepared.target, prepared.request.play
     with ConnectionPool(target.connect) as pool:
         runner = LinearStrategy(
-            playbook,
+            prepared.loaded,
             target.inventory,
             target.hosts,
             pool,
             forks=target.forks,
-            options=target.connect,
-            check=check,
-            diff=diff,
-            tags=tags,
-            skip_tags=skip_tags,
+            play=play,
             listener=listener,
-            become=become,
         )
         stats = runner.run()
     seconds = time.monotonic() - started
-    return ProvisionResult(str(path), check, seconds, stats, tuple(runner.log))
+    return ProvisionResult(str(prepared.path), play.check, seconds, stats, tuple(runner.log))
+
+
+class ProvisionOptions(HostOptions, total=False):
+    """provision()'s own keywords, beside the host keywords (``HostOptions``)."""
+
+    playbook: str | os.PathLike[str] | None
+    check: bool
+    diff: bool
+    tags: str | Sequence[str]
+    skip_tags: str | Sequence[str]
+    become: bool
+    become_user: str | None
+    become_password: str | None
+    progress: bool
 
 
 # provision's own keywords, beside the host keywords (a misspelt one's closest match).
@@ -197,19 +257,8 @@ _OWN = (
 )  # fmt: skip
 
 
-def provision(  # noqa: PLR0913
-    inventory: str | os.PathLike[str] | None = None,
-    *,
-    playbook: str | os.PathLike[str] | None = None,
-    check: bool = False,
-    diff: bool = False,
-    tags: str | Sequence[str] = (),
-    skip_tags: str | Sequence[str] = (),
-    become: bool = False,
-    become_user: str | None = None,
-    become_password: str | None = None,
-    progress: bool = False,
-    **hosts: Unpack[HostOptions],
+def provision(
+    inventory: str | os.PathLike[str] | None = None, **keywords: Unpack[ProvisionOptions]
 ) -> ProvisionResult:
     """Run a playbook on every node, as ``cpuaccel provision`` does.
 
@@ -228,43 +277,25 @@ def provision(  # noqa: PLR0913
     ``ProjectFileError`` for a wrong inventory or project file, all before anything runs
     on any node.
     """
-    with quiet_unless(progress):
+    hosts: dict[str, Any] = dict(keywords)
+    own = {name: hosts.pop(name) for name in _OWN if name in hosts}
+    playbook, check, diff = own.get("playbook"), own.get("check", False), own.get("diff", False)
+    become = own.get("become", False)
+    with quiet_unless(own.get("progress", False)):
         if playbook is not None and not isinstance(playbook, (str, os.PathLike)):
             raise UsageError(
                 f"playbook={playbook!r}: expected a path", hint="e.g. playbook='site.yaml'"
             )
         check_switches(check=check, diff=diff, become=become)
-        chosen, skipped = _tags("tags", tags), _tags("skip_tags", skip_tags)
-        settled = _become(become, become_user, become_password)
+        chosen = _tags("tags", own.get("tags", ()))
+        skipped = _tags("skip_tags", own.get("skip_tags", ()))
+        settled = _become(become, own.get("become_user"), own.get("become_password"))
         target = HostKeywords.of(inventory, hosts, *_OWN).target()  # fmt: skip
         given = os.fspath(playbook) if playbook is not None else None
-        path, loaded, target = load_playbook(target, given)
-        refuse_local_default(
-            target,
-            given,
-            chosen,
-            hint="give the nodes' inventory (provision('inventory.yaml')); "
-            "tags='wheelhouse' alone fills the controller's wheelhouse",
-        )
-        refuse_unset_settings(
-            target,
-            given,
-            loaded,
-            how="in the inventory (host or group vars), or "
-            "extra_vars={'cpuaccel_venv': '/opt/cpuaccel/venv'}",
-        )
+        play = PlayOptions(check, diff, chosen, skipped, settled)
+        prepared = prepare(ProvisionRequest(target, given, play), KEYWORD_FIXES)
         display = Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff)
-        found = run_playbook(
-            target,
-            path,
-            loaded,
-            check=check,
-            diff=diff,
-            tags=chosen,
-            skip_tags=skipped,
-            become=settled,
-            listener=display,
-        )
+        found = run_playbook(prepared, display)
         display.recap(found.stats, found.seconds)
         return found
 

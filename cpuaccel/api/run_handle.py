@@ -18,10 +18,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from cpuaccel.api.heads import HeadOptions, Heads, node_failed
 from cpuaccel.api.output import quiet_unless
-from cpuaccel.api.target import resolve_target
+from cpuaccel.api.target import HostFlags, resolve_target
 from cpuaccel.connectors import runfiles
 from cpuaccel.errors import CpuaccelError, HostError, UsageError, WaitTimeout
-from cpuaccel.executor import DEFAULT_FORKS, fan_out
+from cpuaccel.executor import fan_out
 from cpuaccel.history import teardown
 from cpuaccel.history.homecoming import Fetched, Homecoming
 from cpuaccel.history.metrics import read_metrics, read_restarts, read_run_info, summarize
@@ -220,14 +220,12 @@ class Run:
         if job is not None:
             return teardown.stop_submitted(self.folder, record, job)
         inventory = self.heads.inventory_path or record.get("inventory")
-        target = resolve_target(
+        given = HostFlags(
             str(inventory) if inventory else None,
-            None,
-            (),
-            DEFAULT_FORKS,
-            self.heads.connect_timeout,
-            self.heads.no_host_key_checking,
+            timeout=self.heads.connect_timeout,
+            no_host_key_checking=self.heads.no_host_key_checking,
         )
+        target = resolve_target(given)
         hosts = run_hosts(target.inventory.hosts, record, str(inventory or ""))
         return teardown.stop(self.folder, record, hosts, target.connect, target.forks)
 

@@ -59,20 +59,30 @@ class Target:
         )
 
 
-def resolve_target(  # noqa: PLR0913
-    inventory_path: str | None,
-    limit: str | None,
-    extra_vars: tuple[str, ...],
-    forks: int,
-    timeout: float,
-    no_host_key_checking: bool,
-    config_path: str | None = None,
-    user: str | None = None,
-    private_key: str | None = None,
-) -> Target:
+@dataclass(frozen=True)
+class HostFlags:
+    """The host options as given (``-i -l -e -f -T --no-host-key-checking --config -u
+    --private-key``, or the API's keywords as those words), before anything is read."""
+
+    inventory_path: str | None = None
+    limit: str | None = None
+    extra_vars: tuple[str, ...] = ()
+    forks: int = DEFAULT_FORKS
+    timeout: float = DEFAULT_CONNECT_TIMEOUT
+    no_host_key_checking: bool = False
+    config_path: str | None = None
+    user: str | None = None
+    private_key: str | None = None
+
+
+def resolve_target(given: HostFlags) -> Target:
+    """The ``Target`` of the host options ``given``: the project file and the inventory
+    read once, ``limit`` applied, how to connect."""
+    inventory_path, limit, user = given.inventory_path, given.limit, given.user
+    config_path, private_key = given.config_path, given.private_key
     _check_login(user, private_key)
     project = discover_config(config_path, inventory_path)
-    cli_vars = parse_extra_vars(extra_vars)
+    cli_vars = parse_extra_vars(given.extra_vars)
     choice = choose_inventory(inventory_path, project)
     inventory = choice.load(cli_vars)
     if choice.slurm is not None:  # no -i: the hosts are the allocation's, said once
@@ -84,15 +94,15 @@ def resolve_target(  # noqa: PLR0913
         limit_setting = Setting("limit", limit, "project file", project.where("limit"))
     hosts = inventory.select(limit, hostnames=recorded_hostnames)
     connect = ConnectOptions(
-        connect_timeout=timeout,
-        host_key_checking=False if no_host_key_checking else None,
+        connect_timeout=given.timeout,
+        host_key_checking=False if given.no_host_key_checking else None,
         user=user,
         private_key=_key_path(private_key),
     )
     warn([*(project.warnings if project else []), *inventory.warnings])
     warn(opt_out_warnings(hosts, connect))  # an opt-out of host key checks is never silent
     return Target(
-        inventory, hosts, forks, connect, project, choice.setting, limit_setting, cli_vars
+        inventory, hosts, given.forks, connect, project, choice.setting, limit_setting, cli_vars
     )
 
 
@@ -184,7 +194,7 @@ def target_of(
     for name, value in (("limit", limit), ("user", user)):
         if value is not None and not isinstance(value, str):
             raise UsageError(f"{name}={value!r}: expected a string", hint=f"e.g. {name}='...'")
-    target = resolve_target(
+    flags = HostFlags(
         os.fspath(inventory) if inventory is not None else None,
         limit,
         _extra_words(extra_vars),
@@ -195,6 +205,7 @@ def target_of(
         user,
         os.fspath(private_key) if private_key is not None else None,
     )
+    target = resolve_target(flags)
     # An opt-out of host key checks is never silent, output or not: a Python warning,
     # which the caller's warning filters may still turn into an error or hide.
     for message in opt_out_warnings(target.hosts, target.connect):

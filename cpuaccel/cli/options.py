@@ -22,7 +22,7 @@ from click.core import ParameterSource
 
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues, Seconds, click_type, normal_choice, parse_env
-from cpuaccel.api.target import Target, resolve_target
+from cpuaccel.api.target import HostFlags, Target, resolve_target
 from cpuaccel.config.kinds import UNSET_WORD, OneOf, Switch
 from cpuaccel.config.settings import (
     ALIAS_VERBS,
@@ -232,7 +232,7 @@ def host_options(func: F | None = None, *, settles_hosts: bool = False) -> Any:
                     hint="give either -i or --slurm",
                 )
             given["inventory_path"] = f"slurm:{slurm}"
-        target = resolve_target(**given)
+        target = resolve_target(HostFlags(**given))
         if list_hosts and not settles_hosts:
             print_hosts([host.name for host in target.hosts])
             return None
@@ -560,3 +560,21 @@ def head_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def bundled(
+    name: str, make: Callable[..., Any], *options: str
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The command receives its ``options`` (their destinations, as click passes them)
+    as one value, ``make(**those)``, under ``name``: a verb's related flags reach it as
+    one object, e.g. provision's -C -D -t --skip-tags as ``PlayOptions``."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            given = {option: kwargs.pop(option) for option in options}
+            return func(*args, **{name: make(**given)}, **kwargs)
+
+        return command
+
+    return decorate

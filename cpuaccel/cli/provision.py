@@ -17,14 +17,14 @@ import click
 
 from cpuaccel import ui
 from cpuaccel.api.provisioning import (
+    ProvisionRequest,
     load_playbook,
-    refuse_local_default,
-    refuse_unset_settings,
+    prepare,
     run_playbook,
     tag_set,
 )
 from cpuaccel.api.target import Target
-from cpuaccel.cli.options import host_options, print_hosts
+from cpuaccel.cli.options import bundled, host_options, print_hosts
 from cpuaccel.errors import UsageError
 from cpuaccel.inventory.variables import user_name_problem
 from cpuaccel.playbook import loader
@@ -32,7 +32,7 @@ from cpuaccel.playbook.become import CliBecome
 from cpuaccel.playbook.display import Display, ProgressBar
 from cpuaccel.playbook.loader import Playbook
 from cpuaccel.playbook.modules import MODULES
-from cpuaccel.playbook.strategy import Listener, default_playbook
+from cpuaccel.playbook.strategy import Listener, PlayOptions, default_playbook
 from cpuaccel.ui import escape
 
 EPILOG = """\b
@@ -111,19 +111,35 @@ def _listener(as_json: bool, diff: bool) -> Listener:
     return Display(ui.stdout(), verbose=ui.verbosity >= 1, diff=diff, commands=ui.verbosity >= 2)
 
 
-def _inspect(path: Path, *, list_tasks: bool, list_tags: bool, syntax_check: bool) -> bool:
-    """--list-tasks, --list-tags and --syntax-check: read the playbook only (no host,
-    so no inventory needed); True when one of them was asked for."""
-    if not (list_tasks or list_tags or syntax_check):
-        return False
-    playbook = loader.load(path)  # a bad playbook is its one error line, exit 64
-    if syntax_check:
-        ui.stdout().print(escape(f"playbook: {path}: syntax OK, {len(playbook.tasks())} task(s)"))
-    if list_tasks:
-        _list_tasks(playbook)
-    if list_tags:
-        _list_tags(playbook)
-    return True
+@dataclass(frozen=True)
+class Inspect:
+    """--list-tasks, --list-tags and --syntax-check: the playbook read, no host."""
+
+    list_tasks: bool
+    list_tags: bool
+    syntax_check: bool
+
+    def done(self, path: Path) -> bool:
+        """Read the playbook only (no host, so no inventory needed) and print what was
+        asked for; True when one of them was."""
+        if not (self.list_tasks or self.list_tags or self.syntax_check):
+            return False
+        playbook = loader.load(path)  # a bad playbook is its one error line, exit 64
+        if self.syntax_check:
+            text = f"playbook: {path}: syntax OK, {len(playbook.tasks())} task(s)"
+            ui.stdout().print(escape(text))
+        if self.list_tasks:
+            _list_tasks(playbook)
+        if self.list_tags:
+            _list_tags(playbook)
+        return True
+
+
+def play_options(
+    check: bool, diff: bool, tags: tuple[str, ...], skip_tags: tuple[str, ...]
+) -> PlayOptions:
+    """-C, -D, -t and --skip-tags as the playbook run takes them (become: asked later)."""
+    return PlayOptions(check, diff, tag_set(tags), tag_set(skip_tags))
 
 
 # ---------------------------------------------------------------- become
@@ -256,17 +272,14 @@ def playbook_argument(command: Callable[..., Any]) -> Callable[..., Any]:
     "--list-modules", is_flag=True, is_eager=True, help="List modules and arguments, and exit."
 )
 @become_options
-def provision_command(  # noqa: PLR0913
+@bundled("play", play_options, "check", "diff", "tags", "skip_tags")
+@bundled("inspect", Inspect, "list_tasks", "list_tags", "syntax_check")
+def provision_command(
     target: Target,
     playbook_path: str | None,
-    check: bool,
-    diff: bool,
-    tags: tuple[str, ...],
-    skip_tags: tuple[str, ...],
+    play: PlayOptions,
+    inspect: Inspect,
     as_json: bool,
-    list_tasks: bool,
-    list_tags: bool,
-    syntax_check: bool,
     list_modules: bool,
     become: BecomeFlags,
 ) -> None:
@@ -277,28 +290,16 @@ def provision_command(  # noqa: PLR0913
     if list_modules:
         _list_modules()
         return
-    path = Path(playbook_path) if playbook_path else default_playbook()
-    if _inspect(path, list_tasks=list_tasks, list_tags=list_tags, syntax_check=syntax_check):
+    if inspect.done(Path(playbook_path) if playbook_path else default_playbook()):
         return
-    path, playbook, target = load_playbook(target, playbook_path)
     if target.list_hosts:
+        _, playbook, target = load_playbook(target, playbook_path)
         _list_hosts(playbook, target)
         return
-    refuse_local_default(target, playbook_path, tag_set(tags))
-    refuse_unset_settings(target, playbook_path, playbook)
-    cli_become = become.settle()  # -K asks here, before any node is contacted
-    listener = _listener(as_json, diff)
-    found = run_playbook(
-        target,
-        path,
-        playbook,
-        check=check,
-        diff=diff,
-        tags=tag_set(tags),
-        skip_tags=tag_set(skip_tags),
-        become=cli_become,
-        listener=listener,
-    )
+    prepared = prepare(ProvisionRequest(target, playbook_path, play))
+    prepared = prepared.becoming(become.settle())  # -K asks here, before any node is contacted
+    listener = _listener(as_json, play.diff)
+    found = run_playbook(prepared, listener)
     if as_json:
         ui.print_json(found.to_json())
     else:

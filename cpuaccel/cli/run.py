@@ -32,7 +32,7 @@ from cpuaccel.errors import EXIT_USAGE, CpuaccelError, UsageError
 from cpuaccel.history import records
 from cpuaccel.jobs import given_id
 from cpuaccel.jobs import launch as job
-from cpuaccel.jobs.plan import RunPlan, new_run_id
+from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.result import ERROR, JobReport
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.ui import escape
@@ -288,18 +288,16 @@ def run_command(
     _refuse_with_dry_run(dry_run, detach=detach, dashboard=dashboard)
     settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)  # --nodes and the head decide
-    if detach:
-        launching.refuse_detached_in_slurm(settings)
     what = launching.script_for(script, script_args, project, flags)
-    run_id = given_id.given(project / "runs") or new_run_id()  # CPUACCEL_RUN_ID
+    given = given_id.given(project / "runs") or ""  # CPUACCEL_RUN_ID
+    request = launching.request(
+        target, settings, what, project, detach=detach, ranks_to_stderr=as_json, run_id=given
+    )
     if dry_run:
-        _print_dry_run(*job.dry_run(settings, what, project, target.connect, run_id), as_json)
+        _print_dry_run(*job.dry_run(request), as_json)
         return
     page = _run_page(target) if dashboard else None
-    launch = functools.partial(
-        launching.start, target, settings, what, project, detach=detach,
-        ranks_to_stderr=as_json, run_id=run_id,
-    )  # fmt: skip
+    launch = functools.partial(launching.start, request)
     report = page.around(launch, detach) if page is not None else launch()
     _finish(report, as_json, page if detach else None)
 

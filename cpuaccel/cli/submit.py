@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import click
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues
 from cpuaccel.api.script import check_script_kind
-from cpuaccel.cli.options import setting_options
+from cpuaccel.cli.options import bundled, setting_options
 from cpuaccel.config.kinds import Switch
 from cpuaccel.config.project import ProjectConfig
 from cpuaccel.config.project_choice import discover_config
@@ -63,16 +64,24 @@ def _flag(check: Any, flag: str, value: Any) -> Any:
         raise UsageError(f"{flag} {value!r}: {exc}", hint="see 'cpuaccel submit --help'") from None
 
 
-def _settings(
-    project: ProjectConfig | None,
-    partition: str | None,
-    time_limit: str | None,
-    account: str | None,
-    sbatch_args: tuple[str, ...],
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Allocation:
+    """What the job asks Slurm for, as submit's flags give it: -N nodes, --ppn ranks a
+    node, -p, --time, -A and each --sbatch-arg (unchecked yet: ``_settings``)."""
+
+    nodes: int
+    ppn: int
+    partition: str | None
+    time_limit: str | None
+    account: str | None
+    sbatch_args: tuple[str, ...]
+
+
+def _settings(project: ProjectConfig | None, asked: Allocation) -> dict[str, Any]:
     """Each Slurm setting: the flag, else cpuaccel.yaml's slurm: block (checked with
     its file:line when it was read), else Slurm's own default (left out)."""
     block = dict((project.get("slurm") if project else None) or {})
+    partition, time_limit, account = asked.partition, asked.time_limit, asked.account
     got: dict[str, Any] = {
         "partition": _flag(lambda v: batch.check_name(v, "partition"), "-p", partition)
         if partition is not None
@@ -85,7 +94,7 @@ def _settings(
         else block.get("account"),
     }
     # --sbatch-arg adds to the file's list: the file's are the project's standing ones.
-    flags = [_flag(batch.check_sbatch_arg, "--sbatch-arg", a) for a in sbatch_args]
+    flags = [_flag(batch.check_sbatch_arg, "--sbatch-arg", a) for a in asked.sbatch_args]
     got["sbatch_args"] = tuple(block.get("sbatch_args") or ()) + tuple(flags)
     got["templates"] = block.get("templates")
     return got
@@ -93,14 +102,14 @@ def _settings(
 
 def _request(
     settings: dict[str, Any],
-    nodes: int,
-    ppn: int,
+    asked: Allocation,
     config: str | None,
     words: list[str],
     script: str,
     args: tuple[str, ...],
 ) -> batch.BatchRequest:
     run_id = new_run_id()
+    nodes, ppn = asked.nodes, asked.ppn
     command = [sys.executable, "-m", "cpuaccel", "run", "--nodes", str(nodes), "--ppn", str(ppn)]
     if config:
         command += ["--config", os.path.abspath(config)]
@@ -202,13 +211,9 @@ def _epilog() -> str:
 @setting_options(SUBMIT)
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def submit_command(  # noqa: PLR0913
-    partition: str | None,
-    time_limit: str | None,
-    account: str | None,
-    nodes: int,
-    ppn: int,
-    sbatch_args: tuple[str, ...],
+@bundled("asked", Allocation, "nodes", "ppn", "partition", "time_limit", "account", "sbatch_args")
+def submit_command(
+    asked: Allocation,
     config_path: str | None,
     dry_run: bool,
     as_json: bool,
@@ -229,8 +234,8 @@ def submit_command(  # noqa: PLR0913
         compile_here(Script(script), Path.cwd(), script)  # before a job waits in the queue
     batch.check_project_dir(str(Path.cwd().resolve()))
     project = discover_config(config_path)
-    settings = _settings(project, partition, time_limit, account, sbatch_args)
-    request = _request(settings, nodes, ppn, config_path, handed_on, script, script_args)
+    settings = _settings(project, asked)
+    request = _request(settings, asked, config_path, handed_on, script, script_args)
     run_dir = runs_folder() / request.run_id
     text = batch.render(request, run_dir)
     if dry_run:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -96,32 +97,14 @@ def _line(r: HostResult[NodeReport]) -> str:
     help="List each file added (+), changed (~) or deleted (-) on every node.",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
-def sync_command(  # noqa: PLR0913
-    target: Target,
-    sources: tuple[str, ...],
-    dest: str | None,
-    delete: bool,
-    exclude: tuple[str, ...],
-    copy_links: bool,
-    check: bool,
-    diff: bool,
-    as_json: bool,
-) -> None:
+def sync_command(target: Target, diff: bool, as_json: bool, **sync: Any) -> None:
     """Push the training code and configs to every node, verified.
 
     Only what differs moves (content hashes, rsync for large changes); files reach
     their real paths by rename, so a killed sync leaves no half-written file, and
     every node checks the result against the controller's manifest.
     """
-    found = sync_target(
-        target,
-        sources,
-        dest=dest,
-        delete=delete,
-        exclude=exclude,
-        copy_links=copy_links,
-        check=check,
-    )
+    found = sync_target(target, **sync)  # SOURCES, --dest, --delete, --exclude ... -C
     if as_json:
         ui.print_json(found.to_json())
     else:

@@ -7,22 +7,24 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from cpuaccel import ui
+from cpuaccel.api import launching
 from cpuaccel.api.keywords import FlagValues, Seconds
 from cpuaccel.api.script import check_script_kind, script_entry
 from cpuaccel.api.target import Target
-from cpuaccel.cli.options import host_options, list_hosts_and_exit, setting_options
+from cpuaccel.cli.options import bundled, host_options, list_hosts_and_exit, setting_options
 from cpuaccel.config.project import PROJECT_FILE
 from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import TUNE, LaunchSettings
 from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
-from cpuaccel.jobs import launch as job
-from cpuaccel.jobs.plan import Script, new_run_id
+from cpuaccel.jobs.plan import Script
+from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.tuning import grid, measure, write
 from cpuaccel.tuning import survey as nodes
@@ -102,6 +104,16 @@ def _write_path(target: Target) -> Path:
     return write.target_file(project.path, project.kind)
 
 
+@dataclass(frozen=True)
+class Trials:
+    """--steps, --trial-timeout and --grid: what each trial runs, how long it may take,
+    and the values tried."""
+
+    steps: int
+    trial_timeout: float
+    grid_items: tuple[str, ...]
+
+
 @click.command(
     epilog=EPILOG,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
@@ -134,12 +146,11 @@ def _write_path(target: Target) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def tune_command(  # noqa: PLR0913
+@bundled("trials", Trials, "steps", "trial_timeout", "grid_items")
+def tune_command(
     target: Target,
     flags: FlagValues,
-    steps: int,
-    trial_timeout: float,
-    grid_items: tuple[str, ...],
+    trials: Trials,
     write_best: bool,
     as_json: bool,
     script: str,
@@ -148,11 +159,12 @@ def tune_command(  # noqa: PLR0913
     """Measure SCRIPT at a few ranks per node x threads per rank; keep the fastest."""
     _refuse_axis_as_script(script)
     check_script_kind(script, no_python=False)
-    spec = grid.parse_grid(grid_items)
+    spec = grid.parse_grid(trials.grid_items)
     _refuse_grid_flags(flags)
     settings = target.settings(flags)
     list_hosts_and_exit(target, settings.hosts.value)
     project = Path.cwd().resolve()
+    steps = trials.steps
     args = (*script_args, "--steps", str(steps)) if steps else script_args
     what = script_entry(script, args, project, False, False)
     path = _write_path(target) if write_best else None
@@ -160,7 +172,7 @@ def tune_command(  # noqa: PLR0913
         write.check_target(path)  # refused before any trial, not after an hour of them
     with ConnectionPool(target.connect) as pool:
         found = nodes.survey(settings, what, pool, target.forks)
-    tuner = _Tuner(settings, what, project, target, trial_timeout)
+    tuner = _Tuner(settings, what, project, target, trials.trial_timeout)
     ranking = tuner.run(spec, found)
     written, failure = None, None
     if path is not None and ranking.best is not None and not tuner.interrupted:
@@ -230,16 +242,16 @@ class _Tuner:
         settings = nodes.trial_settings(self.settings, row.trial, "cpuaccel tune")
         started = time.monotonic()
         try:
-            report = job.launch(
-                settings,
-                self.what,
-                self.project,
-                connect=self.target.connect,
-                forks=self.target.forks,
-                allow_sync=True,
-                timeout=self.timeout,
-                ranks_to_stderr=True,  # stdout is the table's
-                run_id=new_run_id(),
+            report = launching.start(
+                LaunchRequest(
+                    settings,
+                    self.what,
+                    self.project,
+                    self.target.connect,
+                    self.target.forks,
+                    timeout=self.timeout,
+                    ranks_to_stderr=True,  # stdout is the table's
+                )
             )
         except KeyboardInterrupt:
             self.interrupted = True

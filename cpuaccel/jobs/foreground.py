@@ -23,7 +23,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -40,6 +40,7 @@ from cpuaccel.jobs import elastic, tracebacks
 from cpuaccel.jobs.connections import JobFiles, Nodes, broadcast_note, copy_files
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.plan import RunPlan
+from cpuaccel.jobs.request import GroupSink, LaunchRequest, LineSink
 from cpuaccel.jobs.rundir import SECRET_FILES, RunDir, render_job_files
 from cpuaccel.node import progress
 from cpuaccel.node.checkpoints import RECORDS, TAIL, Found, HostCheckpoints, choose, host_of
@@ -190,20 +191,14 @@ class ForegroundRun(Supervised):
 
     side: ControllerSide
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         plan: RunPlan,
         nodes: Nodes,
         run_dir: RunDir,
         limits: Limits,
-        *,
-        local: bool,
+        request: LaunchRequest,
         again: elastic.Check,
-        min_nodes: int | None,
-        out: Console,
-        extra_files: JobFiles | None = None,
-        show: LineSink | None = None,
-        show_group: GroupSink | None = None,
     ) -> None:
         err = ui.stderr()
         me = {
@@ -215,13 +210,15 @@ class ForegroundRun(Supervised):
         super().__init__(ControllerSide(plan, nodes, run_dir, err), limits, doc)
         self.rundir = run_dir
         self.nodes = nodes
-        self.local = local
+        self.local = request.local_project is not None
         self.again = again  # the preflight (and sync), as before attempt 0
-        self.min_nodes = min_nodes  # --nodes MIN:MAX: lost nodes may be left out
+        # --nodes MIN:MAX: lost nodes may be left out
+        self.min_nodes = request.settings.min_nodes.value
         # A traceback every rank raises is shown once (jobs/tracebacks.py).
-        self.extra_files = dict(extra_files or {})  # every attempt's, with its own
+        self.extra_files = dict(request.extra_files)  # every attempt's, with its own
+        out = ui.stderr() if request.ranks_to_stderr else ui.stdout()
         self.folding = tracebacks.Folding(
-            show or terminal(out, err), show_group or terminal_group(err)
+            request.show or terminal(out, err), request.show_group or terminal_group(err)
         )
         self.show = self.folding
 
@@ -321,12 +318,6 @@ def host_keys(plan: RunPlan, nodes: Nodes) -> dict[str, str]:
     """The key each node's connection verified (they are open since preflight)."""
     keys = {h.name: nodes.pool.get(h).host_key() for h in plan.hosts}
     return {name: key for name, key in keys.items() if key}
-
-
-# A rank's line: (stream "out" or "err", rank or None for the launcher, host, text).
-LineSink = Callable[[str, int | None, str, str], None]
-# One traceback several ranks raised: (the ranks, their hosts, its lines).
-GroupSink = Callable[[Sequence[int], Sequence[str], Sequence[str]], None]
 
 
 def terminal(out: Console, err: Console) -> LineSink:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ from cpuaccel import node, ui
 from cpuaccel.config.settings import LaunchSettings
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
-from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import EXIT_NODE_FAILED, CpuaccelError
 from cpuaccel.executor import ConnectionPool, in_one_step
 from cpuaccel.facts.gather import Facts
@@ -44,24 +42,16 @@ from cpuaccel.jobs.connections import (
     forget_secrets,
 )
 from cpuaccel.jobs.elastic import PreflightFailed
-from cpuaccel.jobs.foreground import (
-    ForegroundRun,
-    GroupSink,
-    LineSink,
-    host_keys,
-    plan_for,
-    supervise,
-)
+from cpuaccel.jobs.foreground import ForegroundRun, host_keys, plan_for, supervise
 from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.jobs.plan import (
     RunPlan,
-    Script,
     build_plan,
     job_network,
     network_wanted,
-    new_run_id,
 )
-from cpuaccel.jobs.preflight import run_preflight
+from cpuaccel.jobs.preflight import Checks, run_preflight
+from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.jobs.result import PREFLIGHT, JobReport
 from cpuaccel.jobs.rundir import (
     EXECUTABLE,
@@ -77,75 +67,38 @@ from cpuaccel.projectsync.engine import SyncOptions, sync
 from cpuaccel.projectsync.manifest import SourceManifest, build
 from cpuaccel.ui import escape
 
-# A caller's own checks of the nodes' facts (by inventory name), before any job starts.
-Require = Callable[[dict[str, Facts]], list[Problem]]
 
-
-def _local_project(settings: LaunchSettings, project: Path) -> str | None:
-    """The project folder, when every chosen host is this machine: used where it is."""
-    return str(project) if all(h.is_local for h in settings.chosen) else None
-
-
-def dry_run(
-    settings: LaunchSettings, script: Script, project: Path, connect: ConnectOptions, run_id: str
-) -> tuple[RunPlan, JobFiles, dict[str, str]]:
+def dry_run(request: LaunchRequest) -> tuple[RunPlan, JobFiles, dict[str, str]]:
     """The plan and files of a run, without the facts: no node is contacted; and what
     each node's address on the job's network will be, in words."""
-    plan = build_plan(settings, script, None, run_id, _local_project(settings, project))
-    files = render_job_files(plan, connect, ssh_files=False)
+    settings = request.settings
+    plan = build_plan(settings, request.script, None, request.run_id, request.local_project)
+    files = render_job_files(plan, request.connect, ssh_files=False)
     return plan, files, network_wanted(settings, plan.hosts)
 
 
-def launch(  # noqa: PLR0913
-    settings: LaunchSettings,
-    script: Script,
-    project: Path,
-    *,
-    connect: ConnectOptions,
-    forks: int,
-    allow_sync: bool,
-    timeout: float | None,
-    ranks_to_stderr: bool = False,
-    detach: bool = False,
-    inventory: str | None = None,
-    run_id: str | None = None,
-    extra_files: JobFiles | None = None,
-    show: LineSink | None = None,
-    show_group: GroupSink | None = None,
-    collect: Callable[[RunPlan, Nodes], None] | None = None,
-    require: Require | None = None,
-) -> JobReport:
-    """Preflight (and sync), copy, launch and supervise the job; how it ended.
-
-    ``ranks_to_stderr`` (run --json): the ranks' stdout goes to stderr too, labelled,
-    leaving stdout to the one JSON object. ``detach`` (run --detach): the supervisor runs
-    on the head (node/detached.py); this returns once it has started.
-    ``inventory``: the inventory file (absolute), kept in run.json for later verbs.
-    ``run_id``: given from outside (jobs/given_id.py), else a new one.
-    ``extra_files``: more files for the run folder on every node, with the job's own
-    (a notebook's function). ``show``: where the ranks' lines go instead of the
-    terminal (tracebacks still folded); ``show_group``: where a traceback several ranks
-    raised goes (with ``show`` and without it: the terminal). ``collect``: called once a
-    foreground job has ended, with its last plan and the nodes' connections still open.
-    ``require``: the caller's own checks of the nodes' facts, problems of the preflight
-    like the others (no job starts while one is an error)."""
+def launch(request: LaunchRequest) -> JobReport:
+    """Preflight (and sync), copy, launch and supervise the job; how it ended. A
+    detached one (``request.detach``) returns once its supervisor has started."""
     started = time.monotonic()
-    run_id = run_id or new_run_id()
-    local = _local_project(settings, project)
+    run_id, script, project = request.run_id, request.script, request.project
+    local = request.local_project
     # A foreground run on this machine alone holds a free port of its own for the whole
     # run (restarts included); a detached one ends this call, and keeps the given port.
-    own_port = contextlib.nullcontext(settings) if detach else master_port.held_for(settings)
+    own_port = (
+        contextlib.nullcontext(request.settings)
+        if request.detach
+        else master_port.held_for(request.settings)
+    )
     with (
         own_port as settings,
-        ConnectionPool(connect) as pool,
-        Nodes(connect, forks, pool) as nodes,
+        ConnectionPool(request.connect) as pool,
+        Nodes(request.connect, request.forks, pool) as nodes,
     ):
         draft = build_plan(settings, script, None, run_id, local_project=local)
 
         def check(draft: RunPlan) -> dict[str, Facts]:
-            return _preflight_and_sync(
-                settings, draft, project, allow_sync, local is not None, nodes, require
-            )
+            return _preflight_and_sync(settings, draft, request, nodes)
 
         min_nodes = settings.min_nodes.value
         try:  # --nodes MIN:MAX: failing nodes left out while MIN remain (jobs/elastic.py)
@@ -163,31 +116,27 @@ def launch(  # noqa: PLR0913
             ui.stderr().print(escape(plan.precision_note))
         plan = plan_for(plan, 0, None)
         limits = Limits(
-            timeout=timeout,
+            timeout=request.timeout,
             hang_timeout=plan.hang_timeout,
             rendezvous_timeout=plan.rendezvous_timeout,
             max_restarts=settings.max_restarts.value,
             restart_delay=settings.restart_delay.value,
             ppn=plan.ppn,
         )
-        if detach:
-            return _detach(plan, project, local is not None, limits, min_nodes, nodes, inventory,
-                           started, extra_files or {})  # fmt: skip
+        if request.detach:
+            return _detach(request, plan, limits, nodes, started)
         files = {
             **render_job_files(plan, nodes.connect, host_keys(plan, nodes)),
-            **(extra_files or {}),
+            **request.extra_files,
         }
         run_dir = RunDir.create(project / "runs", plan, files)
-        out = ui.stderr() if ranks_to_stderr else ui.stdout()
-        run = ForegroundRun(plan, nodes, run_dir, limits, local=local is not None, again=check,
-                            min_nodes=min_nodes, out=out, extra_files=extra_files,
-                            show=show, show_group=show_group)  # fmt: skip
+        run = ForegroundRun(plan, nodes, run_dir, limits, request, check)
         try:
             run.copy(plan, files)
-            outcome, history = supervise(run, inventory)
+            outcome, history = supervise(run, request.inventory)
             _summary(run.plan, outcome, run_dir, history)  # the last attempt's nodes
-            if collect is not None:
-                collect(run.plan, nodes)
+            if request.collect is not None:
+                request.collect(run.plan, nodes)
         finally:
             run_dir.forget_secrets()  # a run on this machine: the nodes' folder is this one
     plan = run.plan  # the last attempt's: fewer nodes when some were left out
@@ -197,30 +146,23 @@ def launch(  # noqa: PLR0913
     return report
 
 
-def _detach(  # noqa: PLR0913
-    plan: RunPlan,
-    project: Path,
-    local: bool,
-    limits: Limits,
-    min_nodes: int | None,
-    nodes: Nodes,
-    inventory: str | None,
-    started: float,
-    extra_files: JobFiles,
+def _detach(
+    request: LaunchRequest, plan: RunPlan, limits: Limits, nodes: Nodes, started: float
 ) -> JobReport:
     """Copy the run's files with the supervisor's, start it on the head, and return.
     secret.env stays for the ranks to read; the supervisor's sweep removes it from every
     node when the job ends (as a foreground run's sweep does), or `cpuaccel stop`'s."""
     files = render_job_files(plan, nodes.connect, host_keys(plan, nodes))
-    files.update(extra_files)
-    files.update(supervisor_files(plan, limits, min_nodes))
-    run_dir = RunDir.create(project / "runs", plan, files)
-    if not local or "secret.env" in files:
+    files.update(request.extra_files)
+    files.update(supervisor_files(plan, limits, request.settings.min_nodes.value))
+    run_dir = RunDir.create(request.project / "runs", plan, files)
+    if request.local_project is None or "secret.env" in files:
         copied = copy_files(plan, files, nodes, note=broadcast_note)
         if copied.record():  # where the large run files came from, by node
             run_dir.record(**copied.record())
+    head = nodes.pool.get(plan.head)
     try:
-        supervisor = _start_supervisor(plan, nodes.pool.get(plan.head), run_dir, inventory)
+        supervisor = _start_supervisor(plan, head, run_dir, request.inventory)
     except CpuaccelError:
         if "secret.env" in files:  # no job started: take the secrets back off the nodes
             forget_secrets(plan, plan.hosts, nodes)
@@ -295,22 +237,14 @@ def inventory_path(setting_value: str | None) -> str | None:
 
 
 def _preflight_and_sync(
-    settings: LaunchSettings,
-    draft: RunPlan,
-    project: Path,
-    allow_sync: bool,
-    local: bool,
-    nodes: Nodes,
-    require: Require | None = None,
+    settings: LaunchSettings, draft: RunPlan, request: LaunchRequest, nodes: Nodes
 ) -> dict[str, Facts]:
     """Check every node; sync a stale project (or refuse with --no-sync). Returns facts.
     The project file's sync excludes, as `cpuaccel sync` uses them: the same manifest."""
-    source = build([str(project)], excludes=settings.exclude.value)
+    source = build([str(request.project)], excludes=settings.exclude.value)
     nodes.kept.close()  # an earlier pass's (a restart's, --nodes MIN:MAX's): new ones come
     try:
-        return _checked(
-            settings, draft, allow_sync, local, nodes, source, require, project / "runs"
-        )
+        return _checked(settings, draft, request, nodes, source)
     except BaseException:  # no job starts: EOF ends every kept program, nothing written
         nodes.kept.close()
         raise
@@ -319,31 +253,28 @@ def _preflight_and_sync(
 def _checked(
     settings: LaunchSettings,
     draft: RunPlan,
-    allow_sync: bool,
-    local: bool,
+    request: LaunchRequest,
     nodes: Nodes,
     source: SourceManifest,
-    require: Require | None = None,
-    runs: Path | None = None,
 ) -> dict[str, Facts]:
     launcher = settings.launcher.value
     reach = LauncherReach(draft, nodes.connect, nodes.pool, keep_masters=True)
     with ui.progress("preflight", len(draft.hosts)) as bar:  # one step a host
+        checks = Checks(
+            master_port=settings.master_port.value,
+            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
+            check_project=request.local_project is None,
+            network=lambda facts: job_network(settings, draft.hosts, facts),
+            runs=request.project / "runs",
+        )
         found = run_preflight(
             draft.hosts,
             draft.project_dir,
             source,
-            master_port=settings.master_port.value,
-            forks=nodes.forks,
-            connect=nodes.connect,
-            launcher_flavour=None if launcher in ("auto", "slurm") else launcher,
-            check_project=not local,
-            pool=nodes.pool,
+            nodes,
+            checks,
             reach=reach,
             on_host=bar.advance,
-            kept=nodes.kept,
-            network=lambda facts: job_network(settings, draft.hosts, facts),
-            runs=runs,
         )
     for host, line in found.swept:  # said whether this run starts or not: it was done
         ui.stderr().print(escape(f"{host}: {line}"), highlight=False)
@@ -360,9 +291,9 @@ def _checked(
         reach.leave()
     else:
         problems += reach.problems()
-    if require is not None:  # the caller's checks, of the nodes that answered
-        problems += [p for p in require(found.facts) if p.severity == ERROR]
-    if found.stale and not allow_sync:
+    if request.require is not None:  # the caller's checks, of the nodes that answered
+        problems += [p for p in request.require(found.facts) if p.severity == ERROR]
+    if found.stale and not request.allow_sync:
         problems += [
             Problem(
                 ERROR,

@@ -21,13 +21,10 @@ from typing import TYPE_CHECKING, Any
 from cpuaccel import ui
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.commandline import quote
-from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import (
     Answer,
-    ConnectionPool,
     HostResult,
-    KeptPrograms,
     Request,
     Status,
     failed,
@@ -40,7 +37,6 @@ from cpuaccel.facts.gather import (
     PROBE_TIMEOUT,
     Facts,
     gather,
-    gather_and_look,
     gather_look_and_keep,
     names_to_resolve,
     settle,
@@ -51,6 +47,7 @@ from cpuaccel.jobs.launcher_reach import LauncherReach
 from cpuaccel.network.choice import JobNetwork
 
 if TYPE_CHECKING:
+    from cpuaccel.jobs.connections import Nodes
     from cpuaccel.projectsync.manifest import SourceManifest
 # The sync receiver (pathspec) and the run's templates (jinja2) are imported where a
 # run's preflight uses them: `check`, which shares this module, needs neither on one
@@ -112,32 +109,41 @@ def _differs(source: SourceManifest, project: dict[str, Any]) -> list[str]:
     ]
 
 
-def run_preflight(  # noqa: PLR0913
-    hosts: Sequence[Host],
-    project_dest: str,
-    source: SourceManifest,
-    *,
-    master_port: int,
-    forks: int,
-    connect: ConnectOptions,
-    launcher_flavour: str | None,
-    check_project: bool = True,
-    pool: ConnectionPool | None = None,
-    reach: LauncherReach | None = None,
-    on_host: Callable[[str], None] | None = None,
-    kept: KeptPrograms | None = None,
-    network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None,
-    runs: Path | None = None,
-) -> Preflight:
-    """Probe every node at once; ``reach`` (which needs the pool) is told of each
-    connection as it opens and each host as it ends; ``on_host`` (the progress bar)
-    is given each host's name as it ends. ``kept``: each node's program stays open
-    there for the job's later requests (its files, its sweep), which the caller
-    closes when no job is to start. ``network``: the job's network from the facts
+@dataclass(frozen=True)
+class Checks:
+    """What a run's preflight checks besides each node's facts: ``master_port`` free on
+    the head; the launcher of ``launcher_flavour`` there (None: whichever is found);
+    the node's copy of the project, unless ``check_project`` is False (a run on this
+    machine uses it where it is); ``network``: the job's network from the facts
     (jobs/plan.job_network), whose problems are the preflight's: the names of the nodes
     need not resolve, as the job uses the addresses chosen there. ``runs``: the
     controller's run records; a node still running processes of a run recorded there as
     ended has them ended (``Preflight.swept`` says so)."""
+
+    master_port: int
+    launcher_flavour: str | None
+    check_project: bool = True
+    network: Callable[[dict[str, Facts]], JobNetwork | None] | None = None
+    runs: Path | None = None
+
+
+def run_preflight(
+    hosts: Sequence[Host],
+    project_dest: str,
+    source: SourceManifest,
+    nodes: Nodes,
+    asked: Checks,
+    *,
+    reach: LauncherReach | None = None,
+    on_host: Callable[[str], None] | None = None,
+) -> Preflight:
+    """Probe every node at once, over ``nodes``' connections; each node's program stays
+    open in ``nodes.kept`` for the job's later requests (its files, its sweep), which
+    the caller closes when no job is to start. ``reach`` (which needs the pool) is told
+    of each connection as it opens and each host as it ends; ``on_host`` (the progress
+    bar) is given each host's name as it ends."""
+    master_port, runs = asked.master_port, asked.runs
+    check_project = asked.check_project
     head = hosts[0]
 
     def probe(conn: Connector) -> NodeState:
@@ -159,13 +165,10 @@ def run_preflight(  # noqa: PLR0913
         from cpuaccel.projectsync import receiver
 
         look = receiver.words("look", project_dest, conn.host.workdir, source.hash)[1:]
-        if kept is None:
-            facts, project = gather_and_look(conn, names, port, look)
-        else:
-            facts, project, program = gather_look_and_keep(
-                conn, names, port, look, KEEP_IDLE, HEARTBEAT
-            )
-            kept.add(conn.host.name, program)
+        facts, project, program = gather_look_and_keep(
+            conn, names, port, look, KEEP_IDLE, HEARTBEAT
+        )
+        nodes.kept.add(conn.host.name, program)
         return NodeState(facts, receiver.checked(conn.host.name, project))
 
     def on_result(result: HostResult[Any]) -> None:
@@ -180,17 +183,24 @@ def run_preflight(  # noqa: PLR0913
             on_result(result)
     else:
         results = run_on_hosts(
-            hosts, probe, forks=forks, options=connect, pool=pool, on_result=on_result
+            hosts,
+            probe,
+            forks=nodes.forks,
+            options=nodes.connect,
+            pool=nodes.pool,
+            on_result=on_result,
         )
     found = Preflight(results)
     facts = found.facts
     found.problems += without_them(checks.unreachable(results))
     found.problems += [p for p in checks.drift(facts) if p.severity == ERROR]
+    network = asked.network
     if network is not None and len(facts) == len(hosts):
         found.network = network(facts)
         found.problems += found.network.problems if found.network is not None else []
     _check_nodes(found, source)
-    found.problems += head_problems(facts, head.name, master_port, launcher_flavour)
+    flavour = asked.launcher_flavour
+    found.problems += head_problems(facts, head.name, master_port, flavour)
     return found
 
 

@@ -21,7 +21,8 @@ from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
-from cpuaccel.jobs.plan import MODULE, RunPlan, Script, new_run_id
+from cpuaccel.jobs.plan import MODULE, RunPlan, Script
+from cpuaccel.jobs.request import LaunchRequest
 from cpuaccel.jobs.result import JobReport
 from cpuaccel.jsonsource import loads
 from cpuaccel.netbench.results import NetbenchError, NetReport, parse
@@ -96,18 +97,17 @@ def run_bench(
         except (CpuaccelError, ValueError) as exc:
             found["error"] = str(exc)
 
-    report = job.launch(
+    request = LaunchRequest(
         bench_settings(settings),
         what,
         project,
-        connect=connect,
-        forks=forks,
-        allow_sync=True,
+        connect,
+        forks,
         timeout=options.timeout,
         ranks_to_stderr=True,  # stdout is the tables'
-        run_id=new_run_id(),
         collect=collect,
     )
+    report = job.launch(request)
     outcome = Outcome(report, found.get("data"), found.get("error"))
     if outcome.data is not None and report.folder and os.path.isdir(report.folder):
         keep(Path(report.folder) / RESULT, outcome.data)

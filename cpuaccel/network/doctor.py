@@ -233,11 +233,10 @@ def checked_answerer(c: Connection, raw: Any, tokens: Mapping[str, str]) -> Conn
     return replace(c, status=WRONG_NODE, detail=detail)
 
 
-def diagnose(  # noqa: PLR0913
+def diagnose(
     hosts: Sequence[Host],
     addresses: Mapping[str, str],
     *,
-    head: str,
     master_port: int,
     pairs: Sequence[tuple[str, str]] | str | None = RING,
     connect: ConnectOptions,
@@ -245,12 +244,13 @@ def diagnose(  # noqa: PLR0913
     pool: ConnectionPool | None = None,
     limits: Limits = Limits(),
 ) -> Diagnosis:
-    """Try the job's connections between ``hosts`` (``plan``): ``addresses`` gives each
-    node's training address (where its peers connect to it), ``head`` the node whose
-    ``master_port`` every node connects to. Connections come from ``pool`` (which stays
-    open) or from a pool of its own."""
+    """Try the job's connections between ``hosts`` (``plan``), the head first:
+    ``addresses`` gives each node's training address (where its peers connect to it);
+    every node connects to the head's ``master_port``. Connections come from ``pool``
+    (which stays open) or from a pool of its own."""
     started = time.monotonic()
     names = [h.name for h in hosts]
+    head = names[0] if names else ""  # none: plan() says so
     missing = [n for n in names if not addresses.get(n)]
     if missing:
         raise ValueError(f"no training address for {', '.join(missing)}")
@@ -286,7 +286,6 @@ def diagnose_job(
     return diagnose(
         hosts,
         {name: node.address for name, node in network.nodes.items()},
-        head=hosts[0].name,
         master_port=master_port,
         pairs=pairs,
         connect=connect,

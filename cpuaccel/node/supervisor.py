@@ -415,26 +415,37 @@ def watch(
     """Attempt: launch.sh started, watched to its end, the job ended everywhere."""
     started = time.monotonic()
     stop = _Stop(side)
-    lost: list[str] = []
-    hung: list[dict[str, Any]] = []
-    met: dict[str, Any] = {}  # --rendezvous-timeout's report, when it ended the job
+    seen = Watched()
     launched = side.start()
     reader = threading.Thread(target=_pump, args=(launched, output), daemon=True)
     try:
         with _Handlers(stop.note):
             reader.start()
-            reason = _until_done(side, output, reader, started, timeout, stop, lost, hung, met)
+            deadline = None if timeout is None else started + timeout
+            reason = _until_done(side, output, reader, deadline, stop, seen)
             launcher_exit = launched.wait(LAUNCHER_WAIT)
             launched.close()
-            _notice_lost(side, lost)
+            _notice_lost(side, seen.lost)
             side.end_step(reason is not None, launcher_exit)
-            swept, left = side.sweep(lost)
+            seen.swept, seen.left = side.sweep(seen.lost)
             reader.join(GRACE)  # its last lines, before the logs close
     finally:
         output.close()
-    return _outcome(
-        reason, launcher_exit, time.monotonic() - started, swept, left, lost, output, hung, met
-    )
+    return _outcome(reason, launcher_exit, time.monotonic() - started, output, seen)
+
+
+@dataclass
+class Watched:
+    """What watching an attempt found besides its reason to end: the nodes lost (each
+    once), the hung ranks' state (--hang-timeout, for status.json's "hang"), the
+    rendezvous's report (--rendezvous-timeout, its "rendezvous"), and what the sweep
+    ended and left, by node."""
+
+    lost: list[str] = field(default_factory=list)
+    hung: list[dict[str, Any]] = field(default_factory=list)
+    met: dict[str, Any] = field(default_factory=dict)
+    swept: dict[str, Any] = field(default_factory=dict)
+    left: dict[str, Any] = field(default_factory=dict)
 
 
 def _pump(launched: Launched, output: Output) -> None:
@@ -442,23 +453,22 @@ def _pump(launched: Launched, output: Output) -> None:
         output.feed(stream, line)
 
 
-def _until_done(  # noqa: PLR0913
+def _until_done(
     side: Side,
     output: Output,
     reader: threading.Thread,
-    started: float,
-    timeout: float | None,
+    deadline: float | None,
     stop: _Stop,
-    lost: list[str],
-    hung: list[dict[str, Any]],
-    met: dict[str, Any],
+    seen: Watched,
 ) -> str | None:
     """Until the launcher's output ends, watch for a reason to end the job; then signal
-    the launcher's process group, SIGTERM, then SIGKILL. The reason, None for none."""
+    the launcher's process group, SIGTERM, then SIGKILL. The reason, None for none.
+    ``deadline``: when --timeout ends the attempt (time.monotonic())."""
+    lost = seen.lost
     reason: str | None = None
     while reader.is_alive():
         reader.join(0.2)
-        if timeout is not None and time.monotonic() - started > timeout:
+        if deadline is not None and time.monotonic() > deadline:
             reason = reason or "timeout"
         if output.failed.is_set() and not _failed_joining(output):
             reason = reason or "failed"
@@ -466,10 +476,10 @@ def _until_done(  # noqa: PLR0913
             reason = reason or "lost"
         if reason is None and stop.reason is None and _stalled(output):
             reason = "hang"
-            hung.extend(_declare_hang(side, output, lost))
+            seen.hung.extend(_declare_hang(side, output, lost))
         if reason is None and stop.reason is None and _unmet(output):
             reason = "rendezvous"
-            met.update(_declare_unmet(side, output))
+            seen.met.update(_declare_unmet(side, output))
         reason = stop.reason or reason
         if reason:
             output.quiet = True
@@ -484,7 +494,7 @@ def _until_done(  # noqa: PLR0913
                 reader.join(GRACE)
             return reason
     if stop.reason is None and output.failed.is_set() and _failed_joining(output):
-        met.update(_declare_unmet(side, output))  # the ranks ended before the bound did
+        seen.met.update(_declare_unmet(side, output))  # the ranks ended before the bound did
         return "rendezvous"
     return stop.reason
 
@@ -582,17 +592,15 @@ def _declare_hang(side: Side, output: Output, lost: Sequence[str]) -> list[dict[
 _FIXED = frozenset(e.word for e in (INTERRUPTED, TERMINATED, TIMEOUT, HANG, RENDEZVOUS))
 
 
-def _outcome(  # noqa: PLR0913
+def _outcome(
     reason: str | None,
     launcher_exit: int | None,
     seconds: float,
-    swept: dict[str, Any],
-    left: dict[str, Any],
-    lost: list[str],
     output: Output,
-    hung: list[dict[str, Any]],
-    met: dict[str, Any] | None = None,
+    seen: Watched,
 ) -> Outcome:
+    """How the attempt ended, from its reason, the launcher's exit and what was seen."""
+    lost = seen.lost
     first = cause(output.failures)
     if reason in _FIXED:  # the supervisor's own ending: its code, whatever the ranks did
         code = exit_code(reason)
@@ -608,8 +616,8 @@ def _outcome(  # noqa: PLR0913
     else:
         code, reason = 0, "completed"
     return Outcome(
-        code, reason, seconds, launcher_exit, first, swept, left, list(lost), output.codes,
-        output.signals, output.sent, hung, dict(met or {}),
+        code, reason, seconds, launcher_exit, first, seen.swept, seen.left, list(lost),
+        output.codes, output.signals, output.sent, seen.hung, dict(seen.met),
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from types import CodeType, FunctionType
 from typing import Any, TextIO
 
 from cpuaccel.api.keywords import check_switches
-from cpuaccel.api.launching import settle, start
+from cpuaccel.api.launching import request, settle, start
 from cpuaccel.api.output import quiet_unless
 from cpuaccel.api.script import script_entry
 from cpuaccel.api.target import HOST_OPTIONS, HostKeywords
@@ -86,15 +86,17 @@ def launch_function(
         what = script_entry(RANK_MODULE, (), project, True, False)
         outcome = Outcome(key=key)
         report = start(
-            target,
-            chosen,
-            what,
-            project,
-            extra_files={payload.CALL: (PLAIN, call)},
-            show=sink,
-            show_group=sink.group,
-            collect=lambda plan, nodes: outcome.collect(plan, nodes, gather),
-            require=lambda facts: version_problems(facts, *kernel_versions()),
+            request(
+                target,
+                chosen,
+                what,
+                project,
+                extra_files={payload.CALL: (PLAIN, call)},
+                show=sink,
+                show_group=sink.group,
+                collect=lambda plan, nodes: outcome.collect(plan, nodes, gather),
+                require=lambda facts: version_problems(facts, *kernel_versions()),
+            )
         )
     return finish(report, outcome, gather, fn)
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from cpuaccel import __version__, templating
 from cpuaccel.connectors.base import Connector
-from cpuaccel.connectors.connect_options import ConnectOptions
 from cpuaccel.errors import CpuaccelError, HostError
 from cpuaccel.executor import ConnectionPool, fan_out
 from cpuaccel.inventory.host import Host
@@ -135,8 +134,22 @@ def selected(task: Task, tags: frozenset[str], skip_tags: frozenset[str]) -> boo
     return bool(task.tags & (tags | {"always"}))
 
 
+@dataclass(frozen=True)
+class PlayOptions:
+    """How a playbook runs, as ansible-playbook's flags say: ``check`` changes nothing
+    and reports what would change, ``diff`` shows the text changes of copy and template,
+    ``tags`` and ``skip_tags`` choose the tasks (``selected``), ``become`` is -b,
+    --become-user and -K's password."""
+
+    check: bool = False
+    diff: bool = False
+    tags: frozenset[str] = frozenset()
+    skip_tags: frozenset[str] = frozenset()
+    become: becoming.CliBecome = field(default_factory=becoming.CliBecome)
+
+
 class LinearStrategy:
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         playbook: Playbook,
         inventory: Inventory,
@@ -144,28 +157,21 @@ class LinearStrategy:
         pool: ConnectionPool,
         *,
         forks: int,
-        options: ConnectOptions,
-        check: bool = False,
-        diff: bool = False,
-        tags: frozenset[str] = frozenset(),
-        skip_tags: frozenset[str] = frozenset(),
+        play: PlayOptions | None = None,
         controller_vars: Mapping[str, Any] | None = None,
         listener: Listener | None = None,
-        become: becoming.CliBecome | None = None,
     ) -> None:
+        play = play or PlayOptions()
         self.playbook = playbook
         self.inventory = inventory
         self.limit = {h.name for h in hosts}
-        self.pool = pool
+        self.pool = pool  # it connects with the run's ConnectOptions
         self.forks = forks
-        self.options = options
-        self.check = check
-        self.diff = diff
-        self.tags = tags
-        self.skip_tags = skip_tags
+        self.check, self.diff = play.check, play.diff
+        self.tags, self.skip_tags = play.tags, play.skip_tags
         self.controller_vars = dict(controller_vars or {})
         self.listener = listener or Listener()
-        self.become = become or becoming.CliBecome()
+        self.become = play.become
         self.states: dict[str, HostState] = {}
         # Neither the inventory nor -e changes during a run: derived once, not per task.
         every = inventory.every_group_hosts()
@@ -176,8 +182,8 @@ class LinearStrategy:
                 host=host,
                 connect=self._connector(host),
                 playbook_dir=playbook.directory,
-                check=check,
-                diff=diff,
+                check=play.check,
+                diff=play.diff,
             )
             self.states[host.name] = HostState(host, ctx, extra_vars=self._extra_vars(host))
         self.log: list[dict[str, Any]] = []  # per play and task, for --json

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -47,6 +48,30 @@ def _agreement(env: DistEnv) -> StoreAgreement | None:
     return StoreAgreement(store, env.rank)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What ``init`` settled for the context from its keywords and the environment:
+    the autocast ``dtype`` (None: fp32), ``ordered`` (grad_reduce "ordered"), the
+    attention and weights policies, whether it ``owns_group`` (created the process
+    group, so ends it), and the keywords it passes on as they are."""
+
+    dtype: torch.dtype | None
+    gradient_accumulation_steps: int
+    seed: int
+    owns_group: bool
+    trackers: Sequence[str]
+    attention: str
+    ordered: bool
+    deterministic: bool
+    weights: str
+    # The keywords passed on as they are given, with init's defaults.
+    ipex: bool | None = None
+    metrics_path: str | os.PathLike[str] | None = None
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = True
+    verbose: bool = True
+
+
 class Context:
     """A rank's view of the job, and the helpers that train across ranks.
 
@@ -63,28 +88,10 @@ class Context:
     ``resume_path`` (the checkpoint this attempt resumes from, or None; see :meth:`load`).
     """
 
-    def __init__(  # noqa: PLR0913
-        self,
-        env: DistEnv,
-        backend: BackendChoice,
-        sync: gradsync.SyncChoice,
-        *,
-        dtype: torch.dtype | None,
-        gradient_accumulation_steps: int = 1,
-        seed: int = 0,
-        ipex: bool | None = None,
-        metrics_path: str | os.PathLike[str] | None = None,
-        find_unused_parameters: bool = False,
-        gradient_as_bucket_view: bool = True,
-        verbose: bool = True,
-        owns_group: bool = False,
-        trackers: Sequence[str] = (),
-        attention: str = "auto",
-        ordered: bool = True,
-        deterministic: bool = False,
-        weights: str = master_weights.FP32,
+    def __init__(
+        self, env: DistEnv, backend: BackendChoice, sync: gradsync.SyncChoice, settled: Settled
     ) -> None:
-        if gradient_accumulation_steps < 1:
+        if settled.gradient_accumulation_steps < 1:
             raise SettingError("init(gradient_accumulation_steps=...) must be at least 1")
         self.env = env
         self.rank = env.rank
@@ -99,23 +106,24 @@ class Context:
         self.backend_reason = backend.reason
         self.grad_sync = sync.mode
         self.grad_sync_reason = sync.reason
-        self.grad_reduce = "ordered" if ordered else "library"
-        self.deterministic = deterministic
-        self.dtype = dtype
+        self.grad_reduce = "ordered" if settled.ordered else "library"
+        self.deterministic = settled.deterministic
+        self.dtype = settled.dtype
         # bf16 parameters with fp32 masters only where autocast runs in bf16
-        self.weights = weights if dtype == torch.bfloat16 else master_weights.FP32
+        self.weights = settled.weights if settled.dtype == torch.bfloat16 else master_weights.FP32
         self._masters: list[master_weights.MasterWeights] = []
-        self.gradient_accumulation_steps = gradient_accumulation_steps
-        self.seed = seed
-        self.ipex = ipex
-        self.find_unused_parameters = find_unused_parameters
-        self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.verbose = verbose
+        self.gradient_accumulation_steps = settled.gradient_accumulation_steps
+        self.seed = settled.seed
+        self.ipex = settled.ipex
+        self.verbose = settled.verbose
         # fp32 attention where measured faster, for the context's life (runtime/attention.py)
-        self.attention = AttentionChoice(attention, report=self.note, agree=_agreement(env))
+        self.attention = AttentionChoice(settled.attention, report=self.note, agree=_agreement(env))
         self._routing = contextlib.ExitStack()
-        if dtype == torch.bfloat16 and attention != "autocast":
+        if settled.dtype == torch.bfloat16 and settled.attention != "autocast":
             self._routing.enter_context(routed(self.attention))
+        # DistributedDataParallel's own options, for prepare
+        self.find_unused_parameters = settled.find_unused_parameters
+        self.gradient_as_bucket_view = settled.gradient_as_bucket_view
         self.sync_gradients = True
         self.samples_per_step: float | None = None
         self.timer = gradsync.SyncTimer()
@@ -124,23 +132,24 @@ class Context:
         self._loaders: list[ShardedLoader] = []
         self._positions: list[dict[str, Any]] = []  # loader positions a checkpoint held
         self._ipex_noted = False
-        self._owns_group = owns_group
+        self._owns_group = settled.owns_group
         self._mpi: gradsync.MpiState | None = None
         if sync.mode == "mpi":
-            self._mpi = gradsync.mpi_state(sync.comm, env.world_size, ordered=ordered)
+            self._mpi = gradsync.mpi_state(sync.comm, env.world_size, ordered=settled.ordered)
             self._mpi.timer = self.timer
         self._pg = gradsync.PgState(
-            env.world_size, rank=env.rank, ordered=ordered, timer=self.timer
+            env.world_size, rank=env.rank, ordered=settled.ordered, timer=self.timer
         )
-        self.metrics_path = Path(metrics_path) if metrics_path else default_path(env.run_dir)
-        self.trackers = tuple(trackers)
+        given = settled.metrics_path
+        self.metrics_path = Path(given) if given else default_path(env.run_dir)
+        self.trackers = tuple(settled.trackers)
         # Beside metrics.jsonl: runs/<id>/tensorboard/ under cpuaccel run.
         writers = start_trackers(self.trackers, self.metrics_path.parent) if self.is_main else []
         self.metrics = MetricsLog(
             self.metrics_path,
             enabled=self.is_main,
             header={
-                "precision": "bf16" if dtype else "fp32",
+                "precision": "bf16" if settled.dtype else "fp32",
                 "weights": self.weights,
                 "world_size": self.world_size,
             },

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -32,31 +33,38 @@ from cpuaccel.rank_settings import DETERMINISTIC_ENV, check, switch
 from cpuaccel.runtime import gradsync, group, master_weights
 from cpuaccel.runtime.attention import attention_policy
 from cpuaccel.runtime.backend import BackendChoice
-from cpuaccel.runtime.context import Context
+from cpuaccel.runtime.context import Context, Settled
 from cpuaccel.runtime.precision import AUTO, PRECISION_ENV, Precision, resolve_precision
 from cpuaccel.runtime.trackers import TENSORBOARD_DIR, choose_trackers
 
+if TYPE_CHECKING:
+    from typing import Unpack
+
 CBWR_ENV = "I_MPI_CBWR"  # Intel MPI's conditional numerical reproducibility
+# The keywords the context takes as they are given.
+PASSED_ON = ("ipex", "metrics_path", "find_unused_parameters", "gradient_as_bucket_view", "verbose")
 
 
-def init(  # noqa: PLR0913
-    mixed_precision: str | None = None,
-    *,
-    gradient_accumulation_steps: int = 1,
-    seed: int | None = None,
-    backend: str | None = None,
-    grad_sync: str | None = None,
-    ipex: bool | None = None,
-    metrics_path: str | os.PathLike[str] | None = None,
-    find_unused_parameters: bool = False,
-    gradient_as_bucket_view: bool = True,
-    verbose: bool = True,
-    trackers: str | Sequence[str] | None = None,
-    attention: str | None = None,
-    grad_reduce: str | None = None,
-    deterministic: bool | None = None,
-    weights: str | None = None,
-) -> Context:
+class InitOptions(TypedDict, total=False):
+    """``init``'s keywords beside ``mixed_precision``, each described there."""
+
+    gradient_accumulation_steps: int
+    seed: int | None
+    backend: str | None
+    grad_sync: str | None
+    ipex: bool | None
+    metrics_path: str | os.PathLike[str] | None
+    find_unused_parameters: bool
+    gradient_as_bucket_view: bool
+    verbose: bool
+    trackers: str | Sequence[str] | None
+    attention: str | None
+    grad_reduce: str | None
+    deterministic: bool | None
+    weights: str | None
+
+
+def init(mixed_precision: str | None = None, **options: Unpack[InitOptions]) -> Context:
     """Join the job (or start a world of one) and return its :class:`Context`.
 
     - ``mixed_precision``: ``"auto"`` (bf16 where the CPU has AMX or AVX512-BF16, else
@@ -102,15 +110,21 @@ def init(  # noqa: PLR0913
     run``, mpirun, Slurm, torchrun); without one this is a world of one process. A
     process group the script initialized itself is used as it is.
     """
+    unknown = [name for name in options if name not in InitOptions.__annotations__]
+    if unknown:  # as Python says it of a keyword the signature does not name
+        raise TypeError(f"init() got an unexpected keyword argument {unknown[0]!r}")
+    steps = options.get("gradient_accumulation_steps", 1)
+    seed = options.get("seed")
     if mixed_precision is None:
         mixed_precision = os.environ.get(PRECISION_ENV) or AUTO
     precision = resolve_precision(mixed_precision)
-    tracker_names = choose_trackers(trackers, os.environ)  # before joining: fail early
-    fixed = deterministic_setting(deterministic, os.environ)
-    attention_name = attention_policy(attention, os.environ)
-    weights_name = master_weights.weights_policy(weights, os.environ)
-    master_weights.check_accumulation(weights_name, gradient_accumulation_steps, precision.dtype)
-    ordered = gradsync.reduce_in_order(grad_reduce, os.environ)
+    # Before joining: a bad tracker fails early.
+    tracker_names = choose_trackers(options.get("trackers"), os.environ)
+    fixed = deterministic_setting(options.get("deterministic"), os.environ)
+    attention_name = attention_policy(options.get("attention"), os.environ)
+    weights_name = master_weights.weights_policy(options.get("weights"), os.environ)
+    master_weights.check_accumulation(weights_name, steps, precision.dtype)
+    ordered = gradsync.reduce_in_order(options.get("grad_reduce"), os.environ)
     if fixed:
         if not ordered:
             raise SettingError(
@@ -121,32 +135,18 @@ def init(  # noqa: PLR0913
             attention_name = "autocast"
         os.environ.setdefault(CBWR_ENV, "1")  # read by Intel MPI at MPI_Init, below
         torch.use_deterministic_algorithms(True, warn_only=True)
-    env, choice, owns = group.place(backend)
-    sync = gradsync.choose_grad_sync(grad_sync, env, os.environ)  # MPI_Init first, if MPI
+    env, choice, owns = group.place(options.get("backend"))
+    # MPI_Init first, if MPI
+    sync = gradsync.choose_grad_sync(options.get("grad_sync"), env, os.environ)
     if owns:
         group.create(choice.name, env)
         atexit.register(group.leave)
     if seed is not None:
         torch.manual_seed(seed)
-    ctx = Context(
-        env,
-        choice,
-        sync,
-        dtype=precision.dtype,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        seed=seed or 0,
-        ipex=ipex,
-        metrics_path=metrics_path,
-        find_unused_parameters=find_unused_parameters,
-        gradient_as_bucket_view=gradient_as_bucket_view,
-        verbose=verbose,
-        owns_group=owns,
-        trackers=tracker_names,
-        attention=attention_name,
-        ordered=ordered,
-        deterministic=fixed,
-        weights=weights_name,
-    )
+    passed: dict[str, Any] = {k: v for k, v in options.items() if k in PASSED_ON}
+    policies = (tracker_names, attention_name, ordered, fixed, weights_name)
+    settled = Settled(precision.dtype, steps, seed or 0, owns, *policies, **passed)
+    ctx = Context(env, choice, sync, settled)
     _note_choices(ctx, choice, sync, precision)
     if weights_name != ctx.weights:
         ctx.note(f"weights {weights_name} not used: the precision is fp32")

@@ -40,7 +40,12 @@ from typing import Any
 
 from cpuaccel.testbed import slurm as slurm_daemons
 from cpuaccel.testbed import sshd
-from cpuaccel.testbed.inventory_file import hosts_text, inventory_text, known_hosts_text
+from cpuaccel.testbed.inventory_file import (
+    Access,
+    hosts_text,
+    inventory_text,
+    known_hosts_text,
+)
 from cpuaccel.testbed.netns import (
     MAX_NODES,
     NODE_DIR,
@@ -269,9 +274,7 @@ class Cluster:
         vars under ``all.vars`` (None leaves one of the defaults out)."""
         text = inventory_text(
             self.nodes,
-            key_path=self.key_path,
-            known_hosts_path=self.known_hosts_path,
-            python=self.python,
+            Access(self.key_path, self.known_hosts_path, self.python),
             host_overrides=host_overrides or {},
             only=only,
             extra_vars=extra_vars,

@@ -4,6 +4,7 @@ known_hosts, and an Ansible YAML inventory as a user would write it."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,20 @@ def known_hosts_text(host_keys: Sequence[tuple[Node, Path]]) -> str:
     return "\n".join(known) + "\n"
 
 
-def inventory_text(  # noqa: PLR0913
+@dataclass(frozen=True)
+class Access:
+    """How a client reaches the test nodes: root's private key, the known_hosts file
+    that holds the nodes' keys, and the Python every node runs (a shared filesystem)."""
+
+    key_path: Path
+    known_hosts_path: Path
+    python: str
+
+
+def inventory_text(
     nodes: Sequence[Node],
+    access: Access,
     *,
-    key_path: Path,
-    known_hosts_path: Path,
-    python: str,
     host_overrides: Mapping[str, Mapping[str, Any]],
     only: Sequence[str] | None,
     extra_vars: Mapping[str, Any],
@@ -70,15 +79,15 @@ def inventory_text(  # noqa: PLR0913
         raise KeyError(f"no such nodes in {owner}: {sorted(unknown)}")
     group_vars: dict[str, Any] = {
         "ansible_user": "root",
-        "ansible_ssh_private_key_file": str(key_path),
+        "ansible_ssh_private_key_file": str(access.key_path),
         "ansible_ssh_common_args": (
-            f"-o UserKnownHostsFile={known_hosts_path} -o StrictHostKeyChecking=yes"
+            f"-o UserKnownHostsFile={access.known_hosts_path} -o StrictHostKeyChecking=yes"
         ),
         # Without it ansible-core probes for an interpreter over ssh, and on a machine
         # with pyenv in root's login PATH it picks a shim that fails on the nodes. The
         # caller's venv python is on every node (shared filesystem).
-        "ansible_python_interpreter": python,
-        "cpuaccel_python": python,
+        "ansible_python_interpreter": access.python,
+        "cpuaccel_python": access.python,
         "cpuaccel_workdir": str(WORKDIR),
     }
     group_vars.update(extra_vars)

@@ -79,7 +79,6 @@ def diagnose(cluster: Cluster, port: int, pairs: str = doctor.RING) -> doctor.Di
     return doctor.diagnose(
         hosts,
         {h.name: h.address for h in hosts},
-        head="node1",
         master_port=port,
         pairs=pairs,
         connect=ConnectOptions(),

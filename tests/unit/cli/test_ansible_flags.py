@@ -61,11 +61,11 @@ def test_user_and_key_fill_in_where_the_inventory_sets_none() -> None:
 def test_a_relative_key_path_is_made_absolute(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cpuaccel.api.target import resolve_target
+    from cpuaccel.api.target import HostFlags, resolve_target
 
     _key(tmp_path)
     monkeypatch.chdir(tmp_path)  # rsync and MPI's ssh run elsewhere: they need it absolute
-    target = resolve_target(None, None, (), 1, 1.0, False, None, "bob", "id_test")
+    target = resolve_target(HostFlags(forks=1, timeout=1.0, user="bob", private_key="id_test"))
     assert target.connect.private_key == str(tmp_path / "id_test")
     assert target.connect.user == "bob"
 

@@ -32,6 +32,7 @@ from cpuaccel.inventory.inventory import Inventory
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.connections import Nodes
 from cpuaccel.jobs.plan import PLACEHOLDER, Script, build_plan
+from cpuaccel.jobs.request import LaunchRequest
 from testsupport.command import cpuaccel, inherited_env
 from testsupport.command import output_section as section
 
@@ -586,8 +587,9 @@ def test_preflight_progress_bar_counts_the_hosts(
     monkeypatch.setattr(job, "run_preflight", preflight)
     monkeypatch.chdir(tmp_path)
     nodes = Nodes(ConnectOptions(), 4, ConnectionPool(ConnectOptions()))
+    request = LaunchRequest(settings, draft.script, tmp_path, ConnectOptions(), 4)
     with pytest.raises(Stop):
-        job._preflight_and_sync(settings, draft, tmp_path, True, False, nodes)
+        job._preflight_and_sync(settings, draft, request, nodes)
     assert bars == [("preflight", 3, ["n0", "n1", "n2"])]
 
 

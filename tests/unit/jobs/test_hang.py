@@ -32,7 +32,15 @@ from cpuaccel.jobs.plan import Script, build_plan
 from cpuaccel.jobs.rundir import RunDir
 from cpuaccel.node import detached, progress, supervisor
 from cpuaccel.node.progress import ProgressTracker, marker, parse
-from cpuaccel.node.supervisor import EXIT_TIMEOUT, Limits, Output, Side, Supervised, _outcome
+from cpuaccel.node.supervisor import (
+    EXIT_TIMEOUT,
+    Limits,
+    Output,
+    Side,
+    Supervised,
+    Watched,
+    _outcome,
+)
 from tests.unit.node.detached_runs import detached_run
 from tests.unit.node.test_supervisor import final_status
 from testsupport.command import clean_env, cpuaccel
@@ -304,7 +312,7 @@ def test_the_router_keeps_markers_out_of_view_and_logs_but_not_look_alikes(
 def test_a_hang_ends_the_job_as_a_failure_with_124(tmp_path: Path) -> None:
     r, _, _, run_dir = router(tmp_path)
     hung = [{"rank": 1, "host": "n1", "step": 3, "idle": 21.0}]
-    outcome = _outcome("hang", 143, 25.0, {}, {}, [], r, hung)
+    outcome = _outcome("hang", 143, 25.0, r, Watched(hung=hung))
     assert (outcome.exit_code, outcome.reason) == (EXIT_TIMEOUT, "hang") == (124, "hang")
 
     here = Side()

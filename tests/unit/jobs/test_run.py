@@ -973,7 +973,7 @@ def ending(
     r, _, _ = router(tmp_path)
     for rank, rc in markers:
         r.feed("err", f"[rank {rank} n1] {EXIT_MARKER} {rc}")
-    return supervisor._outcome(stop, launcher_exit, 1.0, {}, {}, list(lost or []), r, [])
+    return supervisor._outcome(stop, launcher_exit, 1.0, r, supervisor.Watched(list(lost or [])))
 
 
 @pytest.mark.parametrize(

@@ -154,7 +154,6 @@ def test_a_whole_diagnosis_over_loopback_finds_nothing_in_well_under_five_second
     found = doctor.diagnose(
         hosts,
         dict.fromkeys(NAMES, "127.0.0.1"),
-        head="node1",
         master_port=port,
         pairs=ALL,
         connect=ConnectOptions(),
@@ -181,7 +180,6 @@ def test_a_master_port_in_use_is_said_and_the_peers_still_tried() -> None:
         found = doctor.diagnose(
             local_hosts("a", "b"),
             {"a": "127.0.0.1", "b": "127.0.0.1"},
-            head="a",
             master_port=taken.getsockname()[1],
             pairs=None,
             connect=ConnectOptions(),
@@ -197,7 +195,6 @@ def test_every_node_needs_a_training_address() -> None:
         doctor.diagnose(
             local_hosts("a", "b"),
             {"a": "127.0.0.1"},
-            head="a",
             master_port=1,
             connect=ConnectOptions(),
             forks=2,
