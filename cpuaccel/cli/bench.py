@@ -14,7 +14,7 @@ import click
 from cpuaccel import ui
 from cpuaccel.api.keywords import FlagValues, Seconds
 from cpuaccel.api.target import Target
-from cpuaccel.cli.options import F, host_options, list_hosts_and_exit, setting_options
+from cpuaccel.cli.options import F, host_options, list_hosts_and_exit, setting_options, shown_option
 from cpuaccel.config.settings import BENCH
 from cpuaccel.errors import UsageError
 from cpuaccel.netbench.launching import Options, report_of, run_bench
@@ -69,7 +69,7 @@ class Size(click.ParamType):  # type: ignore[type-arg]
 
 def _size_option(flag: str, default: str, help_text: str) -> Callable[[F], F]:
     """An option taking a message size (:class:`Size`), its default shown in --help."""
-    return click.option(flag, type=Size(), default=default, show_default=True, help=help_text)
+    return shown_option(flag, type=Size(), default=default, help=help_text)
 
 
 @click.group()
@@ -82,11 +82,10 @@ def bench_command() -> None:
 @host_options(settles_hosts=True)
 @_size_option("--max-size", "64M", "The allreduce sweep's largest message (bytes; K, M, G: 1024s).")
 @_size_option("--pair-size", "16M", "The message of each pair's bandwidth.")
-@click.option(
+@shown_option(
     "--iters",
     type=click.IntRange(3, 10_000),
     default=20,
-    show_default=True,
     help="Timed iterations a size (fewer for large messages: 512 MiB moved at most).",
 )
 @click.option(
@@ -96,12 +95,11 @@ def bench_command() -> None:
     multiple=True,
     help="The allreduce's backends (default: gloo, and mpi where mpi4py is).",
 )
-@click.option(
+@shown_option(
     "--timeout",
     "job_timeout",  # apart from the host options' connect timeout
     type=Seconds(1, 86400),
     default=600.0,
-    show_default=True,
     metavar="SECONDS",
     help="End the job after this long.",
 )

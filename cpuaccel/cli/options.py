@@ -66,6 +66,11 @@ def _one_inventory(_ctx: click.Context, _param: click.Parameter, values: Any) ->
     return str(values[0]) if values else None
 
 
+def shown_option(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """A click option whose default its --help shows."""
+    return click.option(*decls, show_default=True, **attrs)
+
+
 def connect_timeout_option(dest: str, cls: type[click.Option] = click.Option) -> Callable[[F], F]:
     """``-T/--connect-timeout``, as every verb that reaches a host spells it."""
     return click.option(

@@ -17,7 +17,13 @@ from cpuaccel.api import launching
 from cpuaccel.api.keywords import FlagValues, Seconds
 from cpuaccel.api.script import check_script_kind, script_entry
 from cpuaccel.api.target import Target
-from cpuaccel.cli.options import bundled, host_options, list_hosts_and_exit, setting_options
+from cpuaccel.cli.options import (
+    bundled,
+    host_options,
+    list_hosts_and_exit,
+    setting_options,
+    shown_option,
+)
 from cpuaccel.config.project import PROJECT_FILE
 from cpuaccel.config.project_choice import accelerate_default
 from cpuaccel.config.settings import TUNE, LaunchSettings
@@ -120,18 +126,16 @@ class Trials:
 )
 @setting_options(TUNE, hidden=REFUSED)  # run's flags that tune refuses: not in its --help
 @host_options(settles_hosts=True)
-@click.option(
+@shown_option(
     "--steps",
     type=click.IntRange(0, 1_000_000),
     default=20,
-    show_default=True,
     help="Passed to SCRIPT as --steps N in each trial (0: nothing added).",
 )
-@click.option(
+@shown_option(
     "--trial-timeout",
     type=Seconds(1, 86400),
     default=300.0,
-    show_default=True,
     metavar="SECONDS",
     help="End a trial after this long (a row 'timeout').",
 )
