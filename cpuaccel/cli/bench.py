@@ -21,6 +21,7 @@ from cpuaccel.netbench.launching import Options, report_of, run_bench
 from cpuaccel.netbench.results import BACKENDS, NetbenchError
 from cpuaccel.netbench.sizes import parse_size, size_text
 from cpuaccel.netbench.table import report_lines
+from cpuaccel.node.endings import PREFLIGHT, STOPPED
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.ui import escape
 
@@ -136,9 +137,9 @@ def net_command(
     outcome = run_bench(
         settings, Path.cwd().resolve(), options, connect=target.connect, forks=target.forks
     )
-    if outcome.job.ended_by in ("interrupted", "terminated"):
+    if outcome.job.ended_by in STOPPED:
         sys.exit(EXIT_INTERRUPTED)
-    if outcome.job.ended_by == "preflight":
+    if outcome.job.ended_by == PREFLIGHT.word:
         raise NetbenchError(
             outcome.job.error or "preflight failed", hint="cpuaccel check lists what a node lacks"
         )

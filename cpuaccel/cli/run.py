@@ -34,6 +34,7 @@ from cpuaccel.jobs import given_id
 from cpuaccel.jobs import launch as job
 from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.result import ERROR, JobReport
+from cpuaccel.node.endings import INTERRUPTED
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.ui import escape
 
@@ -106,7 +107,7 @@ def failure(exc: BaseException, seconds: float) -> JobReport:
     if isinstance(exc, click.ClickException):
         hint = "see 'cpuaccel run --help'"
         return JobReport(EXIT_USAGE, ERROR, seconds, error=exc.format_message(), fix=hint)
-    return JobReport(EXIT_INTERRUPTED, "interrupted", seconds, error="interrupted")
+    return JobReport(EXIT_INTERRUPTED, INTERRUPTED.word, seconds, error="interrupted")
 
 
 def wants_json(command: click.Command, args: Sequence[str]) -> bool:

@@ -31,6 +31,7 @@ from cpuaccel.errors import EXIT_PROBLEMS, CpuaccelError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.jobs.plan import Script
 from cpuaccel.jobs.request import LaunchRequest
+from cpuaccel.node.endings import COMPLETED, STOPPED
 from cpuaccel.node.supervisor import EXIT_INTERRUPTED
 from cpuaccel.tuning import grid, measure, write
 from cpuaccel.tuning import survey as nodes
@@ -268,11 +269,11 @@ class _Tuner:
             row.seconds = time.monotonic() - started
         row.run_id, row.folder = report.run_id, report.folder
         _judge(row, report.ended_by, report.exit_code, report.error)
-        self.interrupted = report.ended_by in ("interrupted", "terminated")
+        self.interrupted = report.ended_by in STOPPED
 
 
 def _judge(row: Row, ended_by: str, code: int, error: str | None) -> None:
-    if ended_by != "completed" or code != 0:
+    if ended_by != COMPLETED.word or code != 0:
         row.status = ended_by
         row.reason = error or f"exit code {code}"
         return

@@ -52,7 +52,7 @@ class JobReport:
         A rank without one (its node lost, or killed with its worker) is None, except
         when the whole job completed: mpirun exits 0 only when every rank did."""
         self.folder = folder
-        clean = outcome.reason == "completed" and outcome.launcher_exit == 0
+        clean = outcome.reason == endings.COMPLETED.word and outcome.launcher_exit == 0
         self.ranks = {
             rank: outcome.codes.get(rank, 0 if clean else None) for rank in range(self.world or 0)
         }

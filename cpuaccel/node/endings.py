@@ -66,6 +66,7 @@ BY_WORD = {e.word: e for e in ENDINGS}
 # An attempt's reason as status.json's state.
 STATES = {e.word: e.state for e in ENDINGS if e.state}
 RETRIED = frozenset(e.word for e in ENDINGS if e.restart)  # the reasons a restart may follow
+STOPPED = frozenset((INTERRUPTED.word, TERMINATED.word))  # a signal to cpuaccel ended it
 
 
 def exit_code(word: str) -> int:

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 from cpuaccel.node.boundedjson import loads
 from cpuaccel.node.common import write_atomic
 from cpuaccel.node.endings import (
+    COMPLETED,
+    ERROR,
+    FAILED,
     HANG,
     INTERRUPTED,
     LOST,
@@ -160,9 +163,9 @@ def mark_ended(run_dir: str, state: str, ended_by: str) -> dict[str, Any] | None
 def ended_by(outcome: Outcome) -> str:
     """status.json's ended_by for an outcome: the first failing rank, "stop", or the
     reason."""
-    if outcome.reason == "failed" and outcome.first_failure is not None:
+    if outcome.reason == FAILED.word and outcome.first_failure is not None:
         return f"rank {outcome.first_failure.rank}"
-    if outcome.reason == "terminated":
+    if outcome.reason == TERMINATED.word:
         return "stop"
     return outcome.reason
 
@@ -385,7 +388,7 @@ class _Stop:
 
     def note(self, signum: int, frame: Any) -> None:
         if self.reason is None:
-            self.reason = "interrupted" if signum == signal.SIGINT else "terminated"
+            self.reason = INTERRUPTED.word if signum == signal.SIGINT else TERMINATED.word
             self.side.say("warning", "ending the job on every node...")
 
 
@@ -469,16 +472,16 @@ def _until_done(
     while reader.is_alive():
         reader.join(0.2)
         if deadline is not None and time.monotonic() > deadline:
-            reason = reason or "timeout"
+            reason = reason or TIMEOUT.word
         if output.failed.is_set() and not _failed_joining(output):
-            reason = reason or "failed"
+            reason = reason or FAILED.word
         if _notice_lost(side, lost):
-            reason = reason or "lost"
+            reason = reason or LOST.word
         if reason is None and stop.reason is None and _stalled(output):
-            reason = "hang"
+            reason = HANG.word
             seen.hung.extend(_declare_hang(side, output, lost))
         if reason is None and stop.reason is None and _unmet(output):
-            reason = "rendezvous"
+            reason = RENDEZVOUS.word
             seen.met.update(_declare_unmet(side, output))
         reason = stop.reason or reason
         if reason:
@@ -495,7 +498,7 @@ def _until_done(
             return reason
     if stop.reason is None and output.failed.is_set() and _failed_joining(output):
         seen.met.update(_declare_unmet(side, output))  # the ranks ended before the bound did
-        return "rendezvous"
+        return RENDEZVOUS.word
     return stop.reason
 
 
@@ -604,17 +607,17 @@ def _outcome(
     first = cause(output.failures)
     if reason in _FIXED:  # the supervisor's own ending: its code, whatever the ranks did
         code = exit_code(reason)
-    elif lost and (reason == "lost" or launcher_exit != 0):
+    elif lost and (reason == LOST.word or launcher_exit != 0):
         # Ranks on the other nodes fail because one was lost: name the cause.
-        code, reason = EXIT_LOST, "lost"
+        code, reason = EXIT_LOST, LOST.word
     elif first is not None:
-        code, reason = first.code, "failed"
-    elif reason == "failed":
+        code, reason = first.code, FAILED.word
+    elif reason == FAILED.word:
         code = launcher_exit or 1
     elif launcher_exit != 0:
-        code, reason = 1 if launcher_exit is None else launcher_exit, "failed"
+        code, reason = 1 if launcher_exit is None else launcher_exit, FAILED.word
     else:
-        code, reason = 0, "completed"
+        code, reason = 0, COMPLETED.word
     return Outcome(
         code, reason, seconds, launcher_exit, first, seen.swept, seen.left, list(lost),
         output.codes, output.signals, output.sent, seen.hung, dict(seen.met),
@@ -644,7 +647,7 @@ class Attempt:
 
     def why(self) -> str:
         """The failure in words: "exit code 3, rank 1 on node2"."""
-        words = [f"exit code {self.exit_code}" if self.reason == "failed" else self.reason]
+        words = [f"exit code {self.exit_code}" if self.reason == FAILED.word else self.reason]
         if self.rank is not None:
             words.append(f"rank {self.rank} on {self.host}")
         elif self.host is not None:
@@ -855,7 +858,7 @@ def _note(stop: list[str], signum: int) -> None:
     """Between attempts, Ctrl-C and SIGTERM (`cpuaccel stop`) note the stop; the wait
     and the preflight end with it, not with a traceback."""
     if not stop:
-        stop.append("interrupted" if signum == signal.SIGINT else "terminated")
+        stop.append(INTERRUPTED.word if signum == signal.SIGINT else TERMINATED.word)
 
 
 def _wait(settings: Settings) -> bool:
@@ -967,14 +970,14 @@ class Supervised(Attempts):
         try:
             outcome = run_attempts(self, log, settings)
         except BaseException:  # no outcome (the head refused the launch): not "running"
-            mark_ended(self.side.run_dir, "failed", "error")
+            mark_ended(self.side.run_dir, FAILED.state, ERROR.word)
             raise
         self.finish(outcome)
         return outcome, log.history
 
     def finish(self, outcome: Outcome) -> None:
         """The final status.json: the state for the outcome's reason."""
-        clean = outcome.reason == "completed" and outcome.launcher_exit == 0
+        clean = outcome.reason == COMPLETED.word and outcome.launcher_exit == 0
         ranks = {r: outcome.codes.get(int(r), 0 if clean else None) for r in self.doc["ranks"]}
         self.doc.update(
             state=self.state_of(outcome),
