@@ -83,6 +83,11 @@ class HostError(CpuaccelError):
         self.reason = message
 
 
+class NotALog(CpuaccelError):
+    """A rank's log that is not a regular file (a link, a FIFO, a device, a folder):
+    never read, nor followed."""
+
+
 class Unreachable(HostError):
     """The host could not be connected to or authenticated against."""
 

@@ -231,7 +231,7 @@ def _gather(
             from pathlib import Path
 
             from cpuaccel.history.records import RUNS
-            from cpuaccel.history.teardown import end_leftovers
+            from cpuaccel.jobs.teardown import end_leftovers
 
             facts["swept"] = end_leftovers(conn, facts["runs"], Path.cwd() / RUNS)
         if reach is not None and conn.opens_lazily:

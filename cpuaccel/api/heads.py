@@ -10,6 +10,7 @@ from typing import Any
 from cpuaccel.api.target import HostFlags, resolve_target
 from cpuaccel.connectors.base import Connector
 from cpuaccel.connectors.connect_options import DEFAULT_CONNECT_TIMEOUT
+from cpuaccel.connectors.runfiles import HeadFiles
 from cpuaccel.errors import EXIT_NODE_FAILED, HostError, UsageError
 from cpuaccel.executor import ConnectionPool
 from cpuaccel.history.records import RunRecord
@@ -44,6 +45,12 @@ class Heads:
         inventory names it."""
         with self._lock:
             return self._connector(run)
+
+    def files(self, run: RunRecord) -> HeadFiles:
+        """``run``'s folder on its head (a detached run's), read there."""
+        conn = self.connector(run)  # UsageError when no inventory names the head
+        assert run.head_run_dir is not None
+        return HeadFiles(run.head or "the head", run.head_run_dir, conn)
 
     def _connector(self, run: RunRecord) -> Callable[[], Connector]:
         head = run.head

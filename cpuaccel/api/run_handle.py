@@ -22,8 +22,6 @@ from cpuaccel.api.target import HostFlags, resolve_target
 from cpuaccel.connectors import runfiles
 from cpuaccel.errors import CpuaccelError, HostError, UsageError, WaitTimeout
 from cpuaccel.executor import fan_out
-from cpuaccel.history import teardown
-from cpuaccel.history.homecoming import Fetched, Homecoming
 from cpuaccel.history.metrics import read_metrics, read_restarts, read_run_info, summarize
 from cpuaccel.history.rank_logs import LogLine, Reader, chosen_ranks, files_of, lines
 from cpuaccel.history.records import (
@@ -38,6 +36,8 @@ from cpuaccel.history.records import (
     with_slurm,
 )
 from cpuaccel.inventory.host import Host
+from cpuaccel.jobs import teardown
+from cpuaccel.jobs.homecoming import Fetched, Homecoming
 from cpuaccel.jobs.result import JobReport
 from cpuaccel.jsonsource import describe, loads
 
@@ -139,7 +139,7 @@ class Run:
         reader = Reader(run, chosen_ranks(run, ranks, host))
         heads = self.heads.open()
         try:
-            files = files_of(run, next(iter(reader.offsets)), lambda: heads.connector(run))
+            files = files_of(run, next(iter(reader.offsets)), lambda: heads.files(run))
             found = lines(reader, files, follow)
             while True:  # each step quiet, not the caller's code between two lines
                 with quiet_unless(False):

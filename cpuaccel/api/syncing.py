@@ -138,7 +138,7 @@ def _end_leftovers(
     from pathlib import Path
 
     from cpuaccel.history.records import RUNS
-    from cpuaccel.history.teardown import end_leftovers, ended_runs
+    from cpuaccel.jobs.teardown import end_leftovers, ended_runs
 
     runs = Path.cwd() / RUNS
     for r in found:

@@ -29,7 +29,7 @@ from cpuaccel.api.heads import Heads
 from cpuaccel.cli.options import head_options
 from cpuaccel.errors import CpuaccelError, UsageError
 from cpuaccel.history import records
-from cpuaccel.history import teardown as stop_engine
+from cpuaccel.jobs import teardown as stop_engine
 from cpuaccel.ui import escape
 
 if TYPE_CHECKING:

@@ -69,7 +69,7 @@ def logs_command(
     heads = Heads(inventory_path, connect_timeout, no_host_key_checking)
     printer = Printer()
     try:
-        files = files_of(run, next(iter(reader.offsets)), lambda: heads.connector(run))
+        files = files_of(run, next(iter(reader.offsets)), lambda: heads.files(run))
         for line in lines(reader, files, follow):
             printer.show(line)
     except KeyboardInterrupt:

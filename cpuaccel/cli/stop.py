@@ -1,4 +1,4 @@
-"""``cpuaccel stop RUN``: end a running job on every node (history/teardown.py), and print."""
+"""``cpuaccel stop RUN``: end a running job on every node (jobs/teardown.py), and print."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from cpuaccel.api.target import Target
 from cpuaccel.cli.options import host_options
 from cpuaccel.config.settings import FLAG, INVENTORY_VARIABLES
 from cpuaccel.errors import EXIT_OK, EXIT_PROBLEMS
-from cpuaccel.history import teardown as engine
 from cpuaccel.history.records import load
 from cpuaccel.inventory.host import Host
 from cpuaccel.inventory.inventory import Inventory
+from cpuaccel.jobs import teardown as engine
 from cpuaccel.ui import escape
 
 EPILOG = """\b

@@ -14,12 +14,14 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from cpuaccel.connectors import programs
 from cpuaccel.connectors.base import Connector
-from cpuaccel.errors import HostError
+from cpuaccel.errors import HostError, NotALog
+from cpuaccel.jsonsource import Refused, loads
 from cpuaccel.node.runfiles import is_run_file
 
 CALL_TIMEOUT = 15.0  # seconds one list or read may take before the caller moves on
@@ -139,3 +141,41 @@ def read_new(
     if data is None:
         return b"", offset
     return data, new
+
+
+class HeadFiles:
+    """The run folder on the head of a detached run, read with the ``read`` operation
+    (history/rank_logs.Files)."""
+
+    def __init__(self, head: str, where: str, conn: Callable[[], Connector]) -> None:
+        self.head = head  # the head's name, for messages
+        self.where = where
+        self.conn = conn
+
+    def read(self, name: str, offset: int) -> tuple[bytes, int]:
+        """As LocalFiles.read, the head's ``read`` doing the same checks: what it
+        refuses (an error, where a missing file is no error) and does not list (only
+        regular files are) is NotALog; any other error is the head's."""
+        try:
+            return read_new(self.conn(), self.where, name, offset)
+        except HostError:
+            listed = list_files(self.conn(), self.where)
+            if listed is None or name in {f.name for f in listed}:
+                raise
+            raise NotALog(
+                f"{self.where}/{name} on {self.head}: not a regular file, not a log: not read"
+            ) from None
+
+    def state(self) -> str:
+        data, _, _ = read(self.conn(), self.where, "status.json")
+        try:
+            status = loads(data) if data else None
+        except Refused as exc:  # too large or nested too deep: not the supervisor's
+            raise HostError(
+                self.head,
+                f"{self.where}/status.json: not read: {exc}",
+                hint="check the run folder on the head: cpuaccel never writes it so",
+            ) from None
+        except ValueError:
+            status = None  # being written: running still, as far as anyone knows
+        return str(status.get("state", "running")) if isinstance(status, dict) else "running"

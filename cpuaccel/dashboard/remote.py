@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from cpuaccel.connectors.base import Connector
 from cpuaccel.errors import CpuaccelError
-from cpuaccel.history import homecoming as results
 from cpuaccel.history.records import ENDED, RunRecord, load
+from cpuaccel.jobs import homecoming as results
 
 LOOK_WINDOW = 15.0  # seconds after the last poll that a run is still "looked at"
 ConnectorFor = Callable[[RunRecord], Callable[[], Connector]]

@@ -9,13 +9,11 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from cpuaccel import ui
-from cpuaccel.connectors import runfiles
-from cpuaccel.connectors.base import Connector
-from cpuaccel.errors import CpuaccelError, HostError, UsageError
+from cpuaccel.errors import NotALog, UsageError
 from cpuaccel.history.records import ENDED, RunRecord, load, with_slurm
-from cpuaccel.jsonsource import Refused, loads
 from cpuaccel.slurm.commands import SlurmError
 from cpuaccel.ui import escape
 
@@ -31,11 +29,6 @@ LINE_BYTES = 64 * 1024
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class NotALog(CpuaccelError):
-    """A rank's log that is not a regular file (a link, a FIFO, a device, a folder):
-    never read, nor followed."""
-
-
 def _kind(mode: int) -> str:
     for test, kind in (
         (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"),
@@ -44,6 +37,15 @@ def _kind(mode: int) -> str:
         if test(mode):
             return kind
     return "not a regular file"
+
+
+class Files(Protocol):
+    """Where a run's logs are read: the controller's copy (:class:`LocalFiles`) or the
+    head's folder of a detached run (connectors/runfiles.HeadFiles)."""
+
+    def read(self, name: str, offset: int) -> tuple[bytes, int]: ...
+
+    def state(self) -> str: ...
 
 
 class LocalFiles:
@@ -80,45 +82,6 @@ class LocalFiles:
             run = with_slurm([run])[0]
             self.run = run
         return run.state()
-
-
-class HeadFiles:
-    """The run folder on the head of a detached run, read with the ``read`` operation."""
-
-    def __init__(self, run: RunRecord, conn: Callable[[], Connector]) -> None:
-        self.run = run
-        self.conn = conn
-        assert run.head_run_dir is not None
-        self.where = run.head_run_dir
-
-    def read(self, name: str, offset: int) -> tuple[bytes, int]:
-        """As LocalFiles.read, the head's ``read`` doing the same checks: what it
-        refuses (an error, where a missing file is no error) and does not list (only
-        regular files are) is NotALog; any other error is the head's."""
-        try:
-            return runfiles.read_new(self.conn(), self.where, name, offset)
-        except HostError:
-            listed = runfiles.list_files(self.conn(), self.where)
-            if listed is None or name in {f.name for f in listed}:
-                raise
-            head = self.run.head or "the head"
-            raise NotALog(
-                f"{self.where}/{name} on {head}: not a regular file, not a log: not read"
-            ) from None
-
-    def state(self) -> str:
-        data, _, _ = runfiles.read(self.conn(), self.where, "status.json")
-        try:
-            status = loads(data) if data else None
-        except Refused as exc:  # too large or nested too deep: not the supervisor's
-            raise HostError(
-                self.run.head or "the head",
-                f"{self.where}/status.json: not read: {exc}",
-                hint="check the run folder on the head: cpuaccel never writes it so",
-            ) from None
-        except ValueError:
-            status = None  # being written: running still, as far as anyone knows
-        return str(status.get("state", "running")) if isinstance(status, dict) else "running"
 
 
 def chosen_ranks(run: RunRecord, ranks: tuple[int, ...], host: str | None) -> list[int]:
@@ -193,7 +156,7 @@ class Reader:
             self.partial[rank] += piece[:room]
         self.dropped[rank] += max(0, len(piece) - max(room, 0))
 
-    def poll(self, files: LocalFiles | HeadFiles) -> Iterator[LogLine]:
+    def poll(self, files: Files) -> Iterator[LogLine]:
         """What each rank added, rank by rank, a chunk at a time."""
         for rank in self.offsets:
             if rank in self.refused:
@@ -223,7 +186,7 @@ class Reader:
         return rest
 
 
-def lines(reader: Reader, files: LocalFiles | HeadFiles, follow: bool) -> Iterator[LogLine]:
+def lines(reader: Reader, files: Files, follow: bool) -> Iterator[LogLine]:
     """The run's lines so far; with ``follow``, then each new one until the run ends
     (polled every POLL s; what it says meanwhile goes to ui.stderr())."""
     if not follow:
@@ -275,7 +238,7 @@ def _check_known(run: RunRecord, known: float) -> float:
     return known
 
 
-def _batch_output(files: LocalFiles | HeadFiles, reader: Reader) -> None:
+def _batch_output(files: Files, reader: Reader) -> None:
     """A submitted run that ended without any rank's output (its batch job failed
     before the ranks started, or never ran): the batch job's own output says why."""
     job = reader.run.job_id
@@ -291,13 +254,11 @@ def _batch_output(files: LocalFiles | HeadFiles, reader: Reader) -> None:
         ui.stderr().print(escape(data.decode(errors="replace").rstrip("\n")), soft_wrap=True)
 
 
-def files_of(
-    run: RunRecord, first_rank: int, head: Callable[[], Callable[[], Connector]]
-) -> LocalFiles | HeadFiles:
+def files_of(run: RunRecord, first_rank: int, head: Callable[[], Files]) -> Files:
     """Where the run's logs are read: the head's folder while a detached run runs there
     (or has ended but was not fetched yet: the head's logs are the run's), else the
-    controller's copy. ``head()`` gives how to reach the head."""
+    controller's copy. ``head()`` gives the head's folder."""
     first = run.path / f"rank-{first_rank}.log"
     if run.detached and not run.local and (run.state() not in ENDED or not first.exists()):
-        return HeadFiles(run, head())
+        return head()
     return LocalFiles(run)

@@ -33,15 +33,14 @@ from cpuaccel.connectors import programs, runfiles
 from cpuaccel.connectors.base import Connector, Process
 from cpuaccel.errors import CpuaccelError
 from cpuaccel.executor import ConnectionPool, run_on_hosts
-from cpuaccel.history import homecoming
-from cpuaccel.history.teardown import TEARDOWN, sweep_hosts
 from cpuaccel.inventory.host import Host
-from cpuaccel.jobs import elastic, tracebacks
+from cpuaccel.jobs import elastic, homecoming, tracebacks
 from cpuaccel.jobs.connections import JobFiles, Nodes, broadcast_note, copy_files
 from cpuaccel.jobs.elastic import PreflightFailed
 from cpuaccel.jobs.plan import RunPlan
 from cpuaccel.jobs.request import GroupSink, LaunchRequest, LineSink
 from cpuaccel.jobs.rundir import SECRET_FILES, RunDir, render_job_files
+from cpuaccel.jobs.teardown import TEARDOWN, sweep_hosts
 from cpuaccel.node import progress
 from cpuaccel.node.checkpoints import RECORDS, TAIL, Found, HostCheckpoints, choose, host_of
 from cpuaccel.node.supervisor import (

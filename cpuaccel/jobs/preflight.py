@@ -93,7 +93,7 @@ class Preflight:
 
     @property
     def swept(self) -> list[tuple[str, str]]:
-        """(node, what was ended there of an ended run) (history/teardown.end_leftovers)."""
+        """(node, what was ended there of an ended run) (jobs/teardown.end_leftovers)."""
         return [(r.host.name, line) for r in self.results if r.value for line in r.value.swept]
 
 
@@ -149,7 +149,7 @@ def run_preflight(
     def probe(conn: Connector) -> NodeState:
         state = _probe(conn)
         if runs is not None and state.facts.get("runs"):
-            from cpuaccel.history.teardown import end_leftovers
+            from cpuaccel.jobs.teardown import end_leftovers
 
             state.swept = end_leftovers(conn, state.facts.get("runs"), runs)
         return state

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import cpuaccel
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
-from cpuaccel.history.teardown import TEARDOWN
+from cpuaccel.jobs.teardown import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
 from cpuaccel.testbed import sshd
 from cpuaccel.testbed.cluster import NODE_DIR, Cluster

@@ -18,7 +18,7 @@ import pytest
 
 from cpuaccel.connectors.connect_options import KEEPALIVE_COUNT, KEEPALIVE_INTERVAL
 from cpuaccel.errors import EXIT_OK
-from cpuaccel.history.teardown import TEARDOWN
+from cpuaccel.jobs.teardown import TEARDOWN
 from cpuaccel.node.supervisor import GRACE
 from cpuaccel.testbed.cluster import Cluster
 from cpuaccel.testbed.netns import WORKDIR

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from cpuaccel.errors import EXIT_OK, UsageError
-from cpuaccel.history import records, teardown
+from cpuaccel.history import records
+from cpuaccel.jobs import teardown
 from testsupport.command import cpuaccel
 from testsupport.fake_run import make_run
 

@@ -18,7 +18,7 @@ import pytest
 
 from cpuaccel import node, worker
 from cpuaccel.errors import EXIT_USAGE, UsageError
-from cpuaccel.history import teardown as stop
+from cpuaccel.jobs import teardown as stop
 from cpuaccel.node import detached, progress, supervisor
 from testsupport.command import clean_env, cpuaccel
 

@@ -519,7 +519,7 @@ def test_stop_of_a_queued_job_cancels_and_verifies(project: Path, slurm: FakeSlu
 def test_stop_says_when_slurm_does_not_end_the_job(
     project: Path, slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cpuaccel.history import teardown as stop
+    from cpuaccel.jobs import teardown as stop
 
     folder = _submitted(project)
     slurm.answer("squeue", "5|COMPLETING|None\n")

@@ -13,7 +13,7 @@ import pytest
 
 from cpuaccel.connectors import programs
 from cpuaccel.errors import HostError
-from cpuaccel.history.homecoming import Homecoming
+from cpuaccel.jobs.homecoming import Homecoming
 
 RUN_DIR = "/work/runs/20260101-000000-abcdef"
 MTIME = 1_700_000_000.0
