@@ -239,10 +239,16 @@ def test_checks_start_up_compiles_no_error_paths_pattern_nor_loads_other_paths_m
         "print('PROBE', code, len(compiled) > 20, early, slurm)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    # In a network namespace of its own: the node reports only the jobs of its namespace,
+    # so another test's job running here meanwhile is not a leftover this check looks at.
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env
+        ["unshare", "--net", "--", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
-    assert "PROBE 0 True [] []" in proc.stdout, proc.stdout[-2000:]
+    assert "PROBE 0 True [] []" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_the_allocations_variable_is_read_where_its_reader_is_not_loaded() -> None:

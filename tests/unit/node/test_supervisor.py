@@ -22,19 +22,26 @@ from cpuaccel.jobs import teardown as stop
 from cpuaccel.node import detached, progress, supervisor
 from testsupport.command import clean_env, cpuaccel
 
-# Its own id: a run's processes are found (and swept) by run id, and another test file
-# may run a job at the same time.
-RUN_ID = f"20260101-000000-{secrets.token_hex(3)}"
+
+def new_run_id() -> str:
+    """An id of its own: a run's processes are found (and swept) by run id, and another
+    run, of this file or another, may still be ending (its supervisor sweeping) meanwhile."""
+    return f"20260101-000000-{secrets.token_hex(3)}"
+
+
+RUN_ID = new_run_id()
 
 
 def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:
-    run_dir = tmp_path / "runs" / RUN_ID
+    """A detached run's folder, under a new run id (its folder's name)."""
+    run_id = new_run_id()
+    run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
-    config = {"run_id": RUN_ID, "head": "here", "world": 2, "timeout": timeout, "nodes": {}}
+    config = {"run_id": run_id, "head": "here", "world": 2, "timeout": timeout, "nodes": {}}
     (run_dir / "supervisor.json").write_text(json.dumps(config))
     (run_dir / "supervisor.py").write_bytes(node.program("detached"))
     (run_dir / "launch.sh").write_text(
-        f"export CPUACCEL_RUN_ID={RUN_ID}\necho $$ > {run_dir}/launcher.pid\n{launch}"
+        f"export CPUACCEL_RUN_ID={run_id}\necho $$ > {run_dir}/launcher.pid\n{launch}"
     )
     return str(run_dir)
 
@@ -91,8 +98,9 @@ def test_timeout_and_stop(tmp_path: Path) -> None:
     # status (teardown marks such a run itself).
     final_status(run_dir, running=True)
     assert detached.stop("some-other-run", pid, 5) == {"signalled": False, "alive": False}
-    assert detached.is_supervisor(pid, RUN_ID)
-    assert detached.stop(RUN_ID, pid, 30) == {"signalled": True, "alive": False}
+    run_id = Path(run_dir).name
+    assert detached.is_supervisor(pid, run_id)
+    assert detached.stop(run_id, pid, 30) == {"signalled": True, "alive": False}
     status = final_status(run_dir)
     assert status["state"] == "stopped" and status["exit_code"] == 143
     assert status["ended_by"] == "stop" and status["left"] == {}
