@@ -253,7 +253,7 @@ class Broadcast:
         for node in self.nodes.values():
             node.moved = time.monotonic()
         for parent, child in lost:
-            self._tell(self.nodes[parent], {"drop": child})
+            self._tell(self.nodes[parent], relay.Drop(child))
             self.nodes[child].parent = None
         for node in self.nodes.values():
             if node.delivery is None and node.parent is None:
@@ -354,7 +354,7 @@ class Broadcast:
         if node.kept is not None:
             node.kept.close()
         if node.parent is not None and node.parent in self.nodes:
-            self._tell(self.nodes[node.parent], {"drop": name})
+            self._tell(self.nodes[node.parent], relay.Drop(name))
         if node.children:
             self.note(f"{name} failed ({why}): the nodes it fed are served directly")
         self._cut_children(node)
@@ -362,7 +362,7 @@ class Broadcast:
     def _cut_children(self, node: _Node) -> None:
         node.cut_children = True
         for child in node.children:
-            self._tell(node, {"drop": child})
+            self._tell(node, relay.Drop(child))
             self._reroute(child, f"{node.host.name} was cut out")
 
     def _reroute(self, name: str, why: str) -> None:
@@ -370,7 +370,7 @@ class Broadcast:
         if child.delivery is not None or child.feeding:
             return
         child.parent = None
-        self._tell(child, {"reroute": True})
+        self._tell(child, relay.Reroute())
         self._feed(child)
 
     # ------------------------------------------------------------- the relays
@@ -428,10 +428,10 @@ class Broadcast:
         """The feed run on ``host`` (its interpreter, no site: stdlib only)."""
         return [self.python(host), "-S", "-c", FEED]
 
-    def _tell(self, node: _Node, word: dict[str, Any]) -> None:
+    def _tell(self, node: _Node, order: relay.Order) -> None:
         if node.kept is not None and node.kept.alive:
             with contextlib.suppress(CpuaccelError):
-                node.kept.send(json.dumps(word).encode() + b"\n")
+                node.kept.send(relay.wire(order).encode())
 
     # ------------------------------------------------------------- the controller's feeds
     def _feed(self, node: _Node) -> None:

@@ -44,9 +44,10 @@ slow this one until it falls that far behind.
 Answers are JSON lines on stdout, each the fields of a record (``answer_of`` reads
 them back): ``Ready`` (with the version), ``HopUp`` or ``HopLost`` (with ssh's words),
 ``Got`` (a heartbeat every HEARTBEAT s, with the bytes each hop has taken), ``Kept`` or
-``Bad`` (a file), ``Stalled``, ``Ended``. Requests on stdin after the first: ``drop``
-(stop passing on to a hop), ``reroute`` (end the current upstream, take the next
-feed). EOF on stdin before the end: abort, temporary files removed.
+``Bad`` (a file), ``Stalled``, ``Ended``. The controller's orders on stdin after the
+request, read by ``order_of``: ``Drop`` (stop passing on to a hop), ``Reroute`` (end the
+current upstream, take the next feed). EOF on stdin before the end: abort, temporary
+files removed.
 """
 
 from __future__ import annotations
@@ -284,12 +285,29 @@ class Stalled(NamedTuple):
     stalled: int
 
 
+class Drop(NamedTuple):
+    """The controller's order: stop passing on to hop ``drop`` (it was cut out)."""
+
+    drop: str
+
+
+class Reroute(NamedTuple):
+    """The controller's order: end the current upstream and take the next one."""
+
+    reroute: bool = True
+
+
+if TYPE_CHECKING:
+    Order: TypeAlias = Drop | Reroute
+
+
 if TYPE_CHECKING:
     Answer: TypeAlias = Ready | HopUp | HopLost | Got | Kept | Bad | Ended | Stalled
 
 
-def wire(answer: Answer) -> str:
-    """An answer as its JSON line: an object of the fields that are set."""
+def wire(answer: Answer | Order) -> str:
+    """An answer (or the controller's order) as its JSON line: an object of the fields
+    that are set."""
     return json.dumps({k: v for k, v in answer._asdict().items() if v is not None}) + "\n"
 
 
@@ -323,6 +341,17 @@ def answer_of(said: dict[str, Any]) -> Answer:
     if "stalled" in said:
         return Stalled(int(said["stalled"]))
     raise ValueError("no answer of a relay")
+
+
+def order_of(said: object) -> Order | None:
+    """The order a controller's JSON line says; None for anything else (ignored)."""
+    if not isinstance(said, dict):
+        return None
+    if "drop" in said:
+        return Drop(str(said["drop"]))
+    if said.get("reroute"):
+        return Reroute()
+    return None
 
 
 def _file(f: object) -> RelayFile:
@@ -945,20 +974,17 @@ def _controller(relay: Relay, stdin: BinaryIO) -> None:
             return
         relay.last_word = time.monotonic()
         try:
-            word = loads(line)
+            order = order_of(loads(line))
         except ValueError:
             continue
-        if not isinstance(word, dict):
-            continue
-        if "drop" in word:
-            name = str(word["drop"])
-            dropped = relay.hops.get(name)
+        if isinstance(order, Drop):
+            dropped = relay.hops.get(order.drop)
             with relay.lock:
-                relay.dropped.add(name)
+                relay.dropped.add(order.drop)
                 relay.lock.notify_all()
             if dropped is not None and dropped.poll() is None:
                 dropped.kill()
-        elif "reroute" in word:
+        elif isinstance(order, Reroute):
             relay.reroute()
 
 

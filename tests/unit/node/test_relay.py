@@ -27,6 +27,7 @@ from cpuaccel.node.relay import (
     FEED,
     VERSION,
     Bad,
+    Drop,
     Ended,
     Got,
     Hop,
@@ -37,9 +38,11 @@ from cpuaccel.node.relay import (
     Ready,
     RelayFile,
     Request,
+    Reroute,
     Stalled,
     answer_of,
     header,
+    order_of,
     wire,
 )
 from tests.unit.node.interpreters import old_python
@@ -458,6 +461,18 @@ def test_an_answer_reads_back_as_the_relay_said_it(said: Any) -> None:
 def test_an_ended_relay_says_only_the_fields_it_has() -> None:
     line = wire(Ended(False, 1 << 20, failure=""))
     assert json.loads(line) == {"end": False, "got": 1 << 20, "failure": ""}
+
+
+@pytest.mark.parametrize("order", [Drop("node3"), Reroute()], ids=lambda o: type(o).__name__)
+def test_an_order_of_the_controller_reads_back_as_it_was_sent(order: Any) -> None:
+    line = wire(order)
+    assert line.endswith("\n") and "\n" not in line[:-1]
+    assert order_of(json.loads(line)) == order
+
+
+@pytest.mark.parametrize("said", [None, [], "drop", {}, {"reroute": False}, {"got": 1}])
+def test_a_line_that_is_no_order_is_ignored(said: Any) -> None:
+    assert order_of(said) is None
 
 
 def test_a_ready_of_another_version_is_refused_naming_both() -> None:
