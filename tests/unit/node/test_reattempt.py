@@ -22,7 +22,7 @@ from cpuaccel import node
 from cpuaccel.jobs import foreground
 from cpuaccel.node import checkpoints, detached, supervisor
 from cpuaccel.node.supervisor import Attempt
-from tests.unit.node.test_supervisor import RUN_ID, final_status, make_run
+from tests.unit.node.test_supervisor import RUN_ID, final_status, make_run, new_run_id
 
 
 def test_the_loop_the_rule_and_the_choice_have_one_copy() -> None:
@@ -137,7 +137,10 @@ echo '[rank 0 h] [cpuaccel] exit code 0'; echo '[rank 1 h] [cpuaccel] exit code 
 
 
 def restarting_run(tmp_path: Path, launch: str, max_restarts: int, delay: float) -> Path:
-    run_dir = Path(make_run(tmp_path, launch))
+    """A detached run under a new id; ``launch`` may name its folder as ``{run_dir}``."""
+    run_id = new_run_id()
+    launch = launch.format(run_dir=tmp_path / "runs" / run_id)
+    run_dir = Path(make_run(tmp_path, launch, run_id=run_id))
     config = json.loads((run_dir / "supervisor.json").read_text())
     config.update(max_restarts=max_restarts, restart_delay=delay, hosts=["here"], ppn=2)
     (run_dir / "supervisor.json").write_text(json.dumps(config))
@@ -146,9 +149,7 @@ def restarting_run(tmp_path: Path, launch: str, max_restarts: int, delay: float)
 
 
 def test_the_supervisor_restarts_a_failed_attempt_from_the_checkpoint(tmp_path: Path) -> None:
-    run_dir = restarting_run(
-        tmp_path, KILLED_ONCE.format(run_dir=tmp_path / "runs" / RUN_ID), 2, 0.2
-    )
+    run_dir = restarting_run(tmp_path, KILLED_ONCE, 2, 0.2)
     record = _checkpoint(run_dir, "checkpoint.pt", 10, b"state")
     (run_dir / checkpoints.RECORDS).write_text(json.dumps(record) + "\n")
     detached.start(str(run_dir))
@@ -187,7 +188,7 @@ def test_an_identical_failure_stops_and_a_stop_ends_the_wait(tmp_path: Path) -> 
     while "restarting in 60 s" not in (run_dir / "supervisor.log").read_text():
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    assert detached.stop(RUN_ID, pid, 10) == {"signalled": True, "alive": False}
+    assert detached.stop(run_dir.name, pid, 10) == {"signalled": True, "alive": False}
     status = final_status(str(run_dir))
     assert (status["state"], status["exit_code"], status["ended_by"]) == ("stopped", 143, "stop")
     assert len(status["attempts"]) == 1

@@ -32,9 +32,9 @@ def new_run_id() -> str:
 RUN_ID = new_run_id()
 
 
-def make_run(tmp_path: Path, launch: str, timeout: float | None = None) -> str:
-    """A detached run's folder, under a new run id (its folder's name)."""
-    run_id = new_run_id()
+def make_run(tmp_path: Path, launch: str, timeout: float | None = None, run_id: str = "") -> str:
+    """A detached run's folder, under ``run_id`` or a new one (its folder's name)."""
+    run_id = run_id or new_run_id()
     run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
     config = {"run_id": run_id, "head": "here", "world": 2, "timeout": timeout, "nodes": {}}
