@@ -157,14 +157,23 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start(inventory: str, tmp_path: Path) -> tuple[Path, BackgroundRun, list[int]]:
-    """A 3x1 run, its ranks started: (project, the run, node2's rank pids)."""
+@contextlib.contextmanager
+def running_job(
+    cluster: Cluster, inventory: str, tmp_path: Path
+) -> Iterator[tuple[Path, BackgroundRun, list[int]]]:
+    """A 3x1 run, its ranks started: (project, the run, node2's rank pids); afterwards
+    the run is stopped and what it left on node2 is ended."""
+    before = set(cluster.pids("node2"))
     proj = make_project(tmp_path, {"job.py": PID_SLEEPER})
     job = BackgroundRun(proj, "-i", inventory, "--nodes", "3", "--ppn", "1", "job.py")
-    job.wait_for(" pid ", 3)
-    pids = rank_pids(job, "node2")
-    assert len(pids) == 1, job.report()
-    return proj, job, pids
+    try:
+        job.wait_for(" pid ", 3)
+        pids = rank_pids(job, "node2")
+        assert len(pids) == 1, job.report()
+        yield proj, job, pids
+    finally:
+        job.stop()
+        restore(cluster, "node2", before)
 
 
 @pytest.mark.parametrize("verb", ["check", "sync"])
@@ -174,25 +183,22 @@ def test_a_lost_nodes_ranks_are_ended_by_the_next_check_or_sync_of_it(
     """The run ends naming node2 and cannot reach its ranks; node2 comes back with them
     still running (the head's FIN never came: ``unheard``). The next check, or sync, of
     node2 finds them, sees in ./runs that their run has ended, ends them and says so."""
-    before = set(cluster.pids("node2"))
-    proj, job, pids = start(inventory, tmp_path)
-    try:
-        with kept_on_node2(cluster, job, pids) as run_id:
-            started = time.monotonic()
-            proc = cpuaccel(verb, "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
-            seconds = time.monotonic() - started
-            assert proc.returncode == 0, proc
-            # check's notes are on stdout; sync's warning on stderr, its stdout its report
-            shown = proc.stdout if verb == "check" else proc.stderr
-            said = [line for line in shown.splitlines() if run_id in line]
-            assert len(said) == 1 and "node2" in said[0] and "(lost)" in said[0], proc
-            assert all(str(pid) in said[0] for pid in pids), (pids, said)
-            assert not any(alive(pid) for pid in pids), pids
-            assert job_pids(cluster, "node2", run_id) == {}
-            assert seconds < 15, proc
-    finally:
-        job.stop()
-        restore(cluster, "node2", before)
+    with (
+        running_job(cluster, inventory, tmp_path) as (proj, job, pids),
+        kept_on_node2(cluster, job, pids) as run_id,
+    ):
+        started = time.monotonic()
+        proc = cpuaccel(verb, "-i", inventory, "--limit", "node2", cwd=proj, env=ENV)
+        seconds = time.monotonic() - started
+        assert proc.returncode == 0, proc
+        # check's notes are on stdout; sync's warning on stderr, its stdout its report
+        shown = proc.stdout if verb == "check" else proc.stderr
+        said = [line for line in shown.splitlines() if run_id in line]
+        assert len(said) == 1 and "node2" in said[0] and "(lost)" in said[0], proc
+        assert all(str(pid) in said[0] for pid in pids), (pids, said)
+        assert not any(alive(pid) for pid in pids), pids
+        assert job_pids(cluster, "node2", run_id) == {}
+        assert seconds < 15, proc
 
 
 def test_a_lost_nodes_ranks_end_by_themselves_when_the_controller_is_silent(
@@ -202,37 +208,31 @@ def test_a_lost_nodes_ranks_end_by_themselves_when_the_controller_is_silent(
     prelaunch program) hears no heartbeat from the controller, and ends the ranks."""
     from cpuaccel.jobs.preflight import KEEP_IDLE
 
-    before = set(cluster.pids("node2"))
-    _, job, pids = start(inventory, tmp_path)
-    try:
-        with link_down(cluster, "node2"):
-            cut = time.monotonic()
-            run = job.finish(timeout=DEAD_NODE_BOUND + 30)
-            assert "lost the connection to node2" in run.stderr, run
-            deadline = cut + KEEP_IDLE + 20  # the silence, then the sweep's grace
-            while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert not any(alive(pid) for pid in pids), pids
-            assert job_pids(cluster, "node2", run.record()["run_id"]) == {}
-    finally:
-        job.stop()
-        restore(cluster, "node2", before)
+    with (
+        running_job(cluster, inventory, tmp_path) as (_, job, pids),
+        link_down(cluster, "node2"),
+    ):
+        cut = time.monotonic()
+        run = job.finish(timeout=DEAD_NODE_BOUND + 30)
+        assert "lost the connection to node2" in run.stderr, run
+        deadline = cut + KEEP_IDLE + 20  # the silence, then the sweep's grace
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(alive(pid) for pid in pids), pids
+        assert job_pids(cluster, "node2", run.record()["run_id"]) == {}
 
 
 def test_stop_of_a_run_that_lost_a_node_ends_the_ranks_the_node_kept(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
     """As above, but `cpuaccel stop RUN` of the ended run is what reaches node2 again."""
-    before = set(cluster.pids("node2"))
-    proj, job, pids = start(inventory, tmp_path)
-    try:
-        with kept_on_node2(cluster, job, pids) as run_id:
-            proc = cpuaccel("stop", run_id, cwd=proj, env=ENV)
-            assert proc.returncode == 0, proc
-            assert f"{run_id}: had already ended (lost)" in proc.stdout, proc
-            swept = [line for line in proc.stderr.splitlines() if "on node2: pids" in line]
-            assert len(swept) == 1 and all(str(pid) in swept[0] for pid in pids), proc
-            assert not any(alive(pid) for pid in pids), pids
-    finally:
-        job.stop()
-        restore(cluster, "node2", before)
+    with (
+        running_job(cluster, inventory, tmp_path) as (proj, job, pids),
+        kept_on_node2(cluster, job, pids) as run_id,
+    ):
+        proc = cpuaccel("stop", run_id, cwd=proj, env=ENV)
+        assert proc.returncode == 0, proc
+        assert f"{run_id}: had already ended (lost)" in proc.stdout, proc
+        swept = [line for line in proc.stderr.splitlines() if "on node2: pids" in line]
+        assert len(swept) == 1 and all(str(pid) in swept[0] for pid in pids), proc
+        assert not any(alive(pid) for pid in pids), pids
