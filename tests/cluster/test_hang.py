@@ -20,7 +20,7 @@ from cpuaccel.errors import EXIT_OK
 from cpuaccel.testbed.cluster import NODE_DIR, Cluster
 from tests.cluster.fixtures import TREE, master_port
 from testsupport.command import cpuaccel as cpuaccel_cli
-from testsupport.runs import ENV, cpuaccel_run, job_processes, make_project
+from testsupport.runs import ENV, Run, cpuaccel_run, job_processes, make_project
 
 pytestmark = pytest.mark.cluster
 
@@ -55,6 +55,18 @@ REPORT = re.compile(
 )
 
 
+def hanging_run(
+    inventory: str, tmp_path: Path, *flags: str, nodes: int, bound: int, hang_at: int
+) -> tuple[Path, Run]:
+    """(project, run) of HANGING at ``nodes`` x 1 under ``--hang-timeout bound``, rank 1
+    stuck at step ``hang_at``."""
+    proj = make_project(tmp_path, {"hang.py": HANGING})
+    return proj, cpuaccel_run(
+        proj, "-i", inventory, "--nodes", str(nodes), "--ppn", "1", *TREE, *flags,
+        "--master-port", master_port(), "--hang-timeout", str(bound), "hang.py", str(hang_at),
+    )  # fmt: skip
+
+
 def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
     for node in ("node1", "node2", "node3"):
         assert job_processes(cluster, node, run_id) == [], node
@@ -63,11 +75,7 @@ def assert_nothing_left(cluster: Cluster, run_id: str) -> None:
 def test_a_rank_stuck_in_a_step_is_detected_reported_and_ended(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
-    proj = make_project(tmp_path, {"hang.py": HANGING})
-    run = cpuaccel_run(
-        proj, "-i", inventory, "--nodes", "2", "--ppn", "1", *TREE,
-        "--master-port", master_port(), "--hang-timeout", "20", "hang.py", "15",
-    )  # fmt: skip
+    _, run = hanging_run(inventory, tmp_path, nodes=2, bound=20, hang_at=15)
     assert run.code == EXIT_HANG, run
     said = re.search(
         r"hang: no rank made progress for ([\d.]+) s \(--hang-timeout 20\)", run.stderr
@@ -108,11 +116,9 @@ def final_status(cluster: Cluster, run_id: str, timeout: float = 120) -> dict[st
 def test_a_detached_run_that_hangs_is_ended_by_its_supervisor(
     cluster: Cluster, inventory: str, tmp_path: Path
 ) -> None:
-    proj = make_project(tmp_path, {"hang.py": HANGING})
-    run = cpuaccel_run(
-        proj, "-i", inventory, "--nodes", "2", "--ppn", "1", *TREE, "--detach", "--json",
-        "--master-port", master_port(), "--hang-timeout", "10", "hang.py", "10",
-    )  # fmt: skip
+    proj, run = hanging_run(
+        inventory, tmp_path, "--detach", "--json", nodes=2, bound=10, hang_at=10
+    )
     assert run.code == EXIT_OK, run
     run_id = json.loads(run.stdout)["run_id"]
     status = final_status(cluster, run_id)
@@ -138,11 +144,7 @@ def test_the_hang_report_names_the_rank_the_others_wait_for_with_its_stack_first
     """Three ranks; rank 1 sleeps inside the step while ranks 0 and 2 block in the
     gradients' all_reduce: the report names rank 1 as the odd one out, says where the
     others wait, and shows rank 1's stack before any other."""
-    proj = make_project(tmp_path, {"hang.py": HANGING})
-    run = cpuaccel_run(
-        proj, "-i", inventory, "--nodes", "3", "--ppn", "1", *TREE,
-        "--master-port", master_port(), "--hang-timeout", "10", "hang.py", "5",
-    )  # fmt: skip
+    _, run = hanging_run(inventory, tmp_path, nodes=3, bound=10, hang_at=5)
     assert run.code == EXIT_HANG, run
     lines = run.stderr.splitlines()
     odd = [i for i, line in enumerate(lines) if "the odd one out" in line]
